@@ -1,0 +1,462 @@
+//! Charm metadata (`metadata.yaml`), config (`config.yaml`), endpoints, and
+//! the rules that decide which endpoints may be related.
+//!
+//! Parsing takes YAML text; reading a charm directory is the caller's job.
+
+use crate::names;
+use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// Every principal charm implicitly provides `juju-info` (interface
+/// `juju-info`), so that subordinates can attach to any principal.
+pub const JUJU_INFO: &str = "juju-info";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    // Declared in canonical-key order: requirers first, then providers.
+    Requirer,
+    Provider,
+    Peer,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Requirer => "requirer",
+            Role::Provider => "provider",
+            Role::Peer => "peer",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Role> {
+        [Role::Requirer, Role::Provider, Role::Peer]
+            .into_iter()
+            .find(|r| r.as_str() == s)
+    }
+    /// The role an endpoint of this role relates to.
+    pub fn counterpart(self) -> Role {
+        match self {
+            Role::Requirer => Role::Provider,
+            Role::Provider => Role::Requirer,
+            Role::Peer => Role::Peer,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    #[default]
+    Global,
+    Container,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Global => "global",
+            Scope::Container => "container",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Scope> {
+        match s {
+            "global" => Some(Scope::Global),
+            "container" => Some(Scope::Container),
+            _ => None,
+        }
+    }
+}
+
+/// One relation a charm declares.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RelationMeta {
+    pub interface: String,
+    #[serde(default)]
+    pub scope: Scope,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optional: bool,
+}
+
+/// `db: mysql` is shorthand for `db: {interface: mysql}`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RelationMetaYaml {
+    Short(String),
+    Full(RelationMeta),
+}
+
+fn relations<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<BTreeMap<String, RelationMeta>, D::Error> {
+    let raw: Option<BTreeMap<String, RelationMetaYaml>> = Option::deserialize(d)?;
+    Ok(raw
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| {
+            let meta = match v {
+                RelationMetaYaml::Short(interface) => RelationMeta {
+                    interface,
+                    scope: Scope::Global,
+                    limit: None,
+                    optional: false,
+                },
+                RelationMetaYaml::Full(m) => m,
+            };
+            (k, meta)
+        })
+        .collect())
+}
+
+/// A charm's `metadata.yaml`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CharmMeta {
+    pub name: String,
+    #[serde(default)]
+    pub summary: String,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default)]
+    pub subordinate: bool,
+    /// Series the charm supports, first preferred; empty means "any".
+    #[serde(default)]
+    pub series: Vec<String>,
+    #[serde(default, deserialize_with = "relations")]
+    pub provides: BTreeMap<String, RelationMeta>,
+    #[serde(default, deserialize_with = "relations")]
+    pub requires: BTreeMap<String, RelationMeta>,
+    #[serde(default, deserialize_with = "relations")]
+    pub peers: BTreeMap<String, RelationMeta>,
+}
+
+impl CharmMeta {
+    /// Parses and validates `metadata.yaml` text.
+    pub fn parse(yaml: &str) -> Result<CharmMeta> {
+        let meta: CharmMeta = serde_yaml::from_str(yaml).map_err(|e| Error::InvalidCharm {
+            charm: "metadata.yaml".into(),
+            why: format!("cannot parse metadata.yaml: {e}"),
+        })?;
+        meta.validate()?;
+        Ok(meta)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |why: String| {
+            Err(Error::InvalidCharm {
+                charm: self.name.clone(),
+                why,
+            })
+        };
+        names::validate_service(&self.name).or_else(|_| {
+            bad("its name must be a valid service name (lowercase words joined by hyphens)".into())
+        })?;
+        for s in &self.series {
+            crate::series::validate(s)?;
+        }
+        let mut seen = BTreeMap::new();
+        for (role, rels) in [
+            (Role::Provider, &self.provides),
+            (Role::Requirer, &self.requires),
+            (Role::Peer, &self.peers),
+        ] {
+            for (name, rel) in rels {
+                names::validate_relation(name)?;
+                if name.starts_with("juju-") || name == JUJU_INFO {
+                    if !(role == Role::Requirer && rel.interface == JUJU_INFO) {
+                        return bad(format!(
+                            "relation `{name}` uses the reserved `juju-` prefix; rename it"
+                        ));
+                    }
+                }
+                if rel.interface.is_empty() {
+                    return bad(format!("relation `{name}` has no interface"));
+                }
+                if rel.interface == JUJU_INFO && role == Role::Provider {
+                    return bad(format!(
+                        "relation `{name}` provides the reserved interface `juju-info`; every charm provides it already"
+                    ));
+                }
+                if let Some(prev) = seen.insert(name.clone(), role) {
+                    return bad(format!(
+                        "relation `{name}` is declared twice (as {} and {})",
+                        prev.as_str(),
+                        role.as_str()
+                    ));
+                }
+            }
+        }
+        if self.subordinate
+            && !self
+                .requires
+                .values()
+                .any(|r| r.scope == Scope::Container)
+        {
+            return bad(
+                "a subordinate charm must require at least one relation with `scope: container`"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Every endpoint of a service running this charm, including the implicit
+    /// `juju-info` provider of principal charms.
+    pub fn endpoints(&self, service: &str) -> Vec<Endpoint> {
+        let mut out = Vec::new();
+        if !self.subordinate {
+            out.push(Endpoint {
+                service: service.to_string(),
+                relation: JUJU_INFO.to_string(),
+                role: Role::Provider,
+                interface: JUJU_INFO.to_string(),
+                scope: Scope::Global,
+            });
+        }
+        for (role, rels) in [
+            (Role::Provider, &self.provides),
+            (Role::Requirer, &self.requires),
+            (Role::Peer, &self.peers),
+        ] {
+            for (name, rel) in rels {
+                out.push(Endpoint {
+                    service: service.to_string(),
+                    relation: name.clone(),
+                    role,
+                    interface: rel.interface.clone(),
+                    scope: rel.scope,
+                });
+            }
+        }
+        out
+    }
+}
+
+/// One side of a relation: a service's relation, with role, interface and
+/// scope.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Endpoint {
+    pub service: String,
+    pub relation: String,
+    pub role: Role,
+    pub interface: String,
+    pub scope: Scope,
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.service, self.relation)
+    }
+}
+
+/// True when two endpoints of *different* services can form a relation.
+pub fn can_relate(a: &Endpoint, b: &Endpoint) -> bool {
+    a.service != b.service
+        && a.role != Role::Peer
+        && a.role.counterpart() == b.role
+        && a.interface == b.interface
+}
+
+/// The scope of a relation between these endpoints: container if either
+/// side asks for it.
+pub fn relation_scope(eps: &[Endpoint]) -> Scope {
+    if eps.iter().any(|e| e.scope == Scope::Container) {
+        Scope::Container
+    } else {
+        Scope::Global
+    }
+}
+
+/// Sorts endpoints into canonical order (requirer before provider, then by
+/// service name) and returns the relation's key, e.g. `wordpress:db mysql:db`.
+/// Two relations are identical exactly when their keys are equal.
+pub fn canonical_key(eps: &mut [Endpoint]) -> String {
+    eps.sort_by(|a, b| (a.role, &a.service).cmp(&(b.role, &b.service)));
+    eps.iter()
+        .map(Endpoint::to_string)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// One option of `config.yaml`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConfigOption {
+    #[serde(rename = "type", default = "default_type")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<SettingValue>,
+    #[serde(default)]
+    pub description: String,
+}
+
+fn default_type() -> String {
+    "string".to_string()
+}
+
+/// A typed setting value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum SettingValue {
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    String(String),
+}
+
+impl fmt::Display for SettingValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SettingValue::Bool(b) => write!(f, "{b}"),
+            SettingValue::Int(n) => write!(f, "{n}"),
+            SettingValue::Float(x) => write!(f, "{x}"),
+            SettingValue::String(s) => f.write_str(s),
+        }
+    }
+}
+
+/// A charm's `config.yaml`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CharmConfig {
+    #[serde(default)]
+    pub options: BTreeMap<String, ConfigOption>,
+}
+
+impl CharmConfig {
+    pub fn parse(charm: &str, yaml: &str) -> Result<CharmConfig> {
+        let cfg: CharmConfig = serde_yaml::from_str(yaml).map_err(|e| Error::InvalidCharm {
+            charm: charm.to_string(),
+            why: format!("cannot parse config.yaml: {e}"),
+        })?;
+        for (name, opt) in &cfg.options {
+            if !["string", "int", "float", "boolean"].contains(&opt.kind.as_str()) {
+                return Err(Error::InvalidCharm {
+                    charm: charm.to_string(),
+                    why: format!(
+                        "option `{name}` has unknown type `{}`; use string, int, float or boolean",
+                        opt.kind
+                    ),
+                });
+            }
+            if let Some(d) = &opt.default {
+                opt.coerce(name, &d.to_string()).map_err(|_| Error::InvalidCharm {
+                    charm: charm.to_string(),
+                    why: format!("option `{name}` has a default that is not a {}", opt.kind),
+                })?;
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// Checks `key=raw` against the options and returns the typed value.
+    pub fn validate(&self, charm: &str, key: &str, raw: &str) -> Result<SettingValue> {
+        let opt = self.options.get(key).ok_or_else(|| Error::UnknownSetting {
+            key: key.to_string(),
+            charm: charm.to_string(),
+            options: if self.options.is_empty() {
+                "none".to_string()
+            } else {
+                self.options
+                    .keys()
+                    .map(|k| format!("`{k}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+        })?;
+        opt.coerce(key, raw)
+    }
+}
+
+impl ConfigOption {
+    fn coerce(&self, key: &str, raw: &str) -> Result<SettingValue> {
+        let invalid = |why: &str| Error::InvalidSetting {
+            key: key.to_string(),
+            value: raw.to_string(),
+            why: why.to_string(),
+        };
+        Ok(match self.kind.as_str() {
+            "int" => SettingValue::Int(raw.parse().map_err(|_| invalid("expected an integer"))?),
+            "float" => SettingValue::Float(raw.parse().map_err(|_| invalid("expected a number"))?),
+            "boolean" => SettingValue::Bool(match raw {
+                "true" => true,
+                "false" => false,
+                _ => return Err(invalid("expected `true` or `false`")),
+            }),
+            _ => SettingValue::String(raw.to_string()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WORDPRESS: &str = "name: wordpress\nsummary: blog\nrequires:\n  db:\n    interface: mysql\n\
+                             provides:\n  website: http\npeers:\n  loadbalancer: reversenginx\n";
+    const LOGGING: &str = "name: logging\nsubordinate: true\nrequires:\n  logging-directory:\n    \
+                           interface: logging\n    scope: container\n  juju-info:\n    interface: juju-info\n    scope: container\n";
+
+    #[test]
+    fn metadata_parses_short_and_long_forms() {
+        let m = CharmMeta::parse(WORDPRESS).unwrap();
+        assert_eq!(m.requires["db"].interface, "mysql");
+        assert_eq!(m.provides["website"].interface, "http");
+        assert_eq!(m.peers["loadbalancer"].scope, Scope::Global);
+        let eps = m.endpoints("wp");
+        assert!(eps.iter().any(|e| e.relation == JUJU_INFO && e.role == Role::Provider));
+        assert_eq!(eps.len(), 4);
+    }
+
+    #[test]
+    fn subordinates_need_a_container_requirement_and_get_no_juju_info() {
+        let m = CharmMeta::parse(LOGGING).unwrap();
+        assert!(m.subordinate);
+        assert!(!m.endpoints("logging").iter().any(|e| e.role == Role::Provider));
+        let err = CharmMeta::parse("name: x\nsubordinate: true\nrequires:\n  a: b\n").unwrap_err();
+        assert!(err.to_string().contains("scope: container"), "{err}");
+    }
+
+    #[test]
+    fn reserved_and_duplicate_relations_are_refused() {
+        assert!(CharmMeta::parse("name: x\nprovides:\n  juju-foo: bar\n").is_err());
+        assert!(CharmMeta::parse("name: x\nprovides:\n  a: b\nrequires:\n  a: c\n").is_err());
+        assert!(CharmMeta::parse("name: X\n").is_err());
+    }
+
+    #[test]
+    fn canonical_key_puts_requirers_first() {
+        let wp = CharmMeta::parse(WORDPRESS).unwrap().endpoints("wordpress");
+        let db = wp.iter().find(|e| e.relation == "db").unwrap().clone();
+        let provider = Endpoint {
+            service: "mysql".into(),
+            relation: "db".into(),
+            role: Role::Provider,
+            interface: "mysql".into(),
+            scope: Scope::Global,
+        };
+        assert!(can_relate(&db, &provider));
+        let mut a = [provider.clone(), db.clone()];
+        let mut b = [db, provider];
+        assert_eq!(canonical_key(&mut a), "wordpress:db mysql:db");
+        assert_eq!(canonical_key(&mut b), "wordpress:db mysql:db");
+    }
+
+    #[test]
+    fn config_values_are_typed() {
+        let cfg = CharmConfig::parse(
+            "wp",
+            "options:\n  port:\n    type: int\n    default: 80\n  debug:\n    type: boolean\n  title:\n    type: string\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.validate("wp", "port", "8080").unwrap(), SettingValue::Int(8080));
+        assert!(cfg.validate("wp", "port", "x").is_err());
+        assert_eq!(cfg.validate("wp", "debug", "true").unwrap(), SettingValue::Bool(true));
+        let err = cfg.validate("wp", "nope", "1").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "unknown option `nope` for charm `wp`: the charm's options are `debug`, `port`, `title`"
+        );
+        assert!(CharmConfig::parse("wp", "options:\n  a:\n    type: list\n").is_err());
+    }
+}
