@@ -1,0 +1,256 @@
+//! Opening the database and running transactions.
+
+use crate::feed::ChangeKind;
+use crate::schema::MIGRATIONS;
+use crate::{Error, Result};
+use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// How hard a commit tries to survive a power cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// `synchronous = FULL`: a committed transaction survives power loss.
+    /// What every environment uses.
+    #[default]
+    Full,
+    /// `synchronous = OFF`: survives a process crash but not an OS crash.
+    /// For throw-away databases in tests, where fsync time is noise.
+    Relaxed,
+}
+
+/// How long SQLite itself waits for a lock before reporting busy, and how
+/// many times [`Store::write`] then retries the whole transaction.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+const BUSY_RETRIES: u32 = 8;
+
+/// Counters a benchmark or an operator can read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Committed write transactions.
+    pub transactions: u64,
+    /// Rows inserted, updated or deleted by the largest one.
+    pub max_transaction_rows: u64,
+}
+
+struct Inner {
+    conn: Mutex<Connection>,
+    path: PathBuf,
+    head: watch::Sender<u64>,
+    transactions: AtomicU64,
+    max_rows: AtomicU64,
+}
+
+/// A handle on one environment's state database. Cheap to clone; clones
+/// share one connection, and several processes may each open the same file.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+/// A write transaction in progress. Everything that changes the model goes
+/// through one, and says what it changed with [`Tx::changed`].
+pub struct Tx<'c> {
+    pub(crate) tx: rusqlite::Transaction<'c>,
+    last_revision: Option<u64>,
+}
+
+impl std::ops::Deref for Tx<'_> {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        &self.tx
+    }
+}
+
+impl Tx<'_> {
+    /// Records a change in the feed; the revision becomes visible to
+    /// watchers when the transaction commits.
+    pub(crate) fn changed(&mut self, kind: ChangeKind, id: impl AsRef<str>) -> Result<()> {
+        self.tx
+            .prepare_cached("INSERT INTO changes (kind, id) VALUES (?1, ?2)")?
+            .execute((kind.as_str(), id.as_ref()))?;
+        self.last_revision = Some(self.tx.last_insert_rowid() as u64);
+        Ok(())
+    }
+
+    /// Takes the next value of a named sequence.
+    pub(crate) fn next_in_sequence(&self, name: &str) -> Result<i64> {
+        let n: i64 = self
+            .tx
+            .prepare_cached(
+                "INSERT INTO sequences (name, next) VALUES (?1, 1)
+                 ON CONFLICT (name) DO UPDATE SET next = next + 1
+                 RETURNING next - 1",
+            )?
+            .query_row([name], |r| r.get(0))?;
+        Ok(n)
+    }
+}
+
+fn is_busy(e: &Error) -> bool {
+    matches!(e, Error::Database(rusqlite::Error::SqliteFailure(f, _))
+        if f.code == ErrorCode::DatabaseBusy || f.code == ErrorCode::DatabaseLocked)
+}
+
+impl Store {
+    /// Opens (creating if needed) the database at `path` and brings its
+    /// schema up to date.
+    pub fn open(path: impl AsRef<Path>) -> Result<Store> {
+        Store::open_with(path, Durability::Full)
+    }
+
+    pub fn open_with(path: impl AsRef<Path>, durability: Durability) -> Result<Store> {
+        let path = path.as_ref().to_path_buf();
+        let conn = Connection::open_with_flags(
+            &path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        // WAL lets readers in other processes run while one writes.
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(
+            None,
+            "synchronous",
+            match durability {
+                Durability::Full => "FULL",
+                Durability::Relaxed => "OFF",
+            },
+        )?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.set_prepared_statement_cache_capacity(128);
+        migrate(&conn)?;
+        let head: i64 = conn.query_row(
+            "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'changes'), 0)",
+            [],
+            |r| r.get(0),
+        )?;
+        let (tx, _) = watch::channel(head as u64);
+        Ok(Store {
+            inner: Arc::new(Inner {
+                conn: Mutex::new(conn),
+                path,
+                head: tx,
+                transactions: AtomicU64::new(0),
+                max_rows: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        StoreStats {
+            transactions: self.inner.transactions.load(Ordering::Relaxed),
+            max_transaction_rows: self.inner.max_rows.load(Ordering::Relaxed),
+        }
+    }
+
+    pub fn reset_stats(&self) {
+        self.inner.transactions.store(0, Ordering::Relaxed);
+        self.inner.max_rows.store(0, Ordering::Relaxed);
+    }
+
+    pub(crate) fn head_receiver(&self) -> watch::Receiver<u64> {
+        self.inner.head.subscribe()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Connection> {
+        // A panic while holding the lock cannot leave a transaction open
+        // (dropping it rolls back), so a poisoned lock is still usable.
+        self.inner.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` in one `BEGIN IMMEDIATE` transaction and commits it if `f`
+    /// succeeds; if `f` fails, nothing it did is kept.
+    ///
+    /// `f` must read everything it decides on through the transaction it is
+    /// given: it may run more than once, because a transaction that finds the
+    /// database busy is retried from the start.
+    pub(crate) fn write<T>(&self, mut f: impl FnMut(&mut Tx<'_>) -> Result<T>) -> Result<T> {
+        let mut conn = self.lock();
+        let mut attempt = 0;
+        loop {
+            let before = conn.total_changes();
+            let run = (|| {
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let mut tx = Tx {
+                    tx,
+                    last_revision: None,
+                };
+                let value = f(&mut tx)?;
+                let revision = tx.last_revision;
+                tx.tx.commit()?;
+                Ok((value, revision))
+            })();
+            match run {
+                Ok((value, revision)) => {
+                    let rows = conn.total_changes() - before;
+                    self.inner.transactions.fetch_add(1, Ordering::Relaxed);
+                    self.inner.max_rows.fetch_max(rows, Ordering::Relaxed);
+                    if let Some(rev) = revision {
+                        self.inner.head.send_replace(rev);
+                    }
+                    return Ok(value);
+                }
+                Err(e) if is_busy(&e) && attempt < BUSY_RETRIES => {
+                    attempt += 1;
+                    // Back off with a little jitter so that competing
+                    // processes do not retry in lockstep.
+                    let jitter = (std::process::id() as u64 + attempt as u64 * 7) % 13;
+                    std::thread::sleep(Duration::from_millis(10 * attempt as u64 + jitter));
+                }
+                Err(e) if is_busy(&e) => return Err(Error::Busy { attempts: attempt + 1 }),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Runs `f` on a read snapshot: everything it reads is from one
+    /// committed state, whatever other writers do meanwhile.
+    pub(crate) fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        let mut conn = self.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
+        let value = f(&tx)?;
+        tx.finish()?;
+        Ok(value)
+    }
+}
+
+fn migrate(conn: &Connection) -> Result<()> {
+    let known = MIGRATIONS.len() as i64;
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if version > known {
+        return Err(Error::SchemaTooNew {
+            found: version,
+            known,
+        });
+    }
+    if version == known {
+        return Ok(());
+    }
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let result = (|| {
+        // Re-read under the write lock: another process may have migrated.
+        let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+            conn.execute_batch(sql)?;
+            conn.pragma_update(None, "user_version", i as i64 + 1)?;
+        }
+        Ok::<_, Error>(())
+    })();
+    match result {
+        Ok(()) => conn.execute_batch("COMMIT")?,
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            return Err(e);
+        }
+    }
+    Ok(())
+}

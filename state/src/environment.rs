@@ -1,0 +1,157 @@
+//! The environment: one per database.
+
+use crate::db::Store;
+use crate::feed::ChangeKind;
+use crate::machines::insert_machine;
+use crate::model::{constraints, Environment, JOB_MANAGE_ENVIRON};
+use crate::{Entity, Error, Result};
+use jujube_core::{series, Constraints};
+use rusqlite::{Connection, OptionalExtension};
+use std::collections::BTreeMap;
+
+/// What `bootstrap` asks for.
+#[derive(Debug, Clone)]
+pub struct EnvironmentSpec {
+    pub name: String,
+    pub uuid: String,
+    pub provider: String,
+    pub default_series: String,
+    pub constraints: Constraints,
+    pub config: BTreeMap<String, String>,
+}
+
+pub(crate) fn get_environment(c: &Connection) -> Result<Environment> {
+    let row: Option<(String, String, String, String, String)> = c
+        .prepare_cached(
+            "SELECT name, uuid, provider, default_series, constraints FROM environment WHERE id = 1",
+        )?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
+        .optional()?;
+    let (name, uuid, provider, default_series, cons) =
+        row.ok_or_else(|| Error::not_found(Entity::Environment, "(uninitialised)"))?;
+    Ok(Environment {
+        name,
+        uuid,
+        provider,
+        default_series,
+        constraints: constraints(cons)?,
+    })
+}
+
+fn validate_config_key(key: &str) -> Result<()> {
+    let ok = key.starts_with(|c: char| c.is_ascii_lowercase())
+        && key
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(jujube_core::Error::InvalidName {
+            kind: "config",
+            name: key.to_string(),
+            why: "config keys are lowercase words joined by `-`, e.g. `harvest-mode`",
+        }
+        .into())
+    }
+}
+
+impl Store {
+    /// Creates the environment and its controller machine 0 (job
+    /// `manage-environ`, the environment's series and constraints), in one
+    /// transaction.
+    pub fn initialize(&self, spec: &EnvironmentSpec) -> Result<Environment> {
+        jujube_core::names::validate_service(&spec.name).map_err(|_| {
+            jujube_core::Error::InvalidName {
+                kind: "environment",
+                name: spec.name.clone(),
+                why: "use lowercase letters, digits and hyphens, starting with a letter",
+            }
+        })?;
+        series::validate(&spec.default_series)?;
+        for key in spec.config.keys() {
+            validate_config_key(key)?;
+        }
+        self.write(|tx| {
+            if let Ok(env) = get_environment(tx) {
+                return Err(Error::AlreadyExists {
+                    kind: Entity::Environment,
+                    id: env.name,
+                });
+            }
+            tx.execute(
+                "INSERT INTO environment (id, name, uuid, provider, default_series, constraints)
+                 VALUES (1, ?1, ?2, ?3, ?4, ?5)",
+                (
+                    &spec.name,
+                    &spec.uuid,
+                    &spec.provider,
+                    &spec.default_series,
+                    spec.constraints.to_string(),
+                ),
+            )?;
+            for (k, v) in &spec.config {
+                tx.execute(
+                    "INSERT INTO environment_config (key, value) VALUES (?1, ?2)",
+                    (k, v),
+                )?;
+            }
+            tx.changed(ChangeKind::Environment, &spec.name)?;
+            insert_machine(
+                tx,
+                &spec.default_series,
+                &[JOB_MANAGE_ENVIRON],
+                &spec.constraints,
+            )?;
+            get_environment(tx)
+        })
+    }
+
+    pub fn environment(&self) -> Result<Environment> {
+        self.read(get_environment)
+    }
+
+    /// Replaces the environment's constraints. Existing units and machines
+    /// keep what they captured when they were created.
+    pub fn set_environment_constraints(&self, cons: &Constraints) -> Result<()> {
+        self.write(|tx| {
+            let env = get_environment(tx)?;
+            tx.execute(
+                "UPDATE environment SET constraints = ?1 WHERE id = 1",
+                [cons.to_string()],
+            )?;
+            tx.changed(ChangeKind::Environment, &env.name)
+        })
+    }
+
+    pub fn environment_config(&self) -> Result<BTreeMap<String, String>> {
+        self.read(config_of)
+    }
+
+    /// Sets config keys; an empty value removes the key.
+    pub fn set_environment_config(&self, kvs: &[(String, String)]) -> Result<()> {
+        for (k, _) in kvs {
+            validate_config_key(k)?;
+        }
+        self.write(|tx| {
+            let env = get_environment(tx)?;
+            for (k, v) in kvs {
+                if v.is_empty() {
+                    tx.execute("DELETE FROM environment_config WHERE key = ?1", [k])?;
+                } else {
+                    tx.execute(
+                        "INSERT INTO environment_config (key, value) VALUES (?1, ?2)
+                         ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                        (k, v),
+                    )?;
+                }
+            }
+            tx.changed(ChangeKind::Environment, &env.name)
+        })
+    }
+}
+
+pub(crate) fn config_of(c: &Connection) -> Result<BTreeMap<String, String>> {
+    let mut stmt = c.prepare_cached("SELECT key, value FROM environment_config ORDER BY key")?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}

@@ -1,0 +1,211 @@
+//! The change feed.
+//!
+//! Every change a transaction makes to the model is recorded as a row in the
+//! `changes` table, whose revision is assigned by SQLite's single writer and
+//! therefore committed in order: a reader that has seen revision N has seen
+//! everything before it. Readers in any process ask for
+//! [`Store::changes_since`]; readers in this process use a [`Watcher`], which
+//! is woken by the committing transaction itself and only polls (cheaply, on
+//! the primary key) to notice commits made by other processes.
+//!
+//! The feed is pruned by the cleaner ([`Store::prune_changes`]); a reader
+//! that falls behind the pruned floor is told so (`Changes::truncated`) and
+//! must re-read the state it cares about.
+
+use crate::db::Store;
+use crate::Result;
+use rusqlite::OptionalExtension;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// What kind of entity a change touched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ChangeKind {
+    Environment,
+    Machine,
+    Service,
+    Unit,
+    Relation,
+    /// A unit entered or left a relation scope; the id is `RELATION#UNIT`.
+    Scope,
+    /// Relation unit settings; the id is `RELATION#UNIT`.
+    Settings,
+    Cleanup,
+}
+
+impl ChangeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeKind::Environment => "environment",
+            ChangeKind::Machine => "machine",
+            ChangeKind::Service => "service",
+            ChangeKind::Unit => "unit",
+            ChangeKind::Relation => "relation",
+            ChangeKind::Scope => "scope",
+            ChangeKind::Settings => "settings",
+            ChangeKind::Cleanup => "cleanup",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ChangeKind> {
+        use ChangeKind::*;
+        [Environment, Machine, Service, Unit, Relation, Scope, Settings, Cleanup]
+            .into_iter()
+            .find(|k| k.as_str() == s)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub revision: u64,
+    pub kind: ChangeKind,
+    pub id: String,
+}
+
+/// A batch read from the feed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Changes {
+    pub changes: Vec<Change>,
+    /// The revision to ask from next time.
+    pub revision: u64,
+    /// True when changes after the requested revision were pruned before
+    /// they could be read: re-read the state instead of trusting the batch.
+    pub truncated: bool,
+}
+
+const FLOOR: &str = "changes-floor";
+
+impl Store {
+    /// The revision of the newest committed change.
+    pub fn head_revision(&self) -> Result<u64> {
+        self.read(|c| {
+            Ok(c.query_row(
+                "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'changes'), 0)",
+                [],
+                |r| r.get::<_, i64>(0),
+            )? as u64)
+        })
+    }
+
+    /// Up to `limit` changes with revisions greater than `since`.
+    pub fn changes_since(&self, since: u64, limit: usize) -> Result<Changes> {
+        self.read(|c| {
+            let floor: i64 = c
+                .query_row("SELECT next FROM sequences WHERE name = ?1", [FLOOR], |r| {
+                    r.get(0)
+                })
+                .optional()?
+                .unwrap_or(0);
+            let mut stmt = c.prepare_cached(
+                "SELECT revision, kind, id FROM changes WHERE revision > ?1 ORDER BY revision LIMIT ?2",
+            )?;
+            let changes = stmt
+                .query_map((since as i64, limit as i64), |r| {
+                    Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get(2)?))
+                })?
+                .map(|row| {
+                    let (revision, kind, id) = row?;
+                    let kind = ChangeKind::parse(&kind).ok_or(crate::Error::Corrupt {
+                        what: "change kind",
+                        value: kind,
+                    })?;
+                    Ok(Change {
+                        revision: revision as u64,
+                        kind,
+                        id,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let revision = changes
+                .last()
+                .map_or(since.max(floor as u64), |c| c.revision);
+            Ok(Changes {
+                changes,
+                revision,
+                truncated: (since as i64) < floor,
+            })
+        })
+    }
+
+    /// Deletes up to `batch` of the oldest changes, keeping the newest
+    /// `keep`. Returns how many were deleted.
+    pub fn prune_changes(&self, keep: u64, batch: usize) -> Result<usize> {
+        self.write(|tx| {
+            let head: i64 = tx.query_row(
+                "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'changes'), 0)",
+                [],
+                |r| r.get(0),
+            )?;
+            let cut = head - keep as i64;
+            if cut <= 0 {
+                return Ok(0);
+            }
+            let upto: Option<i64> = tx
+                .query_row(
+                    "SELECT max(revision) FROM (SELECT revision FROM changes WHERE revision <= ?1
+                     ORDER BY revision LIMIT ?2)",
+                    (cut, batch as i64),
+                    |r| r.get(0),
+                )
+                .optional()?
+                .flatten();
+            let Some(upto) = upto else { return Ok(0) };
+            let n = tx.execute("DELETE FROM changes WHERE revision <= ?1", [upto])?;
+            tx.execute(
+                "INSERT INTO sequences (name, next) VALUES (?1, ?2)
+                 ON CONFLICT (name) DO UPDATE SET next = max(next, excluded.next)",
+                (FLOOR, upto),
+            )?;
+            Ok(n)
+        })
+    }
+
+    /// A watcher that reports changes after `since`.
+    pub fn watch(&self, since: u64) -> Watcher {
+        Watcher {
+            store: self.clone(),
+            local: self.head_receiver(),
+            since,
+            poll: Duration::from_millis(250),
+            limit: 10_000,
+        }
+    }
+}
+
+/// Waits for changes. In-process commits wake it at once; commits by other
+/// processes are noticed within the poll interval.
+pub struct Watcher {
+    store: Store,
+    local: watch::Receiver<u64>,
+    since: u64,
+    poll: Duration,
+    limit: usize,
+}
+
+impl Watcher {
+    /// How often to look for commits made by other processes.
+    pub fn with_poll_interval(mut self, poll: Duration) -> Watcher {
+        self.poll = poll;
+        self
+    }
+
+    pub fn revision(&self) -> u64 {
+        self.since
+    }
+
+    /// The next non-empty batch of changes (or a truncation notice).
+    pub async fn next(&mut self) -> Result<Changes> {
+        loop {
+            self.local.mark_unchanged();
+            let batch = self.store.changes_since(self.since, self.limit)?;
+            if !batch.changes.is_empty() || batch.truncated {
+                self.since = batch.revision;
+                return Ok(batch);
+            }
+            tokio::select! {
+                _ = self.local.changed() => {}
+                _ = tokio::time::sleep(self.poll) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! Embedded migrations. Each entry moves the schema from version `i` to
+//! `i + 1` (SQLite's `user_version`); they run in one transaction at open.
+//! Never edit a released migration: append a new one.
+
+pub(crate) const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE environment (
+    id             INTEGER PRIMARY KEY CHECK (id = 1),
+    name           TEXT NOT NULL,
+    uuid           TEXT NOT NULL,
+    provider       TEXT NOT NULL,
+    default_series TEXT NOT NULL,
+    constraints    TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE environment_config (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
+
+-- Identifiers that must never be reused (machine ids, unit numbers per
+-- service name) come from here, not from max(id)+1.
+CREATE TABLE sequences (
+    name TEXT PRIMARY KEY,
+    next INTEGER NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE machines (
+    id             INTEGER PRIMARY KEY,
+    life           INTEGER NOT NULL DEFAULT 0 CHECK (life IN (0, 1, 2)),
+    series         TEXT NOT NULL,
+    jobs           TEXT NOT NULL,
+    manage_environ INTEGER NOT NULL DEFAULT 0,
+    constraints    TEXT NOT NULL DEFAULT '',
+    instance_id    TEXT UNIQUE,
+    nonce          TEXT,
+    status         TEXT NOT NULL DEFAULT 'pending',
+    status_info    TEXT NOT NULL DEFAULT '',
+    zone           TEXT,
+    hardware       TEXT
+);
+
+CREATE TABLE charms (
+    url    TEXT PRIMARY KEY,
+    meta   TEXT NOT NULL,
+    config TEXT NOT NULL,
+    path   TEXT NOT NULL DEFAULT ''
+) WITHOUT ROWID;
+
+CREATE TABLE services (
+    name           TEXT PRIMARY KEY,
+    charm_url      TEXT NOT NULL REFERENCES charms (url),
+    series         TEXT NOT NULL,
+    subordinate    INTEGER NOT NULL,
+    constraints    TEXT NOT NULL DEFAULT '',
+    life           INTEGER NOT NULL DEFAULT 0 CHECK (life IN (0, 1, 2)),
+    unit_count     INTEGER NOT NULL DEFAULT 0 CHECK (unit_count >= 0),
+    relation_count INTEGER NOT NULL DEFAULT 0 CHECK (relation_count >= 0)
+);
+CREATE TABLE service_settings (
+    service TEXT NOT NULL REFERENCES services (name),
+    key     TEXT NOT NULL,
+    value   TEXT NOT NULL,
+    PRIMARY KEY (service, key)
+) WITHOUT ROWID;
+
+CREATE TABLE units (
+    name        TEXT PRIMARY KEY,
+    service     TEXT NOT NULL REFERENCES services (name),
+    number      INTEGER NOT NULL,
+    series      TEXT NOT NULL,
+    principal   TEXT REFERENCES units (name),
+    machine_id  INTEGER REFERENCES machines (id),
+    constraints TEXT NOT NULL DEFAULT '',
+    life        INTEGER NOT NULL DEFAULT 0 CHECK (life IN (0, 1, 2)),
+    status      TEXT NOT NULL DEFAULT 'pending',
+    status_info TEXT NOT NULL DEFAULT '',
+    CHECK (principal IS NULL OR machine_id IS NULL)
+);
+CREATE INDEX units_service ON units (service, number);
+CREATE INDEX units_machine ON units (machine_id);
+CREATE INDEX units_principal ON units (principal);
+
+CREATE TABLE relations (
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    key        TEXT NOT NULL UNIQUE,
+    interface  TEXT NOT NULL,
+    scope      TEXT NOT NULL CHECK (scope IN ('global', 'container')),
+    life       INTEGER NOT NULL DEFAULT 0 CHECK (life IN (0, 1, 2)),
+    unit_count INTEGER NOT NULL DEFAULT 0 CHECK (unit_count >= 0)
+);
+CREATE TABLE relation_endpoints (
+    relation_id   INTEGER NOT NULL REFERENCES relations (id),
+    service       TEXT NOT NULL REFERENCES services (name),
+    relation_name TEXT NOT NULL,
+    role          TEXT NOT NULL CHECK (role IN ('provider', 'requirer', 'peer')),
+    interface     TEXT NOT NULL,
+    scope         TEXT NOT NULL,
+    PRIMARY KEY (relation_id, service, relation_name)
+) WITHOUT ROWID;
+CREATE INDEX relation_endpoints_service ON relation_endpoints (service);
+
+-- A unit in a relation's scope. `container` is the principal unit's name for
+-- container-scoped relations (units only see others in the same container),
+-- and '' for global ones.
+CREATE TABLE relation_scopes (
+    relation_id INTEGER NOT NULL REFERENCES relations (id),
+    unit        TEXT NOT NULL REFERENCES units (name),
+    container   TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (relation_id, unit)
+) WITHOUT ROWID;
+CREATE INDEX relation_scopes_unit ON relation_scopes (unit);
+
+-- Settings outlive both the scope and the unit (other units may still read a
+-- departed unit's settings); they go with the relation, via a cleanup. Hence
+-- no foreign keys here.
+CREATE TABLE relation_settings (
+    relation_id INTEGER NOT NULL,
+    unit        TEXT NOT NULL,
+    settings    TEXT NOT NULL DEFAULT '{}',
+    version     INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (relation_id, unit)
+) WITHOUT ROWID;
+
+CREATE TABLE cleanups (
+    id     INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind   TEXT NOT NULL,
+    target TEXT NOT NULL,
+    cursor INTEGER NOT NULL DEFAULT -1
+);
+
+CREATE TABLE changes (
+    revision INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind     TEXT NOT NULL,
+    id       TEXT NOT NULL
+);
+"#];

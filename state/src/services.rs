@@ -1,0 +1,382 @@
+//! Services: deploy, add-unit, destroy, constraints and settings.
+
+use crate::db::{Store, Tx};
+use crate::environment::get_environment;
+use crate::feed::ChangeKind;
+use crate::model::{
+    find_service, finish_service, get_charm, get_service, service_row, Charm, Service,
+    SERVICE_COLS,
+};
+use crate::relations::{destroy_relation_in, relations_of, DestroyedBy};
+use crate::units::{check_placement, insert_principal, remove_service_in};
+use crate::{Entity, Error, Result};
+use jujube_core::charm::{canonical_key, ConfigOption, SettingValue};
+use jujube_core::{names, series, Constraints, Life};
+use rusqlite::OptionalExtension;
+
+/// Units are added in transactions of at most this many, so that no
+/// transaction grows with the size of a request (each unit writes about
+/// seven rows: unit, machine, sequence and feed entries).
+pub const UNIT_BATCH: usize = 128;
+
+/// What `deploy` asks for.
+#[derive(Debug, Clone)]
+pub struct DeployArgs {
+    pub service: String,
+    pub charm: Charm,
+    /// Series for the service; the caller resolves `--series`, the charm URL
+    /// and the environment default into one.
+    pub series: String,
+    pub constraints: Constraints,
+    pub units: usize,
+    pub to: Option<i64>,
+    pub settings: Vec<(String, String)>,
+}
+
+/// One option of a service's charm config, with the service's value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Setting {
+    pub key: String,
+    pub option: ConfigOption,
+    /// The value the user set, if any (otherwise the default applies).
+    pub value: Option<SettingValue>,
+}
+
+/// Stores a charm under its URL. If a different charm is already stored
+/// under that URL (a local charm edited without bumping its revision), the
+/// revision is bumped until it names either this exact charm or nothing.
+fn store_charm(tx: &mut Tx<'_>, charm: &Charm) -> Result<String> {
+    let meta = serde_json::to_string(&charm.meta).expect("charm metadata serialises");
+    let config = serde_json::to_string(&charm.config).expect("charm config serialises");
+    let (base, mut rev) = match charm.url.rsplit_once('-') {
+        Some((b, r)) if r.chars().all(|c| c.is_ascii_digit()) && !r.is_empty() => {
+            (b.to_string(), r.parse::<u64>().unwrap_or(0))
+        }
+        _ => (charm.url.clone(), 0),
+    };
+    loop {
+        let url = format!("{base}-{rev}");
+        let existing: Option<(String, String)> = tx
+            .query_row(
+                "SELECT meta, config FROM charms WHERE url = ?1",
+                [&url],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        match existing {
+            None => {
+                tx.execute(
+                    "INSERT INTO charms (url, meta, config, path) VALUES (?1, ?2, ?3, ?4)",
+                    (&url, &meta, &config, &charm.path),
+                )?;
+                return Ok(url);
+            }
+            Some((m, c)) if m == meta && c == config => return Ok(url),
+            Some(_) => rev += 1,
+        }
+    }
+}
+
+fn validate_settings(charm: &Charm, kvs: &[(String, String)]) -> Result<Vec<(String, Option<String>)>> {
+    kvs.iter()
+        .map(|(k, v)| {
+            if v.is_empty() {
+                // `key=` resets the option to its default; the key must still
+                // be one the charm knows.
+                charm.config.validate(&charm.meta.name, k, "").or_else(|e| match e {
+                    jujube_core::Error::UnknownSetting { .. } => Err(e),
+                    _ => Ok(SettingValue::String(String::new())),
+                })?;
+                Ok((k.clone(), None))
+            } else {
+                let value = charm.config.validate(&charm.meta.name, k, v)?;
+                Ok((k.clone(), Some(serde_json::to_string(&value).expect("setting serialises"))))
+            }
+        })
+        .collect()
+}
+
+fn write_settings(tx: &mut Tx<'_>, service: &str, settings: &[(String, Option<String>)]) -> Result<()> {
+    for (k, v) in settings {
+        match v {
+            Some(v) => tx.execute(
+                "INSERT INTO service_settings (service, key, value) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (service, key) DO UPDATE SET value = excluded.value",
+                (service, k, v),
+            )?,
+            None => tx.execute(
+                "DELETE FROM service_settings WHERE service = ?1 AND key = ?2",
+                (service, k),
+            )?,
+        };
+    }
+    Ok(())
+}
+
+/// Adds up to `n` principal units of an Alive, principal service in the
+/// current transaction.
+fn add_units_in(tx: &mut Tx<'_>, service: &str, n: usize, to: Option<i64>) -> Result<Vec<String>> {
+    let svc = get_service(tx, service)?;
+    if svc.life != Life::Alive {
+        return Err(Error::NotAlive {
+            kind: Entity::Service,
+            id: svc.name,
+            life: svc.life,
+            action: "get new units",
+        });
+    }
+    if svc.subordinate {
+        return Err(Error::Subordinate {
+            service: svc.name,
+            hint: "it gets a unit for each principal unit it is related to; add units to a principal service instead",
+        });
+    }
+    if let Some(m) = to {
+        check_placement(tx, &svc, m)?;
+    }
+    let env = get_environment(tx)?;
+    let mut names_ = Vec::with_capacity(n);
+    for _ in 0..n {
+        names_.push(insert_principal(tx, &svc, &env.constraints, to)?);
+    }
+    tx.prepare_cached("UPDATE services SET unit_count = unit_count + ?1 WHERE name = ?2")?
+        .execute((n as i64, &svc.name))?;
+    tx.changed(ChangeKind::Service, &svc.name)?;
+    Ok(names_)
+}
+
+impl Store {
+    pub fn service(&self, name: &str) -> Result<Service> {
+        self.read(|c| get_service(c, name))
+    }
+
+    pub fn services(&self) -> Result<Vec<Service>> {
+        self.read(|c| {
+            let mut stmt =
+                c.prepare_cached(&format!("SELECT {SERVICE_COLS} FROM services ORDER BY name"))?;
+            let rows = stmt.query_map([], service_row)?;
+            rows.map(|r| finish_service(r?)).collect()
+        })
+    }
+
+    pub fn charm(&self, url: &str) -> Result<Charm> {
+        self.read(|c| get_charm(c, url))
+    }
+
+    /// `deploy`: creates a service with its peer relations and its first
+    /// units. Everything is checked before anything is written, and the
+    /// service with its first batch of units is one transaction, so a refused
+    /// deploy changes nothing. Further units follow in batches of
+    /// [`UNIT_BATCH`]. Returns the new units' names.
+    pub fn deploy(&self, args: &DeployArgs) -> Result<Vec<String>> {
+        names::validate_service(&args.service)?;
+        series::validate(&args.series)?;
+        let meta = &args.charm.meta;
+        if !meta.series.is_empty() && !meta.series.contains(&args.series) {
+            return Err(Error::UnsupportedSeries {
+                charm: meta.name.clone(),
+                series: args.series.clone(),
+                supported: meta
+                    .series
+                    .iter()
+                    .map(|s| format!("`{s}`"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+        if meta.subordinate {
+            let hint = if args.units > 0 || args.to.is_some() {
+                Some("it gets a unit for each principal unit it is related to; deploy it without `-n` or `--to` and relate it to a principal")
+            } else if !args.constraints.is_empty() {
+                Some("subordinate services cannot have constraints; they run on their principal's machine")
+            } else {
+                None
+            };
+            if let Some(hint) = hint {
+                return Err(Error::Subordinate {
+                    service: args.service.clone(),
+                    hint,
+                });
+            }
+        }
+        let settings = validate_settings(&args.charm, &args.settings)?;
+        let first = args.units.min(UNIT_BATCH);
+        let mut units = self.write(|tx| {
+            if let Some(existing) = find_service(tx, &args.service)? {
+                return Err(if existing.life == Life::Alive {
+                    Error::AlreadyExists {
+                        kind: Entity::Service,
+                        id: existing.name,
+                    }
+                } else {
+                    Error::BeingDestroyed {
+                        kind: Entity::Service,
+                        id: existing.name,
+                    }
+                });
+            }
+            let url = store_charm(tx, &args.charm)?;
+            tx.execute(
+                "INSERT INTO services (name, charm_url, series, subordinate, constraints)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                (
+                    &args.service,
+                    &url,
+                    &args.series,
+                    meta.subordinate,
+                    args.constraints.to_string(),
+                ),
+            )?;
+            write_settings(tx, &args.service, &settings)?;
+            tx.changed(ChangeKind::Service, &args.service)?;
+            // Peer relations exist for as long as the service does.
+            for ep in meta.endpoints(&args.service) {
+                if ep.role == jujube_core::charm::Role::Peer {
+                    let mut eps = vec![ep];
+                    let key = canonical_key(&mut eps);
+                    crate::relations::insert_relation(tx, &key, &eps)?;
+                }
+            }
+            if first > 0 {
+                add_units_in(tx, &args.service, first, args.to)
+            } else {
+                Ok(Vec::new())
+            }
+        })?;
+        if args.units > first {
+            units.extend(self.add_units(&args.service, args.units - first, args.to)?);
+        }
+        Ok(units)
+    }
+
+    /// `add-unit`: adds `n` principal units, each on a new machine that
+    /// copies its constraints, or all on machine `to`. Each unit captures the
+    /// environment and service constraints as they are at its creation.
+    pub fn add_units(&self, service: &str, n: usize, to: Option<i64>) -> Result<Vec<String>> {
+        let mut out = Vec::with_capacity(n);
+        let mut left = n;
+        while left > 0 {
+            let batch = left.min(UNIT_BATCH);
+            out.extend(self.write(|tx| add_units_in(tx, service, batch, to))?);
+            left -= batch;
+        }
+        Ok(out)
+    }
+
+    /// `destroy-service`, as one transaction:
+    ///
+    /// - not Alive: a no-op;
+    /// - each Alive relation of the service is destroyed without touching
+    ///   this service's relation count (removed at once if no unit is in its
+    ///   scope, else set Dying); removals are counted;
+    /// - if units remain, or some relations survive, the service becomes
+    ///   Dying with its relation count reduced by the removals, and a cleanup
+    ///   is queued that destroys its units in batches (no transaction grows
+    ///   with the number of units);
+    /// - otherwise the service is removed at once.
+    pub fn destroy_service(&self, name: &str) -> Result<()> {
+        self.write(|tx| {
+            let svc = get_service(tx, name)?;
+            if svc.life != Life::Alive {
+                return Ok(());
+            }
+            let mut removed = 0;
+            for rel in relations_of(tx, name)? {
+                if rel.life != Life::Alive {
+                    continue;
+                }
+                if destroy_relation_in(tx, &rel, DestroyedBy::Service(name))? {
+                    removed += 1;
+                }
+            }
+            if svc.unit_count > 0 || removed < svc.relation_count {
+                tx.execute(
+                    "UPDATE services SET life = ?1, relation_count = relation_count - ?2 WHERE name = ?3",
+                    (Life::Dying.code(), removed, name),
+                )?;
+                tx.changed(ChangeKind::Service, name)?;
+                if svc.unit_count > 0 {
+                    tx.execute(
+                        "INSERT INTO cleanups (kind, target) VALUES (?1, ?2)",
+                        (crate::cleanups::SERVICE_UNITS, name),
+                    )?;
+                    tx.changed(ChangeKind::Cleanup, name)?;
+                }
+                Ok(())
+            } else {
+                remove_service_in(tx, name)
+            }
+        })
+    }
+
+    /// Sets a service's constraints, used by units added from now on.
+    pub fn set_service_constraints(&self, name: &str, cons: &Constraints) -> Result<()> {
+        self.write(|tx| {
+            let svc = get_service(tx, name)?;
+            if svc.subordinate {
+                return Err(Error::Subordinate {
+                    service: svc.name,
+                    hint: "subordinate services cannot have constraints; they run on their principal's machine",
+                });
+            }
+            if svc.life != Life::Alive {
+                return Err(Error::NotAlive {
+                    kind: Entity::Service,
+                    id: svc.name,
+                    life: svc.life,
+                    action: "change its constraints",
+                });
+            }
+            tx.execute(
+                "UPDATE services SET constraints = ?1 WHERE name = ?2",
+                (cons.to_string(), name),
+            )?;
+            tx.changed(ChangeKind::Service, name)
+        })
+    }
+
+    /// `set SVC K=V...`: validates every value against the charm's config
+    /// first; `K=` resets an option to its default. All or nothing.
+    pub fn set_service_settings(&self, name: &str, kvs: &[(String, String)]) -> Result<()> {
+        self.write(|tx| {
+            let svc = get_service(tx, name)?;
+            if svc.life != Life::Alive {
+                return Err(Error::NotAlive {
+                    kind: Entity::Service,
+                    id: svc.name,
+                    life: svc.life,
+                    action: "change its settings",
+                });
+            }
+            let charm = get_charm(tx, &svc.charm_url)?;
+            let settings = validate_settings(&charm, kvs)?;
+            write_settings(tx, name, &settings)?;
+            tx.changed(ChangeKind::Service, name)
+        })
+    }
+
+    /// Every option of the service's charm with the service's value.
+    pub fn service_settings(&self, name: &str) -> Result<Vec<Setting>> {
+        self.read(|c| {
+            let svc = get_service(c, name)?;
+            let charm = get_charm(c, &svc.charm_url)?;
+            let mut out = Vec::new();
+            for (key, option) in charm.config.options {
+                let raw: Option<String> = c
+                    .prepare_cached("SELECT value FROM service_settings WHERE service = ?1 AND key = ?2")?
+                    .query_row((name, &key), |r| r.get(0))
+                    .optional()?;
+                let value = raw
+                    .map(|v| {
+                        serde_json::from_str(&v).map_err(|_| Error::Corrupt {
+                            what: "service setting",
+                            value: v,
+                        })
+                    })
+                    .transpose()?;
+                out.push(Setting { key, option, value });
+            }
+            Ok(out)
+        })
+    }
+}

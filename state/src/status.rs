@@ -1,0 +1,274 @@
+//! A consistent snapshot of the whole model, shaped for `jujube status`.
+//! One read transaction, a handful of full-table queries: it must stay fast
+//! at 100,000 units.
+
+use crate::db::Store;
+use crate::environment::get_environment;
+use crate::model::{life, parse_scope};
+use crate::Result;
+use jujube_core::Life;
+use serde::ser::{Serialize, SerializeMap, Serializer};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// A map that keeps insertion order when serialised (machine ids and unit
+/// numbers sort numerically, not as strings).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OrderedMap<V>(pub Vec<(String, V)>);
+
+impl<V> Default for OrderedMap<V> {
+    fn default() -> Self {
+        OrderedMap(Vec::new())
+    }
+}
+
+impl<V: Serialize> Serialize for OrderedMap<V> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
+    }
+}
+
+impl<V> OrderedMap<V> {
+    pub fn get(&self, key: &str) -> Option<&V> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Status {
+    pub environment: EnvironmentStatus,
+    pub machines: OrderedMap<MachineStatus>,
+    pub services: OrderedMap<ServiceStatus>,
+    pub relations: Vec<RelationStatus>,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct EnvironmentStatus {
+    pub name: String,
+    pub uuid: String,
+    pub provider: String,
+    pub default_series: String,
+    pub constraints: String,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct MachineStatus {
+    pub life: Life,
+    pub series: String,
+    pub jobs: Vec<String>,
+    pub instance_id: Option<String>,
+    pub status: String,
+    pub status_info: String,
+    pub constraints: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hardware: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ServiceStatus {
+    pub charm: String,
+    pub life: Life,
+    pub series: String,
+    pub subordinate: bool,
+    pub constraints: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub subordinate_to: Vec<String>,
+    /// Relation name → related services.
+    pub relations: BTreeMap<String, Vec<String>>,
+    pub units: OrderedMap<UnitStatus>,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct UnitStatus {
+    pub life: Life,
+    pub machine: Option<String>,
+    pub status: String,
+    pub status_info: String,
+    pub subordinates: OrderedMap<SubordinateStatus>,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct SubordinateStatus {
+    pub life: Life,
+    pub status: String,
+    pub status_info: String,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct RelationStatus {
+    pub id: i64,
+    pub key: String,
+    pub life: Life,
+    pub interface: String,
+    pub scope: String,
+    pub units_in_scope: i64,
+}
+
+impl Store {
+    pub fn status(&self) -> Result<Status> {
+        self.read(|c| {
+            let env = get_environment(c)?;
+            let mut machines = Vec::new();
+            let mut stmt = c.prepare(
+                "SELECT id, life, series, jobs, instance_id, status, status_info, constraints, zone, hardware
+                 FROM machines ORDER BY id",
+            )?;
+            let mut rows = stmt.query([])?;
+            while let Some(r) = rows.next()? {
+                let id: i64 = r.get(0)?;
+                machines.push((
+                    id.to_string(),
+                    MachineStatus {
+                        life: life(r.get(1)?)?,
+                        series: r.get(2)?,
+                        jobs: r.get::<_, String>(3)?.split(' ').map(str::to_string).collect(),
+                        instance_id: r.get(4)?,
+                        status: r.get(5)?,
+                        status_info: r.get(6)?,
+                        constraints: r.get(7)?,
+                        zone: r.get(8)?,
+                        hardware: r.get(9)?,
+                    },
+                ));
+            }
+
+            // Relations first: services list what they are related to.
+            let mut relations = Vec::new();
+            let mut related: HashMap<String, BTreeMap<String, BTreeSet<String>>> = HashMap::new();
+            let mut subordinate_to: HashMap<String, BTreeSet<String>> = HashMap::new();
+            let mut stmt = c.prepare(
+                "SELECT r.id, r.key, r.life, r.interface, r.scope, r.unit_count,
+                        e.service, e.relation_name
+                 FROM relations r JOIN relation_endpoints e ON e.relation_id = r.id
+                 ORDER BY r.id",
+            )?;
+            let mut rows = stmt.query([])?;
+            let mut eps: Vec<(i64, String, String, String)> = Vec::new();
+            while let Some(r) = rows.next()? {
+                let id: i64 = r.get(0)?;
+                if relations.last().is_none_or(|l: &RelationStatus| l.id != id) {
+                    relations.push(RelationStatus {
+                        id,
+                        key: r.get(1)?,
+                        life: life(r.get(2)?)?,
+                        interface: r.get(3)?,
+                        scope: parse_scope(&r.get::<_, String>(4)?)?.as_str().to_string(),
+                        units_in_scope: r.get(5)?,
+                    });
+                }
+                eps.push((id, r.get(6)?, r.get(7)?, r.get(4)?));
+            }
+            // Each endpoint is related to the other endpoint's service, or to
+            // its own service in a peer relation.
+            for rel in eps.chunk_by(|a, b| a.0 == b.0) {
+                for (_, svc, relname, scope) in rel {
+                    let entry = related.entry(svc.clone()).or_default().entry(relname.clone()).or_default();
+                    for (_, other, _, _) in rel.iter().filter(|e| &e.1 != svc || rel.len() == 1) {
+                        entry.insert(other.clone());
+                        if scope == "container" && other != svc {
+                            subordinate_to.entry(svc.clone()).or_default().insert(other.clone());
+                        }
+                    }
+                }
+            }
+
+            // Subordinate units, grouped by principal.
+            let mut subs: HashMap<String, Vec<(String, SubordinateStatus)>> = HashMap::new();
+            let mut stmt = c.prepare(
+                "SELECT name, principal, life, status, status_info FROM units
+                 WHERE principal IS NOT NULL ORDER BY service, number",
+            )?;
+            let mut rows = stmt.query([])?;
+            while let Some(r) = rows.next()? {
+                subs.entry(r.get(1)?).or_default().push((
+                    r.get(0)?,
+                    SubordinateStatus {
+                        life: life(r.get(2)?)?,
+                        status: r.get(3)?,
+                        status_info: r.get(4)?,
+                    },
+                ));
+            }
+
+            let mut services: Vec<(String, ServiceStatus)> = Vec::new();
+            let mut stmt = c.prepare(
+                "SELECT name, charm_url, life, series, subordinate, constraints FROM services ORDER BY name",
+            )?;
+            let mut rows = stmt.query([])?;
+            let mut index = HashMap::new();
+            while let Some(r) = rows.next()? {
+                let name: String = r.get(0)?;
+                let subordinate: bool = r.get(4)?;
+                index.insert(name.clone(), services.len());
+                services.push((
+                    name.clone(),
+                    ServiceStatus {
+                        charm: r.get(1)?,
+                        life: life(r.get(2)?)?,
+                        series: r.get(3)?,
+                        subordinate,
+                        constraints: r.get(5)?,
+                        subordinate_to: if subordinate {
+                            subordinate_to.remove(&name).unwrap_or_default().into_iter().collect()
+                        } else {
+                            Vec::new()
+                        },
+                        relations: related
+                            .remove(&name)
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|(k, v)| (k, v.into_iter().collect()))
+                            .collect(),
+                        units: OrderedMap::default(),
+                    },
+                ));
+            }
+
+            let mut stmt = c.prepare(
+                "SELECT name, service, life, machine_id, status, status_info FROM units
+                 WHERE principal IS NULL ORDER BY service, number",
+            )?;
+            let mut rows = stmt.query([])?;
+            while let Some(r) = rows.next()? {
+                let name: String = r.get(0)?;
+                let service: String = r.get(1)?;
+                let Some(&i) = index.get(&service) else { continue };
+                let subordinates = OrderedMap(subs.remove(&name).unwrap_or_default());
+                services[i].1.units.0.push((
+                    name,
+                    UnitStatus {
+                        life: life(r.get(2)?)?,
+                        machine: r.get::<_, Option<i64>>(3)?.map(|m| m.to_string()),
+                        status: r.get(4)?,
+                        status_info: r.get(5)?,
+                        subordinates,
+                    },
+                ));
+            }
+
+            Ok(Status {
+                environment: EnvironmentStatus {
+                    name: env.name,
+                    uuid: env.uuid,
+                    provider: env.provider,
+                    default_series: env.default_series,
+                    constraints: env.constraints.to_string(),
+                },
+                machines: OrderedMap(machines),
+                services: OrderedMap(services),
+                relations,
+            })
+        })
+    }
+}

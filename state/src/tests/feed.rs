@@ -1,0 +1,68 @@
+//! The change feed: revisions, changes_since, watchers in and across
+//! processes, pruning.
+
+use super::*;
+use crate::ChangeKind;
+use std::time::Duration;
+
+#[test]
+fn every_committed_change_bumps_the_revision_and_names_what_changed() {
+    let e = env();
+    let head = e.st.head_revision().unwrap();
+    let u = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
+    let batch = e.st.changes_since(head, 100).unwrap();
+    assert!(!batch.truncated);
+    let revs: Vec<u64> = batch.changes.iter().map(|c| c.revision).collect();
+    assert!(revs.windows(2).all(|w| w[0] < w[1]), "revisions increase: {revs:?}");
+    assert!(batch.changes.iter().any(|c| c.kind == ChangeKind::Unit && c.id == u));
+    assert!(batch.changes.iter().any(|c| c.kind == ChangeKind::Service && c.id == "wordpress"));
+    assert!(batch.changes.iter().any(|c| c.kind == ChangeKind::Machine && c.id == "1"));
+    assert_eq!(batch.revision, e.st.head_revision().unwrap());
+    // A refused operation records nothing.
+    let _ = e.st.add_units("nope", 1, None);
+    assert!(e.st.changes_since(batch.revision, 10).unwrap().changes.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_process_watchers_wake_on_commit_without_polling() {
+    let e = env();
+    let head = e.st.head_revision().unwrap();
+    // A poll interval far longer than the test: only the commit can wake it.
+    let mut w = e.st.watch(head).with_poll_interval(Duration::from_secs(3600));
+    let st = e.st.clone();
+    let task = tokio::spawn(async move { w.next().await.unwrap() });
+    tokio::task::yield_now().await;
+    st.add_machines(1, None, None).unwrap();
+    let batch = tokio::time::timeout(Duration::from_secs(1), task).await.unwrap().unwrap();
+    assert_eq!(batch.changes[0].kind, ChangeKind::Machine);
+}
+
+#[tokio::test(start_paused = true)]
+async fn watchers_see_commits_made_by_other_processes() {
+    let e = env();
+    let other = crate::Store::open_with(e.st.path(), crate::Durability::Relaxed).unwrap();
+    let head = e.st.head_revision().unwrap();
+    let mut w = e.st.watch(head).with_poll_interval(Duration::from_millis(100));
+    // The other handle's commit does not notify this handle's channel.
+    other.add_machines(1, None, None).unwrap();
+    let batch = tokio::time::timeout(Duration::from_secs(1), w.next()).await.unwrap().unwrap();
+    assert_eq!(batch.changes.len(), 1);
+    assert_eq!(batch.changes[0].id, "1");
+}
+
+#[test]
+fn readers_behind_the_pruned_floor_are_told_to_resync() {
+    let e = env();
+    e.deploy(WORDPRESS, "wordpress", 5);
+    let head = e.st.head_revision().unwrap();
+    let deleted = e.st.prune_changes(3, 1000).unwrap();
+    assert_eq!(deleted as u64, head - 3);
+    let batch = e.st.changes_since(0, 100).unwrap();
+    assert!(batch.truncated);
+    assert_eq!(batch.changes.len(), 3);
+    let fresh = e.st.changes_since(head - 3, 100).unwrap();
+    assert!(!fresh.truncated);
+    // Reopening keeps the head: revisions never go back.
+    let reopened = crate::Store::open(e.st.path()).unwrap();
+    assert_eq!(reopened.head_revision().unwrap(), head);
+}

@@ -1,0 +1,760 @@
+//! One test per rule of lifecycles.txt, death-and-destruction.txt and the
+//! Series and Constraints sections of provisioning.txt, named after it.
+
+use super::*;
+use crate::model::{machine_status, UNIT_PENDING};
+use crate::{Entity, Error};
+use jujube_core::{Constraints, Life};
+
+fn started(e: &Env, unit: &str) {
+    // Marks a unit as acted on by its agent, so destroying it goes through
+    // Dying rather than the no-agent shortcut.
+    e.st.set_unit_status(unit, "started", "").unwrap();
+}
+
+// ---- lifecycles.txt: fundamental truths -------------------------------
+
+#[test]
+fn all_entities_start_alive() {
+    let e = env();
+    let units = e.deploy(WORDPRESS, "wordpress", 1);
+    e.deploy(MYSQL, "mysql", 0);
+    let rel = e.st.add_relation("wordpress", "mysql").unwrap();
+    let unit = e.st.unit(&units[0]).unwrap();
+    assert_eq!(unit.life, Life::Alive);
+    assert_eq!(e.st.machine(unit.machine_id.unwrap()).unwrap().life, Life::Alive);
+    assert_eq!(e.st.service("wordpress").unwrap().life, Life::Alive);
+    assert_eq!(rel.life, Life::Alive);
+}
+
+#[test]
+fn no_entity_ever_changes_to_an_earlier_state() {
+    let e = env();
+    let units = e.deploy(WORDPRESS, "wordpress", 1);
+    let u = &units[0];
+    started(&e, u);
+    e.st.destroy_units(&[u.clone()]).unwrap();
+    e.st.ensure_dead_unit(u).unwrap();
+    // Destroying a Dead unit is a no-op, never a step back to Dying.
+    e.st.destroy_units(&[u.clone()]).unwrap();
+    assert_eq!(e.st.unit(u).unwrap().life, Life::Dead);
+    let m = e.st.add_machines(1, None, None).unwrap()[0];
+    e.st.ensure_dead_machine(m).unwrap();
+    e.st.destroy_machine(m).unwrap();
+    assert_eq!(e.st.machine(m).unwrap().life, Life::Dead);
+}
+
+// ---- machines --------------------------------------------------------
+
+#[test]
+fn machine_with_manage_environ_cannot_become_dying_or_dead() {
+    let e = env();
+    let m0 = e.st.machine(0).unwrap();
+    assert!(m0.manages_environ());
+    assert!(matches!(e.refused(|s| s.destroy_machine(0)), Error::ManagesEnvironment(0)));
+    assert!(matches!(e.refused(|s| s.ensure_dead_machine(0)), Error::ManagesEnvironment(0)));
+}
+
+#[test]
+fn principal_units_are_assigned_only_to_alive_machines_with_host_units() {
+    let e = env();
+    let m = e.st.add_machines(2, None, None).unwrap();
+    let mut args = deploy_args(WORDPRESS, "wordpress", 1);
+    args.to = Some(m[0]);
+    let units = e.st.deploy(&args).unwrap();
+    assert_eq!(e.st.unit(&units[0]).unwrap().machine_id, Some(m[0]));
+    let err = e.refused(|s| s.add_units("wordpress", 1, Some(0)));
+    assert!(matches!(err, Error::CannotHostUnits { machine: 0, .. }), "{err}");
+    e.st.destroy_machine(m[1]).unwrap();
+    let err = e.refused(|s| s.add_units("wordpress", 1, Some(m[1])));
+    assert!(matches!(err, Error::NotAlive { kind: Entity::Machine, .. }), "{err}");
+    assert!(matches!(e.refused(|s| s.add_units("wordpress", 1, Some(99))), Error::NotFound { .. }));
+}
+
+#[test]
+fn destroy_machine_fails_while_alive_principal_units_are_assigned() {
+    let e = env();
+    let units = e.deploy(WORDPRESS, "wordpress", 1);
+    let m = e.st.unit(&units[0]).unwrap().machine_id.unwrap();
+    let err = e.refused(|s| s.destroy_machine(m));
+    assert_eq!(
+        err.to_string(),
+        format!("machine `{m}` has assigned units `wordpress/0`; destroy them first with `jujube destroy-unit`")
+    );
+}
+
+#[test]
+fn destroy_machine_without_units_sets_it_dying_and_is_a_noop_after() {
+    let e = env();
+    let m = e.st.add_machines(1, None, None).unwrap()[0];
+    e.st.destroy_machine(m).unwrap();
+    assert_eq!(e.st.machine(m).unwrap().life, Life::Dying);
+    let before = e.digest();
+    e.st.destroy_machine(m).unwrap();
+    assert_eq!(before, e.digest(), "destroying a Dying machine must change nothing");
+}
+
+#[test]
+fn machine_with_dying_units_may_become_dying_but_not_dead_until_they_are_removed() {
+    // The spec's future plan, built: Dying units no longer block
+    // destroy-machine; the machine waits for their removal to become Dead.
+    let e = env();
+    let units = e.deploy(WORDPRESS, "wordpress", 1);
+    let u = &units[0];
+    started(&e, u);
+    let m = e.st.unit(u).unwrap().machine_id.unwrap();
+    e.st.destroy_units(&[u.clone()]).unwrap();
+    e.st.destroy_machine(m).unwrap();
+    assert_eq!(e.st.machine(m).unwrap().life, Life::Dying);
+    let err = e.refused(|s| s.ensure_dead_machine(m));
+    assert!(matches!(err, Error::MachineHasUnits { .. }), "{err}");
+    e.st.ensure_dead_unit(u).unwrap();
+    e.st.remove_unit(u).unwrap();
+    e.st.ensure_dead_machine(m).unwrap();
+    e.st.remove_machine(m).unwrap();
+    assert!(matches!(e.st.machine(m), Err(Error::NotFound { .. })));
+}
+
+#[test]
+fn removing_a_machine_requires_it_to_be_dead() {
+    let e = env();
+    let m = e.st.add_machines(1, None, None).unwrap()[0];
+    assert!(matches!(e.refused(|s| s.remove_machine(m)), Error::NotDead { .. }));
+    e.st.destroy_machine(m).unwrap();
+    assert!(matches!(e.refused(|s| s.remove_machine(m)), Error::NotDead { .. }));
+    e.st.ensure_dead_machine(m).unwrap();
+    e.st.remove_machine(m).unwrap();
+}
+
+#[test]
+fn machine_ids_are_sequential_and_never_reused() {
+    let e = env();
+    let a = e.st.add_machines(2, None, None).unwrap();
+    assert_eq!(a, vec![1, 2]);
+    e.st.ensure_dead_machine(2).unwrap();
+    e.st.remove_machine(2).unwrap();
+    assert_eq!(e.st.add_machines(1, None, None).unwrap(), vec![3]);
+}
+
+// ---- units -----------------------------------------------------------
+
+#[test]
+fn destroy_unit_sets_it_dying_and_is_a_noop_when_not_alive() {
+    let e = env();
+    let u = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
+    started(&e, &u);
+    e.st.destroy_units(&[u.clone()]).unwrap();
+    assert_eq!(e.st.unit(&u).unwrap().life, Life::Dying);
+    let before = e.digest();
+    e.st.destroy_units(&[u.clone()]).unwrap();
+    assert_eq!(before, e.digest());
+}
+
+#[test]
+fn destroy_unit_does_not_work_on_subordinates() {
+    let e = env();
+    let u = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
+    e.deploy(LOGGING, "logging", 0);
+    let rel = e.st.add_relation("logging", "wordpress").unwrap();
+    e.st.enter_scope(rel.id, &u).unwrap();
+    let sub = e.st.subordinates(&u).unwrap().remove(0);
+    let err = e.refused(|s| s.destroy_units(&[sub.clone()]));
+    assert!(matches!(err, Error::Subordinate { .. }), "{err}");
+}
+
+#[test]
+fn destroy_unit_is_all_or_nothing() {
+    let e = env();
+    let units = e.deploy(WORDPRESS, "wordpress", 2);
+    started(&e, &units[0]);
+    let err = e.refused(|s| s.destroy_units(&[units[0].clone(), "wordpress/9".into()]));
+    assert!(matches!(err, Error::NotFound { kind: Entity::Unit, .. }));
+    assert_eq!(e.st.unit(&units[0]).unwrap().life, Life::Alive);
+}
+
+#[test]
+fn subordinate_becomes_dying_when_its_principal_is_destroyed() {
+    let e = env();
+    let u = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
+    e.deploy(LOGGING, "logging", 0);
+    let rel = e.st.add_relation("logging", "wordpress").unwrap();
+    e.st.enter_scope(rel.id, &u).unwrap();
+    let sub = e.st.subordinates(&u).unwrap().remove(0);
+    e.st.enter_scope(rel.id, &sub).unwrap();
+    e.st.destroy_units(&[u.clone()]).unwrap();
+    assert_eq!(e.st.unit(&u).unwrap().life, Life::Dying);
+    assert_eq!(e.st.unit(&sub).unwrap().life, Life::Dying);
+}
+
+#[test]
+fn unit_may_not_become_dead_while_subordinates_exist() {
+    let e = env();
+    let u = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
+    e.deploy(LOGGING, "logging", 0);
+    let rel = e.st.add_relation("logging", "wordpress").unwrap();
+    e.st.enter_scope(rel.id, &u).unwrap();
+    let sub = e.st.subordinates(&u).unwrap().remove(0);
+    e.st.leave_scope(rel.id, &u).unwrap();
+    let err = e.refused(|s| s.ensure_dead_unit(&u));
+    assert_eq!(
+        err.to_string(),
+        format!("unit `{u}` still has subordinates `{sub}`; they must be removed before it can be dead")
+    );
+    e.st.ensure_dead_unit(&sub).unwrap();
+    e.st.remove_unit(&sub).unwrap();
+    e.st.ensure_dead_unit(&u).unwrap();
+}
+
+#[test]
+fn unit_may_not_become_dead_while_in_relation_scope() {
+    let e = env();
+    let u = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
+    e.deploy(MYSQL, "mysql", 0);
+    let rel = e.st.add_relation("wordpress", "mysql").unwrap();
+    e.st.enter_scope(rel.id, &u).unwrap();
+    let err = e.refused(|s| s.ensure_dead_unit(&u));
+    assert!(matches!(err, Error::UnitBusy { .. }), "{err}");
+    e.st.leave_scope(rel.id, &u).unwrap();
+    e.st.ensure_dead_unit(&u).unwrap();
+}
+
+#[test]
+fn removing_a_unit_requires_it_to_be_dead_and_unassigns_it() {
+    let e = env();
+    let u = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
+    started(&e, &u);
+    let m = e.st.unit(&u).unwrap().machine_id.unwrap();
+    assert!(matches!(e.refused(|s| s.remove_unit(&u)), Error::NotDead { .. }));
+    e.st.destroy_units(&[u.clone()]).unwrap();
+    assert!(matches!(e.refused(|s| s.remove_unit(&u)), Error::NotDead { .. }));
+    e.st.ensure_dead_unit(&u).unwrap();
+    e.st.remove_unit(&u).unwrap();
+    assert!(e.st.units_on_machine(m).unwrap().is_empty());
+    assert_eq!(e.st.service("wordpress").unwrap().unit_count, 0);
+    // The machine is free again: it can be destroyed.
+    e.st.destroy_machine(m).unwrap();
+}
+
+#[test]
+fn destroying_a_unit_no_agent_has_acted_on_removes_it_at_once() {
+    // provisioning.txt: a unit on a machine that was never provisioned can
+    // be removed directly by destroy-unit.
+    let e = env();
+    let u = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
+    assert_eq!(e.st.unit(&u).unwrap().status, UNIT_PENDING);
+    e.st.destroy_units(&[u.clone()]).unwrap();
+    assert!(matches!(e.st.unit(&u), Err(Error::NotFound { .. })));
+    assert_eq!(e.st.service("wordpress").unwrap().unit_count, 0);
+}
+
+#[test]
+fn unit_names_are_never_reused() {
+    let e = env();
+    let u = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
+    e.st.destroy_units(&[u]).unwrap();
+    assert_eq!(e.st.add_units("wordpress", 1, None).unwrap(), vec!["wordpress/1"]);
+}
+
+// ---- services --------------------------------------------------------
+
+#[test]
+fn services_with_duplicate_names_are_not_allowed() {
+    let e = env();
+    e.deploy(WORDPRESS, "wordpress", 0);
+    let err = e.refused(|s| s.deploy(&deploy_args(MYSQL, "wordpress", 1)));
+    assert_eq!(err.to_string(), "service `wordpress` already exists; choose another name");
+}
+
+#[test]
+fn service_name_cannot_be_reused_until_the_old_service_is_removed() {
+    let e = env();
+    let u = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
+    started(&e, &u);
+    e.st.destroy_service("wordpress").unwrap();
+    let err = e.refused(|s| s.deploy(&deploy_args(WORDPRESS, "wordpress", 1)));
+    assert_eq!(
+        err.to_string(),
+        "service `wordpress` is being destroyed; wait until it is removed (see `jujube status`) before reusing it"
+    );
+    e.st.run_cleanups(10).unwrap();
+    e.st.ensure_dead_unit(&u).unwrap();
+    e.st.remove_unit(&u).unwrap();
+    e.deploy(WORDPRESS, "wordpress", 1);
+}
+
+#[test]
+fn units_and_relations_are_added_only_to_alive_services() {
+    let e = env();
+    let u = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
+    started(&e, &u);
+    e.deploy(MYSQL, "mysql", 0);
+    e.st.destroy_service("wordpress").unwrap();
+    let err = e.refused(|s| s.add_units("wordpress", 1, None));
+    assert!(matches!(err, Error::NotAlive { kind: Entity::Service, .. }), "{err}");
+    let err = e.refused(|s| s.add_relation("wordpress", "mysql"));
+    assert!(matches!(err, Error::NotAlive { kind: Entity::Service, .. }), "{err}");
+}
+
+#[test]
+fn destroyed_service_without_units_or_relations_is_removed_at_once() {
+    let e = env();
+    e.deploy(MYSQL, "mysql", 0);
+    e.st.destroy_service("mysql").unwrap();
+    assert!(matches!(e.st.service("mysql"), Err(Error::NotFound { .. })));
+}
+
+#[test]
+fn destroyed_service_whose_relations_can_all_be_removed_is_removed_at_once() {
+    let e = env();
+    e.deploy(MYSQL, "mysql", 0);
+    e.deploy(WORDPRESS, "wordpress", 0);
+    e.st.add_relation("wordpress", "mysql").unwrap();
+    assert_eq!(e.st.service("wordpress").unwrap().relation_count, 2); // peer + db
+    e.st.destroy_service("wordpress").unwrap();
+    assert!(matches!(e.st.service("wordpress"), Err(Error::NotFound { .. })));
+    // The counterpart's count dropped; the relation and peer relation went.
+    assert_eq!(e.st.service("mysql").unwrap().relation_count, 0);
+    assert!(e.st.relations().unwrap().is_empty());
+}
+
+#[test]
+fn destroyed_service_with_units_becomes_dying_and_its_units_follow() {
+    let e = env();
+    let units = e.deploy(WORDPRESS, "wordpress", 3);
+    for u in &units {
+        started(&e, u);
+    }
+    e.st.destroy_service("wordpress").unwrap();
+    let svc = e.st.service("wordpress").unwrap();
+    assert_eq!(svc.life, Life::Dying);
+    // The peer relation had no units in scope: removed, and counted.
+    assert_eq!(svc.relation_count, 0);
+    // Units become Dying through the cleanup, not the destroy transaction.
+    assert!(units.iter().all(|u| e.st.unit(u).unwrap().life == Life::Alive));
+    assert_eq!(e.st.pending_cleanups().unwrap(), 1);
+    e.st.run_cleanups(100).unwrap();
+    assert!(units.iter().all(|u| e.st.unit(u).unwrap().life == Life::Dying));
+    assert_eq!(e.st.pending_cleanups().unwrap(), 0);
+}
+
+#[test]
+fn destroyed_service_sets_relations_with_units_in_scope_dying() {
+    let e = env();
+    let u = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
+    started(&e, &u);
+    let m = e.deploy(MYSQL, "mysql", 1).remove(0);
+    let rel = e.st.add_relation("wordpress", "mysql").unwrap();
+    e.st.enter_scope(rel.id, &m).unwrap();
+    e.st.destroy_service("wordpress").unwrap();
+    assert_eq!(e.st.relation(rel.id).unwrap().life, Life::Dying);
+    // Peer relation removed (counted), db relation survives (still counted).
+    assert_eq!(e.st.service("wordpress").unwrap().relation_count, 1);
+    assert_eq!(e.st.service("mysql").unwrap().relation_count, 1);
+}
+
+#[test]
+fn last_unit_removal_removes_dying_service_without_relations() {
+    let e = env();
+    let u = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
+    started(&e, &u);
+    e.st.destroy_service("wordpress").unwrap();
+    e.st.run_cleanups(10).unwrap();
+    e.st.ensure_dead_unit(&u).unwrap();
+    e.st.remove_unit(&u).unwrap();
+    assert!(matches!(e.st.service("wordpress"), Err(Error::NotFound { .. })));
+}
+
+#[test]
+fn last_unit_removal_keeps_dying_service_that_is_still_in_a_relation() {
+    let e = env();
+    let w = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
+    started(&e, &w);
+    let m = e.deploy(MYSQL, "mysql", 1).remove(0);
+    let rel = e.st.add_relation("wordpress", "mysql").unwrap();
+    e.st.enter_scope(rel.id, &m).unwrap();
+    e.st.destroy_service("wordpress").unwrap();
+    e.st.run_cleanups(10).unwrap();
+    e.st.ensure_dead_unit(&w).unwrap();
+    e.st.remove_unit(&w).unwrap();
+    let svc = e.st.service("wordpress").unwrap();
+    assert_eq!((svc.life, svc.unit_count, svc.relation_count), (Life::Dying, 0, 1));
+    // The last unit of the *other* service to leave removes it.
+    e.st.leave_scope(rel.id, &m).unwrap();
+    assert!(matches!(e.st.service("wordpress"), Err(Error::NotFound { .. })));
+    assert!(matches!(e.st.relation(rel.id), Err(Error::NotFound { .. })));
+    assert_eq!(e.st.service("mysql").unwrap().relation_count, 0);
+}
+
+#[test]
+fn destroy_service_is_a_noop_when_not_alive() {
+    let e = env();
+    let u = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
+    started(&e, &u);
+    e.st.destroy_service("wordpress").unwrap();
+    let before = e.digest();
+    e.st.destroy_service("wordpress").unwrap();
+    assert_eq!(before, e.digest());
+}
+
+#[test]
+fn peer_relations_are_created_with_the_service() {
+    let e = env();
+    e.deploy(WORDPRESS, "wordpress", 0);
+    let rels = e.st.relations().unwrap();
+    assert_eq!(rels.len(), 1);
+    assert_eq!(rels[0].key, "wordpress:loadbalancer");
+    assert_eq!(e.st.service("wordpress").unwrap().relation_count, 1);
+}
+
+// ---- relations -------------------------------------------------------
+
+#[test]
+fn relation_key_is_canonical_whatever_the_argument_order() {
+    let e = env();
+    e.deploy(WORDPRESS, "wordpress", 0);
+    e.deploy(MYSQL, "mysql", 0);
+    let rel = e.st.add_relation("mysql", "wordpress").unwrap();
+    assert_eq!(rel.key, "wordpress:db mysql:db");
+    let err = e.refused(|s| s.add_relation("wordpress:db", "mysql:db"));
+    assert_eq!(err.to_string(), "relation `wordpress:db mysql:db` already exists; choose another name");
+}
+
+#[test]
+fn identical_relation_cannot_be_added_until_the_old_one_is_removed() {
+    let e = env();
+    let w = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
+    e.deploy(MYSQL, "mysql", 0);
+    let rel = e.st.add_relation("wordpress", "mysql").unwrap();
+    e.st.enter_scope(rel.id, &w).unwrap();
+    e.st.destroy_relation("wordpress", "mysql").unwrap();
+    let err = e.refused(|s| s.add_relation("wordpress", "mysql"));
+    assert!(matches!(err, Error::BeingDestroyed { kind: Entity::Relation, .. }), "{err}");
+    e.st.leave_scope(rel.id, &w).unwrap();
+    e.st.add_relation("wordpress", "mysql").unwrap();
+}
+
+#[test]
+fn relations_need_matching_endpoints_and_refuse_ambiguity() {
+    let e = env();
+    e.deploy(WORDPRESS, "wordpress", 0);
+    e.deploy(WORDPRESS, "blog", 0);
+    let err = e.refused(|s| s.add_relation("wordpress", "blog"));
+    assert!(matches!(err, Error::Relation(_)), "{err}");
+    e.deploy(MYSQL, "mysql", 0);
+    let err = e.refused(|s| s.add_relation("wordpress:website", "mysql"));
+    assert!(err.to_string().starts_with("no relation between `wordpress:website` and `mysql`"), "{err}");
+    let err = e.refused(|s| s.add_relation("wordpress", "wordpress"));
+    assert!(err.to_string().contains("to itself"), "{err}");
+}
+
+#[test]
+fn destroyed_relation_without_units_in_scope_is_removed_decrementing_both_services() {
+    let e = env();
+    e.deploy(WORDPRESS, "wordpress", 0);
+    e.deploy(MYSQL, "mysql", 0);
+    let rel = e.st.add_relation("wordpress", "mysql").unwrap();
+    e.st.destroy_relation("mysql", "wordpress").unwrap();
+    assert!(matches!(e.st.relation(rel.id), Err(Error::NotFound { .. })));
+    assert_eq!(e.st.service("wordpress").unwrap().relation_count, 1);
+    assert_eq!(e.st.service("mysql").unwrap().relation_count, 0);
+}
+
+#[test]
+fn destroyed_relation_with_units_in_scope_becomes_dying_and_destroy_is_then_a_noop() {
+    let e = env();
+    let ws = e.deploy(WORDPRESS, "wordpress", 2);
+    let w = ws[0].clone();
+    e.deploy(MYSQL, "mysql", 0);
+    let rel = e.st.add_relation("wordpress", "mysql").unwrap();
+    e.st.enter_scope(rel.id, &w).unwrap();
+    e.st.destroy_relation("wordpress", "mysql").unwrap();
+    assert_eq!(e.st.relation(rel.id).unwrap().life, Life::Dying);
+    let before = e.digest();
+    e.st.destroy_relation("wordpress", "mysql").unwrap();
+    assert_eq!(before, e.digest());
+    // Units cannot join a Dying relation.
+    let err = e.refused(|s| s.enter_scope(rel.id, &ws[1]));
+    assert!(err.to_string().contains("is dying"), "{err}");
+}
+
+#[test]
+fn last_unit_leaving_a_dying_relation_removes_it() {
+    let e = env();
+    let w = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
+    let m = e.deploy(MYSQL, "mysql", 1).remove(0);
+    let rel = e.st.add_relation("wordpress", "mysql").unwrap();
+    e.st.enter_scope(rel.id, &w).unwrap();
+    e.st.enter_scope(rel.id, &m).unwrap();
+    e.st.destroy_relation("wordpress", "mysql").unwrap();
+    e.st.leave_scope(rel.id, &w).unwrap();
+    assert_eq!(e.st.relation(rel.id).unwrap().unit_count, 1);
+    e.st.leave_scope(rel.id, &m).unwrap();
+    assert!(matches!(e.st.relation(rel.id), Err(Error::NotFound { .. })));
+    assert_eq!(e.st.service("wordpress").unwrap().relation_count, 1);
+    assert_eq!(e.st.service("mysql").unwrap().relation_count, 0);
+    // Leaving again is a no-op.
+    e.st.leave_scope(rel.id, &m).unwrap();
+}
+
+#[test]
+fn removed_relation_settings_are_cleaned_up_later_in_batches() {
+    let e = env();
+    let ws = e.deploy(WORDPRESS, "wordpress", 3);
+    e.deploy(MYSQL, "mysql", 0);
+    let rel = e.st.add_relation("wordpress", "mysql").unwrap();
+    for w in &ws {
+        e.st.enter_scope(rel.id, w).unwrap();
+        e.st.update_relation_settings(rel.id, w, &[("host".into(), Some(w.clone()))]).unwrap();
+        e.st.leave_scope(rel.id, w).unwrap();
+    }
+    // Settings outlive the scope...
+    assert_eq!(e.st.relation_settings(rel.id, &ws[0]).unwrap()["host"], ws[0]);
+    e.st.destroy_relation("wordpress", "mysql").unwrap();
+    // ...and the relation, until the cleaner runs.
+    assert!(e.st.relation_settings(rel.id, &ws[0]).is_ok());
+    assert_eq!(e.st.pending_cleanups().unwrap(), 1);
+    e.st.run_cleanups(10).unwrap();
+    assert!(e.st.relation_settings(rel.id, &ws[0]).is_err());
+    assert_eq!(e.st.pending_cleanups().unwrap(), 0);
+}
+
+#[test]
+fn only_alive_units_enter_alive_relations_and_only_of_their_services() {
+    let e = env();
+    let ws = e.deploy(WORDPRESS, "wordpress", 2);
+    e.deploy(MYSQL, "mysql", 0);
+    e.deploy(WORDPRESS, "blog", 0);
+    let rel = e.st.add_relation("wordpress", "mysql").unwrap();
+    started(&e, &ws[1]);
+    e.st.destroy_units(&[ws[1].clone()]).unwrap();
+    let err = e.refused(|s| s.enter_scope(rel.id, &ws[1]));
+    assert!(matches!(err, Error::NotAlive { kind: Entity::Unit, .. }), "{err}");
+    let b = e.st.add_units("blog", 1, None).unwrap().remove(0);
+    let err = e.refused(|s| s.enter_scope(rel.id, &b));
+    assert!(matches!(err, Error::Relation(_)), "{err}");
+    e.st.enter_scope(rel.id, &ws[0]).unwrap();
+    let before = e.digest();
+    e.st.enter_scope(rel.id, &ws[0]).unwrap();
+    assert_eq!(before, e.digest(), "entering twice changes nothing");
+}
+
+// ---- subordinates ----------------------------------------------------
+
+#[test]
+fn principal_entering_container_scope_creates_its_subordinate() {
+    let e = env();
+    let w = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
+    e.deploy(LOGGING, "logging", 0);
+    let rel = e.st.add_relation("wordpress", "logging").unwrap();
+    assert_eq!(rel.key, "logging:juju-info wordpress:juju-info");
+    e.st.enter_scope(rel.id, &w).unwrap();
+    let subs = e.st.subordinates(&w).unwrap();
+    assert_eq!(subs, vec!["logging/0"]);
+    let sub = e.st.unit("logging/0").unwrap();
+    assert_eq!(sub.principal.as_deref(), Some(w.as_str()));
+    assert_eq!(sub.machine_id, None);
+    assert_eq!(sub.series, "jammy");
+    assert_eq!(e.st.service("logging").unwrap().unit_count, 1);
+    // Entering again (or via a second container relation) never duplicates.
+    e.st.leave_scope(rel.id, &w).unwrap();
+    e.st.enter_scope(rel.id, &w).unwrap();
+    assert_eq!(e.st.subordinates(&w).unwrap().len(), 1);
+}
+
+#[test]
+fn subordinate_services_get_no_units_from_deploy_or_add_unit() {
+    let e = env();
+    e.deploy(LOGGING, "logging", 0);
+    assert!(matches!(e.refused(|s| s.add_units("logging", 1, None)), Error::Subordinate { .. }));
+    let err = e.refused(|s| s.deploy(&deploy_args(LOGGING, "logging2", 1)));
+    assert!(matches!(err, Error::Subordinate { .. }), "{err}");
+}
+
+#[test]
+fn subordinate_relations_are_only_between_services_of_equal_series() {
+    let e = env();
+    e.deploy(WORDPRESS, "wordpress", 0);
+    let mut args = deploy_args(LOGGING, "logging", 0);
+    args.series = "noble".into();
+    e.st.deploy(&args).unwrap();
+    let err = e.refused(|s| s.add_relation("wordpress", "logging"));
+    assert_eq!(
+        err.to_string(),
+        "relation `logging:juju-info wordpress:juju-info` is container-scoped, so both services must have the same series, but `wordpress` is `jammy` and `logging` is `noble`; deploy the subordinate with `--series jammy`"
+    );
+}
+
+// ---- series ----------------------------------------------------------
+
+#[test]
+fn units_take_their_service_series_and_run_only_on_machines_of_that_series() {
+    let e = env();
+    let noble = e.st.add_machines(1, Some("noble"), None).unwrap()[0];
+    let mut args = deploy_args(WORDPRESS, "wordpress", 1);
+    args.series = "noble".into();
+    let u = e.st.deploy(&args).unwrap().remove(0);
+    let unit = e.st.unit(&u).unwrap();
+    assert_eq!(unit.series, "noble");
+    assert_eq!(e.st.machine(unit.machine_id.unwrap()).unwrap().series, "noble");
+    e.st.add_units("wordpress", 1, Some(noble)).unwrap();
+    e.deploy(MYSQL, "mysql", 0);
+    let err = e.refused(|s| s.add_units("mysql", 1, Some(noble)));
+    assert!(matches!(err, Error::SeriesMismatch { .. }), "{err}");
+}
+
+#[test]
+fn charms_run_only_on_series_they_support() {
+    let e = env();
+    let mut args = deploy_args(&format!("{MYSQL}series: [focal]\n"), "mysql", 1);
+    args.series = "jammy".into();
+    let err = e.refused(|s| s.deploy(&args));
+    assert!(matches!(err, Error::UnsupportedSeries { .. }), "{err}");
+}
+
+// ---- constraints -----------------------------------------------------
+
+#[test]
+fn unit_constraints_collapse_service_over_environment_at_creation() {
+    let e = env_with("mem=4G cores=2 arch=amd64");
+    let mut args = deploy_args(WORDPRESS, "wordpress", 1);
+    args.constraints = Constraints::parse("mem=8G arch=").unwrap();
+    let u = e.st.deploy(&args).unwrap().remove(0);
+    let unit = e.st.unit(&u).unwrap();
+    assert_eq!(unit.constraints.to_string(), "cores=2 mem=8G");
+    // The machine created for the unit copies the unit's constraints.
+    let m = e.st.machine(unit.machine_id.unwrap()).unwrap();
+    assert_eq!(m.constraints, unit.constraints);
+}
+
+#[test]
+fn machine_added_without_a_unit_copies_environment_constraints() {
+    let e = env_with("mem=4G");
+    let m = e.st.add_machines(1, None, None).unwrap()[0];
+    assert_eq!(e.st.machine(m).unwrap().constraints.to_string(), "mem=4G");
+    assert_eq!(e.st.machine(0).unwrap().constraints.to_string(), "mem=4G");
+}
+
+#[test]
+fn subordinate_units_have_no_constraints() {
+    let e = env_with("mem=4G");
+    let w = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
+    e.deploy(LOGGING, "logging", 0);
+    let mut args = deploy_args(LOGGING, "logging2", 0);
+    args.constraints = Constraints::parse("mem=1G").unwrap();
+    assert!(matches!(e.refused(|s| s.deploy(&args)), Error::Subordinate { .. }));
+    assert!(matches!(
+        e.refused(|s| s.set_service_constraints("logging", &Constraints::parse("mem=1G").unwrap())),
+        Error::Subordinate { .. }
+    ));
+    let rel = e.st.add_relation("wordpress", "logging").unwrap();
+    e.st.enter_scope(rel.id, &w).unwrap();
+    assert!(e.st.unit("logging/0").unwrap().constraints.is_empty());
+}
+
+#[test]
+fn set_constraints_never_changes_existing_units_or_machines() {
+    let e = env_with("cores=1");
+    let u = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
+    e.st.set_environment_constraints(&Constraints::parse("cores=8").unwrap()).unwrap();
+    e.st.set_service_constraints("wordpress", &Constraints::parse("mem=1G").unwrap()).unwrap();
+    let unit = e.st.unit(&u).unwrap();
+    assert_eq!(unit.constraints.to_string(), "cores=1");
+    assert_eq!(e.st.machine(unit.machine_id.unwrap()).unwrap().constraints.to_string(), "cores=1");
+}
+
+#[test]
+fn seed_constraint_story_gives_one_machine_with_old_and_two_with_new_constraints() {
+    // provisioning.txt: deploy --constraints mem=2G wordpress;
+    // set-constraints --service wordpress mem=3G; add-unit wordpress -n 2.
+    let e = env();
+    let mut args = deploy_args(WORDPRESS, "wordpress", 1);
+    args.constraints = Constraints::parse("mem=2G").unwrap();
+    e.st.deploy(&args).unwrap();
+    e.st.set_service_constraints("wordpress", &Constraints::parse("mem=3G").unwrap()).unwrap();
+    e.st.add_units("wordpress", 2, None).unwrap();
+    let mut mems: Vec<String> = e
+        .st
+        .machines()
+        .unwrap()
+        .into_iter()
+        .filter(|m| m.id != 0)
+        .map(|m| m.constraints.to_string())
+        .collect();
+    mems.sort();
+    assert_eq!(mems, vec!["mem=2G", "mem=3G", "mem=3G"]);
+}
+
+// ---- provisioning errors ---------------------------------------------
+
+#[test]
+fn resolved_clears_a_provisioning_error_and_can_replace_constraints() {
+    let e = env();
+    let m = e.st.add_machines(1, None, None).unwrap()[0];
+    let err = e.refused(|s| s.resolve_machine(m, None));
+    assert_eq!(
+        err.to_string(),
+        format!("machine `{m}` has no provisioning error; `jujube resolved` only applies to machines in error")
+    );
+    e.st.set_machine_status(m, machine_status::ERROR, "no capacity").unwrap();
+    let cons = Constraints::parse("mem=4G").unwrap();
+    e.st.resolve_machine(m, Some(&cons)).unwrap();
+    let mm = e.st.machine(m).unwrap();
+    assert_eq!((mm.status.as_str(), mm.status_info.as_str()), (machine_status::PENDING, ""));
+    assert_eq!(mm.constraints, cons);
+}
+
+// ---- transactions ----------------------------------------------------
+
+#[test]
+fn deploying_many_units_keeps_every_transaction_bounded() {
+    let e = env();
+    e.st.reset_stats();
+    e.deploy(WORDPRESS, "wordpress", 1000);
+    assert_eq!(e.st.service("wordpress").unwrap().unit_count, 1000);
+    assert!(e.st.stats().max_transaction_rows <= 1000, "{:?}", e.st.stats());
+    for u in e.st.units_of("wordpress").unwrap() {
+        started(&e, &u.name);
+    }
+    e.st.reset_stats();
+    e.st.destroy_service("wordpress").unwrap();
+    e.st.run_cleanups(usize::MAX).unwrap();
+    let stats = e.st.stats();
+    assert!(stats.max_transaction_rows <= 1000, "{stats:?}");
+    assert!(stats.transactions > 10, "the cleanup must work in batches: {stats:?}");
+    assert!(e.st.units_of("wordpress").unwrap().iter().all(|u| u.life == Life::Dying));
+}
+
+#[test]
+fn two_processes_writing_one_database_lose_nothing() {
+    let e = env();
+    e.deploy(WORDPRESS, "wordpress", 0);
+    let path = e.st.path().to_path_buf();
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                // A separate connection per thread is as separate as another
+                // process: SQLite's file locks arbitrate between them.
+                let st = crate::Store::open_with(&path, crate::Durability::Relaxed).unwrap();
+                for _ in 0..25 {
+                    st.add_units("wordpress", 1, None).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(e.st.service("wordpress").unwrap().unit_count, 100);
+    assert_eq!(e.st.units_of("wordpress").unwrap().len(), 100);
+    assert_eq!(e.st.machines().unwrap().len(), 101);
+}
+
+#[test]
+fn a_database_from_a_newer_jujube_is_refused() {
+    let e = env();
+    let path = e.st.path().to_path_buf();
+    rusqlite::Connection::open(&path).unwrap().pragma_update(None, "user_version", 99).unwrap();
+    let err = crate::Store::open(&path).err().expect("newer schema must be refused");
+    assert!(matches!(err, Error::SchemaTooNew { found: 99, .. }), "{err}");
+}

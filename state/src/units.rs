@@ -1,0 +1,285 @@
+//! Units: creation (with machine placement and constraint capture), and the
+//! destroy → Dead → remove lifecycle, including the removal of a Dying
+//! service by the removal of its last unit.
+
+use crate::db::{Store, Tx};
+use crate::feed::ChangeKind;
+use crate::machines::insert_machine;
+use crate::model::{
+    finish_unit, get_machine, get_service, get_unit, unit_row, Service, Unit, JOB_HOST_UNITS,
+    UNIT_COLS, UNIT_PENDING,
+};
+use crate::{Entity, Error, Result};
+use jujube_core::{names, Constraints, Life};
+use rusqlite::Connection;
+
+fn quote_list(names: &[String]) -> String {
+    names
+        .iter()
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Checks that a principal of `svc` may be placed on machine `id`.
+pub(crate) fn check_placement(c: &Connection, svc: &Service, id: i64) -> Result<()> {
+    let m = get_machine(c, id)?;
+    if m.life != Life::Alive {
+        return Err(Error::NotAlive {
+            kind: Entity::Machine,
+            id: id.to_string(),
+            life: m.life,
+            action: "host new units",
+        });
+    }
+    if !m.hosts_units() {
+        return Err(Error::CannotHostUnits {
+            machine: id,
+            jobs: m.jobs.join(", "),
+        });
+    }
+    if m.series != svc.series {
+        return Err(Error::SeriesMismatch {
+            service: svc.name.clone(),
+            series: svc.series.clone(),
+            machine: id,
+            machine_series: m.series,
+        });
+    }
+    Ok(())
+}
+
+/// Inserts a principal unit of `svc`, capturing the environment and service
+/// constraints collapsed as they are now, on machine `to` or on a new machine
+/// that copies the unit's constraints. The caller bumps the service's unit
+/// count (once per batch) and checks placement beforehand.
+pub(crate) fn insert_principal(
+    tx: &mut Tx<'_>,
+    svc: &Service,
+    env_cons: &Constraints,
+    to: Option<i64>,
+) -> Result<String> {
+    let number = tx.next_in_sequence(&format!("unit:{}", svc.name))?;
+    let name = format!("{}/{}", svc.name, number);
+    let cons = svc.constraints.with_fallbacks(env_cons);
+    let machine = match to {
+        Some(id) => id,
+        None => insert_machine(tx, &svc.series, &[JOB_HOST_UNITS], &cons)?,
+    };
+    tx.prepare_cached(
+        "INSERT INTO units (name, service, number, series, machine_id, constraints)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute((&name, &svc.name, number, &svc.series, machine, cons.to_string()))?;
+    tx.changed(ChangeKind::Unit, &name)?;
+    if to.is_some() {
+        tx.changed(ChangeKind::Machine, machine.to_string())?;
+    }
+    Ok(name)
+}
+
+/// Inserts the subordinate unit of `sub` for `principal` (no machine, no
+/// constraints: it lives wherever its principal does).
+pub(crate) fn insert_subordinate(tx: &mut Tx<'_>, sub: &Service, principal: &str) -> Result<String> {
+    let number = tx.next_in_sequence(&format!("unit:{}", sub.name))?;
+    let name = format!("{}/{}", sub.name, number);
+    tx.prepare_cached(
+        "INSERT INTO units (name, service, number, series, principal) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute((&name, &sub.name, number, &sub.series, principal))?;
+    tx.execute(
+        "UPDATE services SET unit_count = unit_count + 1 WHERE name = ?1",
+        [&sub.name],
+    )?;
+    tx.changed(ChangeKind::Unit, &name)?;
+    tx.changed(ChangeKind::Service, &sub.name)?;
+    Ok(name)
+}
+
+pub(crate) fn subordinates_of(c: &Connection, unit: &str) -> Result<Vec<String>> {
+    let mut stmt =
+        c.prepare_cached("SELECT name FROM units WHERE principal = ?1 ORDER BY service, number")?;
+    let names = stmt
+        .query_map([unit], |r| r.get(0))?
+        .collect::<rusqlite::Result<Vec<String>>>()?;
+    Ok(names)
+}
+
+/// Keys of the relations whose scope `unit` is in.
+pub(crate) fn scopes_of(c: &Connection, unit: &str) -> Result<Vec<String>> {
+    let mut stmt = c.prepare_cached(
+        "SELECT r.key FROM relation_scopes s JOIN relations r ON r.id = s.relation_id
+         WHERE s.unit = ?1 ORDER BY r.id",
+    )?;
+    let keys = stmt
+        .query_map([unit], |r| r.get(0))?
+        .collect::<rusqlite::Result<Vec<String>>>()?;
+    Ok(keys)
+}
+
+fn set_unit_life(tx: &mut Tx<'_>, name: &str, life: Life) -> Result<()> {
+    tx.prepare_cached("UPDATE units SET life = ?1 WHERE name = ?2")?
+        .execute((life.code(), name))?;
+    tx.changed(ChangeKind::Unit, name)
+}
+
+/// Destroys an Alive unit: sets it Dying, after destroying its subordinates.
+///
+/// A unit no agent has ever acted on (status `pending`) that is in no
+/// relation scope and has no subordinates is removed at once instead: nothing
+/// could ever set it Dead, and nothing refers to it. Such a unit becomes Dead
+/// and is removed in this one transaction.
+pub(crate) fn destroy_unit_in(tx: &mut Tx<'_>, unit: &Unit) -> Result<()> {
+    if unit.life != Life::Alive {
+        return Ok(());
+    }
+    for sub in subordinates_of(tx, &unit.name)? {
+        let sub = get_unit(tx, &sub)?;
+        destroy_unit_in(tx, &sub)?;
+    }
+    if unit.status == UNIT_PENDING
+        && scopes_of(tx, &unit.name)?.is_empty()
+        && subordinates_of(tx, &unit.name)?.is_empty()
+    {
+        return remove_unit_in(tx, unit);
+    }
+    set_unit_life(tx, &unit.name, Life::Dying)
+}
+
+/// Deletes a unit (the caller has checked it may go) and, if it was the last
+/// thing holding a Dying service, the service too.
+pub(crate) fn remove_unit_in(tx: &mut Tx<'_>, unit: &Unit) -> Result<()> {
+    tx.prepare_cached("DELETE FROM units WHERE name = ?1")?
+        .execute([&unit.name])?;
+    tx.changed(ChangeKind::Unit, &unit.name)?;
+    if let Some(m) = unit.machine_id {
+        tx.changed(ChangeKind::Machine, m.to_string())?;
+    }
+    let svc = get_service(tx, &unit.service)?;
+    if svc.life == Life::Alive || svc.unit_count >= 2 || svc.relation_count > 0 {
+        tx.prepare_cached("UPDATE services SET unit_count = unit_count - 1 WHERE name = ?1")?
+            .execute([&svc.name])?;
+        tx.changed(ChangeKind::Service, &svc.name)
+    } else {
+        remove_service_in(tx, &svc.name)
+    }
+}
+
+/// Deletes a service and its settings. The caller has established that
+/// nothing refers to it any more.
+pub(crate) fn remove_service_in(tx: &mut Tx<'_>, name: &str) -> Result<()> {
+    tx.execute("DELETE FROM service_settings WHERE service = ?1", [name])?;
+    tx.execute("DELETE FROM services WHERE name = ?1", [name])?;
+    tx.changed(ChangeKind::Service, name)
+}
+
+impl Store {
+    pub fn unit(&self, name: &str) -> Result<Unit> {
+        self.read(|c| get_unit(c, name))
+    }
+
+    /// All units of a service, in number order.
+    pub fn units_of(&self, service: &str) -> Result<Vec<Unit>> {
+        self.read(|c| {
+            let mut stmt = c.prepare_cached(&format!(
+                "SELECT {UNIT_COLS} FROM units WHERE service = ?1 ORDER BY number"
+            ))?;
+            let rows = stmt.query_map([service], unit_row)?;
+            rows.map(|r| finish_unit(r?)).collect()
+        })
+    }
+
+    /// Units assigned to a machine (principals only).
+    pub fn units_on_machine(&self, id: i64) -> Result<Vec<String>> {
+        self.read(|c| crate::machines::assigned_units(c, id, false))
+    }
+
+    /// Subordinate units of a principal.
+    pub fn subordinates(&self, unit: &str) -> Result<Vec<String>> {
+        self.read(|c| subordinates_of(c, unit))
+    }
+
+    /// `destroy-unit`: destroys principal units, all or none. Subordinates
+    /// are refused (they go with their principal or their relation); units
+    /// already destroying are skipped.
+    pub fn destroy_units(&self, names_: &[String]) -> Result<()> {
+        for n in names_ {
+            names::parse_unit(n)?;
+        }
+        self.write(|tx| {
+            for n in names_ {
+                let unit = get_unit(tx, n)?;
+                if unit.is_subordinate() {
+                    return Err(Error::Subordinate {
+                        service: unit.service,
+                        hint: "its units cannot be destroyed directly; destroy the relation to its principal, or the principal unit",
+                    });
+                }
+                // Re-read: destroying an earlier unit in the list may have
+                // changed this one (it cannot today, but the rule is cheap).
+                let unit = get_unit(tx, n)?;
+                destroy_unit_in(tx, &unit)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Sets a unit Dead (its agent's last act). Refused while the unit is in
+    /// any relation scope or has subordinates. Already Dead: a no-op.
+    pub fn ensure_dead_unit(&self, name: &str) -> Result<()> {
+        self.write(|tx| {
+            let unit = get_unit(tx, name)?;
+            if unit.life == Life::Dead {
+                return Ok(());
+            }
+            let scopes = scopes_of(tx, name)?;
+            if !scopes.is_empty() {
+                return Err(Error::UnitBusy {
+                    unit: name.to_string(),
+                    why: format!(
+                        "is still in the scope of relation {}; it must leave them before it can be dead",
+                        quote_list(&scopes)
+                    ),
+                });
+            }
+            let subs = subordinates_of(tx, name)?;
+            if !subs.is_empty() {
+                return Err(Error::UnitBusy {
+                    unit: name.to_string(),
+                    why: format!(
+                        "still has subordinates {}; they must be removed before it can be dead",
+                        quote_list(&subs)
+                    ),
+                });
+            }
+            set_unit_life(tx, name, Life::Dead)
+        })
+    }
+
+    /// Deletes a Dead unit, unassigning it from its machine or principal;
+    /// removes its service too if that was Dying and held only by this unit.
+    pub fn remove_unit(&self, name: &str) -> Result<()> {
+        self.write(|tx| {
+            let unit = get_unit(tx, name)?;
+            if unit.life != Life::Dead {
+                return Err(Error::NotDead {
+                    kind: Entity::Unit,
+                    id: name.to_string(),
+                });
+            }
+            remove_unit_in(tx, &unit)
+        })
+    }
+
+    /// Sets a unit's status (agents report through this).
+    pub fn set_unit_status(&self, name: &str, status: &str, info: &str) -> Result<()> {
+        self.write(|tx| {
+            get_unit(tx, name)?;
+            tx.execute(
+                "UPDATE units SET status = ?1, status_info = ?2 WHERE name = ?3",
+                (status, info, name),
+            )?;
+            tx.changed(ChangeKind::Unit, name)
+        })
+    }
+}
