@@ -1,1 +1,411 @@
-fn main() {}
+//! The `jujube` command.
+//!
+//! # Layout
+//! - `main.rs`: the command line (clap) and dispatch; exit codes.
+//! - [`home`]: where environments live and which one is current.
+//! - [`charm`]: finding and reading charm directories.
+//! - [`render`]: `status` and `get` output as tables, YAML or JSON.
+//!
+//! Exit codes: 0 success, 1 an operation was refused or failed (the message
+//! says why, and nothing was changed), 2 the command line was wrong.
+
+mod charm;
+mod home;
+mod render;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use home::Home;
+use jujube_core::{names, series, Constraints};
+use jujube_state::environment::EnvironmentSpec;
+use jujube_state::services::DeployArgs;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "jujube", version, about = "Deploy and relate services on a cloud, with strict lifecycles")]
+struct Cli {
+    /// The environment to act on (default: the current one).
+    #[arg(long = "env", short = 'e', global = true, env = "JUJUBE_ENV")]
+    env: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ProviderKind {
+    Dummy,
+    Ec2,
+    Lxd,
+}
+
+impl ProviderKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::Dummy => "dummy",
+            ProviderKind::Ec2 => "ec2",
+            ProviderKind::Lxd => "lxd",
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum, Default)]
+pub(crate) enum Format {
+    #[default]
+    Tabular,
+    Yaml,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create an environment (with its controller machine 0) and make it current.
+    Bootstrap {
+        /// The environment's name.
+        #[arg(default_value = "default")]
+        name: String,
+        #[arg(long, value_enum, default_value = "dummy")]
+        provider: ProviderKind,
+        /// Environment config, KEY=VALUE; repeatable.
+        #[arg(long = "config", value_name = "KEY=VALUE")]
+        config: Vec<String>,
+        /// Environment constraints, e.g. "mem=4G cores=2".
+        #[arg(long)]
+        constraints: Option<String>,
+        /// Series for services and machines that name none.
+        #[arg(long, default_value = series::DEFAULT_SERIES)]
+        default_series: String,
+    },
+    /// List environments; the current one is marked with `*`.
+    Environments,
+    /// Make an environment current.
+    Switch { name: String },
+    /// Deploy a charm as a new service.
+    Deploy {
+        /// A charm directory, or `local:SERIES/NAME` in the repository.
+        charm: String,
+        /// The service's name (default: the charm's).
+        service: Option<String>,
+        /// Number of units (default 1; subordinates get none).
+        #[arg(short = 'n', long = "num-units")]
+        num_units: Option<usize>,
+        #[arg(long)]
+        constraints: Option<String>,
+        #[arg(long)]
+        series: Option<String>,
+        /// Place the unit on this existing machine.
+        #[arg(long)]
+        to: Option<String>,
+        /// Where `local:` charms are found (default: $JUJUBE_REPOSITORY).
+        #[arg(long)]
+        repository: Option<PathBuf>,
+        /// Service settings, KEY=VALUE; repeatable.
+        #[arg(long = "config", value_name = "KEY=VALUE")]
+        config: Vec<String>,
+    },
+    /// Add units to a service, each on a new machine unless `--to` is given.
+    AddUnit {
+        service: String,
+        #[arg(short = 'n', long = "num-units", default_value_t = 1)]
+        num_units: usize,
+        #[arg(long)]
+        to: Option<String>,
+    },
+    /// Add machines that host units.
+    AddMachine {
+        #[arg(short = 'n', default_value_t = 1)]
+        n: usize,
+        #[arg(long)]
+        series: Option<String>,
+        #[arg(long)]
+        constraints: Option<String>,
+    },
+    /// Set environment constraints, or a service's with `--service`.
+    SetConstraints {
+        #[arg(long, short = 's')]
+        service: Option<String>,
+        #[arg(value_name = "KEY=VALUE")]
+        constraints: Vec<String>,
+    },
+    /// Show environment constraints, or a service's with `--service`.
+    GetConstraints {
+        #[arg(long, short = 's')]
+        service: Option<String>,
+    },
+    /// Change service settings (`KEY=` resets to the default).
+    Set {
+        service: String,
+        #[arg(value_name = "KEY=VALUE", required = true)]
+        settings: Vec<String>,
+    },
+    /// Show a service's settings.
+    Get {
+        service: String,
+        #[arg(long, value_enum, default_value = "yaml")]
+        format: Format,
+    },
+    /// Change environment config (`KEY=` removes a key).
+    SetEnvironment {
+        #[arg(value_name = "KEY=VALUE", required = true)]
+        config: Vec<String>,
+    },
+    /// Show environment config.
+    GetEnvironment { key: Option<String> },
+    /// Relate two services.
+    AddRelation { a: String, b: String },
+    /// Destroy the relation between two services.
+    #[command(alias = "remove-relation")]
+    DestroyRelation { a: String, b: String },
+    /// Destroy units (all or none).
+    #[command(alias = "remove-unit")]
+    DestroyUnit {
+        #[arg(required = true)]
+        units: Vec<String>,
+    },
+    /// Destroy a service, its units and its relations.
+    #[command(alias = "remove-service")]
+    DestroyService { service: String },
+    /// Destroy machines that host no units (all or none).
+    #[command(alias = "remove-machine")]
+    DestroyMachine {
+        #[arg(required = true)]
+        machines: Vec<String>,
+    },
+    /// Clear a machine's provisioning error so it is provisioned again.
+    Resolved {
+        machine: String,
+        /// Replace the machine's constraints first.
+        #[arg(long)]
+        constraints: Option<String>,
+    },
+    /// Show the environment's machines, services, units and relations.
+    Status {
+        #[arg(long, value_enum, default_value = "tabular")]
+        format: Format,
+    },
+}
+
+/// A command line that parsed but makes no sense: exit code 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Usage(String);
+
+fn usage(msg: impl Into<String>) -> anyhow::Error {
+    Usage(msg.into()).into()
+}
+
+fn key_values(args: &[String], what: &str) -> Result<Vec<(String, String)>> {
+    args.iter()
+        .map(|a| {
+            a.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .filter(|(k, _)| !k.is_empty())
+                .ok_or_else(|| usage(format!("malformed {what} `{a}`: write KEY=VALUE")))
+        })
+        .collect()
+}
+
+fn parse_constraints(c: Option<&str>) -> Result<Option<Constraints>> {
+    c.map(|c| Constraints::parse(c).map_err(Into::into)).transpose()
+}
+
+fn machine_id(s: &str) -> Result<i64> {
+    Ok(names::parse_machine(s)?)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let usage = e.downcast_ref::<Usage>().is_some();
+            let mut msg = e.to_string();
+            for cause in e.chain().skip(1) {
+                msg.push_str(&format!(": {cause}"));
+            }
+            eprintln!("error: {msg}");
+            if usage {
+                ExitCode::from(2)
+            } else {
+                ExitCode::from(1)
+            }
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let home = Home::locate()?;
+    let env_flag = cli.env.as_deref();
+    let out = &mut std::io::stdout().lock();
+    match cli.command {
+        Command::Bootstrap {
+            name,
+            provider,
+            config,
+            constraints,
+            default_series,
+        } => {
+            let config: BTreeMap<String, String> = key_values(&config, "config")?.into_iter().collect();
+            let constraints = parse_constraints(constraints.as_deref())?.unwrap_or_default();
+            if home.env_dir(&name).exists() {
+                bail!("environment `{name}` already exists; choose another name, or remove it with `jujube destroy-environment {name}`");
+            }
+            let spec = EnvironmentSpec {
+                name: name.clone(),
+                uuid: uuid::Uuid::new_v4().to_string(),
+                provider: provider.as_str().to_string(),
+                default_series,
+                constraints,
+                config,
+            };
+            let dir = home.env_dir(&name);
+            std::fs::create_dir_all(&dir).with_context(|| format!("cannot create `{}`", dir.display()))?;
+            // Leave nothing behind if bootstrap fails half-way.
+            let result = (|| {
+                let store = home.open(&name)?;
+                store.initialize(&spec)?;
+                home.set_current(&name)
+            })();
+            if let Err(e) = result {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+            writeln!(out, "bootstrapped environment `{name}` ({}) on provider `{}`", spec.uuid, spec.provider)?;
+        }
+        Command::Environments => {
+            let current = home.current();
+            for name in home.environments()? {
+                let mark = if current.as_deref() == Some(&name) { "*" } else { " " };
+                writeln!(out, "{mark} {name}")?;
+            }
+        }
+        Command::Switch { name } => {
+            let name = home.select(Some(&name))?;
+            home.set_current(&name)?;
+            writeln!(out, "current environment is now `{name}`")?;
+        }
+        command => {
+            let name = home.select(env_flag)?;
+            let store = home.open(&name)?;
+            model_command(&store, command, out)?;
+        }
+    }
+    Ok(())
+}
+
+fn model_command(store: &jujube_state::Store, command: Command, out: &mut impl Write) -> Result<()> {
+    match command {
+        Command::Deploy {
+            charm,
+            service,
+            num_units,
+            constraints,
+            series: series_flag,
+            to,
+            repository,
+            config,
+        } => {
+            let loaded = charm::load(&charm, repository.as_deref())?;
+            let env = store.environment()?;
+            let series_ = match (&series_flag, &loaded.url_series) {
+                (Some(f), Some(u)) if f != u => {
+                    return Err(usage(format!("`--series {f}` contradicts the charm's series `{u}` in `{charm}`; drop one of them")))
+                }
+                (Some(s), _) | (None, Some(s)) => s.clone(),
+                (None, None) => loaded.charm.meta.series.first().cloned().unwrap_or(env.default_series.clone()),
+            };
+            series::validate(&series_)?;
+            let mut c = loaded.charm;
+            c.url = format!("local:{series_}/{}", c.url);
+            let subordinate = c.meta.subordinate;
+            let to = to.as_deref().map(machine_id).transpose()?;
+            let units = num_units.unwrap_or(if subordinate { 0 } else { 1 });
+            if to.is_some() && units > 1 {
+                return Err(usage("`--to` places one unit; use `-n 1` with it"));
+            }
+            let args = DeployArgs {
+                service: service.unwrap_or_else(|| c.meta.name.clone()),
+                charm: c,
+                series: series_,
+                constraints: parse_constraints(constraints.as_deref())?.unwrap_or_default(),
+                units,
+                to,
+                settings: key_values(&config, "setting")?,
+            };
+            let added = store.deploy(&args)?;
+            writeln!(out, "deployed service `{}` ({}) with {} unit(s)", args.service, store.service(&args.service)?.charm_url, added.len())?;
+        }
+        Command::AddUnit { service, num_units, to } => {
+            let to = to.as_deref().map(machine_id).transpose()?;
+            if to.is_some() && num_units > 1 {
+                return Err(usage("`--to` places one unit; use `-n 1` with it"));
+            }
+            if num_units == 0 {
+                return Err(usage("`-n` must be at least 1"));
+            }
+            for u in store.add_units(&service, num_units, to)? {
+                writeln!(out, "added unit `{u}`")?;
+            }
+        }
+        Command::AddMachine { n, series, constraints } => {
+            let cons = parse_constraints(constraints.as_deref())?;
+            for m in store.add_machines(n, series.as_deref(), cons.as_ref())? {
+                writeln!(out, "added machine `{m}`")?;
+            }
+        }
+        Command::SetConstraints { service, constraints } => {
+            let cons = Constraints::parse_words(constraints.iter().map(String::as_str))?;
+            match service {
+                Some(s) => store.set_service_constraints(&s, &cons)?,
+                None => store.set_environment_constraints(&cons)?,
+            }
+        }
+        Command::GetConstraints { service } => {
+            let cons = match service {
+                Some(s) => store.service(&s)?.constraints,
+                None => store.environment()?.constraints,
+            };
+            writeln!(out, "{cons}")?;
+        }
+        Command::Set { service, settings } => {
+            store.set_service_settings(&service, &key_values(&settings, "setting")?)?;
+        }
+        Command::Get { service, format } => render::settings(store, &service, format, out)?,
+        Command::SetEnvironment { config } => store.set_environment_config(&key_values(&config, "config")?)?,
+        Command::GetEnvironment { key } => {
+            let config = store.environment_config()?;
+            match key {
+                Some(k) => writeln!(
+                    out,
+                    "{}",
+                    config.get(&k).ok_or_else(|| anyhow!("environment config has no key `{k}`; `jujube get-environment` lists the keys set"))?
+                )?,
+                None => {
+                    for (k, v) in config {
+                        writeln!(out, "{k}={v}")?;
+                    }
+                }
+            }
+        }
+        Command::AddRelation { a, b } => {
+            let rel = store.add_relation(&a, &b)?;
+            writeln!(out, "added relation `{}`", rel.key)?;
+        }
+        Command::DestroyRelation { a, b } => store.destroy_relation(&a, &b)?,
+        Command::DestroyUnit { units } => store.destroy_units(&units)?,
+        Command::DestroyService { service } => store.destroy_service(&service)?,
+        Command::DestroyMachine { machines } => {
+            let ids = machines.iter().map(|m| machine_id(m)).collect::<Result<Vec<_>>>()?;
+            store.destroy_machines(&ids)?;
+        }
+        Command::Resolved { machine, constraints } => {
+            let cons = parse_constraints(constraints.as_deref())?;
+            store.resolve_machine(machine_id(&machine)?, cons.as_ref())?;
+        }
+        Command::Status { format } => render::status(&store.status()?, format, out)?,
+        Command::Bootstrap { .. } | Command::Environments | Command::Switch { .. } => unreachable!("handled by run"),
+    }
+    Ok(())
+}

@@ -76,7 +76,7 @@ impl fmt::Display for Entity {
 pub enum Error {
     #[error("{kind} `{id}` not found; `jujube status` lists what exists")]
     NotFound { kind: Entity, id: String },
-    #[error("{kind} `{id}` already exists; choose another name")]
+    #[error("{kind} `{id}` already exists{}", if *kind == Entity::Relation { "" } else { "; choose another name" })]
     AlreadyExists { kind: Entity, id: String },
     #[error("{kind} `{id}` is being destroyed; wait until it is removed (see `jujube status`) before reusing it")]
     BeingDestroyed { kind: Entity, id: String },

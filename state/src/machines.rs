@@ -55,6 +55,25 @@ fn set_machine_life(tx: &mut Tx<'_>, id: i64, life: Life) -> Result<()> {
     tx.changed(ChangeKind::Machine, id.to_string())
 }
 
+
+fn destroy_machine_in(tx: &mut Tx<'_>, id: i64) -> Result<()> {
+    let m = get_machine(tx, id)?;
+    if m.life != Life::Alive {
+        return Ok(());
+    }
+    if m.manages_environ() {
+        return Err(Error::ManagesEnvironment(id));
+    }
+    let units = assigned_units(tx, id, true)?;
+    if !units.is_empty() {
+        return Err(Error::MachineHasUnits {
+            machine: id,
+            units: quote_list(&units),
+        });
+    }
+    set_machine_life(tx, id, Life::Dying)
+}
+
 impl Store {
     /// Adds `n` machines with job `host-units` and the environment's
     /// constraints (or `cons`, when given). `series` defaults to the
@@ -100,23 +119,13 @@ impl Store {
     /// before setting the machine Dead ([`Store::ensure_dead_machine`]).
     /// Not Alive already: a no-op.
     pub fn destroy_machine(&self, id: i64) -> Result<()> {
-        self.write(|tx| {
-            let m = get_machine(tx, id)?;
-            if m.life != Life::Alive {
-                return Ok(());
-            }
-            if m.manages_environ() {
-                return Err(Error::ManagesEnvironment(id));
-            }
-            let units = assigned_units(tx, id, true)?;
-            if !units.is_empty() {
-                return Err(Error::MachineHasUnits {
-                    machine: id,
-                    units: quote_list(&units),
-                });
-            }
-            set_machine_life(tx, id, Life::Dying)
-        })
+        self.destroy_machines(&[id])
+    }
+
+    /// `destroy-machine ID...`: [`Store::destroy_machine`] for each, all or
+    /// none in one transaction.
+    pub fn destroy_machines(&self, ids: &[i64]) -> Result<()> {
+        self.write(|tx| ids.iter().try_for_each(|&id| destroy_machine_in(tx, id)))
     }
 
     /// Sets a machine Dead (the machine agent's job once it is Dying).

@@ -1,1 +1,79 @@
+//! End-to-end tests: they drive the real `jujube` binary, each in its own
+//! `JUJUBE_HOME`, and check what a user sees — stdout, exact stderr, exit
+//! codes — and that a refused command left the environment unchanged.
 
+mod model;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub struct Jujube {
+    pub home: tempfile::TempDir,
+}
+
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    #[track_caller]
+    pub fn ok(self) -> Run {
+        assert_eq!(self.code, 0, "command failed: {}", self.stderr);
+        self
+    }
+}
+
+pub fn charms() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/charms")
+}
+
+impl Jujube {
+    pub fn new() -> Jujube {
+        Jujube { home: tempfile::tempdir().unwrap() }
+    }
+
+    pub fn run(&self, args: &[&str]) -> Run {
+        let out: Output = Command::new(env!("CARGO_BIN_EXE_jujube"))
+            .args(args)
+            .env("JUJUBE_HOME", self.home.path())
+            .env_remove("JUJUBE_ENV")
+            .env_remove("JUJUBE_REPOSITORY")
+            .output()
+            .expect("run jujube");
+        Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8(out.stdout).unwrap(),
+            stderr: String::from_utf8(out.stderr).unwrap(),
+        }
+    }
+
+    /// Runs a command that must be refused with exactly `stderr`, and checks
+    /// that it changed nothing the user can see.
+    #[track_caller]
+    pub fn refused(&self, args: &[&str], code: i32, stderr: &str) {
+        let before = self.snapshot();
+        let r = self.run(args);
+        assert_eq!(r.stderr, format!("error: {stderr}\n"), "stderr of {args:?}");
+        assert_eq!(r.code, code, "exit code of {args:?}");
+        assert_eq!(r.stdout, "", "stdout of {args:?}");
+        assert_eq!(before, self.snapshot(), "{args:?} changed state");
+    }
+
+    pub fn snapshot(&self) -> String {
+        let status = self.run(&["status", "--format", "json"]);
+        let env = self.run(&["get-constraints"]);
+        let cfg = self.run(&["get-environment"]);
+        format!("{}\n{}\n{}", status.stdout, env.stdout, cfg.stdout)
+    }
+
+    pub fn status(&self) -> serde_json::Value {
+        let r = self.run(&["status", "--format", "json"]).ok();
+        serde_json::from_str(&r.stdout).unwrap()
+    }
+
+    pub fn charm(&self, name: &str) -> String {
+        charms().join(name).to_string_lossy().into_owned()
+    }
+}

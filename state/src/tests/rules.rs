@@ -416,7 +416,7 @@ fn relation_key_is_canonical_whatever_the_argument_order() {
     let rel = e.st.add_relation("mysql", "wordpress").unwrap();
     assert_eq!(rel.key, "wordpress:db mysql:db");
     let err = e.refused(|s| s.add_relation("wordpress:db", "mysql:db"));
-    assert_eq!(err.to_string(), "relation `wordpress:db mysql:db` already exists; choose another name");
+    assert_eq!(err.to_string(), "relation `wordpress:db mysql:db` already exists");
 }
 
 #[test]

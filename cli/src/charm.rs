@@ -1,0 +1,77 @@
+//! Finding and reading charms: a charm directory path, or `local:SERIES/NAME`
+//! in a repository (`--repository DIR` or `$JUJUBE_REPOSITORY`), laid out as
+//! `DIR/SERIES/NAME/`.
+
+use anyhow::{anyhow, bail, Context, Result};
+use jujube_core::charm::{CharmConfig, CharmMeta};
+use jujube_state::Charm;
+use std::path::{Path, PathBuf};
+
+/// A charm read from disk, and the series its reference named, if any.
+pub struct Loaded {
+    pub charm: Charm,
+    pub url_series: Option<String>,
+}
+
+pub fn resolve(reference: &str, repository: Option<&Path>) -> Result<(PathBuf, Option<String>)> {
+    if let Some(rest) = reference.strip_prefix("local:") {
+        let (series, name) = match rest.split_once('/') {
+            Some((s, n)) => (Some(s.to_string()), n),
+            None => (None, rest),
+        };
+        if let Some(s) = &series {
+            jujube_core::series::validate(s)?;
+        }
+        let repo = repository
+            .map(Path::to_path_buf)
+            .or_else(|| std::env::var_os("JUJUBE_REPOSITORY").map(PathBuf::from))
+            .ok_or_else(|| anyhow!("charm `{reference}` is a local charm: give its repository with `--repository DIR` or `JUJUBE_REPOSITORY`"))?;
+        let dir = match &series {
+            Some(s) => repo.join(s).join(name),
+            None => repo.join(name),
+        };
+        if !dir.join("metadata.yaml").is_file() {
+            bail!(
+                "charm `{reference}` not found in repository `{}` (looked for `{}`); check the series and name",
+                repo.display(),
+                dir.join("metadata.yaml").display()
+            );
+        }
+        return Ok((dir, series));
+    }
+    let dir = PathBuf::from(reference);
+    if !dir.join("metadata.yaml").is_file() {
+        bail!("charm `{reference}` not found: give a charm directory (with a metadata.yaml) or `local:SERIES/NAME` with `--repository DIR`");
+    }
+    Ok((dir, None))
+}
+
+/// Reads a charm directory; `series` completes its URL.
+pub fn load(reference: &str, repository: Option<&Path>) -> Result<Loaded> {
+    let (dir, url_series) = resolve(reference, repository)?;
+    let meta_text = std::fs::read_to_string(dir.join("metadata.yaml"))
+        .with_context(|| format!("cannot read `{}`", dir.join("metadata.yaml").display()))?;
+    let meta = CharmMeta::parse(&meta_text)?;
+    let config = match std::fs::read_to_string(dir.join("config.yaml")) {
+        Ok(text) => CharmConfig::parse(&meta.name, &text)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => CharmConfig::default(),
+        Err(e) => return Err(e).with_context(|| format!("cannot read `{}`", dir.join("config.yaml").display())),
+    };
+    let revision: u64 = match std::fs::read_to_string(dir.join("revision")) {
+        Ok(text) => text.trim().parse().map_err(|_| {
+            anyhow!("charm `{}` has an invalid revision file; it must hold a whole number", meta.name)
+        })?,
+        Err(_) => 0,
+    };
+    let path = std::fs::canonicalize(&dir).unwrap_or(dir);
+    Ok(Loaded {
+        charm: Charm {
+            // The series part is filled in once the deploy's series is known.
+            url: format!("{}-{revision}", meta.name),
+            meta,
+            config,
+            path: path.to_string_lossy().into_owned(),
+        },
+        url_series,
+    })
+}

@@ -1,0 +1,99 @@
+//! Where environments live: `$JUJUBE_HOME` (default: the user's data
+//! directory + `jujube`), one folder per environment holding its state
+//! database (and, for the dummy provider, its cloud), and a `current-environment`
+//! file naming the one commands use by default.
+
+use anyhow::{anyhow, bail, Context, Result};
+use jujube_state::Store;
+use std::path::PathBuf;
+
+pub struct Home {
+    pub root: PathBuf,
+}
+
+const CURRENT: &str = "current-environment";
+
+impl Home {
+    pub fn locate() -> Result<Home> {
+        let root = match std::env::var_os("JUJUBE_HOME") {
+            Some(p) if !p.is_empty() => PathBuf::from(p),
+            _ => dirs::data_dir()
+                .ok_or_else(|| anyhow!("cannot find a data directory for this user; set `JUJUBE_HOME`"))?
+                .join("jujube"),
+        };
+        Ok(Home { root })
+    }
+
+    pub fn env_dir(&self, name: &str) -> PathBuf {
+        self.root.join("environments").join(name)
+    }
+
+    pub fn state_path(&self, name: &str) -> PathBuf {
+        self.env_dir(name).join("state.db")
+    }
+
+    pub fn exists(&self, name: &str) -> bool {
+        self.state_path(name).exists()
+    }
+
+    pub fn environments(&self) -> Result<Vec<String>> {
+        let dir = self.root.join("environments");
+        let mut names = Vec::new();
+        match std::fs::read_dir(&dir) {
+            Ok(entries) => {
+                for e in entries {
+                    let e = e?;
+                    if e.path().join("state.db").exists() {
+                        names.push(e.file_name().to_string_lossy().into_owned());
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("cannot read `{}`", dir.display())),
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    pub fn current(&self) -> Option<String> {
+        std::fs::read_to_string(self.root.join(CURRENT))
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+    }
+
+    pub fn set_current(&self, name: &str) -> Result<()> {
+        std::fs::create_dir_all(&self.root)?;
+        // Write-then-rename, so a crash never leaves a half-written name.
+        let tmp = self.root.join(format!("{CURRENT}.tmp"));
+        std::fs::write(&tmp, format!("{name}\n"))?;
+        std::fs::rename(&tmp, self.root.join(CURRENT))?;
+        Ok(())
+    }
+
+    /// The environment a command acts on: `--env`/`JUJUBE_ENV`, else the
+    /// current one.
+    pub fn select(&self, flag: Option<&str>) -> Result<String> {
+        let name = match flag {
+            Some(n) => n.to_string(),
+            None => self.current().ok_or_else(|| {
+                anyhow!("no environment selected; create one with `jujube bootstrap NAME --provider dummy` or pick one with `jujube switch NAME`")
+            })?,
+        };
+        if !self.exists(&name) {
+            let known = self.environments()?;
+            if known.is_empty() {
+                bail!("environment `{name}` not found; create it with `jujube bootstrap {name} --provider dummy`");
+            }
+            bail!(
+                "environment `{name}` not found; known environments: {}",
+                known.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+            );
+        }
+        Ok(name)
+    }
+
+    pub fn open(&self, name: &str) -> Result<Store> {
+        Ok(Store::open(self.state_path(name))?)
+    }
+}

@@ -1,0 +1,187 @@
+//! Output: `status` and `get` as tables, YAML or JSON.
+
+use crate::Format;
+use anyhow::Result;
+use jujube_state::status::Status;
+use jujube_state::Store;
+use serde::Serialize;
+use std::io::Write;
+
+/// Left-aligned columns separated by two spaces; no trailing spaces.
+fn table(out: &mut impl Write, header: &[&str], rows: &[Vec<String>]) -> Result<()> {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| -> String {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(c);
+            } else {
+                s.push_str(&format!("{c:<w$}  ", w = widths[i]));
+            }
+        }
+        s.trim_end().to_string()
+    };
+    writeln!(out, "{}", line(header.to_vec()))?;
+    for r in rows {
+        writeln!(out, "{}", line(r.iter().map(String::as_str).collect()))?;
+    }
+    Ok(())
+}
+
+fn dash(s: &str) -> String {
+    if s.is_empty() {
+        "-".to_string()
+    } else {
+        s.to_string()
+    }
+}
+
+fn structured<T: Serialize>(value: &T, format: Format, out: &mut impl Write) -> Result<bool> {
+    match format {
+        Format::Json => {
+            serde_json::to_writer_pretty(&mut *out, value)?;
+            writeln!(out)?;
+        }
+        Format::Yaml => serde_yaml::to_writer(&mut *out, value)?,
+        Format::Tabular => return Ok(false),
+    }
+    Ok(true)
+}
+
+pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
+    let mut out = std::io::BufWriter::new(out);
+    if structured(st, format, &mut out)? {
+        return Ok(());
+    }
+    let e = &st.environment;
+    table(&mut out, &["Environment", "Provider", "Series", "Constraints"], &[vec![
+        e.name.clone(),
+        e.provider.clone(),
+        e.default_series.clone(),
+        dash(&e.constraints),
+    ]])?;
+    writeln!(out)?;
+    let rows: Vec<Vec<String>> = st
+        .machines
+        .0
+        .iter()
+        .map(|(id, m)| {
+            vec![
+                id.clone(),
+                m.life.to_string(),
+                m.status.clone(),
+                m.instance_id.clone().unwrap_or_else(|| "-".into()),
+                m.series.clone(),
+                dash(&m.constraints),
+                m.status_info.clone(),
+            ]
+        })
+        .collect();
+    table(&mut out, &["Machine", "Life", "Status", "Instance", "Series", "Constraints", "Message"], &rows)?;
+    if !st.services.0.is_empty() {
+        writeln!(out)?;
+        let rows: Vec<Vec<String>> = st
+            .services
+            .0
+            .iter()
+            .map(|(name, s)| {
+                vec![
+                    name.clone(),
+                    s.charm.clone(),
+                    s.life.to_string(),
+                    s.series.clone(),
+                    if s.subordinate { "-".into() } else { s.units.0.len().to_string() },
+                    dash(&s.constraints),
+                ]
+            })
+            .collect();
+        table(&mut out, &["Service", "Charm", "Life", "Series", "Units", "Constraints"], &rows)?;
+        let mut rows = Vec::new();
+        for (_, s) in &st.services.0 {
+            for (name, u) in &s.units.0 {
+                rows.push(vec![
+                    name.clone(),
+                    u.life.to_string(),
+                    u.machine.clone().unwrap_or_else(|| "-".into()),
+                    u.status.clone(),
+                    u.status_info.clone(),
+                ]);
+                for (sub, su) in &u.subordinates.0 {
+                    rows.push(vec![
+                        format!("  {sub}"),
+                        su.life.to_string(),
+                        String::new(),
+                        su.status.clone(),
+                        su.status_info.clone(),
+                    ]);
+                }
+            }
+        }
+        if !rows.is_empty() {
+            writeln!(out)?;
+            table(&mut out, &["Unit", "Life", "Machine", "Status", "Message"], &rows)?;
+        }
+    }
+    if !st.relations.is_empty() {
+        writeln!(out)?;
+        let rows: Vec<Vec<String>> = st
+            .relations
+            .iter()
+            .map(|r| vec![r.key.clone(), r.interface.clone(), r.scope.clone(), r.life.to_string()])
+            .collect();
+        table(&mut out, &["Relation", "Interface", "Scope", "Life"], &rows)?;
+    }
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct SettingOut {
+    #[serde(rename = "type")]
+    kind: String,
+    description: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value: Option<jujube_core::charm::SettingValue>,
+    default: bool,
+}
+
+#[derive(Serialize)]
+struct SettingsOut {
+    service: String,
+    charm: String,
+    settings: std::collections::BTreeMap<String, SettingOut>,
+}
+
+pub fn settings(store: &Store, service: &str, format: Format, out: &mut impl Write) -> Result<()> {
+    let svc = store.service(service)?;
+    let settings = store
+        .service_settings(service)?
+        .into_iter()
+        .map(|s| {
+            let default = s.value.is_none();
+            let value = s.value.or(s.option.default.clone());
+            (s.key, SettingOut { kind: s.option.kind, description: s.option.description, value, default })
+        })
+        .collect();
+    let doc = SettingsOut { service: svc.name, charm: svc.charm_url, settings };
+    if !structured(&doc, format, out)? {
+        let rows: Vec<Vec<String>> = doc
+            .settings
+            .iter()
+            .map(|(k, s)| {
+                vec![
+                    k.clone(),
+                    s.kind.clone(),
+                    s.value.as_ref().map(|v| v.to_string()).unwrap_or_default(),
+                    if s.default { "default".into() } else { "set".into() },
+                ]
+            })
+            .collect();
+        table(out, &["Option", "Type", "Value", "Source"], &rows)?;
+    }
+    Ok(())
+}
