@@ -55,11 +55,17 @@ pub fn load(reference: &str, repository: Option<&Path>) -> Result<Loaded> {
     let config = match std::fs::read_to_string(dir.join("config.yaml")) {
         Ok(text) => CharmConfig::parse(&meta.name, &text)?,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => CharmConfig::default(),
-        Err(e) => return Err(e).with_context(|| format!("cannot read `{}`", dir.join("config.yaml").display())),
+        Err(e) => {
+            return Err(e)
+                .with_context(|| format!("cannot read `{}`", dir.join("config.yaml").display()))
+        }
     };
     let revision: u64 = match std::fs::read_to_string(dir.join("revision")) {
         Ok(text) => text.trim().parse().map_err(|_| {
-            anyhow!("charm `{}` has an invalid revision file; it must hold a whole number", meta.name)
+            anyhow!(
+                "charm `{}` has an invalid revision file; it must hold a whole number",
+                meta.name
+            )
         })?,
         Err(_) => 0,
     };

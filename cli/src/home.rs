@@ -18,7 +18,9 @@ impl Home {
         let root = match std::env::var_os("JUJUBE_HOME") {
             Some(p) if !p.is_empty() => PathBuf::from(p),
             _ => dirs::data_dir()
-                .ok_or_else(|| anyhow!("cannot find a data directory for this user; set `JUJUBE_HOME`"))?
+                .ok_or_else(|| {
+                    anyhow!("cannot find a data directory for this user; set `JUJUBE_HOME`")
+                })?
                 .join("jujube"),
         };
         Ok(Home { root })
@@ -87,7 +89,11 @@ impl Home {
             }
             bail!(
                 "environment `{name}` not found; known environments: {}",
-                known.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+                known
+                    .iter()
+                    .map(|n| format!("`{n}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
         }
         Ok(name)

@@ -25,7 +25,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "jujube", version, about = "Deploy and relate services on a cloud, with strict lifecycles")]
+#[command(
+    name = "jujube",
+    version,
+    about = "Deploy and relate services on a cloud, with strict lifecycles"
+)]
 struct Cli {
     /// The environment to act on (default: the current one).
     #[arg(long = "env", short = 'e', global = true, env = "JUJUBE_ENV")]
@@ -208,7 +212,8 @@ fn key_values(args: &[String], what: &str) -> Result<Vec<(String, String)>> {
 }
 
 fn parse_constraints(c: Option<&str>) -> Result<Option<Constraints>> {
-    c.map(|c| Constraints::parse(c).map_err(Into::into)).transpose()
+    c.map(|c| Constraints::parse(c).map_err(Into::into))
+        .transpose()
 }
 
 fn machine_id(s: &str) -> Result<i64> {
@@ -247,7 +252,8 @@ fn run(cli: Cli) -> Result<()> {
             constraints,
             default_series,
         } => {
-            let config: BTreeMap<String, String> = key_values(&config, "config")?.into_iter().collect();
+            let config: BTreeMap<String, String> =
+                key_values(&config, "config")?.into_iter().collect();
             let constraints = parse_constraints(constraints.as_deref())?.unwrap_or_default();
             if home.env_dir(&name).exists() {
                 bail!("environment `{name}` already exists; choose another name, or remove it with `jujube destroy-environment {name}`");
@@ -261,7 +267,8 @@ fn run(cli: Cli) -> Result<()> {
                 config,
             };
             let dir = home.env_dir(&name);
-            std::fs::create_dir_all(&dir).with_context(|| format!("cannot create `{}`", dir.display()))?;
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot create `{}`", dir.display()))?;
             // Leave nothing behind if bootstrap fails half-way.
             let result = (|| {
                 let store = home.open(&name)?;
@@ -272,12 +279,20 @@ fn run(cli: Cli) -> Result<()> {
                 let _ = std::fs::remove_dir_all(&dir);
                 return Err(e);
             }
-            writeln!(out, "bootstrapped environment `{name}` ({}) on provider `{}`", spec.uuid, spec.provider)?;
+            writeln!(
+                out,
+                "bootstrapped environment `{name}` ({}) on provider `{}`",
+                spec.uuid, spec.provider
+            )?;
         }
         Command::Environments => {
             let current = home.current();
             for name in home.environments()? {
-                let mark = if current.as_deref() == Some(&name) { "*" } else { " " };
+                let mark = if current.as_deref() == Some(&name) {
+                    "*"
+                } else {
+                    " "
+                };
                 writeln!(out, "{mark} {name}")?;
             }
         }
@@ -295,7 +310,11 @@ fn run(cli: Cli) -> Result<()> {
     Ok(())
 }
 
-fn model_command(store: &jujube_state::Store, command: Command, out: &mut impl Write) -> Result<()> {
+fn model_command(
+    store: &jujube_state::Store,
+    command: Command,
+    out: &mut impl Write,
+) -> Result<()> {
     match command {
         Command::Deploy {
             charm,
@@ -335,9 +354,19 @@ fn model_command(store: &jujube_state::Store, command: Command, out: &mut impl W
                 settings: key_values(&config, "setting")?,
             };
             let added = store.deploy(&args)?;
-            writeln!(out, "deployed service `{}` ({}) with {} unit(s)", args.service, store.service(&args.service)?.charm_url, added.len())?;
+            writeln!(
+                out,
+                "deployed service `{}` ({}) with {} unit(s)",
+                args.service,
+                store.service(&args.service)?.charm_url,
+                added.len()
+            )?;
         }
-        Command::AddUnit { service, num_units, to } => {
+        Command::AddUnit {
+            service,
+            num_units,
+            to,
+        } => {
             let to = to.as_deref().map(machine_id).transpose()?;
             if to.is_some() && num_units > 1 {
                 return Err(usage("`--to` places one unit; use `-n 1` with it"));
@@ -349,13 +378,20 @@ fn model_command(store: &jujube_state::Store, command: Command, out: &mut impl W
                 writeln!(out, "added unit `{u}`")?;
             }
         }
-        Command::AddMachine { n, series, constraints } => {
+        Command::AddMachine {
+            n,
+            series,
+            constraints,
+        } => {
             let cons = parse_constraints(constraints.as_deref())?;
             for m in store.add_machines(n, series.as_deref(), cons.as_ref())? {
                 writeln!(out, "added machine `{m}`")?;
             }
         }
-        Command::SetConstraints { service, constraints } => {
+        Command::SetConstraints {
+            service,
+            constraints,
+        } => {
             let cons = Constraints::parse_words(constraints.iter().map(String::as_str))?;
             match service {
                 Some(s) => store.set_service_constraints(&s, &cons)?,
@@ -373,7 +409,9 @@ fn model_command(store: &jujube_state::Store, command: Command, out: &mut impl W
             store.set_service_settings(&service, &key_values(&settings, "setting")?)?;
         }
         Command::Get { service, format } => render::settings(store, &service, format, out)?,
-        Command::SetEnvironment { config } => store.set_environment_config(&key_values(&config, "config")?)?,
+        Command::SetEnvironment { config } => {
+            store.set_environment_config(&key_values(&config, "config")?)?
+        }
         Command::GetEnvironment { key } => {
             let config = store.environment_config()?;
             match key {
@@ -397,15 +435,23 @@ fn model_command(store: &jujube_state::Store, command: Command, out: &mut impl W
         Command::DestroyUnit { units } => store.destroy_units(&units)?,
         Command::DestroyService { service } => store.destroy_service(&service)?,
         Command::DestroyMachine { machines } => {
-            let ids = machines.iter().map(|m| machine_id(m)).collect::<Result<Vec<_>>>()?;
+            let ids = machines
+                .iter()
+                .map(|m| machine_id(m))
+                .collect::<Result<Vec<_>>>()?;
             store.destroy_machines(&ids)?;
         }
-        Command::Resolved { machine, constraints } => {
+        Command::Resolved {
+            machine,
+            constraints,
+        } => {
             let cons = parse_constraints(constraints.as_deref())?;
             store.resolve_machine(machine_id(&machine)?, cons.as_ref())?;
         }
         Command::Status { format } => render::status(&store.status()?, format, out)?,
-        Command::Bootstrap { .. } | Command::Environments | Command::Switch { .. } => unreachable!("handled by run"),
+        Command::Bootstrap { .. } | Command::Environments | Command::Switch { .. } => {
+            unreachable!("handled by run")
+        }
     }
     Ok(())
 }

@@ -59,12 +59,16 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
         return Ok(());
     }
     let e = &st.environment;
-    table(&mut out, &["Environment", "Provider", "Series", "Constraints"], &[vec![
-        e.name.clone(),
-        e.provider.clone(),
-        e.default_series.clone(),
-        dash(&e.constraints),
-    ]])?;
+    table(
+        &mut out,
+        &["Environment", "Provider", "Series", "Constraints"],
+        &[vec![
+            e.name.clone(),
+            e.provider.clone(),
+            e.default_series.clone(),
+            dash(&e.constraints),
+        ]],
+    )?;
     writeln!(out)?;
     let rows: Vec<Vec<String>> = st
         .machines
@@ -82,7 +86,19 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
             ]
         })
         .collect();
-    table(&mut out, &["Machine", "Life", "Status", "Instance", "Series", "Constraints", "Message"], &rows)?;
+    table(
+        &mut out,
+        &[
+            "Machine",
+            "Life",
+            "Status",
+            "Instance",
+            "Series",
+            "Constraints",
+            "Message",
+        ],
+        &rows,
+    )?;
     if !st.services.0.is_empty() {
         writeln!(out)?;
         let rows: Vec<Vec<String>> = st
@@ -95,12 +111,20 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
                     s.charm.clone(),
                     s.life.to_string(),
                     s.series.clone(),
-                    if s.subordinate { "-".into() } else { s.units.0.len().to_string() },
+                    if s.subordinate {
+                        "-".into()
+                    } else {
+                        s.units.0.len().to_string()
+                    },
                     dash(&s.constraints),
                 ]
             })
             .collect();
-        table(&mut out, &["Service", "Charm", "Life", "Series", "Units", "Constraints"], &rows)?;
+        table(
+            &mut out,
+            &["Service", "Charm", "Life", "Series", "Units", "Constraints"],
+            &rows,
+        )?;
         let mut rows = Vec::new();
         for (_, s) in &st.services.0 {
             for (name, u) in &s.units.0 {
@@ -124,7 +148,11 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
         }
         if !rows.is_empty() {
             writeln!(out)?;
-            table(&mut out, &["Unit", "Life", "Machine", "Status", "Message"], &rows)?;
+            table(
+                &mut out,
+                &["Unit", "Life", "Machine", "Status", "Message"],
+                &rows,
+            )?;
         }
     }
     if !st.relations.is_empty() {
@@ -132,7 +160,14 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
         let rows: Vec<Vec<String>> = st
             .relations
             .iter()
-            .map(|r| vec![r.key.clone(), r.interface.clone(), r.scope.clone(), r.life.to_string()])
+            .map(|r| {
+                vec![
+                    r.key.clone(),
+                    r.interface.clone(),
+                    r.scope.clone(),
+                    r.life.to_string(),
+                ]
+            })
             .collect();
         table(&mut out, &["Relation", "Interface", "Scope", "Life"], &rows)?;
     }
@@ -164,10 +199,22 @@ pub fn settings(store: &Store, service: &str, format: Format, out: &mut impl Wri
         .map(|s| {
             let default = s.value.is_none();
             let value = s.value.or(s.option.default.clone());
-            (s.key, SettingOut { kind: s.option.kind, description: s.option.description, value, default })
+            (
+                s.key,
+                SettingOut {
+                    kind: s.option.kind,
+                    description: s.option.description,
+                    value,
+                    default,
+                },
+            )
         })
         .collect();
-    let doc = SettingsOut { service: svc.name, charm: svc.charm_url, settings };
+    let doc = SettingsOut {
+        service: svc.name,
+        charm: svc.charm_url,
+        settings,
+    };
     if !structured(&doc, format, out)? {
         let rows: Vec<Vec<String>> = doc
             .settings
@@ -177,7 +224,11 @@ pub fn settings(store: &Store, service: &str, format: Format, out: &mut impl Wri
                     k.clone(),
                     s.kind.clone(),
                     s.value.as_ref().map(|v| v.to_string()).unwrap_or_default(),
-                    if s.default { "default".into() } else { "set".into() },
+                    if s.default {
+                        "default".into()
+                    } else {
+                        "set".into()
+                    },
                 ]
             })
             .collect();

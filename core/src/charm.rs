@@ -188,12 +188,7 @@ impl CharmMeta {
                 }
             }
         }
-        if self.subordinate
-            && !self
-                .requires
-                .values()
-                .any(|r| r.scope == Scope::Container)
-        {
+        if self.subordinate && !self.requires.values().any(|r| r.scope == Scope::Container) {
             return bad(
                 "a subordinate charm must require at least one relation with `scope: container`"
                     .into(),
@@ -340,10 +335,11 @@ impl CharmConfig {
                 });
             }
             if let Some(d) = &opt.default {
-                opt.coerce(name, &d.to_string()).map_err(|_| Error::InvalidCharm {
-                    charm: charm.to_string(),
-                    why: format!("option `{name}` has a default that is not a {}", opt.kind),
-                })?;
+                opt.coerce(name, &d.to_string())
+                    .map_err(|_| Error::InvalidCharm {
+                        charm: charm.to_string(),
+                        why: format!("option `{name}` has a default that is not a {}", opt.kind),
+                    })?;
             }
         }
         Ok(cfg)
@@ -392,7 +388,8 @@ impl ConfigOption {
 mod tests {
     use super::*;
 
-    const WORDPRESS: &str = "name: wordpress\nsummary: blog\nrequires:\n  db:\n    interface: mysql\n\
+    const WORDPRESS: &str =
+        "name: wordpress\nsummary: blog\nrequires:\n  db:\n    interface: mysql\n\
                              provides:\n  website: http\npeers:\n  loadbalancer: reversenginx\n";
     const LOGGING: &str = "name: logging\nsubordinate: true\nrequires:\n  logging-directory:\n    \
                            interface: logging\n    scope: container\n  juju-info:\n    interface: juju-info\n    scope: container\n";
@@ -404,7 +401,9 @@ mod tests {
         assert_eq!(m.provides["website"].interface, "http");
         assert_eq!(m.peers["loadbalancer"].scope, Scope::Global);
         let eps = m.endpoints("wp");
-        assert!(eps.iter().any(|e| e.relation == JUJU_INFO && e.role == Role::Provider));
+        assert!(eps
+            .iter()
+            .any(|e| e.relation == JUJU_INFO && e.role == Role::Provider));
         assert_eq!(eps.len(), 4);
     }
 
@@ -412,7 +411,10 @@ mod tests {
     fn subordinates_need_a_container_requirement_and_get_no_juju_info() {
         let m = CharmMeta::parse(LOGGING).unwrap();
         assert!(m.subordinate);
-        assert!(!m.endpoints("logging").iter().any(|e| e.role == Role::Provider));
+        assert!(!m
+            .endpoints("logging")
+            .iter()
+            .any(|e| e.role == Role::Provider));
         let err = CharmMeta::parse("name: x\nsubordinate: true\nrequires:\n  a: b\n").unwrap_err();
         assert!(err.to_string().contains("scope: container"), "{err}");
     }
@@ -449,9 +451,15 @@ mod tests {
             "options:\n  port:\n    type: int\n    default: 80\n  debug:\n    type: boolean\n  title:\n    type: string\n",
         )
         .unwrap();
-        assert_eq!(cfg.validate("wp", "port", "8080").unwrap(), SettingValue::Int(8080));
+        assert_eq!(
+            cfg.validate("wp", "port", "8080").unwrap(),
+            SettingValue::Int(8080)
+        );
         assert!(cfg.validate("wp", "port", "x").is_err());
-        assert_eq!(cfg.validate("wp", "debug", "true").unwrap(), SettingValue::Bool(true));
+        assert_eq!(
+            cfg.validate("wp", "debug", "true").unwrap(),
+            SettingValue::Bool(true)
+        );
         let err = cfg.validate("wp", "nope", "1").unwrap_err().to_string();
         assert_eq!(
             err,

@@ -50,7 +50,9 @@ pub(crate) const KEYS_LIST: &str = "`allocate-public-ip`, `arch`, `container`, `
 `cpu-power`, `instance-type`, `mem`, `root-disk`, `tags`, `virt-type` and `zones`";
 
 /// Architectures jujube knows how to ask providers for.
-pub const ARCHES: [&str; 7] = ["amd64", "arm64", "armhf", "i386", "ppc64el", "riscv64", "s390x"];
+pub const ARCHES: [&str; 7] = [
+    "amd64", "arm64", "armhf", "i386", "ppc64el", "riscv64", "s390x",
+];
 /// Container types a machine may be asked to be.
 pub const CONTAINERS: [&str; 3] = ["kvm", "lxd", "none"];
 
@@ -157,18 +159,25 @@ fn parse_value(key: Key, raw: &str) -> Result<Value> {
     };
     Ok(match key {
         Key::Mem | Key::RootDisk => Value::MiB(parse_mib(key, raw)?),
-        Key::Cores | Key::CpuPower => Value::Count(raw.parse().map_err(|_| {
-            invalid("use a whole number such as `2`".to_string())
-        })?),
+        Key::Cores | Key::CpuPower => Value::Count(
+            raw.parse()
+                .map_err(|_| invalid("use a whole number such as `2`".to_string()))?,
+        ),
         Key::Arch => {
             if !ARCHES.contains(&raw) {
-                return Err(invalid(format!("known architectures are {}", ARCHES.join(", "))));
+                return Err(invalid(format!(
+                    "known architectures are {}",
+                    ARCHES.join(", ")
+                )));
             }
             Value::Text(raw.to_string())
         }
         Key::Container => {
             if !CONTAINERS.contains(&raw) {
-                return Err(invalid(format!("known containers are {}", CONTAINERS.join(", "))));
+                return Err(invalid(format!(
+                    "known containers are {}",
+                    CONTAINERS.join(", ")
+                )));
             }
             Value::Text(raw.to_string())
         }
@@ -181,7 +190,9 @@ fn parse_value(key: Key, raw: &str) -> Result<Value> {
         Key::Tags | Key::Zones => {
             let items: Vec<String> = raw.split(',').map(str::to_string).collect();
             if items.iter().any(String::is_empty) {
-                return Err(invalid("use a comma-separated list without empty items".to_string()));
+                return Err(invalid(
+                    "use a comma-separated list without empty items".to_string(),
+                ));
             }
             Value::List(items)
         }
@@ -388,7 +399,10 @@ mod tests {
         assert_eq!(c("mem=4g").mem(), Some(4096));
         for bad in ["mem=2X", "mem=G", "mem=-1G", "mem=1e3G", "mem=abc"] {
             assert!(
-                matches!(Constraints::parse(bad), Err(Error::InvalidConstraint { .. })),
+                matches!(
+                    Constraints::parse(bad),
+                    Err(Error::InvalidConstraint { .. })
+                ),
                 "{bad}"
             );
         }

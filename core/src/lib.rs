@@ -39,7 +39,10 @@ pub enum Error {
     InvalidSeries(String),
     #[error("malformed constraint `{0}`: write constraints as key=value, e.g. `mem=4G`")]
     MalformedConstraint(String),
-    #[error("unknown constraint `{key}`: valid constraints are {}", constraints::KEYS_LIST)]
+    #[error(
+        "unknown constraint `{key}`: valid constraints are {}",
+        constraints::KEYS_LIST
+    )]
     UnknownConstraint { key: String },
     #[error("constraint `{key}` is given twice: give each constraint once")]
     DuplicateConstraint { key: String },

@@ -51,7 +51,8 @@ pub fn validate_relation(name: &str) -> Result<()> {
         Err(Error::InvalidName {
             kind: "relation",
             name: name.to_string(),
-            why: "a relation name is lowercase letters, digits, `-` and `_`, starting with a letter",
+            why:
+                "a relation name is lowercase letters, digits, `-` and `_`, starting with a letter",
         })
     }
 }
@@ -144,7 +145,14 @@ mod tests {
                 number: 12
             }
         );
-        for bad in ["wordpress", "wordpress/", "wordpress/01", "/0", "wordpress/-1", "Wp/0"] {
+        for bad in [
+            "wordpress",
+            "wordpress/",
+            "wordpress/01",
+            "/0",
+            "wordpress/-1",
+            "Wp/0",
+        ] {
             assert!(parse_unit(bad).is_err(), "{bad}");
         }
     }

@@ -26,7 +26,9 @@ pub const UNITS_BATCH: usize = 64;
 impl Store {
     /// Cleanups not yet finished.
     pub fn pending_cleanups(&self) -> Result<usize> {
-        self.read(|c| Ok(c.query_row("SELECT count(*) FROM cleanups", [], |r| r.get::<_, i64>(0))? as usize))
+        self.read(|c| {
+            Ok(c.query_row("SELECT count(*) FROM cleanups", [], |r| r.get::<_, i64>(0))? as usize)
+        })
     }
 
     /// Does one bounded step of the oldest cleanup. Returns false when there
@@ -72,7 +74,10 @@ impl Store {
                             }
                         }
                         if let Some(last) = units.last() {
-                            tx.execute("UPDATE cleanups SET cursor = ?1 WHERE id = ?2", (last.number, id))?;
+                            tx.execute(
+                                "UPDATE cleanups SET cursor = ?1 WHERE id = ?2",
+                                (last.number, id),
+                            )?;
                         }
                         units.len() < UNITS_BATCH
                     }

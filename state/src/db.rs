@@ -206,7 +206,11 @@ impl Store {
                     let jitter = (std::process::id() as u64 + attempt as u64 * 7) % 13;
                     std::thread::sleep(Duration::from_millis(10 * attempt as u64 + jitter));
                 }
-                Err(e) if is_busy(&e) => return Err(Error::Busy { attempts: attempt + 1 }),
+                Err(e) if is_busy(&e) => {
+                    return Err(Error::Busy {
+                        attempts: attempt + 1,
+                    })
+                }
                 Err(e) => return Err(e),
             }
         }

@@ -49,9 +49,18 @@ impl ChangeKind {
 
     pub fn parse(s: &str) -> Option<ChangeKind> {
         use ChangeKind::*;
-        [Environment, Machine, Service, Unit, Relation, Scope, Settings, Cleanup]
-            .into_iter()
-            .find(|k| k.as_str() == s)
+        [
+            Environment,
+            Machine,
+            Service,
+            Unit,
+            Relation,
+            Scope,
+            Settings,
+            Cleanup,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == s)
     }
 }
 

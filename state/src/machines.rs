@@ -5,8 +5,7 @@ use crate::db::{Store, Tx};
 use crate::environment::get_environment;
 use crate::feed::ChangeKind;
 use crate::model::{
-    finish_machine, get_machine, machine_row, machine_status, Machine, JOB_HOST_UNITS,
-    MACHINE_COLS,
+    finish_machine, get_machine, machine_row, machine_status, Machine, JOB_HOST_UNITS, MACHINE_COLS,
 };
 use crate::{Entity, Error, Result};
 use jujube_core::{series, Constraints, Life};
@@ -54,7 +53,6 @@ fn set_machine_life(tx: &mut Tx<'_>, id: i64, life: Life) -> Result<()> {
         .execute((life.code(), id))?;
     tx.changed(ChangeKind::Machine, id.to_string())
 }
-
 
 fn destroy_machine_in(tx: &mut Tx<'_>, id: i64) -> Result<()> {
     let m = get_machine(tx, id)?;

@@ -172,7 +172,9 @@ pub(crate) fn finish_machine((mut m, l, c): (Machine, i64, String)) -> Result<Ma
 
 pub(crate) fn get_machine(c: &Connection, id: i64) -> Result<Machine> {
     let row = c
-        .prepare_cached(&format!("SELECT {MACHINE_COLS} FROM machines WHERE id = ?1"))?
+        .prepare_cached(&format!(
+            "SELECT {MACHINE_COLS} FROM machines WHERE id = ?1"
+        ))?
         .query_row([id], machine_row)
         .optional()?
         .ok_or_else(|| Error::not_found(Entity::Machine, id))?;
@@ -206,11 +208,13 @@ pub(crate) fn finish_service((mut s, l, c): (Service, i64, String)) -> Result<Se
 }
 
 pub(crate) fn find_service(c: &Connection, name: &str) -> Result<Option<Service>> {
-    c.prepare_cached(&format!("SELECT {SERVICE_COLS} FROM services WHERE name = ?1"))?
-        .query_row([name], service_row)
-        .optional()?
-        .map(finish_service)
-        .transpose()
+    c.prepare_cached(&format!(
+        "SELECT {SERVICE_COLS} FROM services WHERE name = ?1"
+    ))?
+    .query_row([name], service_row)
+    .optional()?
+    .map(finish_service)
+    .transpose()
 }
 
 pub(crate) fn get_service(c: &Connection, name: &str) -> Result<Service> {

@@ -66,7 +66,10 @@ pub(crate) fn relations_of(c: &Connection, service: &str) -> Result<Vec<Relation
 /// for the cleaner (they may be many; the relation's removal already made
 /// them unreachable).
 fn delete_relation(tx: &mut Tx<'_>, rel: &Relation) -> Result<()> {
-    tx.execute("DELETE FROM relation_endpoints WHERE relation_id = ?1", [rel.id])?;
+    tx.execute(
+        "DELETE FROM relation_endpoints WHERE relation_id = ?1",
+        [rel.id],
+    )?;
     tx.execute("DELETE FROM relations WHERE id = ?1", [rel.id])?;
     tx.changed(ChangeKind::Relation, rel.id.to_string())?;
     let has_settings: bool = tx
@@ -100,7 +103,11 @@ fn distinct_services(rel: &Relation) -> Vec<String> {
 
 /// Destroys an Alive relation: Dying if any unit is in its scope, otherwise
 /// removed at once. Returns true when it was removed.
-pub(crate) fn destroy_relation_in(tx: &mut Tx<'_>, rel: &Relation, by: DestroyedBy<'_>) -> Result<bool> {
+pub(crate) fn destroy_relation_in(
+    tx: &mut Tx<'_>,
+    rel: &Relation,
+    by: DestroyedBy<'_>,
+) -> Result<bool> {
     if rel.unit_count > 0 {
         tx.execute(
             "UPDATE relations SET life = ?1 WHERE id = ?2",
@@ -125,7 +132,11 @@ fn is_implicit(ep: &Endpoint) -> bool {
 
 /// Every endpoint pair two specs could name, given the services' charms
 /// (services of any life, so that existing relations can be named too).
-fn endpoint_pairs(c: &Connection, a: &EndpointSpec, b: &EndpointSpec) -> Result<Vec<[Endpoint; 2]>> {
+fn endpoint_pairs(
+    c: &Connection,
+    a: &EndpointSpec,
+    b: &EndpointSpec,
+) -> Result<Vec<[Endpoint; 2]>> {
     let eps = |spec: &EndpointSpec| -> Result<Vec<Endpoint>> {
         let svc = get_service(c, &spec.service)?;
         let charm = get_charm(c, &svc.charm_url)?;
@@ -181,9 +192,11 @@ fn ambiguous(a: &EndpointSpec, b: &EndpointSpec, pairs: &mut [[Endpoint; 2]]) ->
 
 /// The unit of `sub` that is subordinate to `principal`, if any.
 fn subordinate_for(c: &Connection, sub: &str, principal: &str) -> Result<Option<String>> {
-    Ok(c.prepare_cached("SELECT name FROM units WHERE principal = ?1 AND service = ?2")?
-        .query_row((principal, sub), |r| r.get(0))
-        .optional()?)
+    Ok(
+        c.prepare_cached("SELECT name FROM units WHERE principal = ?1 AND service = ?2")?
+            .query_row((principal, sub), |r| r.get(0))
+            .optional()?,
+    )
 }
 
 impl Store {
@@ -290,7 +303,9 @@ impl Store {
             for mut pair in endpoint_pairs(tx, &sa, &sb)? {
                 let key = canonical_key(&mut pair);
                 let id: Option<i64> = tx
-                    .query_row("SELECT id FROM relations WHERE key = ?1", [&key], |r| r.get(0))
+                    .query_row("SELECT id FROM relations WHERE key = ?1", [&key], |r| {
+                        r.get(0)
+                    })
                     .optional()?;
                 if let Some(id) = id {
                     found.push((id, pair));
@@ -435,7 +450,9 @@ impl Store {
             let u = get_unit(tx, unit)?;
             decrement_relation_count(tx, &u.service)?;
             delete_relation(tx, &rel)?;
-            let counterpart = rel.counterpart_of(&u.service).expect("relation has endpoints");
+            let counterpart = rel
+                .counterpart_of(&u.service)
+                .expect("relation has endpoints");
             if counterpart.service != u.service {
                 let other = get_service(tx, &counterpart.service)?;
                 if other.life == Life::Alive || other.unit_count > 0 || other.relation_count >= 2 {
@@ -452,7 +469,9 @@ impl Store {
     pub fn scope_units(&self, relation_id: i64) -> Result<Vec<String>> {
         self.read(|c| {
             let names = c
-                .prepare_cached("SELECT unit FROM relation_scopes WHERE relation_id = ?1 ORDER BY unit")?
+                .prepare_cached(
+                    "SELECT unit FROM relation_scopes WHERE relation_id = ?1 ORDER BY unit",
+                )?
                 .query_map([relation_id], |r| r.get(0))?
                 .collect::<rusqlite::Result<Vec<String>>>()?;
             Ok(names)
@@ -461,10 +480,16 @@ impl Store {
 
     /// A unit's settings in a relation (kept after it leaves, until the
     /// relation is removed).
-    pub fn relation_settings(&self, relation_id: i64, unit: &str) -> Result<BTreeMap<String, String>> {
+    pub fn relation_settings(
+        &self,
+        relation_id: i64,
+        unit: &str,
+    ) -> Result<BTreeMap<String, String>> {
         self.read(|c| {
             let raw: Option<String> = c
-                .prepare_cached("SELECT settings FROM relation_settings WHERE relation_id = ?1 AND unit = ?2")?
+                .prepare_cached(
+                    "SELECT settings FROM relation_settings WHERE relation_id = ?1 AND unit = ?2",
+                )?
                 .query_row((relation_id, unit), |r| r.get(0))
                 .optional()?;
             let raw = raw.ok_or_else(|| Error::NotFound {

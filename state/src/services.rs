@@ -4,8 +4,7 @@ use crate::db::{Store, Tx};
 use crate::environment::get_environment;
 use crate::feed::ChangeKind;
 use crate::model::{
-    find_service, finish_service, get_charm, get_service, service_row, Charm, Service,
-    SERVICE_COLS,
+    find_service, finish_service, get_charm, get_service, service_row, Charm, Service, SERVICE_COLS,
 };
 use crate::relations::{destroy_relation_in, relations_of, DestroyedBy};
 use crate::units::{check_placement, insert_principal, remove_service_in};
@@ -77,26 +76,39 @@ fn store_charm(tx: &mut Tx<'_>, charm: &Charm) -> Result<String> {
     }
 }
 
-fn validate_settings(charm: &Charm, kvs: &[(String, String)]) -> Result<Vec<(String, Option<String>)>> {
+fn validate_settings(
+    charm: &Charm,
+    kvs: &[(String, String)],
+) -> Result<Vec<(String, Option<String>)>> {
     kvs.iter()
         .map(|(k, v)| {
             if v.is_empty() {
                 // `key=` resets the option to its default; the key must still
                 // be one the charm knows.
-                charm.config.validate(&charm.meta.name, k, "").or_else(|e| match e {
-                    jujube_core::Error::UnknownSetting { .. } => Err(e),
-                    _ => Ok(SettingValue::String(String::new())),
-                })?;
+                charm
+                    .config
+                    .validate(&charm.meta.name, k, "")
+                    .or_else(|e| match e {
+                        jujube_core::Error::UnknownSetting { .. } => Err(e),
+                        _ => Ok(SettingValue::String(String::new())),
+                    })?;
                 Ok((k.clone(), None))
             } else {
                 let value = charm.config.validate(&charm.meta.name, k, v)?;
-                Ok((k.clone(), Some(serde_json::to_string(&value).expect("setting serialises"))))
+                Ok((
+                    k.clone(),
+                    Some(serde_json::to_string(&value).expect("setting serialises")),
+                ))
             }
         })
         .collect()
 }
 
-fn write_settings(tx: &mut Tx<'_>, service: &str, settings: &[(String, Option<String>)]) -> Result<()> {
+fn write_settings(
+    tx: &mut Tx<'_>,
+    service: &str,
+    settings: &[(String, Option<String>)],
+) -> Result<()> {
     for (k, v) in settings {
         match v {
             Some(v) => tx.execute(
@@ -152,8 +164,9 @@ impl Store {
 
     pub fn services(&self) -> Result<Vec<Service>> {
         self.read(|c| {
-            let mut stmt =
-                c.prepare_cached(&format!("SELECT {SERVICE_COLS} FROM services ORDER BY name"))?;
+            let mut stmt = c.prepare_cached(&format!(
+                "SELECT {SERVICE_COLS} FROM services ORDER BY name"
+            ))?;
             let rows = stmt.query_map([], service_row)?;
             rows.map(|r| finish_service(r?)).collect()
         })
@@ -363,7 +376,9 @@ impl Store {
             let mut out = Vec::new();
             for (key, option) in charm.config.options {
                 let raw: Option<String> = c
-                    .prepare_cached("SELECT value FROM service_settings WHERE service = ?1 AND key = ?2")?
+                    .prepare_cached(
+                        "SELECT value FROM service_settings WHERE service = ?1 AND key = ?2",
+                    )?
                     .query_row((name, &key), |r| r.get(0))
                     .optional()?;
                 let value = raw

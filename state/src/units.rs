@@ -70,7 +70,14 @@ pub(crate) fn insert_principal(
         "INSERT INTO units (name, service, number, series, machine_id, constraints)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )?
-    .execute((&name, &svc.name, number, &svc.series, machine, cons.to_string()))?;
+    .execute((
+        &name,
+        &svc.name,
+        number,
+        &svc.series,
+        machine,
+        cons.to_string(),
+    ))?;
     tx.changed(ChangeKind::Unit, &name)?;
     if to.is_some() {
         tx.changed(ChangeKind::Machine, machine.to_string())?;
@@ -80,7 +87,11 @@ pub(crate) fn insert_principal(
 
 /// Inserts the subordinate unit of `sub` for `principal` (no machine, no
 /// constraints: it lives wherever its principal does).
-pub(crate) fn insert_subordinate(tx: &mut Tx<'_>, sub: &Service, principal: &str) -> Result<String> {
+pub(crate) fn insert_subordinate(
+    tx: &mut Tx<'_>,
+    sub: &Service,
+    principal: &str,
+) -> Result<String> {
     let number = tx.next_in_sequence(&format!("unit:{}", sub.name))?;
     let name = format!("{}/{}", sub.name, number);
     tx.prepare_cached(

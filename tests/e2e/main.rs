@@ -31,7 +31,9 @@ pub fn charms() -> PathBuf {
 
 impl Jujube {
     pub fn new() -> Jujube {
-        Jujube { home: tempfile::tempdir().unwrap() }
+        Jujube {
+            home: tempfile::tempdir().unwrap(),
+        }
     }
 
     pub fn run(&self, args: &[&str]) -> Run {

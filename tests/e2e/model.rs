@@ -13,8 +13,23 @@ fn bootstrapped() -> Jujube {
 #[test]
 fn bootstrap_creates_the_environment_with_controller_machine_0_and_makes_it_current() {
     let j = Jujube::new();
-    let r = j.run(&["bootstrap", "alpha", "--provider", "dummy", "--constraints", "mem=4G", "--config", "harvest-mode=none"]).ok();
-    assert!(r.stdout.starts_with("bootstrapped environment `alpha` ("), "{}", r.stdout);
+    let r = j
+        .run(&[
+            "bootstrap",
+            "alpha",
+            "--provider",
+            "dummy",
+            "--constraints",
+            "mem=4G",
+            "--config",
+            "harvest-mode=none",
+        ])
+        .ok();
+    assert!(
+        r.stdout.starts_with("bootstrapped environment `alpha` ("),
+        "{}",
+        r.stdout
+    );
     let st = j.status();
     assert_eq!(st["environment"]["name"], "alpha");
     assert_eq!(st["environment"]["provider"], "dummy");
@@ -24,7 +39,10 @@ fn bootstrap_creates_the_environment_with_controller_machine_0_and_makes_it_curr
     assert_eq!(m0["jobs"], serde_json::json!(["manage-environ"]));
     assert_eq!(m0["life"], "alive");
     assert_eq!(m0["constraints"], "mem=4G");
-    assert_eq!(j.run(&["get-environment", "harvest-mode"]).ok().stdout, "none\n");
+    assert_eq!(
+        j.run(&["get-environment", "harvest-mode"]).ok().stdout,
+        "none\n"
+    );
     j.refused(
         &["bootstrap", "alpha"],
         1,
@@ -43,35 +61,56 @@ fn environments_switch_and_env_flag_select_the_environment() {
     assert_eq!(j.run(&["environments"]).ok().stdout, "* one\n  two\n");
     j.run(&["--env", "two", "add-machine"]).ok();
     assert!(j.status()["machines"].get("1").is_none());
-    let st: Value = serde_json::from_str(&j.run(&["status", "--format", "json", "-e", "two"]).ok().stdout).unwrap();
+    let st: Value = serde_json::from_str(
+        &j.run(&["status", "--format", "json", "-e", "two"])
+            .ok()
+            .stdout,
+    )
+    .unwrap();
     assert!(st["machines"].get("1").is_some());
     let r = j.run(&["switch", "three"]);
     assert_eq!(r.code, 1);
-    assert_eq!(r.stderr, "error: environment `three` not found; known environments: `one`, `two`\n");
+    assert_eq!(
+        r.stderr,
+        "error: environment `three` not found; known environments: `one`, `two`\n"
+    );
 }
 
 #[test]
 fn seed_constraint_story_one_machine_with_2g_and_two_with_3g() {
     let j = bootstrapped();
-    j.run(&["deploy", "--constraints", "mem=2G", &j.charm("wordpress")]).ok();
-    j.run(&["set-constraints", "--service", "wordpress", "mem=3G"]).ok();
+    j.run(&["deploy", "--constraints", "mem=2G", &j.charm("wordpress")])
+        .ok();
+    j.run(&["set-constraints", "--service", "wordpress", "mem=3G"])
+        .ok();
     j.run(&["add-unit", "wordpress", "-n", "2"]).ok();
     let st = j.status();
     let units = st["services"]["wordpress"]["units"].as_object().unwrap();
     assert_eq!(units.len(), 3);
     let mut mems: Vec<String> = units
         .values()
-        .map(|u| st["machines"][u["machine"].as_str().unwrap()]["constraints"].as_str().unwrap().to_string())
+        .map(|u| {
+            st["machines"][u["machine"].as_str().unwrap()]["constraints"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
         .collect();
     mems.sort();
     assert_eq!(mems, ["mem=2G", "mem=3G", "mem=3G"]);
-    assert_eq!(j.run(&["get-constraints", "--service", "wordpress"]).ok().stdout, "mem=3G\n");
+    assert_eq!(
+        j.run(&["get-constraints", "--service", "wordpress"])
+            .ok()
+            .stdout,
+        "mem=3G\n"
+    );
 }
 
 #[test]
 fn status_json_has_the_documented_shape() {
     let j = bootstrapped();
-    j.run(&["deploy", &j.charm("wordpress"), "blog", "-n", "2"]).ok();
+    j.run(&["deploy", &j.charm("wordpress"), "blog", "-n", "2"])
+        .ok();
     j.run(&["deploy", &j.charm("mysql")]).ok();
     j.run(&["deploy", &j.charm("logging")]).ok();
     j.run(&["add-relation", "blog", "mysql"]).ok();
@@ -81,7 +120,15 @@ fn status_json_has_the_documented_shape() {
         assert!(st["environment"][k].is_string(), "environment.{k}");
     }
     let m = &st["machines"]["1"];
-    for k in ["life", "series", "jobs", "instance-id", "status", "status-info", "constraints"] {
+    for k in [
+        "life",
+        "series",
+        "jobs",
+        "instance-id",
+        "status",
+        "status-info",
+        "constraints",
+    ] {
         assert!(m.get(k).is_some(), "machines.1.{k}");
     }
     let blog = &st["services"]["blog"];
@@ -93,18 +140,37 @@ fn status_json_has_the_documented_shape() {
     for k in ["life", "status", "status-info", "subordinates"] {
         assert!(u.get(k).is_some(), "units.blog/1.{k}");
     }
-    assert_eq!(st["services"]["logging"]["subordinate-to"], serde_json::json!(["blog"]));
+    assert_eq!(
+        st["services"]["logging"]["subordinate-to"],
+        serde_json::json!(["blog"])
+    );
     let rels = st["relations"].as_array().unwrap();
-    let db = rels.iter().find(|r| r["key"] == "blog:db mysql:db").unwrap();
-    assert_eq!((db["life"].as_str(), db["interface"].as_str(), db["scope"].as_str()), (Some("alive"), Some("mysql"), Some("global")));
+    let db = rels
+        .iter()
+        .find(|r| r["key"] == "blog:db mysql:db")
+        .unwrap();
+    assert_eq!(
+        (
+            db["life"].as_str(),
+            db["interface"].as_str(),
+            db["scope"].as_str()
+        ),
+        (Some("alive"), Some("mysql"), Some("global"))
+    );
     let sub = rels.iter().find(|r| r["scope"] == "container").unwrap();
     assert_eq!(sub["key"], "logging:juju-info blog:juju-info");
     // YAML and the table render the same model.
     let yaml = j.run(&["status", "--format", "yaml"]).ok().stdout;
     assert!(yaml.contains("blog/1:"), "{yaml}");
     let table = j.run(&["status"]).ok().stdout;
-    let row = table.lines().find(|l| l.starts_with("blog:db mysql:db ")).expect("relation row");
-    assert_eq!(row.split_whitespace().collect::<Vec<_>>(), ["blog:db", "mysql:db", "mysql", "global", "alive"]);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("blog:db mysql:db "))
+        .expect("relation row");
+    assert_eq!(
+        row.split_whitespace().collect::<Vec<_>>(),
+        ["blog:db", "mysql:db", "mysql", "global", "alive"]
+    );
 }
 
 #[test]
@@ -118,9 +184,21 @@ fn refused_commands_say_why_exactly_and_change_nothing() {
     j.refused(&["destroy-machine", "1"], 1, "machine `1` has assigned units `wordpress/0`; destroy them first with `jujube destroy-unit`");
     j.refused(&["destroy-machine", "0"], 1, "machine `0` manages the environment and cannot be destroyed; use `jujube destroy-environment` instead");
     j.refused(&["destroy-machine", "3", "1"], 1, "machine `1` has assigned units `wordpress/0`; destroy them first with `jujube destroy-unit`");
-    j.refused(&["destroy-machine", "9"], 1, "machine `9` not found; `jujube status` lists what exists");
-    j.refused(&["deploy", &j.charm("wordpress")], 1, "service `wordpress` already exists; choose another name");
-    j.refused(&["add-relation", "mysql", "wordpress"], 1, "relation `wordpress:db mysql:db` already exists");
+    j.refused(
+        &["destroy-machine", "9"],
+        1,
+        "machine `9` not found; `jujube status` lists what exists",
+    );
+    j.refused(
+        &["deploy", &j.charm("wordpress")],
+        1,
+        "service `wordpress` already exists; choose another name",
+    );
+    j.refused(
+        &["add-relation", "mysql", "wordpress"],
+        1,
+        "relation `wordpress:db mysql:db` already exists",
+    );
     j.refused(
         &["add-unit", "logging"],
         1,
@@ -137,11 +215,27 @@ fn refused_commands_say_why_exactly_and_change_nothing() {
         1,
         "unknown constraint `gpu`: valid constraints are `allocate-public-ip`, `arch`, `container`, `cores`, `cpu-power`, `instance-type`, `mem`, `root-disk`, `tags`, `virt-type` and `zones`",
     );
-    j.refused(&["set-constraints", "mem=lots"], 1, "invalid constraint `mem=lots`: use a size such as `512M`, `2G`, `1.5T` or `1P`");
-    j.refused(&["destroy-unit", "wordpress/0", "mysql/7"], 1, "unit `mysql/7` not found; `jujube status` lists what exists");
-    j.refused(&["destroy-unit", "wordpress"], 1, "invalid unit name `wordpress`: a unit is named `service/N`, e.g. `wordpress/0`");
+    j.refused(
+        &["set-constraints", "mem=lots"],
+        1,
+        "invalid constraint `mem=lots`: use a size such as `512M`, `2G`, `1.5T` or `1P`",
+    );
+    j.refused(
+        &["destroy-unit", "wordpress/0", "mysql/7"],
+        1,
+        "unit `mysql/7` not found; `jujube status` lists what exists",
+    );
+    j.refused(
+        &["destroy-unit", "wordpress"],
+        1,
+        "invalid unit name `wordpress`: a unit is named `service/N`, e.g. `wordpress/0`",
+    );
     j.refused(&["resolved", "1"], 1, "machine `1` has no provisioning error; `jujube resolved` only applies to machines in error");
-    j.refused(&["set", "wordpress", "port=eighty"], 1, "invalid value `eighty` for option `port`: expected an integer");
+    j.refused(
+        &["set", "wordpress", "port=eighty"],
+        1,
+        "invalid value `eighty` for option `port`: expected an integer",
+    );
     j.refused(&["set", "wordpress", "colour=red"], 1, "unknown option `colour` for charm `wordpress`: the charm's options are `debug`, `port`, `title`");
     j.refused(&["deploy", "/nonexistent"], 1, "charm `/nonexistent` not found: give a charm directory (with a metadata.yaml) or `local:SERIES/NAME` with `--repository DIR`");
     j.refused(&["deploy", &j.charm("mysql"), "db", "--series", "focal"], 1, "charm `mysql` does not support series `focal` (it supports `jammy`, `noble`); use `--series` with one of those");
@@ -152,12 +246,25 @@ fn refused_commands_say_why_exactly_and_change_nothing() {
 fn usage_errors_exit_with_2_and_change_nothing() {
     let j = bootstrapped();
     j.run(&["deploy", &j.charm("wordpress")]).ok();
-    j.refused(&["set", "wordpress", "port"], 2, "malformed setting `port`: write KEY=VALUE");
-    j.refused(&["add-unit", "wordpress", "-n", "2", "--to", "1"], 2, "`--to` places one unit; use `-n 1` with it");
+    j.refused(
+        &["set", "wordpress", "port"],
+        2,
+        "malformed setting `port`: write KEY=VALUE",
+    );
+    j.refused(
+        &["add-unit", "wordpress", "-n", "2", "--to", "1"],
+        2,
+        "`--to` places one unit; use `-n 1` with it",
+    );
     let before = j.snapshot();
     let r = j.run(&["add-unit"]);
     assert_eq!(r.code, 2);
-    assert!(r.stderr.starts_with("error: the following required arguments were not provided"), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .starts_with("error: the following required arguments were not provided"),
+        "{}",
+        r.stderr
+    );
     assert_eq!(before, j.snapshot());
 }
 
@@ -180,7 +287,11 @@ fn destroyed_service_name_is_reusable_only_after_removal() {
         "service `wordpress` is being destroyed; wait until it is removed (see `jujube status`) before reusing it",
     );
     // Its relation had no units in scope, so it went with the destroy.
-    assert!(st["relations"].as_array().unwrap().iter().all(|r| r["key"] != "wordpress:db db:db"));
+    assert!(st["relations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["key"] != "wordpress:db db:db"));
 }
 
 #[test]
@@ -189,7 +300,10 @@ fn destroy_unit_with_no_agent_removes_it_and_frees_the_machine() {
     j.run(&["deploy", &j.charm("wordpress"), "-n", "2"]).ok();
     j.run(&["destroy-unit", "wordpress/0", "wordpress/1"]).ok();
     let st = j.status();
-    assert!(st["services"]["wordpress"]["units"].as_object().unwrap().is_empty());
+    assert!(st["services"]["wordpress"]["units"]
+        .as_object()
+        .unwrap()
+        .is_empty());
     j.run(&["destroy-machine", "1", "2"]).ok();
     let st = j.status();
     assert_eq!(st["machines"]["1"]["life"], "dying");
@@ -203,8 +317,18 @@ fn local_charms_are_found_in_the_repository_by_series() {
     let noble = repo.path().join("noble");
     std::fs::create_dir_all(&noble).unwrap();
     copy_dir(&crate::charms().join("mysql"), &noble.join("mysql"));
-    let r = j.run(&["deploy", "local:noble/mysql", "--repository", repo.path().to_str().unwrap()]).ok();
-    assert_eq!(r.stdout, "deployed service `mysql` (local:noble/mysql-1) with 1 unit(s)\n");
+    let r = j
+        .run(&[
+            "deploy",
+            "local:noble/mysql",
+            "--repository",
+            repo.path().to_str().unwrap(),
+        ])
+        .ok();
+    assert_eq!(
+        r.stdout,
+        "deployed service `mysql` (local:noble/mysql-1) with 1 unit(s)\n"
+    );
     let st = j.status();
     assert_eq!(st["services"]["mysql"]["series"], "noble");
     assert_eq!(st["machines"]["1"]["series"], "noble");
@@ -222,14 +346,19 @@ fn local_charms_are_found_in_the_repository_by_series() {
 #[test]
 fn settings_are_typed_and_reset_with_an_empty_value() {
     let j = bootstrapped();
-    j.run(&["deploy", &j.charm("wordpress"), "--config", "title=Hello"]).ok();
+    j.run(&["deploy", &j.charm("wordpress"), "--config", "title=Hello"])
+        .ok();
     j.run(&["set", "wordpress", "port=8080", "debug=true"]).ok();
-    let got: Value = serde_json::from_str(&j.run(&["get", "wordpress", "--format", "json"]).ok().stdout).unwrap();
+    let got: Value =
+        serde_json::from_str(&j.run(&["get", "wordpress", "--format", "json"]).ok().stdout)
+            .unwrap();
     assert_eq!(got["settings"]["port"]["value"], 8080);
     assert_eq!(got["settings"]["debug"]["value"], true);
     assert_eq!(got["settings"]["title"]["value"], "Hello");
     j.run(&["set", "wordpress", "port="]).ok();
-    let got: Value = serde_json::from_str(&j.run(&["get", "wordpress", "--format", "json"]).ok().stdout).unwrap();
+    let got: Value =
+        serde_json::from_str(&j.run(&["get", "wordpress", "--format", "json"]).ok().stdout)
+            .unwrap();
     assert_eq!(got["settings"]["port"]["value"], 80);
     assert_eq!(got["settings"]["port"]["default"], true);
 }

@@ -13,14 +13,31 @@ fn every_committed_change_bumps_the_revision_and_names_what_changed() {
     let batch = e.st.changes_since(head, 100).unwrap();
     assert!(!batch.truncated);
     let revs: Vec<u64> = batch.changes.iter().map(|c| c.revision).collect();
-    assert!(revs.windows(2).all(|w| w[0] < w[1]), "revisions increase: {revs:?}");
-    assert!(batch.changes.iter().any(|c| c.kind == ChangeKind::Unit && c.id == u));
-    assert!(batch.changes.iter().any(|c| c.kind == ChangeKind::Service && c.id == "wordpress"));
-    assert!(batch.changes.iter().any(|c| c.kind == ChangeKind::Machine && c.id == "1"));
+    assert!(
+        revs.windows(2).all(|w| w[0] < w[1]),
+        "revisions increase: {revs:?}"
+    );
+    assert!(batch
+        .changes
+        .iter()
+        .any(|c| c.kind == ChangeKind::Unit && c.id == u));
+    assert!(batch
+        .changes
+        .iter()
+        .any(|c| c.kind == ChangeKind::Service && c.id == "wordpress"));
+    assert!(batch
+        .changes
+        .iter()
+        .any(|c| c.kind == ChangeKind::Machine && c.id == "1"));
     assert_eq!(batch.revision, e.st.head_revision().unwrap());
     // A refused operation records nothing.
     let _ = e.st.add_units("nope", 1, None);
-    assert!(e.st.changes_since(batch.revision, 10).unwrap().changes.is_empty());
+    assert!(e
+        .st
+        .changes_since(batch.revision, 10)
+        .unwrap()
+        .changes
+        .is_empty());
 }
 
 #[tokio::test(start_paused = true)]
@@ -28,12 +45,17 @@ async fn in_process_watchers_wake_on_commit_without_polling() {
     let e = env();
     let head = e.st.head_revision().unwrap();
     // A poll interval far longer than the test: only the commit can wake it.
-    let mut w = e.st.watch(head).with_poll_interval(Duration::from_secs(3600));
+    let mut w =
+        e.st.watch(head)
+            .with_poll_interval(Duration::from_secs(3600));
     let st = e.st.clone();
     let task = tokio::spawn(async move { w.next().await.unwrap() });
     tokio::task::yield_now().await;
     st.add_machines(1, None, None).unwrap();
-    let batch = tokio::time::timeout(Duration::from_secs(1), task).await.unwrap().unwrap();
+    let batch = tokio::time::timeout(Duration::from_secs(1), task)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(batch.changes[0].kind, ChangeKind::Machine);
 }
 
@@ -42,10 +64,15 @@ async fn watchers_see_commits_made_by_other_processes() {
     let e = env();
     let other = crate::Store::open_with(e.st.path(), crate::Durability::Relaxed).unwrap();
     let head = e.st.head_revision().unwrap();
-    let mut w = e.st.watch(head).with_poll_interval(Duration::from_millis(100));
+    let mut w =
+        e.st.watch(head)
+            .with_poll_interval(Duration::from_millis(100));
     // The other handle's commit does not notify this handle's channel.
     other.add_machines(1, None, None).unwrap();
-    let batch = tokio::time::timeout(Duration::from_secs(1), w.next()).await.unwrap().unwrap();
+    let batch = tokio::time::timeout(Duration::from_secs(1), w.next())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(batch.changes.len(), 1);
     assert_eq!(batch.changes[0].id, "1");
 }

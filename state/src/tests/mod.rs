@@ -108,11 +108,18 @@ impl Env {
 
     /// Asserts that `op` is refused and leaves the database exactly as it was.
     #[track_caller]
-    pub fn refused<T: std::fmt::Debug>(&self, op: impl FnOnce(&Store) -> crate::Result<T>) -> crate::Error {
+    pub fn refused<T: std::fmt::Debug>(
+        &self,
+        op: impl FnOnce(&Store) -> crate::Result<T>,
+    ) -> crate::Error {
         let before = self.digest();
         let err = op(&self.st).expect_err("operation should be refused");
         assert!(err.is_refusal(), "not a refusal: {err}");
-        assert_eq!(before, self.digest(), "refused operation changed state: {err}");
+        assert_eq!(
+            before,
+            self.digest(),
+            "refused operation changed state: {err}"
+        );
         err
     }
 }

@@ -18,23 +18,60 @@ const NAMES: [&str; 5] = ["svc-a", "svc-b", "svc-c", "svc-d", "svc-e"];
 
 #[derive(Debug, Clone)]
 enum Op {
-    Deploy { charm: usize, name: usize, units: usize },
-    AddUnit { svc: usize, to: Option<usize> },
+    Deploy {
+        charm: usize,
+        name: usize,
+        units: usize,
+    },
+    AddUnit {
+        svc: usize,
+        to: Option<usize>,
+    },
     AddMachine,
-    AddRelation { a: usize, b: usize },
-    DestroyRelation { rel: usize },
-    DestroyUnit { unit: usize },
-    DestroyService { svc: usize },
-    DestroyMachine { m: usize },
-    EnterScope { rel: usize, unit: usize },
-    LeaveScope { scope: usize },
-    Started { unit: usize },
-    EnsureDeadUnit { unit: usize },
-    RemoveUnit { unit: usize },
-    EnsureDeadMachine { m: usize },
-    RemoveMachine { m: usize },
-    ProvisioningError { m: usize },
-    Resolved { m: usize },
+    AddRelation {
+        a: usize,
+        b: usize,
+    },
+    DestroyRelation {
+        rel: usize,
+    },
+    DestroyUnit {
+        unit: usize,
+    },
+    DestroyService {
+        svc: usize,
+    },
+    DestroyMachine {
+        m: usize,
+    },
+    EnterScope {
+        rel: usize,
+        unit: usize,
+    },
+    LeaveScope {
+        scope: usize,
+    },
+    Started {
+        unit: usize,
+    },
+    EnsureDeadUnit {
+        unit: usize,
+    },
+    RemoveUnit {
+        unit: usize,
+    },
+    EnsureDeadMachine {
+        m: usize,
+    },
+    RemoveMachine {
+        m: usize,
+    },
+    ProvisioningError {
+        m: usize,
+    },
+    Resolved {
+        m: usize,
+    },
     Cleanup,
 }
 
@@ -87,7 +124,8 @@ fn strings(st: &Store, sql: &str) -> Vec<String> {
 }
 
 fn count(st: &Store, sql: &str) -> i64 {
-    st.read(|c| Ok(c.query_row(sql, [], |r| r.get(0))?)).unwrap()
+    st.read(|c| Ok(c.query_row(sql, [], |r| r.get(0))?))
+        .unwrap()
 }
 
 /// Applies one op; `None` when it had nothing to act on.
@@ -117,7 +155,9 @@ fn apply(e: &Env, op: &Op) -> Option<crate::Result<()>> {
             st.add_units(&s, 1, to).map(|_| ())
         }
         Op::AddMachine => st.add_machines(1, None, None).map(|_| ()),
-        Op::AddRelation { a, b } => st.add_relation(&pick(&services, *a)?, &pick(&services, *b)?).map(|_| ()),
+        Op::AddRelation { a, b } => st
+            .add_relation(&pick(&services, *a)?, &pick(&services, *b)?)
+            .map(|_| ()),
         Op::DestroyRelation { rel } => st.destroy_relation_id(pick(&rels, *rel)?),
         Op::DestroyUnit { unit } => st.destroy_units(&[pick(&units, *unit)?]),
         Op::DestroyService { svc } => st.destroy_service(&pick(&services, *svc)?),
@@ -134,7 +174,10 @@ fn apply(e: &Env, op: &Op) -> Option<crate::Result<()>> {
             st.enter_scope(rel, &pick(&candidates, *unit)?)
         }
         Op::LeaveScope { scope } => {
-            let scopes = strings(st, "SELECT relation_id || '#' || unit FROM relation_scopes ORDER BY 1");
+            let scopes = strings(
+                st,
+                "SELECT relation_id || '#' || unit FROM relation_scopes ORDER BY 1",
+            );
             let s = pick(&scopes, *scope)?;
             let (rel, unit) = s.split_once('#').unwrap();
             st.leave_scope(rel.parse().unwrap(), unit)
@@ -144,7 +187,9 @@ fn apply(e: &Env, op: &Op) -> Option<crate::Result<()>> {
         Op::RemoveUnit { unit } => st.remove_unit(&pick(&units, *unit)?),
         Op::EnsureDeadMachine { m } => st.ensure_dead_machine(pick(&machines, *m)?),
         Op::RemoveMachine { m } => st.remove_machine(pick(&machines, *m)?),
-        Op::ProvisioningError { m } => st.set_machine_status(pick(&machines, *m)?, machine_status::ERROR, "boom"),
+        Op::ProvisioningError { m } => {
+            st.set_machine_status(pick(&machines, *m)?, machine_status::ERROR, "boom")
+        }
         Op::Resolved { m } => st.resolve_machine(pick(&machines, *m)?, None),
         Op::Cleanup => st.cleanup_step().map(|_| ()),
     })
@@ -251,7 +296,10 @@ fn drain(e: &Env) {
             st.remove_unit(&u).unwrap();
         }
         // Machine agents and the provisioner.
-        for m in strings(st, &format!("SELECT id FROM machines WHERE jobs = '{JOB_HOST_UNITS}'")) {
+        for m in strings(
+            st,
+            &format!("SELECT id FROM machines WHERE jobs = '{JOB_HOST_UNITS}'"),
+        ) {
             let m = m.parse().unwrap();
             if st.units_on_machine(m).unwrap().is_empty() {
                 st.destroy_machine(m).unwrap();
@@ -274,7 +322,13 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             None | Some(Ok(())) => {}
             Some(Err(err)) => {
                 prop_assert!(err.is_refusal(), "{:?} failed: {}", op, err);
-                prop_assert_eq!(&before, &e.digest(), "refused {:?} changed state: {}", op, err);
+                prop_assert_eq!(
+                    &before,
+                    &e.digest(),
+                    "refused {:?} changed state: {}",
+                    op,
+                    err
+                );
             }
         }
         check_invariants(&e.st, &mut h)?;
@@ -286,10 +340,21 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         ("units", "SELECT count(*) FROM units"),
         ("relations", "SELECT count(*) FROM relations"),
         ("cleanups", "SELECT count(*) FROM cleanups"),
-        ("relation settings", "SELECT count(*) FROM relation_settings"),
-        ("machines other than the controller", "SELECT count(*) FROM machines WHERE manage_environ = 0"),
+        (
+            "relation settings",
+            "SELECT count(*) FROM relation_settings",
+        ),
+        (
+            "machines other than the controller",
+            "SELECT count(*) FROM machines WHERE manage_environ = 0",
+        ),
     ] {
-        prop_assert_eq!(count(&e.st, sql), 0, "{} left after every agent did its duty", what);
+        prop_assert_eq!(
+            count(&e.st, sql),
+            0,
+            "{} left after every agent did its duty",
+            what
+        );
     }
     Ok(())
 }

@@ -22,7 +22,10 @@ fn all_entities_start_alive() {
     let rel = e.st.add_relation("wordpress", "mysql").unwrap();
     let unit = e.st.unit(&units[0]).unwrap();
     assert_eq!(unit.life, Life::Alive);
-    assert_eq!(e.st.machine(unit.machine_id.unwrap()).unwrap().life, Life::Alive);
+    assert_eq!(
+        e.st.machine(unit.machine_id.unwrap()).unwrap().life,
+        Life::Alive
+    );
     assert_eq!(e.st.service("wordpress").unwrap().life, Life::Alive);
     assert_eq!(rel.life, Life::Alive);
 }
@@ -51,8 +54,14 @@ fn machine_with_manage_environ_cannot_become_dying_or_dead() {
     let e = env();
     let m0 = e.st.machine(0).unwrap();
     assert!(m0.manages_environ());
-    assert!(matches!(e.refused(|s| s.destroy_machine(0)), Error::ManagesEnvironment(0)));
-    assert!(matches!(e.refused(|s| s.ensure_dead_machine(0)), Error::ManagesEnvironment(0)));
+    assert!(matches!(
+        e.refused(|s| s.destroy_machine(0)),
+        Error::ManagesEnvironment(0)
+    ));
+    assert!(matches!(
+        e.refused(|s| s.ensure_dead_machine(0)),
+        Error::ManagesEnvironment(0)
+    ));
 }
 
 #[test]
@@ -64,11 +73,26 @@ fn principal_units_are_assigned_only_to_alive_machines_with_host_units() {
     let units = e.st.deploy(&args).unwrap();
     assert_eq!(e.st.unit(&units[0]).unwrap().machine_id, Some(m[0]));
     let err = e.refused(|s| s.add_units("wordpress", 1, Some(0)));
-    assert!(matches!(err, Error::CannotHostUnits { machine: 0, .. }), "{err}");
+    assert!(
+        matches!(err, Error::CannotHostUnits { machine: 0, .. }),
+        "{err}"
+    );
     e.st.destroy_machine(m[1]).unwrap();
     let err = e.refused(|s| s.add_units("wordpress", 1, Some(m[1])));
-    assert!(matches!(err, Error::NotAlive { kind: Entity::Machine, .. }), "{err}");
-    assert!(matches!(e.refused(|s| s.add_units("wordpress", 1, Some(99))), Error::NotFound { .. }));
+    assert!(
+        matches!(
+            err,
+            Error::NotAlive {
+                kind: Entity::Machine,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(matches!(
+        e.refused(|s| s.add_units("wordpress", 1, Some(99))),
+        Error::NotFound { .. }
+    ));
 }
 
 #[test]
@@ -91,7 +115,11 @@ fn destroy_machine_without_units_sets_it_dying_and_is_a_noop_after() {
     assert_eq!(e.st.machine(m).unwrap().life, Life::Dying);
     let before = e.digest();
     e.st.destroy_machine(m).unwrap();
-    assert_eq!(before, e.digest(), "destroying a Dying machine must change nothing");
+    assert_eq!(
+        before,
+        e.digest(),
+        "destroying a Dying machine must change nothing"
+    );
 }
 
 #[test]
@@ -119,9 +147,15 @@ fn machine_with_dying_units_may_become_dying_but_not_dead_until_they_are_removed
 fn removing_a_machine_requires_it_to_be_dead() {
     let e = env();
     let m = e.st.add_machines(1, None, None).unwrap()[0];
-    assert!(matches!(e.refused(|s| s.remove_machine(m)), Error::NotDead { .. }));
+    assert!(matches!(
+        e.refused(|s| s.remove_machine(m)),
+        Error::NotDead { .. }
+    ));
     e.st.destroy_machine(m).unwrap();
-    assert!(matches!(e.refused(|s| s.remove_machine(m)), Error::NotDead { .. }));
+    assert!(matches!(
+        e.refused(|s| s.remove_machine(m)),
+        Error::NotDead { .. }
+    ));
     e.st.ensure_dead_machine(m).unwrap();
     e.st.remove_machine(m).unwrap();
 }
@@ -168,7 +202,13 @@ fn destroy_unit_is_all_or_nothing() {
     let units = e.deploy(WORDPRESS, "wordpress", 2);
     started(&e, &units[0]);
     let err = e.refused(|s| s.destroy_units(&[units[0].clone(), "wordpress/9".into()]));
-    assert!(matches!(err, Error::NotFound { kind: Entity::Unit, .. }));
+    assert!(matches!(
+        err,
+        Error::NotFound {
+            kind: Entity::Unit,
+            ..
+        }
+    ));
     assert_eq!(e.st.unit(&units[0]).unwrap().life, Life::Alive);
 }
 
@@ -198,7 +238,9 @@ fn unit_may_not_become_dead_while_subordinates_exist() {
     let err = e.refused(|s| s.ensure_dead_unit(&u));
     assert_eq!(
         err.to_string(),
-        format!("unit `{u}` still has subordinates `{sub}`; they must be removed before it can be dead")
+        format!(
+            "unit `{u}` still has subordinates `{sub}`; they must be removed before it can be dead"
+        )
     );
     e.st.ensure_dead_unit(&sub).unwrap();
     e.st.remove_unit(&sub).unwrap();
@@ -224,9 +266,15 @@ fn removing_a_unit_requires_it_to_be_dead_and_unassigns_it() {
     let u = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
     started(&e, &u);
     let m = e.st.unit(&u).unwrap().machine_id.unwrap();
-    assert!(matches!(e.refused(|s| s.remove_unit(&u)), Error::NotDead { .. }));
+    assert!(matches!(
+        e.refused(|s| s.remove_unit(&u)),
+        Error::NotDead { .. }
+    ));
     e.st.destroy_units(&[u.clone()]).unwrap();
-    assert!(matches!(e.refused(|s| s.remove_unit(&u)), Error::NotDead { .. }));
+    assert!(matches!(
+        e.refused(|s| s.remove_unit(&u)),
+        Error::NotDead { .. }
+    ));
     e.st.ensure_dead_unit(&u).unwrap();
     e.st.remove_unit(&u).unwrap();
     assert!(e.st.units_on_machine(m).unwrap().is_empty());
@@ -252,7 +300,10 @@ fn unit_names_are_never_reused() {
     let e = env();
     let u = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
     e.st.destroy_units(&[u]).unwrap();
-    assert_eq!(e.st.add_units("wordpress", 1, None).unwrap(), vec!["wordpress/1"]);
+    assert_eq!(
+        e.st.add_units("wordpress", 1, None).unwrap(),
+        vec!["wordpress/1"]
+    );
 }
 
 // ---- services --------------------------------------------------------
@@ -262,7 +313,10 @@ fn services_with_duplicate_names_are_not_allowed() {
     let e = env();
     e.deploy(WORDPRESS, "wordpress", 0);
     let err = e.refused(|s| s.deploy(&deploy_args(MYSQL, "wordpress", 1)));
-    assert_eq!(err.to_string(), "service `wordpress` already exists; choose another name");
+    assert_eq!(
+        err.to_string(),
+        "service `wordpress` already exists; choose another name"
+    );
 }
 
 #[test]
@@ -290,9 +344,27 @@ fn units_and_relations_are_added_only_to_alive_services() {
     e.deploy(MYSQL, "mysql", 0);
     e.st.destroy_service("wordpress").unwrap();
     let err = e.refused(|s| s.add_units("wordpress", 1, None));
-    assert!(matches!(err, Error::NotAlive { kind: Entity::Service, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::NotAlive {
+                kind: Entity::Service,
+                ..
+            }
+        ),
+        "{err}"
+    );
     let err = e.refused(|s| s.add_relation("wordpress", "mysql"));
-    assert!(matches!(err, Error::NotAlive { kind: Entity::Service, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::NotAlive {
+                kind: Entity::Service,
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]
@@ -311,7 +383,10 @@ fn destroyed_service_whose_relations_can_all_be_removed_is_removed_at_once() {
     e.st.add_relation("wordpress", "mysql").unwrap();
     assert_eq!(e.st.service("wordpress").unwrap().relation_count, 2); // peer + db
     e.st.destroy_service("wordpress").unwrap();
-    assert!(matches!(e.st.service("wordpress"), Err(Error::NotFound { .. })));
+    assert!(matches!(
+        e.st.service("wordpress"),
+        Err(Error::NotFound { .. })
+    ));
     // The counterpart's count dropped; the relation and peer relation went.
     assert_eq!(e.st.service("mysql").unwrap().relation_count, 0);
     assert!(e.st.relations().unwrap().is_empty());
@@ -330,10 +405,14 @@ fn destroyed_service_with_units_becomes_dying_and_its_units_follow() {
     // The peer relation had no units in scope: removed, and counted.
     assert_eq!(svc.relation_count, 0);
     // Units become Dying through the cleanup, not the destroy transaction.
-    assert!(units.iter().all(|u| e.st.unit(u).unwrap().life == Life::Alive));
+    assert!(units
+        .iter()
+        .all(|u| e.st.unit(u).unwrap().life == Life::Alive));
     assert_eq!(e.st.pending_cleanups().unwrap(), 1);
     e.st.run_cleanups(100).unwrap();
-    assert!(units.iter().all(|u| e.st.unit(u).unwrap().life == Life::Dying));
+    assert!(units
+        .iter()
+        .all(|u| e.st.unit(u).unwrap().life == Life::Dying));
     assert_eq!(e.st.pending_cleanups().unwrap(), 0);
 }
 
@@ -361,7 +440,10 @@ fn last_unit_removal_removes_dying_service_without_relations() {
     e.st.run_cleanups(10).unwrap();
     e.st.ensure_dead_unit(&u).unwrap();
     e.st.remove_unit(&u).unwrap();
-    assert!(matches!(e.st.service("wordpress"), Err(Error::NotFound { .. })));
+    assert!(matches!(
+        e.st.service("wordpress"),
+        Err(Error::NotFound { .. })
+    ));
 }
 
 #[test]
@@ -377,10 +459,16 @@ fn last_unit_removal_keeps_dying_service_that_is_still_in_a_relation() {
     e.st.ensure_dead_unit(&w).unwrap();
     e.st.remove_unit(&w).unwrap();
     let svc = e.st.service("wordpress").unwrap();
-    assert_eq!((svc.life, svc.unit_count, svc.relation_count), (Life::Dying, 0, 1));
+    assert_eq!(
+        (svc.life, svc.unit_count, svc.relation_count),
+        (Life::Dying, 0, 1)
+    );
     // The last unit of the *other* service to leave removes it.
     e.st.leave_scope(rel.id, &m).unwrap();
-    assert!(matches!(e.st.service("wordpress"), Err(Error::NotFound { .. })));
+    assert!(matches!(
+        e.st.service("wordpress"),
+        Err(Error::NotFound { .. })
+    ));
     assert!(matches!(e.st.relation(rel.id), Err(Error::NotFound { .. })));
     assert_eq!(e.st.service("mysql").unwrap().relation_count, 0);
 }
@@ -416,7 +504,10 @@ fn relation_key_is_canonical_whatever_the_argument_order() {
     let rel = e.st.add_relation("mysql", "wordpress").unwrap();
     assert_eq!(rel.key, "wordpress:db mysql:db");
     let err = e.refused(|s| s.add_relation("wordpress:db", "mysql:db"));
-    assert_eq!(err.to_string(), "relation `wordpress:db mysql:db` already exists");
+    assert_eq!(
+        err.to_string(),
+        "relation `wordpress:db mysql:db` already exists"
+    );
 }
 
 #[test]
@@ -428,7 +519,16 @@ fn identical_relation_cannot_be_added_until_the_old_one_is_removed() {
     e.st.enter_scope(rel.id, &w).unwrap();
     e.st.destroy_relation("wordpress", "mysql").unwrap();
     let err = e.refused(|s| s.add_relation("wordpress", "mysql"));
-    assert!(matches!(err, Error::BeingDestroyed { kind: Entity::Relation, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::BeingDestroyed {
+                kind: Entity::Relation,
+                ..
+            }
+        ),
+        "{err}"
+    );
     e.st.leave_scope(rel.id, &w).unwrap();
     e.st.add_relation("wordpress", "mysql").unwrap();
 }
@@ -442,7 +542,11 @@ fn relations_need_matching_endpoints_and_refuse_ambiguity() {
     assert!(matches!(err, Error::Relation(_)), "{err}");
     e.deploy(MYSQL, "mysql", 0);
     let err = e.refused(|s| s.add_relation("wordpress:website", "mysql"));
-    assert!(err.to_string().starts_with("no relation between `wordpress:website` and `mysql`"), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("no relation between `wordpress:website` and `mysql`"),
+        "{err}"
+    );
     let err = e.refused(|s| s.add_relation("wordpress", "wordpress"));
     assert!(err.to_string().contains("to itself"), "{err}");
 }
@@ -504,11 +608,15 @@ fn removed_relation_settings_are_cleaned_up_later_in_batches() {
     let rel = e.st.add_relation("wordpress", "mysql").unwrap();
     for w in &ws {
         e.st.enter_scope(rel.id, w).unwrap();
-        e.st.update_relation_settings(rel.id, w, &[("host".into(), Some(w.clone()))]).unwrap();
+        e.st.update_relation_settings(rel.id, w, &[("host".into(), Some(w.clone()))])
+            .unwrap();
         e.st.leave_scope(rel.id, w).unwrap();
     }
     // Settings outlive the scope...
-    assert_eq!(e.st.relation_settings(rel.id, &ws[0]).unwrap()["host"], ws[0]);
+    assert_eq!(
+        e.st.relation_settings(rel.id, &ws[0]).unwrap()["host"],
+        ws[0]
+    );
     e.st.destroy_relation("wordpress", "mysql").unwrap();
     // ...and the relation, until the cleaner runs.
     assert!(e.st.relation_settings(rel.id, &ws[0]).is_ok());
@@ -528,7 +636,16 @@ fn only_alive_units_enter_alive_relations_and_only_of_their_services() {
     started(&e, &ws[1]);
     e.st.destroy_units(&[ws[1].clone()]).unwrap();
     let err = e.refused(|s| s.enter_scope(rel.id, &ws[1]));
-    assert!(matches!(err, Error::NotAlive { kind: Entity::Unit, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::NotAlive {
+                kind: Entity::Unit,
+                ..
+            }
+        ),
+        "{err}"
+    );
     let b = e.st.add_units("blog", 1, None).unwrap().remove(0);
     let err = e.refused(|s| s.enter_scope(rel.id, &b));
     assert!(matches!(err, Error::Relation(_)), "{err}");
@@ -565,7 +682,10 @@ fn principal_entering_container_scope_creates_its_subordinate() {
 fn subordinate_services_get_no_units_from_deploy_or_add_unit() {
     let e = env();
     e.deploy(LOGGING, "logging", 0);
-    assert!(matches!(e.refused(|s| s.add_units("logging", 1, None)), Error::Subordinate { .. }));
+    assert!(matches!(
+        e.refused(|s| s.add_units("logging", 1, None)),
+        Error::Subordinate { .. }
+    ));
     let err = e.refused(|s| s.deploy(&deploy_args(LOGGING, "logging2", 1)));
     assert!(matches!(err, Error::Subordinate { .. }), "{err}");
 }
@@ -595,7 +715,10 @@ fn units_take_their_service_series_and_run_only_on_machines_of_that_series() {
     let u = e.st.deploy(&args).unwrap().remove(0);
     let unit = e.st.unit(&u).unwrap();
     assert_eq!(unit.series, "noble");
-    assert_eq!(e.st.machine(unit.machine_id.unwrap()).unwrap().series, "noble");
+    assert_eq!(
+        e.st.machine(unit.machine_id.unwrap()).unwrap().series,
+        "noble"
+    );
     e.st.add_units("wordpress", 1, Some(noble)).unwrap();
     e.deploy(MYSQL, "mysql", 0);
     let err = e.refused(|s| s.add_units("mysql", 1, Some(noble)));
@@ -641,7 +764,10 @@ fn subordinate_units_have_no_constraints() {
     e.deploy(LOGGING, "logging", 0);
     let mut args = deploy_args(LOGGING, "logging2", 0);
     args.constraints = Constraints::parse("mem=1G").unwrap();
-    assert!(matches!(e.refused(|s| s.deploy(&args)), Error::Subordinate { .. }));
+    assert!(matches!(
+        e.refused(|s| s.deploy(&args)),
+        Error::Subordinate { .. }
+    ));
     assert!(matches!(
         e.refused(|s| s.set_service_constraints("logging", &Constraints::parse("mem=1G").unwrap())),
         Error::Subordinate { .. }
@@ -655,11 +781,19 @@ fn subordinate_units_have_no_constraints() {
 fn set_constraints_never_changes_existing_units_or_machines() {
     let e = env_with("cores=1");
     let u = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
-    e.st.set_environment_constraints(&Constraints::parse("cores=8").unwrap()).unwrap();
-    e.st.set_service_constraints("wordpress", &Constraints::parse("mem=1G").unwrap()).unwrap();
+    e.st.set_environment_constraints(&Constraints::parse("cores=8").unwrap())
+        .unwrap();
+    e.st.set_service_constraints("wordpress", &Constraints::parse("mem=1G").unwrap())
+        .unwrap();
     let unit = e.st.unit(&u).unwrap();
     assert_eq!(unit.constraints.to_string(), "cores=1");
-    assert_eq!(e.st.machine(unit.machine_id.unwrap()).unwrap().constraints.to_string(), "cores=1");
+    assert_eq!(
+        e.st.machine(unit.machine_id.unwrap())
+            .unwrap()
+            .constraints
+            .to_string(),
+        "cores=1"
+    );
 }
 
 #[test]
@@ -670,16 +804,16 @@ fn seed_constraint_story_gives_one_machine_with_old_and_two_with_new_constraints
     let mut args = deploy_args(WORDPRESS, "wordpress", 1);
     args.constraints = Constraints::parse("mem=2G").unwrap();
     e.st.deploy(&args).unwrap();
-    e.st.set_service_constraints("wordpress", &Constraints::parse("mem=3G").unwrap()).unwrap();
+    e.st.set_service_constraints("wordpress", &Constraints::parse("mem=3G").unwrap())
+        .unwrap();
     e.st.add_units("wordpress", 2, None).unwrap();
-    let mut mems: Vec<String> = e
-        .st
-        .machines()
-        .unwrap()
-        .into_iter()
-        .filter(|m| m.id != 0)
-        .map(|m| m.constraints.to_string())
-        .collect();
+    let mut mems: Vec<String> =
+        e.st.machines()
+            .unwrap()
+            .into_iter()
+            .filter(|m| m.id != 0)
+            .map(|m| m.constraints.to_string())
+            .collect();
     mems.sort();
     assert_eq!(mems, vec!["mem=2G", "mem=3G", "mem=3G"]);
 }
@@ -695,11 +829,15 @@ fn resolved_clears_a_provisioning_error_and_can_replace_constraints() {
         err.to_string(),
         format!("machine `{m}` has no provisioning error; `jujube resolved` only applies to machines in error")
     );
-    e.st.set_machine_status(m, machine_status::ERROR, "no capacity").unwrap();
+    e.st.set_machine_status(m, machine_status::ERROR, "no capacity")
+        .unwrap();
     let cons = Constraints::parse("mem=4G").unwrap();
     e.st.resolve_machine(m, Some(&cons)).unwrap();
     let mm = e.st.machine(m).unwrap();
-    assert_eq!((mm.status.as_str(), mm.status_info.as_str()), (machine_status::PENDING, ""));
+    assert_eq!(
+        (mm.status.as_str(), mm.status_info.as_str()),
+        (machine_status::PENDING, "")
+    );
     assert_eq!(mm.constraints, cons);
 }
 
@@ -711,7 +849,11 @@ fn deploying_many_units_keeps_every_transaction_bounded() {
     e.st.reset_stats();
     e.deploy(WORDPRESS, "wordpress", 1000);
     assert_eq!(e.st.service("wordpress").unwrap().unit_count, 1000);
-    assert!(e.st.stats().max_transaction_rows <= 1000, "{:?}", e.st.stats());
+    assert!(
+        e.st.stats().max_transaction_rows <= 1000,
+        "{:?}",
+        e.st.stats()
+    );
     for u in e.st.units_of("wordpress").unwrap() {
         started(&e, &u.name);
     }
@@ -720,8 +862,16 @@ fn deploying_many_units_keeps_every_transaction_bounded() {
     e.st.run_cleanups(usize::MAX).unwrap();
     let stats = e.st.stats();
     assert!(stats.max_transaction_rows <= 1000, "{stats:?}");
-    assert!(stats.transactions > 10, "the cleanup must work in batches: {stats:?}");
-    assert!(e.st.units_of("wordpress").unwrap().iter().all(|u| u.life == Life::Dying));
+    assert!(
+        stats.transactions > 10,
+        "the cleanup must work in batches: {stats:?}"
+    );
+    assert!(e
+        .st
+        .units_of("wordpress")
+        .unwrap()
+        .iter()
+        .all(|u| u.life == Life::Dying));
 }
 
 #[test]
@@ -754,7 +904,15 @@ fn two_processes_writing_one_database_lose_nothing() {
 fn a_database_from_a_newer_jujube_is_refused() {
     let e = env();
     let path = e.st.path().to_path_buf();
-    rusqlite::Connection::open(&path).unwrap().pragma_update(None, "user_version", 99).unwrap();
-    let err = crate::Store::open(&path).err().expect("newer schema must be refused");
-    assert!(matches!(err, Error::SchemaTooNew { found: 99, .. }), "{err}");
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .pragma_update(None, "user_version", 99)
+        .unwrap();
+    let err = crate::Store::open(&path)
+        .err()
+        .expect("newer schema must be refused");
+    assert!(
+        matches!(err, Error::SchemaTooNew { found: 99, .. }),
+        "{err}"
+    );
 }
