@@ -16,6 +16,7 @@
 
 pub mod charm;
 pub mod constraints;
+pub mod duration;
 pub mod life;
 pub mod names;
 pub mod series;

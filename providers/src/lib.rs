@@ -1,1 +1,221 @@
+//! Clouds, behind one small trait.
+//!
+//! # Layout
+//! - this file: the [`Provider`] trait, the types it speaks ([`StartSpec`],
+//!   [`Instance`]), the ownership tags, and the classified [`Error`].
+//! - [`dummy`]: the embedded default cloud and fault injector — persistent,
+//!   configurable latency, failures per machine or per error class, EC2-like
+//!   token buckets, lost responses, eventually consistent listings.
+//! - [`conformance`]: scenarios every provider must pass; each provider's
+//!   tests run them against the real thing.
+//! - [`bucket`]: the token bucket the dummy throttles with and the
+//!   provisioner paces itself with.
+//!
+//! Providers know nothing of the state store: they are told what to start
+//! and asked what exists. Ownership is proven by tags carrying the
+//! environment's full UUID, never guessed: a provider lists, and the
+//! provisioner stops, only instances so tagged.
 
+pub mod bucket;
+pub mod conformance;
+pub mod dummy;
+
+use async_trait::async_trait;
+use jujube_core::Constraints;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Tag holding the environment's full UUID: the proof of ownership.
+pub const TAG_ENV_UUID: &str = "jujube-env-uuid";
+/// Tag holding the machine id the instance was started for.
+pub const TAG_MACHINE_ID: &str = "jujube-machine-id";
+/// Tag holding the nonce (idempotency token) of the start.
+pub const TAG_NONCE: &str = "jujube-nonce";
+/// Tag marking the environment's controller instance (machine 0).
+pub const TAG_CONTROLLER: &str = "jujube-controller";
+/// Human-readable instance name, `jujube-<env>-<machine>`.
+pub const TAG_NAME: &str = "Name";
+
+/// What to start: everything comes from the machine entity.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StartSpec {
+    pub machine_id: String,
+    /// Idempotency token: starting twice with one nonce yields one instance.
+    pub nonce: String,
+    pub series: String,
+    pub constraints: Constraints,
+    /// Zone to start in; `None` lets the provider choose.
+    pub zone: Option<String>,
+    pub controller: bool,
+    pub user_data: String,
+}
+
+impl StartSpec {
+    /// The tags an instance for this spec carries in environment
+    /// `env_name` / `env_uuid`.
+    pub fn tags(&self, env_name: &str, env_uuid: &str) -> BTreeMap<String, String> {
+        let mut t = BTreeMap::new();
+        t.insert(TAG_ENV_UUID.to_string(), env_uuid.to_string());
+        t.insert(TAG_MACHINE_ID.to_string(), self.machine_id.clone());
+        t.insert(TAG_NONCE.to_string(), self.nonce.clone());
+        t.insert(TAG_NAME.to_string(), format!("jujube-{env_name}-{}", self.machine_id));
+        if self.controller {
+            t.insert(TAG_CONTROLLER.to_string(), "true".to_string());
+        }
+        t
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Instance {
+    pub id: String,
+    pub zone: Option<String>,
+    /// What the instance has, as constraints (`arch cores mem root-disk
+    /// instance-type ...`).
+    pub hardware: String,
+    pub tags: BTreeMap<String, String>,
+}
+
+impl Instance {
+    pub fn tag(&self, key: &str) -> Option<&str> {
+        self.tags.get(key).map(String::as_str)
+    }
+    pub fn machine_id(&self) -> Option<&str> {
+        self.tag(TAG_MACHINE_ID)
+    }
+    pub fn nonce(&self) -> Option<&str> {
+        self.tag(TAG_NONCE)
+    }
+    /// True when the tags prove the instance belongs to `env_uuid`.
+    pub fn owned_by(&self, env_uuid: &str) -> bool {
+        self.tag(TAG_ENV_UUID) == Some(env_uuid)
+    }
+}
+
+/// The class of a provider error decides what the provisioner does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorClass {
+    /// Throttling, 5xx, a lost response: retry with backoff.
+    Transient,
+    /// No capacity in a zone: try the next zone.
+    Capacity,
+    /// An account limit: retrying soon will not help.
+    Quota,
+    /// No instance type or image matches: the user must change something.
+    InvalidSpec,
+    /// Credentials missing or rejected.
+    Credentials,
+    NotFound,
+}
+
+impl ErrorClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorClass::Transient => "transient",
+            ErrorClass::Capacity => "capacity",
+            ErrorClass::Quota => "quota",
+            ErrorClass::InvalidSpec => "invalid-spec",
+            ErrorClass::Credentials => "credentials",
+            ErrorClass::NotFound => "not-found",
+        }
+    }
+    pub fn parse(s: &str) -> Option<ErrorClass> {
+        use ErrorClass::*;
+        [Transient, Capacity, Quota, InvalidSpec, Credentials, NotFound]
+            .into_iter()
+            .find(|c| c.as_str() == s)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    #[error("transient provider error: {0}")]
+    Transient(String),
+    #[error("no capacity in zone `{zone}`: {message}")]
+    Capacity { zone: String, message: String },
+    #[error("quota exceeded: {0}; stop instances or raise the quota")]
+    Quota(String),
+    #[error("invalid instance spec: {0}")]
+    InvalidSpec(String),
+    #[error("credentials rejected: {0}; check the provider credentials")]
+    Credentials(String),
+    #[error("not found: {0}")]
+    NotFound(String),
+    #[error("invalid provider config: {0}")]
+    Config(String),
+    #[error("provider storage `{path}`: {message}")]
+    Storage { path: String, message: String },
+}
+
+impl Error {
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Error::Transient(_) | Error::Storage { .. } => ErrorClass::Transient,
+            Error::Capacity { .. } => ErrorClass::Capacity,
+            Error::Quota(_) => ErrorClass::Quota,
+            Error::InvalidSpec(_) | Error::Config(_) => ErrorClass::InvalidSpec,
+            Error::Credentials(_) => ErrorClass::Credentials,
+            Error::NotFound(_) => ErrorClass::NotFound,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A cloud. Every method is safe to call concurrently and to retry.
+#[async_trait]
+pub trait Provider: Send + Sync + 'static {
+    /// `dummy`, `ec2` or `lxd`.
+    fn kind(&self) -> &'static str;
+
+    /// Starts an instance for a machine, tagged with the environment's full
+    /// UUID, the machine id and the nonce, and returns it.
+    ///
+    /// Guarantee: idempotent per nonce. Starting again with a nonce that
+    /// already started an instance (even if the first call reported a
+    /// failure after the instance was made) returns that instance and starts
+    /// nothing. Errors are classified ([`Error::class`]).
+    async fn start_instance(&self, spec: &StartSpec) -> Result<Instance>;
+
+    /// Starts several instances, one result per spec in order. The same
+    /// guarantees as [`Provider::start_instance`] per spec. Providers whose
+    /// API launches several instances per request override this; the default
+    /// makes one call per spec.
+    async fn start_instances(&self, specs: &[StartSpec]) -> Vec<Result<Instance>> {
+        let mut out = Vec::with_capacity(specs.len());
+        for s in specs {
+            out.push(self.start_instance(s).await);
+        }
+        out
+    }
+
+    /// Stops (terminates) instances. Idempotent: ids that are unknown or
+    /// already stopped are fine. Never stops an instance whose tags do not
+    /// carry this environment's UUID.
+    async fn stop_instances(&self, ids: &[String]) -> Result<()>;
+
+    /// This environment's live instances: only those whose tags prove
+    /// ownership. May lag behind starts and stops on eventually consistent
+    /// clouds.
+    async fn instances(&self) -> Result<Vec<Instance>>;
+
+    /// Looks instances up by id; ids that do not exist (or are not this
+    /// environment's) are simply absent from the result.
+    async fn instances_by_id(&self, ids: &[String]) -> Result<Vec<Instance>>;
+
+    /// Zones instances can be started in, in preference order.
+    async fn zones(&self) -> Result<Vec<String>>;
+
+    /// Checks that some instance could satisfy the constraints; an
+    /// [`Error::InvalidSpec`] says why not.
+    async fn validate_constraints(&self, cons: &Constraints) -> Result<()>;
+
+    /// Applies changed environment config (a running controller calls this
+    /// when `set-environment` changes it).
+    async fn update_config(&self, _config: &BTreeMap<String, String>) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

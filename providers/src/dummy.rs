@@ -1,0 +1,584 @@
+//! The dummy cloud: the embedded default provider and a fault injector.
+//!
+//! Its instances persist in an append-only log (`dummy-cloud.jsonl`) in the
+//! environment's data directory, so the CLI, the controller and a restarted
+//! controller all see one cloud. Every change takes an exclusive `flock` on a
+//! lock file, replays what other processes appended, decides, and appends one
+//! line; a process killed mid-way leaves at most a partial last line, which
+//! is ignored. Without a directory it lives in memory only (benchmarks).
+//!
+//! Behaviour is set by environment config keys (all optional):
+//!
+//! | key | meaning | default |
+//! |---|---|---|
+//! | `dummy-start-latency` | time each start takes (`200ms`) | `0` |
+//! | `dummy-zones` | zones, comma-separated | `zone-a,zone-b,zone-c` |
+//! | `dummy-full-zones` | zones that answer with capacity errors | none |
+//! | `dummy-fail-machines` | machine ids whose starts fail | none |
+//! | `dummy-fail-class` | how they fail: `transient`, `capacity`, `quota`, `invalid-spec`, `credentials` | `invalid-spec` |
+//! | `dummy-failure-rate` | random failures per class, `transient:0.2,capacity:0.05` | none |
+//! | `dummy-lost-response-rate` | share of starts that succeed but report a transient failure | `0` |
+//! | `dummy-instance-bucket` | EC2-like instance token bucket, `BURST/PER_SECOND` | unlimited |
+//! | `dummy-request-bucket` | EC2-like request token bucket, `BURST/PER_SECOND` | unlimited |
+//! | `dummy-listing-delay` | how long starts and stops take to show in listings | `0` |
+//! | `dummy-max-instances` | quota of live instances | unlimited |
+//! | `dummy-seed` | seed for the random failures | `1` |
+//!
+//! The catalogue offers `d1.*` (amd64) and `d1a.*` (arm64) types from 1 core
+//! / 1G to 64 cores / 256G; constraints no type satisfies are an
+//! [`Error::InvalidSpec`].
+
+use crate::bucket::TokenBucket;
+use crate::{Error, ErrorClass, Instance, Provider, Result, StartSpec};
+use async_trait::async_trait;
+use jujube_core::constraints::Key;
+use jujube_core::Constraints;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::fs::OpenOptions;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use tokio::time::{Duration, Instant};
+
+pub const LOG_FILE: &str = "dummy-cloud.jsonl";
+const LOCK_FILE: &str = "dummy-cloud.lock";
+
+/// (name suffix, cores, mem GiB, root disk GiB)
+const SIZES: [(&str, u64, u64, u64); 8] = [
+    ("nano", 1, 1, 8),
+    ("small", 1, 2, 16),
+    ("medium", 2, 4, 32),
+    ("large", 4, 16, 64),
+    ("xlarge", 8, 32, 128),
+    ("2xlarge", 16, 64, 256),
+    ("4xlarge", 32, 128, 512),
+    ("8xlarge", 64, 256, 1024),
+];
+const ARCHES: [(&str, &str); 2] = [("amd64", "d1"), ("arm64", "d1a")];
+
+/// The catalogue's instance type for constraints: the smallest that
+/// satisfies them, as hardware constraints.
+pub fn choose_type(cons: &Constraints) -> Result<Constraints> {
+    let arch = cons.arch().unwrap_or("amd64");
+    let family = ARCHES
+        .iter()
+        .find(|(a, _)| *a == arch)
+        .map(|(_, f)| *f)
+        .ok_or_else(|| Error::InvalidSpec(format!("the dummy cloud has no `{arch}` instances (it has amd64 and arm64)")))?;
+    if let Some(c) = cons.container() {
+        if c != "none" {
+            return Err(Error::InvalidSpec(format!("the dummy cloud cannot start `container={c}` machines")));
+        }
+    }
+    for (size, cores, mem_g, disk_g) in SIZES {
+        let name = format!("{family}.{size}");
+        let ok = cons.cores().is_none_or(|c| c <= cores)
+            && cons.cpu_power().is_none_or(|p| p <= cores * 100)
+            && cons.mem().is_none_or(|m| m <= mem_g * 1024)
+            && cons.root_disk().is_none_or(|d| d <= disk_g * 1024)
+            && cons.instance_type().is_none_or(|t| t == name);
+        if ok {
+            let mut hw = Constraints::new();
+            hw.set(Key::Arch, Some(jujube_core::constraints::Value::Text(arch.to_string())));
+            hw.set(Key::Cores, Some(jujube_core::constraints::Value::Count(cores)));
+            hw.set(Key::CpuPower, Some(jujube_core::constraints::Value::Count(cores * 100)));
+            hw.set(Key::Mem, Some(jujube_core::constraints::Value::MiB(mem_g * 1024)));
+            hw.set(Key::RootDisk, Some(jujube_core::constraints::Value::MiB(disk_g * 1024)));
+            hw.set(Key::InstanceType, Some(jujube_core::constraints::Value::Text(name)));
+            return Ok(hw);
+        }
+    }
+    Err(Error::InvalidSpec(format!(
+        "no dummy instance type satisfies `{cons}` (the largest is 64 cores, 256G memory, 1T root disk)"
+    )))
+}
+
+#[derive(Debug, Clone)]
+struct Config {
+    latency: Duration,
+    zones: Vec<String>,
+    full_zones: Vec<String>,
+    fail_machines: Vec<String>,
+    fail_class: ErrorClass,
+    failure_rates: Vec<(ErrorClass, f64)>,
+    lost_response_rate: f64,
+    instance_bucket: Option<String>,
+    request_bucket: Option<String>,
+    listing_delay: Duration,
+    max_instances: Option<usize>,
+    seed: u64,
+}
+
+fn list(s: &str) -> Vec<String> {
+    s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect()
+}
+
+fn rate(key: &str, v: &str) -> Result<f64> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|r| (0.0..=1.0).contains(r))
+        .ok_or_else(|| Error::Config(format!("`{key}={v}`: use a number between 0 and 1")))
+}
+
+impl Config {
+    fn parse(cfg: &BTreeMap<String, String>) -> Result<Config> {
+        let mut c = Config {
+            latency: Duration::ZERO,
+            zones: list("zone-a,zone-b,zone-c"),
+            full_zones: vec![],
+            fail_machines: vec![],
+            fail_class: ErrorClass::InvalidSpec,
+            failure_rates: vec![],
+            lost_response_rate: 0.0,
+            instance_bucket: None,
+            request_bucket: None,
+            listing_delay: Duration::ZERO,
+            max_instances: None,
+            seed: 1,
+        };
+        let dur = |k: &str, v: &str| {
+            jujube_core::duration::parse(v).ok_or_else(|| Error::Config(format!("`{k}={v}`: use a duration such as `200ms` or `2s`")))
+        };
+        let bucket = |k: &str, v: &str| {
+            TokenBucket::parse(v)
+                .map(|_| v.to_string())
+                .ok_or_else(|| Error::Config(format!("`{k}={v}`: use BURST/PER_SECOND, e.g. `1000/2`")))
+        };
+        for (k, v) in cfg {
+            match k.as_str() {
+                "dummy-start-latency" => c.latency = dur(k, v)?,
+                "dummy-zones" => {
+                    c.zones = list(v);
+                    if c.zones.is_empty() {
+                        return Err(Error::Config("`dummy-zones` needs at least one zone".into()));
+                    }
+                }
+                "dummy-full-zones" => c.full_zones = list(v),
+                "dummy-fail-machines" => c.fail_machines = list(v),
+                "dummy-fail-class" => {
+                    c.fail_class = ErrorClass::parse(v).ok_or_else(|| {
+                        Error::Config(format!("`{k}={v}`: use transient, capacity, quota, invalid-spec or credentials"))
+                    })?
+                }
+                "dummy-failure-rate" => {
+                    for item in list(v) {
+                        let (class, r) = item.split_once(':').ok_or_else(|| {
+                            Error::Config(format!("`{k}={v}`: use CLASS:RATE pairs, e.g. `transient:0.1`"))
+                        })?;
+                        let class = ErrorClass::parse(class)
+                            .ok_or_else(|| Error::Config(format!("`{k}`: unknown error class `{class}`")))?;
+                        c.failure_rates.push((class, rate(k, r)?));
+                    }
+                }
+                "dummy-lost-response-rate" => c.lost_response_rate = rate(k, v)?,
+                "dummy-instance-bucket" => c.instance_bucket = Some(bucket(k, v)?),
+                "dummy-request-bucket" => c.request_bucket = Some(bucket(k, v)?),
+                "dummy-listing-delay" => c.listing_delay = dur(k, v)?,
+                "dummy-max-instances" => {
+                    c.max_instances = Some(v.parse().map_err(|_| Error::Config(format!("`{k}={v}`: use a whole number")))?)
+                }
+                "dummy-seed" => c.seed = v.parse().map_err(|_| Error::Config(format!("`{k}={v}`: use a whole number")))?,
+                k if k.starts_with("dummy-") => {
+                    return Err(Error::Config(format!("unknown dummy provider key `{k}`; README.md lists the keys")))
+                }
+                _ => {}
+            }
+        }
+        Ok(c)
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum LogEntry {
+    Start(Instance),
+    Stop(String),
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    instance: Instance,
+    stopped: bool,
+    /// When listings start (or stop) showing it: the eventual consistency.
+    listed_from: Instant,
+    listed_until: Option<Instant>,
+}
+
+struct State {
+    cfg: Config,
+    instances: BTreeMap<String, Entry>,
+    by_nonce: HashMap<String, String>,
+    log_offset: u64,
+    partial: Vec<u8>,
+    instance_bucket: Option<TokenBucket>,
+    request_bucket: Option<TokenBucket>,
+    rng: u64,
+}
+
+impl State {
+    fn apply(&mut self, e: LogEntry, now: Instant, delay: Duration) {
+        match e {
+            LogEntry::Start(inst) => {
+                if let Some(n) = inst.nonce() {
+                    self.by_nonce.insert(n.to_string(), inst.id.clone());
+                }
+                self.instances.insert(
+                    inst.id.clone(),
+                    Entry { instance: inst, stopped: false, listed_from: now + delay, listed_until: None },
+                );
+            }
+            LogEntry::Stop(id) => {
+                if let Some(e) = self.instances.get_mut(&id) {
+                    if !e.stopped {
+                        e.stopped = true;
+                        e.listed_until = Some(now + delay);
+                    }
+                }
+            }
+        }
+    }
+
+    /// xorshift64*: deterministic per seed, good enough for fault injection.
+    fn random(&mut self) -> f64 {
+        let mut x = self.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng = x;
+        (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    fn live(&self) -> usize {
+        self.instances.values().filter(|e| !e.stopped).count()
+    }
+}
+
+pub struct DummyProvider {
+    env_name: String,
+    env_uuid: String,
+    dir: Option<PathBuf>,
+    state: Mutex<State>,
+}
+
+fn storage(path: &Path, e: impl std::fmt::Display) -> Error {
+    Error::Storage { path: path.display().to_string(), message: e.to_string() }
+}
+
+impl DummyProvider {
+    /// A dummy cloud persisted in `dir` (the environment's data directory).
+    pub fn open(dir: impl Into<PathBuf>, env_name: &str, env_uuid: &str, config: &BTreeMap<String, String>) -> Result<DummyProvider> {
+        let p = DummyProvider::build(Some(dir.into()), env_name, env_uuid, config)?;
+        p.with_log(|_| Ok(((), vec![])))?;
+        Ok(p)
+    }
+
+    /// A dummy cloud in memory only.
+    pub fn in_memory(env_name: &str, env_uuid: &str, config: &BTreeMap<String, String>) -> Result<DummyProvider> {
+        DummyProvider::build(None, env_name, env_uuid, config)
+    }
+
+    fn build(dir: Option<PathBuf>, env_name: &str, env_uuid: &str, config: &BTreeMap<String, String>) -> Result<DummyProvider> {
+        let cfg = Config::parse(config)?;
+        let state = State {
+            instance_bucket: cfg.instance_bucket.as_deref().and_then(TokenBucket::parse),
+            request_bucket: cfg.request_bucket.as_deref().and_then(TokenBucket::parse),
+            rng: cfg.seed.max(1),
+            cfg,
+            instances: BTreeMap::new(),
+            by_nonce: HashMap::new(),
+            log_offset: 0,
+            partial: Vec::new(),
+        };
+        Ok(DummyProvider {
+            env_name: env_name.to_string(),
+            env_uuid: env_uuid.to_string(),
+            dir,
+            state: Mutex::new(state),
+        })
+    }
+
+    fn lock_state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` with the cloud up to date; whatever log entries `f` returns
+    /// are appended (under the file lock, when persistent) and applied.
+    fn with_log<T>(&self, f: impl FnOnce(&mut State) -> Result<(T, Vec<LogEntry>)>) -> Result<T> {
+        let mut st = self.lock_state();
+        let now = Instant::now();
+        let Some(dir) = &self.dir else {
+            let (v, entries) = f(&mut st)?;
+            let delay = st.cfg.listing_delay;
+            for e in entries {
+                st.apply(e, now, delay);
+            }
+            return Ok(v);
+        };
+        std::fs::create_dir_all(dir).map_err(|e| storage(dir, e))?;
+        let lock_path = dir.join(LOCK_FILE);
+        let lock = OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(|e| storage(&lock_path, e))?;
+        lock.lock().map_err(|e| storage(&lock_path, e))?;
+        let log_path = dir.join(LOG_FILE);
+        let mut log = OpenOptions::new().create(true).read(true).append(true).open(&log_path).map_err(|e| storage(&log_path, e))?;
+        // Replay what other processes appended since we last looked. Their
+        // entries are visible at once: the delay models our own API's lag.
+        log.seek(SeekFrom::Start(st.log_offset)).map_err(|e| storage(&log_path, e))?;
+        let mut buf = Vec::new();
+        log.read_to_end(&mut buf).map_err(|e| storage(&log_path, e))?;
+        st.log_offset += buf.len() as u64;
+        let mut pending = std::mem::take(&mut st.partial);
+        pending.extend_from_slice(&buf);
+        let complete = pending.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        st.partial = pending[complete..].to_vec();
+        for line in pending[..complete].split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            if let Ok(e) = serde_json::from_slice::<LogEntry>(line) {
+                st.apply(e, now, Duration::ZERO);
+            }
+        }
+        let result = f(&mut st);
+        let out = match result {
+            Ok((v, entries)) => {
+                if !entries.is_empty() {
+                    // A partial line left by a killed process must not swallow ours.
+                    let mut text = if st.partial.is_empty() { String::new() } else { "\n".to_string() };
+                    st.partial.clear();
+                    for e in &entries {
+                        text.push_str(&serde_json::to_string(e).expect("log entry serialises"));
+                        text.push('\n');
+                    }
+                    log.write_all(text.as_bytes()).map_err(|e| storage(&log_path, e))?;
+                    st.log_offset += text.len() as u64;
+                    let delay = st.cfg.listing_delay;
+                    for e in entries {
+                        st.apply(e, now, delay);
+                    }
+                }
+                Ok(v)
+            }
+            Err(e) => Err(e),
+        };
+        let _ = lock.unlock();
+        out
+    }
+
+    fn new_instance(&self, spec_tags: BTreeMap<String, String>, zone: Option<String>, hardware: String) -> Instance {
+        Instance {
+            id: format!("i-{}", &uuid::Uuid::new_v4().simple().to_string()[..17]),
+            zone,
+            hardware,
+            tags: spec_tags,
+        }
+    }
+
+    /// Starts an instance with arbitrary tags, as someone working behind
+    /// jujube's back would. Returns its id.
+    pub fn start_raw(&self, tags: BTreeMap<String, String>) -> Result<String> {
+        let hw = choose_type(&Constraints::new())?.to_string();
+        let inst = self.new_instance(tags, Some("zone-a".to_string()), hw);
+        let id = inst.id.clone();
+        self.with_log(|_| Ok(((), vec![LogEntry::Start(inst)])))?;
+        Ok(id)
+    }
+
+    /// Every live instance in the cloud, whoever owns it (for operators and
+    /// tests; [`Provider::instances`] lists only this environment's).
+    pub fn all_instances(&self) -> Result<Vec<Instance>> {
+        self.with_log(|st| {
+            Ok((st.instances.values().filter(|e| !e.stopped).map(|e| e.instance.clone()).collect(), vec![]))
+        })
+    }
+
+    fn injected(st: &mut State, spec: &StartSpec, zone: &str) -> Option<Error> {
+        if st.cfg.fail_machines.iter().any(|m| *m == spec.machine_id) {
+            return Some(error_of(st.cfg.fail_class, &format!("machine {} is configured to fail (`dummy-fail-machines`)", spec.machine_id), zone));
+        }
+        if st.cfg.full_zones.iter().any(|z| z == zone) {
+            return Some(error_of(ErrorClass::Capacity, "InsufficientInstanceCapacity", zone));
+        }
+        if let Some(max) = st.cfg.max_instances {
+            if st.live() >= max {
+                return Some(Error::Quota(format!("the dummy cloud allows {max} instances (`dummy-max-instances`)")));
+            }
+        }
+        let rates = st.cfg.failure_rates.clone();
+        for (class, r) in rates {
+            if st.random() < r {
+                return Some(error_of(class, "injected failure (`dummy-failure-rate`)", zone));
+            }
+        }
+        None
+    }
+}
+
+fn error_of(class: ErrorClass, msg: &str, zone: &str) -> Error {
+    match class {
+        ErrorClass::Transient => Error::Transient(msg.to_string()),
+        ErrorClass::Capacity => Error::Capacity { zone: zone.to_string(), message: msg.to_string() },
+        ErrorClass::Quota => Error::Quota(msg.to_string()),
+        ErrorClass::InvalidSpec => Error::InvalidSpec(msg.to_string()),
+        ErrorClass::Credentials => Error::Credentials(msg.to_string()),
+        ErrorClass::NotFound => Error::NotFound(msg.to_string()),
+    }
+}
+
+#[async_trait]
+impl Provider for DummyProvider {
+    fn kind(&self) -> &'static str {
+        "dummy"
+    }
+
+    async fn start_instance(&self, spec: &StartSpec) -> Result<Instance> {
+        self.start_instances(std::slice::from_ref(spec)).await.pop().expect("one result per spec")
+    }
+
+    /// One request for the whole batch (one request token), one instance
+    /// token per new instance.
+    async fn start_instances(&self, specs: &[StartSpec]) -> Vec<Result<Instance>> {
+        let latency = {
+            let mut st = self.lock_state();
+            if let Some(b) = st.request_bucket.as_mut() {
+                if !b.try_take(1) {
+                    return specs.iter().map(|_| Err(Error::Transient("RequestLimitExceeded: request rate exceeded".into()))).collect();
+                }
+            }
+            st.cfg.latency
+        };
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        let result = self.with_log(|st| {
+            let mut out = Vec::with_capacity(specs.len());
+            let mut log = Vec::new();
+            let mut started: HashMap<String, Instance> = HashMap::new();
+            for spec in specs {
+                // Idempotency first: a known nonce gets its instance back.
+                if let Some(id) = st.by_nonce.get(&spec.nonce) {
+                    if let Some(e) = st.instances.get(id).filter(|e| !e.stopped) {
+                        out.push(Ok(e.instance.clone()));
+                        continue;
+                    }
+                }
+                if let Some(i) = started.get(&spec.nonce) {
+                    out.push(Ok(i.clone()));
+                    continue;
+                }
+                let zone = spec.zone.clone().unwrap_or_else(|| st.cfg.zones[0].clone());
+                if !st.cfg.zones.contains(&zone) {
+                    out.push(Err(Error::InvalidSpec(format!("unknown zone `{zone}`; zones are {}", st.cfg.zones.join(", ")))));
+                    continue;
+                }
+                let hw = match choose_type(&spec.constraints) {
+                    Ok(hw) => hw,
+                    Err(e) => {
+                        out.push(Err(e));
+                        continue;
+                    }
+                };
+                if let Some(e) = DummyProvider::injected(st, spec, &zone) {
+                    out.push(Err(e));
+                    continue;
+                }
+                if let Some(b) = st.instance_bucket.as_mut() {
+                    if !b.try_take(1) {
+                        out.push(Err(Error::Transient("RequestLimitExceeded: instance launch rate exceeded".into())));
+                        continue;
+                    }
+                }
+                let inst = self.new_instance(spec.tags(&self.env_name, &self.env_uuid), Some(zone), hw.to_string());
+                let lost = st.random() < st.cfg.lost_response_rate;
+                started.insert(spec.nonce.clone(), inst.clone());
+                log.push(LogEntry::Start(inst.clone()));
+                out.push(if lost { Err(Error::Transient("lost response: the request timed out".into())) } else { Ok(inst) });
+            }
+            Ok((out, log))
+        });
+        match result {
+            Ok(v) => v,
+            Err(e) => specs.iter().map(|_| Err(e.clone())).collect(),
+        }
+    }
+
+    async fn stop_instances(&self, ids: &[String]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let uuid = self.env_uuid.clone();
+        self.with_log(|st| {
+            if let Some(b) = st.request_bucket.as_mut() {
+                if !b.try_take(1) {
+                    return Err(Error::Transient("RequestLimitExceeded: request rate exceeded".into()));
+                }
+            }
+            let log = ids
+                .iter()
+                .filter(|id| st.instances.get(*id).is_some_and(|e| !e.stopped && e.instance.owned_by(&uuid)))
+                .map(|id| LogEntry::Stop(id.clone()))
+                .collect();
+            Ok(((), log))
+        })
+    }
+
+    async fn instances(&self) -> Result<Vec<Instance>> {
+        let uuid = self.env_uuid.clone();
+        self.with_log(|st| {
+            if let Some(b) = st.request_bucket.as_mut() {
+                if !b.try_take(1) {
+                    return Err(Error::Transient("RequestLimitExceeded: request rate exceeded".into()));
+                }
+            }
+            let now = Instant::now();
+            let listed = st
+                .instances
+                .values()
+                .filter(|e| e.instance.owned_by(&uuid))
+                .filter(|e| e.listed_from <= now && e.listed_until.is_none_or(|u| now < u))
+                .map(|e| e.instance.clone())
+                .collect();
+            Ok((listed, vec![]))
+        })
+    }
+
+    async fn instances_by_id(&self, ids: &[String]) -> Result<Vec<Instance>> {
+        let uuid = self.env_uuid.clone();
+        self.with_log(|st| {
+            Ok((
+                ids.iter()
+                    .filter_map(|id| st.instances.get(id))
+                    .filter(|e| !e.stopped && e.instance.owned_by(&uuid))
+                    .map(|e| e.instance.clone())
+                    .collect(),
+                vec![],
+            ))
+        })
+    }
+
+    async fn zones(&self) -> Result<Vec<String>> {
+        Ok(self.lock_state().cfg.zones.clone())
+    }
+
+    async fn validate_constraints(&self, cons: &Constraints) -> Result<()> {
+        choose_type(cons).map(|_| ())
+    }
+
+    async fn update_config(&self, config: &BTreeMap<String, String>) -> Result<()> {
+        let cfg = Config::parse(config)?;
+        let mut st = self.lock_state();
+        if cfg.instance_bucket != st.cfg.instance_bucket {
+            st.instance_bucket = cfg.instance_bucket.as_deref().and_then(TokenBucket::parse);
+        }
+        if cfg.request_bucket != st.cfg.request_bucket {
+            st.request_bucket = cfg.request_bucket.as_deref().and_then(TokenBucket::parse);
+        }
+        if cfg.seed != st.cfg.seed {
+            st.rng = cfg.seed.max(1);
+        }
+        st.cfg = cfg;
+        Ok(())
+    }
+}
+
+/// Checks dummy config keys without building a provider.
+pub fn validate_config(config: &BTreeMap<String, String>) -> Result<()> {
+    Config::parse(config).map(|_| ())
+}
