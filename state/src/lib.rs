@@ -27,6 +27,7 @@ pub mod environment;
 pub mod feed;
 pub mod machines;
 pub mod model;
+pub mod provisioning;
 pub mod relations;
 mod schema;
 pub mod services;

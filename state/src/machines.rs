@@ -72,6 +72,32 @@ fn destroy_machine_in(tx: &mut Tx<'_>, id: i64) -> Result<()> {
     set_machine_life(tx, id, Life::Dying)
 }
 
+/// Clears a machine's provisioning error (and its nonce: an instance a
+/// failed start may have left behind is then nobody's, and is reaped as a
+/// stray), optionally replacing its constraints.
+pub(crate) fn resolve_in(tx: &mut Tx<'_>, id: i64, cons: Option<&Constraints>) -> Result<()> {
+    let m = get_machine(tx, id)?;
+    if m.life != Life::Alive {
+        return Err(Error::NotAlive {
+            kind: Entity::Machine,
+            id: id.to_string(),
+            life: m.life,
+            action: "be provisioned again",
+        });
+    }
+    if m.status != machine_status::ERROR {
+        return Err(Error::NoProvisioningError(id));
+    }
+    if let Some(c) = cons {
+        tx.execute("UPDATE machines SET constraints = ?1 WHERE id = ?2", (c.to_string(), id))?;
+    }
+    tx.execute(
+        "UPDATE machines SET status = ?1, status_info = '', nonce = NULL WHERE id = ?2",
+        (machine_status::PENDING, id),
+    )?;
+    tx.changed(ChangeKind::Machine, id.to_string())
+}
+
 impl Store {
     /// Adds `n` machines with job `host-units` and the environment's
     /// constraints (or `cons`, when given). `series` defaults to the
@@ -168,31 +194,7 @@ impl Store {
     /// that the provisioner tries again, first replacing the machine's
     /// constraints when `cons` is given.
     pub fn resolve_machine(&self, id: i64, cons: Option<&Constraints>) -> Result<()> {
-        self.write(|tx| {
-            let m = get_machine(tx, id)?;
-            if m.life != Life::Alive {
-                return Err(Error::NotAlive {
-                    kind: Entity::Machine,
-                    id: id.to_string(),
-                    life: m.life,
-                    action: "be provisioned again",
-                });
-            }
-            if m.status != machine_status::ERROR {
-                return Err(Error::NoProvisioningError(id));
-            }
-            if let Some(c) = cons {
-                tx.execute(
-                    "UPDATE machines SET constraints = ?1 WHERE id = ?2",
-                    (c.to_string(), id),
-                )?;
-            }
-            tx.execute(
-                "UPDATE machines SET status = ?1, status_info = '' WHERE id = ?2",
-                (machine_status::PENDING, id),
-            )?;
-            tx.changed(ChangeKind::Machine, id.to_string())
-        })
+        self.write(|tx| resolve_in(tx, id, cons))
     }
 
     /// Sets a machine's status and its explanation.

@@ -132,4 +132,18 @@ CREATE TABLE changes (
     kind     TEXT NOT NULL,
     id       TEXT NOT NULL
 );
-"#];
+"#,
+    // 2: what the provisioner sees of stray instances, for `jujube strays`
+    // and `status`: instances tagged as this environment's that no machine
+    // owns, when they were first seen and when they will be reaped (NULL:
+    // never, under the harvest mode).
+    r#"
+CREATE TABLE strays (
+    instance_id TEXT PRIMARY KEY,
+    machine_tag TEXT NOT NULL,
+    class       TEXT NOT NULL,
+    first_seen  INTEGER NOT NULL,
+    reap_at     INTEGER
+) WITHOUT ROWID;
+"#,
+];

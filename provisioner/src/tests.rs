@@ -1,0 +1,362 @@
+//! The provisioner against the dummy cloud with injected faults, on tokio's
+//! paused clock, with a real SQLite store.
+
+use super::*;
+use jujube_core::Constraints;
+use jujube_providers::dummy::DummyProvider;
+use jujube_state::environment::EnvironmentSpec;
+use jujube_state::{Durability, Store};
+
+const UUID: &str = "0a1b2c3d-4e5f-4a6b-8c7d-8e9f0a1b2c3d";
+
+struct World {
+    _dir: tempfile::TempDir,
+    store: Store,
+    cloud: Arc<DummyProvider>,
+    p: Provisioner,
+}
+
+fn world(config: &[(&str, &str)]) -> World {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open_with(dir.path().join("state.db"), Durability::Relaxed).unwrap();
+    let config: BTreeMap<String, String> = config.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    store
+        .initialize(&EnvironmentSpec {
+            name: "test".into(),
+            uuid: UUID.into(),
+            provider: "dummy".into(),
+            default_series: "jammy".into(),
+            constraints: Constraints::default(),
+            config: config.clone(),
+        })
+        .unwrap();
+    let cloud = Arc::new(DummyProvider::open(dir.path(), "test", UUID, &config).unwrap());
+    let p = Provisioner::new(store.clone(), cloud.clone()).unwrap();
+    World { _dir: dir, store, cloud, p }
+}
+
+impl World {
+    /// Passes until the model stops moving (in virtual time).
+    async fn settle(&self) {
+        for _ in 0..50 {
+            let before = (self.store.head_revision().unwrap(), self.cloud.all_instances().unwrap().len());
+            self.p.reconcile().await.unwrap();
+            self.p.idle().await;
+            let after = (self.store.head_revision().unwrap(), self.cloud.all_instances().unwrap().len());
+            if before == after {
+                return;
+            }
+        }
+        panic!("provisioning did not settle");
+    }
+
+    fn set(&self, kvs: &[(&str, &str)]) {
+        let kvs: Vec<(String, String)> = kvs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        self.store.set_environment_config(&kvs).unwrap();
+    }
+
+    fn instances_of(&self, machine: i64) -> usize {
+        self.cloud.all_instances().unwrap().iter().filter(|i| i.machine_id() == Some(&machine.to_string())).count()
+    }
+
+    fn tags(&self, uuid: Option<&str>, machine: &str) -> BTreeMap<String, String> {
+        let mut t = BTreeMap::new();
+        if let Some(u) = uuid {
+            t.insert(jujube_providers::TAG_ENV_UUID.to_string(), u.to_string());
+        }
+        t.insert(jujube_providers::TAG_MACHINE_ID.to_string(), machine.to_string());
+        t
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn alive_machines_get_instances_with_their_constraints() {
+    let w = world(&[]);
+    let ids = w.store.add_machines(3, None, Some(&Constraints::parse("mem=3G").unwrap())).unwrap();
+    w.settle().await;
+    for id in ids.iter().chain([&0]) {
+        let m = w.store.machine(*id).unwrap();
+        assert!(m.instance_id.is_some(), "machine {id} has no instance");
+        assert_eq!(m.status, machine_status::STARTED);
+        assert!(m.zone.is_some());
+        assert_eq!(w.instances_of(*id), 1);
+    }
+    let m = w.store.machine(ids[0]).unwrap();
+    assert!(m.hardware.as_deref().unwrap().contains("instance-type=d1.medium"), "{:?}", m.hardware);
+    // Machines of one request spread over zones.
+    let zones: HashSet<_> = ids.iter().map(|i| w.store.machine(*i).unwrap().zone.unwrap()).collect();
+    assert_eq!(zones.len(), 3);
+    // Idempotent: another pass starts nothing.
+    w.settle().await;
+    assert_eq!(w.cloud.all_instances().unwrap().len(), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_start_leaves_no_instance_id_and_an_error_that_says_why() {
+    let w = world(&[]);
+    let id = w.store.add_machines(1, None, Some(&Constraints::parse("mem=512G").unwrap())).unwrap()[0];
+    w.settle().await;
+    let m = w.store.machine(id).unwrap();
+    assert_eq!(m.instance_id, None);
+    assert_eq!(m.status, machine_status::ERROR);
+    assert_eq!(
+        m.status_info,
+        "cannot start machine 1: invalid instance spec: no dummy instance type satisfies `mem=512G` (the largest is 64 cores, 256G memory, 1T root disk)"
+    );
+    // Not retried while in error...
+    w.settle().await;
+    assert_eq!(w.instances_of(id), 0);
+    // ...until resolved, here with constraints that fit.
+    w.store.resolve_machine(id, Some(&Constraints::parse("mem=4G").unwrap())).unwrap();
+    w.settle().await;
+    let m = w.store.machine(id).unwrap();
+    assert!(m.instance_id.is_some());
+    assert!(m.hardware.unwrap().contains("mem=4G"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn injected_machine_failures_show_in_status_and_resolved_recovers_after_the_fix() {
+    let w = world(&[("dummy-fail-machines", "2"), ("dummy-fail-class", "quota")]);
+    w.store.add_machines(2, None, None).unwrap();
+    w.settle().await;
+    assert!(w.store.machine(1).unwrap().instance_id.is_some());
+    let m2 = w.store.machine(2).unwrap();
+    assert_eq!(m2.status, machine_status::ERROR);
+    assert!(m2.status_info.contains("quota exceeded: machine 2 is configured to fail"), "{}", m2.status_info);
+    // The fix is picked up from config without a restart.
+    w.set(&[("dummy-fail-machines", "")]);
+    w.store.retry_provisioning(&[2]).unwrap();
+    w.settle().await;
+    assert!(w.store.machine(2).unwrap().instance_id.is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn transient_errors_are_retried_with_backoff_until_they_pass() {
+    let w = world(&[("dummy-failure-rate", "transient:0.7"), ("dummy-seed", "7")]);
+    let ids = w.store.add_machines(20, None, None).unwrap();
+    let t0 = Instant::now();
+    w.settle().await;
+    for id in &ids {
+        assert_eq!(w.instances_of(*id), 1, "machine {id}");
+        assert!(w.store.machine(*id).unwrap().instance_id.is_some());
+    }
+    assert!(t0.elapsed() > Duration::from_millis(500), "retries waited: {:?}", t0.elapsed());
+}
+
+#[tokio::test(start_paused = true)]
+async fn persistent_transient_errors_give_up_after_the_retry_budget() {
+    let w = world(&[("dummy-failure-rate", "transient:1"), ("provisioner-retry-for", "1m")]);
+    let id = w.store.add_machines(1, None, None).unwrap()[0];
+    let t0 = Instant::now();
+    w.settle().await;
+    let m = w.store.machine(id).unwrap();
+    assert_eq!(m.status, machine_status::ERROR);
+    assert!(m.status_info.starts_with("cannot start machine 1: gave up after 60s of transient errors; last: transient provider error: injected failure"), "{}", m.status_info);
+    let took = t0.elapsed();
+    assert!(took >= Duration::from_secs(30) && took <= Duration::from_secs(120), "{took:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn capacity_errors_move_to_the_next_zone() {
+    let w = world(&[("dummy-full-zones", "zone-a,zone-b")]);
+    let ids = w.store.add_machines(3, None, None).unwrap();
+    w.settle().await;
+    for id in ids {
+        let m = w.store.machine(id).unwrap();
+        assert_eq!(m.zone.as_deref(), Some("zone-c"), "machine {id}: {}", m.status_info);
+    }
+    w.set(&[("dummy-full-zones", "zone-a,zone-b,zone-c")]);
+    let id = w.store.add_machines(1, None, None).unwrap()[0];
+    w.settle().await;
+    let m = w.store.machine(id).unwrap();
+    assert!(m.status_info.starts_with("cannot start machine 4: no capacity in any zone (tried"), "{}", m.status_info);
+}
+
+#[tokio::test(start_paused = true)]
+async fn lost_responses_never_make_a_second_instance() {
+    let w = world(&[("dummy-lost-response-rate", "0.5"), ("dummy-seed", "3")]);
+    let ids = w.store.add_machines(30, None, None).unwrap();
+    w.settle().await;
+    for id in ids {
+        assert_eq!(w.instances_of(id), 1, "machine {id}");
+        assert!(w.store.machine(id).unwrap().instance_id.is_some());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_provisioner_adopts_the_instance_of_a_start_it_lost() {
+    let w = world(&[]);
+    let id = w.store.add_machines(1, None, None).unwrap()[0];
+    // The nonce is committed, the instance started, then the process died
+    // before recording it.
+    let prepared = w.store.prepare_provisioning(&[id], UUID).unwrap();
+    let m = w.store.machine(id).unwrap();
+    let spec = w.p.spec_for(&m, &prepared[0].nonce);
+    let inst = w.cloud.start_instance(&spec).await.unwrap();
+    let fresh = Provisioner::new(w.store.clone(), w.cloud.clone()).unwrap();
+    fresh.reconcile().await.unwrap();
+    fresh.idle().await;
+    assert_eq!(w.store.machine(id).unwrap().instance_id, Some(inst.id));
+    assert_eq!(w.instances_of(id), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dead_machines_are_stopped_then_removed_and_dying_ones_die_first() {
+    let w = world(&[]);
+    let ids = w.store.add_machines(2, None, None).unwrap();
+    w.settle().await;
+    let inst = w.store.machine(ids[0]).unwrap().instance_id.unwrap();
+    w.store.destroy_machine(ids[0]).unwrap();
+    w.store.ensure_dead_machine(ids[1]).unwrap();
+    w.settle().await;
+    assert!(w.store.machine(ids[0]).is_err());
+    assert!(w.store.machine(ids[1]).is_err());
+    assert!(w.cloud.all_instances().unwrap().iter().all(|i| i.id != inst));
+    assert_eq!(w.cloud.all_instances().unwrap().len(), 1, "only machine 0's instance remains");
+}
+
+#[tokio::test(start_paused = true)]
+async fn machines_destroyed_before_provisioning_are_removed_without_instances() {
+    let w = world(&[("dummy-fail-machines", "1")]);
+    let id = w.store.add_machines(1, None, None).unwrap()[0];
+    w.settle().await;
+    w.store.destroy_machine(id).unwrap();
+    w.settle().await;
+    assert!(w.store.machine(id).is_err());
+    assert_eq!(w.instances_of(id), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn machines_with_dying_units_wait_for_them() {
+    let w = world(&[]);
+    let id = w.store.add_machines(1, None, None).unwrap()[0];
+    let charm = jujube_state::Charm {
+        url: "local:jammy/mysql-1".into(),
+        meta: jujube_core::charm::CharmMeta::parse("name: mysql\n").unwrap(),
+        config: Default::default(),
+        path: String::new(),
+    };
+    w.store
+        .deploy(&jujube_state::services::DeployArgs {
+            service: "mysql".into(),
+            charm,
+            series: "jammy".into(),
+            constraints: Constraints::default(),
+            units: 1,
+            to: Some(id),
+            settings: vec![],
+        })
+        .unwrap();
+    w.settle().await;
+    w.store.set_unit_status("mysql/0", "started", "").unwrap();
+    w.store.destroy_units(&["mysql/0".into()]).unwrap();
+    w.store.destroy_machine(id).unwrap();
+    w.settle().await;
+    assert_eq!(w.store.machine(id).unwrap().life, Life::Dying);
+    assert_eq!(w.instances_of(id), 1);
+    w.store.ensure_dead_unit("mysql/0").unwrap();
+    w.store.remove_unit("mysql/0").unwrap();
+    w.settle().await;
+    assert!(w.store.machine(id).is_err());
+    assert_eq!(w.instances_of(id), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn tagged_strays_are_reaped_after_the_grace_period_and_untagged_instances_never() {
+    let w = world(&[("harvest-grace", "2m"), ("harvest-interval", "10s")]);
+    w.settle().await;
+    let stray = w.cloud.start_raw(w.tags(Some(UUID), "77")).unwrap();
+    let foreign = w.cloud.start_raw(w.tags(Some("ffffffff-2222-4333-8444-555555555555"), "1")).unwrap();
+    let untagged = w.cloud.start_raw(w.tags(None, "1")).unwrap();
+    tokio::time::advance(Duration::from_secs(11)).await;
+    w.settle().await;
+    let view = w.store.strays().unwrap();
+    assert_eq!(view.len(), 1);
+    assert_eq!((view[0].instance_id.as_str(), view[0].class.as_str()), (stray.as_str(), "unknown"));
+    assert_eq!(view[0].reap_at, Some(view[0].first_seen + 120));
+    tokio::time::advance(Duration::from_secs(60)).await;
+    w.settle().await;
+    assert!(w.cloud.all_instances().unwrap().iter().any(|i| i.id == stray), "reaped before the grace period");
+    tokio::time::advance(Duration::from_secs(61)).await;
+    w.settle().await;
+    let left: Vec<String> = w.cloud.all_instances().unwrap().into_iter().map(|i| i.id).collect();
+    assert!(!left.contains(&stray), "stray survived the grace period");
+    assert!(left.contains(&foreign) && left.contains(&untagged), "touched an instance that is not ours");
+    assert!(w.store.strays().unwrap().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn harvest_modes_decide_which_strays_go() {
+    let w = world(&[("harvest-grace", "0s"), ("harvest-interval", "1s"), ("harvest-mode", "none")]);
+    let m = w.store.add_machines(1, None, None).unwrap()[0];
+    w.settle().await;
+    w.store.ensure_dead_machine(m).unwrap();
+    w.store.remove_machine(m).unwrap(); // removed behind the provisioner's back
+    let unknown = w.cloud.start_raw(w.tags(Some(UUID), "999")).unwrap();
+    let destroyed = w.cloud.all_instances().unwrap().into_iter().find(|i| i.machine_id() == Some("1")).unwrap().id;
+    tokio::time::advance(Duration::from_secs(2)).await;
+    w.settle().await;
+    let classes: BTreeMap<String, String> = w.store.strays().unwrap().into_iter().map(|s| (s.instance_id, s.class)).collect();
+    assert_eq!(classes[&unknown], "unknown");
+    assert_eq!(classes[&destroyed], "destroyed");
+    assert!(w.store.strays().unwrap().iter().all(|s| s.reap_at.is_none()), "mode none reaps nothing");
+    assert_eq!(w.cloud.all_instances().unwrap().len(), 3);
+    w.set(&[("harvest-mode", "destroyed")]);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    w.settle().await;
+    let left: Vec<String> = w.cloud.all_instances().unwrap().into_iter().map(|i| i.id).collect();
+    assert!(!left.contains(&destroyed) && left.contains(&unknown));
+    w.set(&[("harvest-mode", "unknown")]);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    w.settle().await;
+    assert!(!w.cloud.all_instances().unwrap().iter().any(|i| i.id == unknown));
+}
+
+#[tokio::test(start_paused = true)]
+async fn reaping_is_capped_per_pass() {
+    let w = world(&[("harvest-grace", "0s"), ("harvest-interval", "1s"), ("harvest-max-per-pass", "2")]);
+    w.settle().await;
+    for i in 0..5 {
+        w.cloud.start_raw(w.tags(Some(UUID), &format!("90{i}"))).unwrap();
+    }
+    tokio::time::advance(Duration::from_secs(2)).await;
+    w.p.reconcile().await.unwrap();
+    assert_eq!(w.cloud.all_instances().unwrap().len(), 1 + 3, "one pass reaps at most 2");
+    w.settle().await;
+    assert_eq!(w.cloud.all_instances().unwrap().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_client_side_limiter_paces_requests() {
+    let w = world(&[("provisioner-rate", "1/1"), ("provisioner-batch", "1")]);
+    w.store.add_machines(5, None, None).unwrap();
+    let t0 = Instant::now();
+    w.settle().await;
+    // Six start requests at one per second (one token in the bucket at the start).
+    assert!(t0.elapsed() >= Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert_eq!(w.cloud.all_instances().unwrap().len(), 6);
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_reacts_to_changes_and_stops_cleanly() {
+    let w = world(&[]);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let p = w.p.clone();
+    let task = tokio::spawn(async move { p.run(stop_rx).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    w.store.add_machines(2, None, None).unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(w.store.machine(2).unwrap().instance_id.is_some());
+    stop_tx.send(true).unwrap();
+    task.await.unwrap().unwrap();
+}
+
+#[test]
+fn bad_config_is_refused_with_the_key_named() {
+    let c = |k: &str, v: &str| Config::from_env(&[(k.to_string(), v.to_string())].into_iter().collect());
+    assert_eq!(c("harvest-mode", "some").unwrap_err().to_string(), "invalid provisioner config: `harvest-mode=some`: use none, destroyed, unknown or all");
+    assert!(c("harvest-grace", "soon").is_err());
+    assert!(c("provisioner-concurrency", "0").is_err());
+    assert!(c("provisioner-typo", "1").is_err());
+    assert_eq!(c("harvest-grace", "90s").unwrap().grace, Duration::from_secs(90));
+}

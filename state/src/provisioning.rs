@@ -1,0 +1,206 @@
+//! What the provisioner records: nonces before starts, instances after,
+//! provisioning errors, and the strays it sees. Each is one transaction, and
+//! batched operations take a batch per transaction so that a thousand starts
+//! cost a handful of commits.
+
+use crate::db::Store;
+use crate::feed::ChangeKind;
+use crate::model::{get_machine, machine_status};
+use crate::{Entity, Error, Result};
+use jujube_core::Life;
+use rusqlite::OptionalExtension;
+
+/// A machine made ready to start: the nonce to start it with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepared {
+    pub machine: i64,
+    pub nonce: String,
+}
+
+/// An instance started for a machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Started {
+    pub machine: i64,
+    pub nonce: String,
+    pub instance_id: String,
+    pub zone: Option<String>,
+    pub hardware: String,
+}
+
+/// What happened to a [`Started`] record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recorded {
+    /// The machine now has the instance.
+    Recorded,
+    /// The machine is gone, or was re-nonced: nobody owns the instance, so
+    /// the caller must stop it.
+    Orphaned,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Stray {
+    pub instance_id: String,
+    pub machine_tag: String,
+    /// `destroyed` (its machine was removed), `unknown` (no machine ever had
+    /// it) or `errored` (a machine in error that does not own it).
+    pub class: String,
+    /// Unix seconds.
+    pub first_seen: i64,
+    /// Unix seconds; `None` when the harvest mode leaves it alone.
+    pub reap_at: Option<i64>,
+}
+
+impl Store {
+    /// Writes a nonce (if the machine has none) and sets status
+    /// `provisioning`, for each Alive machine without an instance that is
+    /// not in error; returns those machines with their nonces. The nonce is
+    /// committed before any start, so a crash after it never yields a second
+    /// instance: the next start reuses it, and providers are idempotent per
+    /// nonce.
+    pub fn prepare_provisioning(&self, ids: &[i64], env_uuid: &str) -> Result<Vec<Prepared>> {
+        self.write(|tx| {
+            let mut out = Vec::new();
+            for &id in ids {
+                let Ok(m) = get_machine(tx, id) else { continue };
+                if m.life != Life::Alive || m.instance_id.is_some() || m.status == machine_status::ERROR {
+                    continue;
+                }
+                let nonce = match m.nonce {
+                    Some(n) => n,
+                    None => {
+                        let n = format!("{}:{id}:{}", &env_uuid[..8.min(env_uuid.len())], uuid::Uuid::new_v4().simple());
+                        tx.execute("UPDATE machines SET nonce = ?1 WHERE id = ?2", (&n, id))?;
+                        n
+                    }
+                };
+                if m.status != machine_status::PROVISIONING {
+                    tx.execute(
+                        "UPDATE machines SET status = ?1, status_info = '' WHERE id = ?2",
+                        (machine_status::PROVISIONING, id),
+                    )?;
+                    tx.changed(ChangeKind::Machine, id.to_string())?;
+                }
+                out.push(Prepared { machine: id, nonce });
+            }
+            Ok(out)
+        })
+    }
+
+    /// Records started instances, one transaction for the batch. A machine
+    /// that no longer exists or carries another nonce does not own its
+    /// instance ([`Recorded::Orphaned`]); a Dying or Dead machine still does,
+    /// so that the provisioner stops it through the normal path.
+    pub fn record_instances(&self, started: &[Started]) -> Result<Vec<Recorded>> {
+        self.write(|tx| {
+            let mut out = Vec::with_capacity(started.len());
+            for s in started {
+                let nonce: Option<Option<String>> = tx
+                    .prepare_cached("SELECT nonce FROM machines WHERE id = ?1")?
+                    .query_row([s.machine], |r| r.get(0))
+                    .optional()?;
+                if nonce.flatten().as_deref() != Some(s.nonce.as_str()) {
+                    out.push(Recorded::Orphaned);
+                    continue;
+                }
+                tx.prepare_cached(
+                    "UPDATE machines SET instance_id = ?1, zone = ?2, hardware = ?3, status = ?4, status_info = ''
+                     WHERE id = ?5",
+                )?
+                .execute((&s.instance_id, &s.zone, &s.hardware, machine_status::STARTED, s.machine))?;
+                tx.changed(ChangeKind::Machine, s.machine.to_string())?;
+                out.push(Recorded::Recorded);
+            }
+            Ok(out)
+        })
+    }
+
+    /// Marks a machine's start as failed: no instance id, status `error`, and
+    /// a message saying what failed and why. Ignored for a machine that has
+    /// an instance after all.
+    pub fn set_provisioning_error(&self, id: i64, message: &str) -> Result<()> {
+        self.write(|tx| {
+            let n = tx.execute(
+                "UPDATE machines SET status = ?1, status_info = ?2 WHERE id = ?3 AND instance_id IS NULL",
+                (machine_status::ERROR, message, id),
+            )?;
+            if n > 0 {
+                tx.changed(ChangeKind::Machine, id.to_string())?;
+            }
+            Ok(())
+        })
+    }
+
+    /// `retry-provisioning`: [`Store::resolve_machine`] for several machines,
+    /// all or none.
+    pub fn retry_provisioning(&self, ids: &[i64]) -> Result<()> {
+        self.write(|tx| {
+            for &id in ids {
+                crate::machines::resolve_in(tx, id, None)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Machines in error, for `retry-provisioning --all`.
+    pub fn machines_in_error(&self) -> Result<Vec<i64>> {
+        self.read(|c| {
+            let ids = c
+                .prepare_cached("SELECT id FROM machines WHERE status = ?1 AND life = 0 ORDER BY id")?
+                .query_map([machine_status::ERROR], |r| r.get(0))?
+                .collect::<rusqlite::Result<Vec<i64>>>()?;
+            Ok(ids)
+        })
+    }
+
+    /// The id the next machine will get: every smaller id was once used.
+    pub fn next_machine_id(&self) -> Result<i64> {
+        self.read(|c| {
+            Ok(c.query_row("SELECT coalesce((SELECT next FROM sequences WHERE name = 'machine'), 0)", [], |r| r.get(0))?)
+        })
+    }
+
+    /// Replaces the strays view.
+    pub fn set_strays(&self, strays: &[Stray]) -> Result<()> {
+        self.write(|tx| {
+            let old = self_strays(tx)?;
+            if old == strays {
+                return Ok(());
+            }
+            tx.execute("DELETE FROM strays", [])?;
+            for s in strays {
+                tx.execute(
+                    "INSERT INTO strays (instance_id, machine_tag, class, first_seen, reap_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                    (&s.instance_id, &s.machine_tag, &s.class, s.first_seen, s.reap_at),
+                )?;
+            }
+            tx.changed(ChangeKind::Environment, "strays")
+        })
+    }
+
+    pub fn strays(&self) -> Result<Vec<Stray>> {
+        self.read(self_strays)
+    }
+
+    /// A Dead machine's instance is being stopped.
+    pub fn set_stopping(&self, id: i64) -> Result<()> {
+        self.write(|tx| {
+            let m = get_machine(tx, id)?;
+            if m.life != Life::Dead {
+                return Err(Error::NotDead { kind: Entity::Machine, id: id.to_string() });
+            }
+            tx.execute("UPDATE machines SET status = ?1 WHERE id = ?2", (machine_status::STOPPING, id))?;
+            tx.changed(ChangeKind::Machine, id.to_string())
+        })
+    }
+}
+
+fn self_strays(c: &rusqlite::Connection) -> Result<Vec<Stray>> {
+    let rows = c
+        .prepare_cached("SELECT instance_id, machine_tag, class, first_seen, reap_at FROM strays ORDER BY first_seen, instance_id")?
+        .query_map([], |r| {
+            Ok(Stray { instance_id: r.get(0)?, machine_tag: r.get(1)?, class: r.get(2)?, first_seen: r.get(3)?, reap_at: r.get(4)? })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(rows)
+}
