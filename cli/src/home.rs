@@ -73,6 +73,13 @@ impl Home {
         Ok(())
     }
 
+    pub fn clear_current(&self) -> Result<()> {
+        match std::fs::remove_file(self.root.join(CURRENT)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+
     /// The environment a command acts on: `--env`/`JUJUBE_ENV`, else the
     /// current one.
     pub fn select(&self, flag: Option<&str>) -> Result<String> {

@@ -10,6 +10,7 @@
 //! says why, and nothing was changed), 2 the command line was wrong.
 
 mod charm;
+mod controller;
 mod home;
 mod render;
 
@@ -189,6 +190,50 @@ enum Command {
         #[arg(long, value_enum, default_value = "tabular")]
         format: Format,
     },
+    /// Make machines in error eligible for provisioning again.
+    RetryProvisioning {
+        machines: Vec<String>,
+        /// Every machine in error.
+        #[arg(long, conflicts_with = "machines")]
+        all: bool,
+    },
+    /// Instances tagged as this environment's that no machine owns, and when
+    /// each will be reaped (a dry run of the harvest).
+    Strays {
+        #[arg(long, value_enum, default_value = "tabular")]
+        format: Format,
+    },
+    /// Run the provisioner and the cleaner in the foreground (logs: RUST_LOG).
+    Controller,
+    /// Wait until nothing can make progress; fail after the timeout, listing what is stuck.
+    Wait {
+        #[arg(long, default_value = "10m")]
+        timeout: String,
+    },
+    /// Stop every instance of an environment and delete its state.
+    DestroyEnvironment {
+        name: String,
+        /// Do not ask for confirmation.
+        #[arg(short = 'y', long)]
+        yes: bool,
+    },
+    /// Work on the dummy cloud directly, behind jujube's back (for tests and demos).
+    #[command(hide = true)]
+    DummyCloud {
+        #[command(subcommand)]
+        action: DummyAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum DummyAction {
+    /// Start an instance with the given tags; prints its id.
+    Start {
+        #[arg(long = "tag", value_name = "KEY=VALUE")]
+        tags: Vec<String>,
+    },
+    /// List live instances (all of them, whoever owns them) as JSON.
+    List,
 }
 
 /// A command line that parsed but makes no sense: exit code 2.
@@ -254,6 +299,7 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             let config: BTreeMap<String, String> =
                 key_values(&config, "config")?.into_iter().collect();
+            controller::validate_config(provider.as_str(), &config)?;
             let constraints = parse_constraints(constraints.as_deref())?.unwrap_or_default();
             if home.env_dir(&name).exists() {
                 bail!("environment `{name}` already exists; choose another name, or remove it with `jujube destroy-environment {name}`");
@@ -273,6 +319,7 @@ fn run(cli: Cli) -> Result<()> {
             let result = (|| {
                 let store = home.open(&name)?;
                 store.initialize(&spec)?;
+                bootstrap_machine_0(&home, &name, &store)?;
                 home.set_current(&name)
             })();
             if let Err(e) = result {
@@ -294,6 +341,38 @@ fn run(cli: Cli) -> Result<()> {
                     " "
                 };
                 writeln!(out, "{mark} {name}")?;
+            }
+        }
+        Command::DestroyEnvironment { name, yes } => {
+            let name = home.select(Some(&name))?;
+            runtime()?.block_on(controller::destroy(&home, &name, yes, out))?;
+        }
+        Command::Controller => {
+            let name = home.select(env_flag)?;
+            let store = home.open(&name)?;
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env()
+                        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                )
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .init();
+            runtime()?.block_on(controller::run(&home, &name, store))?;
+        }
+        Command::DummyCloud { action } => {
+            let name = home.select(env_flag)?;
+            let store = home.open(&name)?;
+            let cloud = controller::dummy(&home, &name, &store)?;
+            match action {
+                DummyAction::Start { tags } => {
+                    let tags = key_values(&tags, "tag")?.into_iter().collect();
+                    writeln!(out, "{}", cloud.start_raw(tags)?)?;
+                }
+                DummyAction::List => {
+                    serde_json::to_writer_pretty(&mut *out, &cloud.all_instances()?)?;
+                    writeln!(out)?;
+                }
             }
         }
         Command::Switch { name } => {
@@ -410,7 +489,17 @@ fn model_command(
         }
         Command::Get { service, format } => render::settings(store, &service, format, out)?,
         Command::SetEnvironment { config } => {
-            store.set_environment_config(&key_values(&config, "config")?)?
+            let kvs = key_values(&config, "config")?;
+            let mut merged = store.environment_config()?;
+            for (k, v) in &kvs {
+                if v.is_empty() {
+                    merged.remove(k);
+                } else {
+                    merged.insert(k.clone(), v.clone());
+                }
+            }
+            controller::validate_config(&store.environment()?.provider, &merged)?;
+            store.set_environment_config(&kvs)?
         }
         Command::GetEnvironment { key } => {
             let config = store.environment_config()?;
@@ -449,9 +538,52 @@ fn model_command(
             store.resolve_machine(machine_id(&machine)?, cons.as_ref())?;
         }
         Command::Status { format } => render::status(&store.status()?, format, out)?,
-        Command::Bootstrap { .. } | Command::Environments | Command::Switch { .. } => {
-            unreachable!("handled by run")
+        Command::RetryProvisioning { machines, all } => {
+            let ids = if all {
+                store.machines_in_error()?
+            } else if machines.is_empty() {
+                return Err(usage("name the machines to retry, or use `--all`"));
+            } else {
+                machines.iter().map(|m| machine_id(m)).collect::<Result<Vec<_>>>()?
+            };
+            store.retry_provisioning(&ids)?;
+            for id in ids {
+                writeln!(out, "machine `{id}` will be provisioned again")?;
+            }
         }
+        Command::Strays { format } => render::strays(&store.strays()?, format, out)?,
+        Command::Wait { timeout } => {
+            let timeout = jujube_core::duration::parse(&timeout)
+                .ok_or_else(|| usage(format!("invalid `--timeout {timeout}`: use a duration such as `90s` or `10m`")))?;
+            runtime()?.block_on(controller::wait(store, timeout))?;
+        }
+        Command::Bootstrap { .. }
+        | Command::Environments
+        | Command::Switch { .. }
+        | Command::DestroyEnvironment { .. }
+        | Command::Controller
+        | Command::DummyCloud { .. } => unreachable!("handled by run"),
     }
     Ok(())
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
+}
+
+/// Provisions machine 0 and waits for it; on failure stops whatever was
+/// started for it, so that the caller can delete the environment and leave
+/// nothing behind.
+fn bootstrap_machine_0(home: &Home, name: &str, store: &jujube_state::Store) -> Result<()> {
+    let provider = controller::provider(home, name, store)?;
+    let p = jujube_provisioner::Provisioner::new(store.clone(), provider.clone())?;
+    runtime()?.block_on(async {
+        let failed = p.provision_now(&[0]).await?;
+        if let Some((_, why)) = failed.first() {
+            let ours: Vec<String> = provider.instances().await?.into_iter().map(|i| i.id).collect();
+            provider.stop_instances(&ours).await?;
+            bail!("bootstrap failed: {why}");
+        }
+        Ok(())
+    })
 }

@@ -155,6 +155,10 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
             )?;
         }
     }
+    if !st.strays.is_empty() {
+        writeln!(out)?;
+        strays_table(&st.strays, &mut out)?;
+    }
     if !st.relations.is_empty() {
         writeln!(out)?;
         let rows: Vec<Vec<String>> = st
@@ -233,6 +237,38 @@ pub fn settings(store: &Store, service: &str, format: Format, out: &mut impl Wri
             })
             .collect();
         table(out, &["Option", "Type", "Value", "Source"], &rows)?;
+    }
+    Ok(())
+}
+
+fn strays_table(strays: &[jujube_state::provisioning::Stray], out: &mut impl Write) -> Result<()> {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs() as i64;
+    let rows: Vec<Vec<String>> = strays
+        .iter()
+        .map(|s| {
+            vec![
+                s.instance_id.clone(),
+                dash(&s.machine_tag),
+                s.class.clone(),
+                format!("{}s ago", (now - s.first_seen).max(0)),
+                match s.reap_at {
+                    Some(at) if at > now => format!("in {}s", at - now),
+                    Some(_) => "next pass".to_string(),
+                    None => "never (harvest-mode)".to_string(),
+                },
+            ]
+        })
+        .collect();
+    table(out, &["Stray instance", "Machine tag", "Class", "First seen", "Reaped"], &rows)
+}
+
+pub fn strays(strays: &[jujube_state::provisioning::Stray], format: Format, out: &mut impl Write) -> Result<()> {
+    if !structured(&strays, format, out)? {
+        if strays.is_empty() {
+            writeln!(out, "no stray instances")?;
+            return Ok(());
+        }
+        strays_table(strays, out)?;
     }
     Ok(())
 }

@@ -163,7 +163,7 @@ impl Store {
     /// Replaces the strays view.
     pub fn set_strays(&self, strays: &[Stray]) -> Result<()> {
         self.write(|tx| {
-            let old = self_strays(tx)?;
+            let old = strays_in(tx)?;
             if old == strays {
                 return Ok(());
             }
@@ -179,7 +179,7 @@ impl Store {
     }
 
     pub fn strays(&self) -> Result<Vec<Stray>> {
-        self.read(self_strays)
+        self.read(strays_in)
     }
 
     /// A Dead machine's instance is being stopped.
@@ -195,7 +195,7 @@ impl Store {
     }
 }
 
-fn self_strays(c: &rusqlite::Connection) -> Result<Vec<Stray>> {
+pub(crate) fn strays_in(c: &rusqlite::Connection) -> Result<Vec<Stray>> {
     let rows = c
         .prepare_cached("SELECT instance_id, machine_tag, class, first_seen, reap_at FROM strays ORDER BY first_seen, instance_id")?
         .query_map([], |r| {

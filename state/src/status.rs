@@ -43,6 +43,9 @@ pub struct Status {
     pub machines: OrderedMap<MachineStatus>,
     pub services: OrderedMap<ServiceStatus>,
     pub relations: Vec<RelationStatus>,
+    /// Instances tagged as this environment's that no machine owns.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub strays: Vec<crate::provisioning::Stray>,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -268,6 +271,7 @@ impl Store {
                 machines: OrderedMap(machines),
                 services: OrderedMap(services),
                 relations,
+                strays: crate::provisioning::strays_in(c)?,
             })
         })
     }

@@ -3,6 +3,7 @@
 //! codes — and that a refused command left the environment unchanged.
 
 mod model;
+mod provisioning;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -75,7 +76,53 @@ impl Jujube {
         serde_json::from_str(&r.stdout).unwrap()
     }
 
+    /// Starts `jujube controller` in the background; killed on drop.
+    pub fn controller(&self) -> Controller {
+        let child = Command::new(env!("CARGO_BIN_EXE_jujube"))
+            .arg("controller")
+            .env("JUJUBE_HOME", self.home.path())
+            .env_remove("JUJUBE_ENV")
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("start the controller");
+        Controller { child }
+    }
+
     pub fn charm(&self, name: &str) -> String {
         charms().join(name).to_string_lossy().into_owned()
+    }
+}
+
+pub struct Controller {
+    pub child: std::process::Child,
+}
+
+impl Controller {
+    /// SIGKILL: a crash, as far as the controller can tell.
+    pub fn kill9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// SIGTERM, and the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id() as i32;
+        // SAFETY: sending a signal to our own child process.
+        unsafe { libc_kill(pid, 15) };
+        self.child.wait().unwrap()
+    }
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

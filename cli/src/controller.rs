@@ -1,0 +1,197 @@
+//! The controller and what it shares with other commands: building an
+//! environment's provider, validating config, `wait`, `destroy-environment`.
+
+use crate::home::Home;
+use anyhow::{anyhow, bail, Context, Result};
+use jujube_providers::dummy::DummyProvider;
+use jujube_providers::Provider;
+use jujube_provisioner::Provisioner;
+use jujube_state::model::machine_status;
+use jujube_state::Store;
+use jujube_core::Life;
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+const LOCK: &str = "controller.lock";
+
+/// Checks environment config against every component that reads it.
+pub fn validate_config(provider: &str, config: &BTreeMap<String, String>) -> Result<()> {
+    jujube_provisioner::Config::from_env(config)?;
+    if provider == "dummy" {
+        jujube_providers::dummy::validate_config(config)?;
+    }
+    Ok(())
+}
+
+/// The provider of an environment.
+pub fn provider(home: &Home, env_name: &str, store: &Store) -> Result<Arc<dyn Provider>> {
+    let env = store.environment()?;
+    let config = store.environment_config()?;
+    match env.provider.as_str() {
+        "dummy" => Ok(Arc::new(DummyProvider::open(home.env_dir(env_name), &env.name, &env.uuid, &config)?)),
+        other => bail!("provider `{other}` is not available in this build of jujube yet; use `--provider dummy`"),
+    }
+}
+
+/// The dummy cloud of an environment, for the `dummy-cloud` command.
+pub fn dummy(home: &Home, env_name: &str, store: &Store) -> Result<DummyProvider> {
+    let env = store.environment()?;
+    if env.provider != "dummy" {
+        bail!("environment `{env_name}` runs on provider `{}`, not the dummy cloud", env.provider);
+    }
+    Ok(DummyProvider::open(home.env_dir(env_name), &env.name, &env.uuid, &store.environment_config()?)?)
+}
+
+/// Holds the environment's controller lock for as long as it lives.
+pub struct ControllerLock(#[allow(dead_code)] File);
+
+pub fn try_lock(home: &Home, env_name: &str) -> Result<Option<ControllerLock>> {
+    let path = home.env_dir(env_name).join(LOCK);
+    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).with_context(|| format!("cannot open `{}`", path.display()))?;
+    match f.try_lock() {
+        Ok(()) => Ok(Some(ControllerLock(f))),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+        Err(std::fs::TryLockError::Error(e)) => Err(e).with_context(|| format!("cannot lock `{}`", path.display())),
+    }
+}
+
+/// `jujube controller`: the provisioner and the cleaner, until SIGINT/SIGTERM.
+pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
+    let _lock = try_lock(home, env_name)?
+        .ok_or_else(|| anyhow!("a controller is already running for environment `{env_name}`; stop it first"))?;
+    let provider = provider(home, env_name, &store)?;
+    let provisioner = Provisioner::new(store.clone(), provider)?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    info!(environment = env_name, "controller started");
+
+    let cleaner = {
+        let store = store.clone();
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let mut watcher = store.watch(0).with_poll_interval(Duration::from_secs(1));
+            loop {
+                match store.run_cleanups(usize::MAX) {
+                    Ok(n) if n > 0 => info!(steps = n, "cleanups done"),
+                    Ok(_) => {}
+                    Err(e) => warn!(error = %e, "cleanup failed; will retry"),
+                }
+                if let Err(e) = store.prune_changes(100_000, 1000) {
+                    warn!(error = %e, "pruning the change feed failed");
+                }
+                tokio::select! {
+                    _ = watcher.next() => {}
+                    _ = tokio::time::sleep(Duration::from_secs(30)) => {}
+                    _ = stop.changed() => return,
+                }
+            }
+        })
+    };
+    let run = {
+        let p = provisioner.clone();
+        tokio::spawn(async move { p.run(stop_rx).await })
+    };
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => info!("interrupted; shutting down"),
+        _ = term.recv() => info!("terminated; shutting down"),
+    }
+    stop_tx.send_replace(true);
+    run.await??;
+    cleaner.await?;
+    info!("controller stopped");
+    Ok(())
+}
+
+/// What keeps an environment from being settled, in words.
+pub fn stuck(store: &Store) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for m in store.machines()? {
+        match m.life {
+            Life::Alive if m.instance_id.is_none() && m.status != machine_status::ERROR => {
+                out.push(format!("machine {} has no instance yet (status {})", m.id, m.status))
+            }
+            Life::Dead => out.push(format!("machine {} is dead and waits for its instance to be stopped", m.id)),
+            Life::Dying if store.units_on_machine(m.id)?.is_empty() => {
+                out.push(format!("machine {} is dying and waits to be stopped", m.id))
+            }
+            _ => {}
+        }
+    }
+    let cleanups = store.pending_cleanups()?;
+    if cleanups > 0 {
+        out.push(format!("{cleanups} cleanup(s) pending"));
+    }
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs() as i64;
+    for s in store.strays()? {
+        if let Some(at) = s.reap_at {
+            out.push(format!("stray instance {} is to be reaped in {}s", s.instance_id, (at - now).max(0)));
+        }
+    }
+    Ok(out)
+}
+
+/// `jujube wait`: until nothing can make progress, or the timeout.
+pub async fn wait(store: &Store, timeout: Duration) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let s = stuck(store)?;
+        if s.is_empty() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("timed out after {timeout:?}; still waiting: {}; is `jujube controller` running?", s.join("; "));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `jujube destroy-environment`: stops every instance of the environment,
+/// then deletes its state.
+pub async fn destroy(home: &Home, name: &str, yes: bool, out: &mut impl Write) -> Result<()> {
+    use std::io::IsTerminal;
+    let store = home.open(name)?;
+    if !yes {
+        if !std::io::stdin().is_terminal() {
+            bail!("destroying environment `{name}` stops all its instances and deletes its state; add `--yes` to confirm");
+        }
+        write!(out, "Destroy environment `{name}`, all its instances and its state? [y/N] ")?;
+        out.flush()?;
+        let mut answer = String::new();
+        std::io::stdin().read_line(&mut answer)?;
+        if !matches!(answer.trim(), "y" | "Y" | "yes") {
+            bail!("not confirmed; environment `{name}` is unchanged");
+        }
+    }
+    let _lock = try_lock(home, name)?
+        .ok_or_else(|| anyhow!("a controller is running for environment `{name}`; stop it first"))?;
+    let provider = provider(home, name, &store)?;
+    // Everything the state knows of, and everything tagged as ours.
+    let mut ids: Vec<String> = store.machines()?.into_iter().filter_map(|m| m.instance_id).collect();
+    for attempt in 0..30 {
+        ids.extend(provider.instances().await?.into_iter().map(|i| i.id));
+        ids.sort();
+        ids.dedup();
+        if ids.is_empty() {
+            break;
+        }
+        provider.stop_instances(&ids).await?;
+        writeln!(out, "stopped {} instance(s)", ids.len())?;
+        ids.clear();
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    drop(store);
+    std::fs::remove_dir_all(home.env_dir(name)).with_context(|| format!("cannot remove `{}`", home.env_dir(name).display()))?;
+    if home.current().as_deref() == Some(name) {
+        home.clear_current()?;
+    }
+    writeln!(out, "destroyed environment `{name}`")?;
+    Ok(())
+}
