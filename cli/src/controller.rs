@@ -3,12 +3,12 @@
 
 use crate::home::Home;
 use anyhow::{anyhow, bail, Context, Result};
+use jujube_core::Life;
 use jujube_providers::dummy::DummyProvider;
 use jujube_providers::Provider;
 use jujube_provisioner::Provisioner;
 use jujube_state::model::machine_status;
 use jujube_state::Store;
-use jujube_core::Life;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Write;
@@ -42,9 +42,17 @@ pub fn provider(home: &Home, env_name: &str, store: &Store) -> Result<Arc<dyn Pr
 pub fn dummy(home: &Home, env_name: &str, store: &Store) -> Result<DummyProvider> {
     let env = store.environment()?;
     if env.provider != "dummy" {
-        bail!("environment `{env_name}` runs on provider `{}`, not the dummy cloud", env.provider);
+        bail!(
+            "environment `{env_name}` runs on provider `{}`, not the dummy cloud",
+            env.provider
+        );
     }
-    Ok(DummyProvider::open(home.env_dir(env_name), &env.name, &env.uuid, &store.environment_config()?)?)
+    Ok(DummyProvider::open(
+        home.env_dir(env_name),
+        &env.name,
+        &env.uuid,
+        &store.environment_config()?,
+    )?)
 }
 
 /// Holds the environment's controller lock for as long as it lives.
@@ -52,18 +60,26 @@ pub struct ControllerLock(#[allow(dead_code)] File);
 
 pub fn try_lock(home: &Home, env_name: &str) -> Result<Option<ControllerLock>> {
     let path = home.env_dir(env_name).join(LOCK);
-    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).with_context(|| format!("cannot open `{}`", path.display()))?;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open `{}`", path.display()))?;
     match f.try_lock() {
         Ok(()) => Ok(Some(ControllerLock(f))),
         Err(std::fs::TryLockError::WouldBlock) => Ok(None),
-        Err(std::fs::TryLockError::Error(e)) => Err(e).with_context(|| format!("cannot lock `{}`", path.display())),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("cannot lock `{}`", path.display()))
+        }
     }
 }
 
 /// `jujube controller`: the provisioner and the cleaner, until SIGINT/SIGTERM.
 pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
-    let _lock = try_lock(home, env_name)?
-        .ok_or_else(|| anyhow!("a controller is already running for environment `{env_name}`; stop it first"))?;
+    let _lock = try_lock(home, env_name)?.ok_or_else(|| {
+        anyhow!("a controller is already running for environment `{env_name}`; stop it first")
+    })?;
     let provider = provider(home, env_name, &store)?;
     let provisioner = Provisioner::new(store.clone(), provider)?;
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -113,10 +129,15 @@ pub fn stuck(store: &Store) -> Result<Vec<String>> {
     let mut out = Vec::new();
     for m in store.machines()? {
         match m.life {
-            Life::Alive if m.instance_id.is_none() && m.status != machine_status::ERROR => {
-                out.push(format!("machine {} has no instance yet (status {})", m.id, m.status))
-            }
-            Life::Dead => out.push(format!("machine {} is dead and waits for its instance to be stopped", m.id)),
+            Life::Alive if m.instance_id.is_none() && m.status != machine_status::ERROR => out
+                .push(format!(
+                    "machine {} has no instance yet (status {})",
+                    m.id, m.status
+                )),
+            Life::Dead => out.push(format!(
+                "machine {} is dead and waits for its instance to be stopped",
+                m.id
+            )),
             Life::Dying if store.units_on_machine(m.id)?.is_empty() => {
                 out.push(format!("machine {} is dying and waits to be stopped", m.id))
             }
@@ -127,10 +148,16 @@ pub fn stuck(store: &Store) -> Result<Vec<String>> {
     if cleanups > 0 {
         out.push(format!("{cleanups} cleanup(s) pending"));
     }
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs() as i64;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs() as i64;
     for s in store.strays()? {
         if let Some(at) = s.reap_at {
-            out.push(format!("stray instance {} is to be reaped in {}s", s.instance_id, (at - now).max(0)));
+            out.push(format!(
+                "stray instance {} is to be reaped in {}s",
+                s.instance_id,
+                (at - now).max(0)
+            ));
         }
     }
     Ok(out)
@@ -145,7 +172,10 @@ pub async fn wait(store: &Store, timeout: Duration) -> Result<()> {
             return Ok(());
         }
         if tokio::time::Instant::now() >= deadline {
-            bail!("timed out after {timeout:?}; still waiting: {}; is `jujube controller` running?", s.join("; "));
+            bail!(
+                "timed out after {timeout:?}; still waiting: {}; is `jujube controller` running?",
+                s.join("; ")
+            );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -160,7 +190,10 @@ pub async fn destroy(home: &Home, name: &str, yes: bool, out: &mut impl Write) -
         if !std::io::stdin().is_terminal() {
             bail!("destroying environment `{name}` stops all its instances and deletes its state; add `--yes` to confirm");
         }
-        write!(out, "Destroy environment `{name}`, all its instances and its state? [y/N] ")?;
+        write!(
+            out,
+            "Destroy environment `{name}`, all its instances and its state? [y/N] "
+        )?;
         out.flush()?;
         let mut answer = String::new();
         std::io::stdin().read_line(&mut answer)?;
@@ -168,11 +201,16 @@ pub async fn destroy(home: &Home, name: &str, yes: bool, out: &mut impl Write) -
             bail!("not confirmed; environment `{name}` is unchanged");
         }
     }
-    let _lock = try_lock(home, name)?
-        .ok_or_else(|| anyhow!("a controller is running for environment `{name}`; stop it first"))?;
+    let _lock = try_lock(home, name)?.ok_or_else(|| {
+        anyhow!("a controller is running for environment `{name}`; stop it first")
+    })?;
     let provider = provider(home, name, &store)?;
     // Everything the state knows of, and everything tagged as ours.
-    let mut ids: Vec<String> = store.machines()?.into_iter().filter_map(|m| m.instance_id).collect();
+    let mut ids: Vec<String> = store
+        .machines()?
+        .into_iter()
+        .filter_map(|m| m.instance_id)
+        .collect();
     for attempt in 0..30 {
         ids.extend(provider.instances().await?.into_iter().map(|i| i.id));
         ids.sort();
@@ -188,7 +226,8 @@ pub async fn destroy(home: &Home, name: &str, yes: bool, out: &mut impl Write) -
         }
     }
     drop(store);
-    std::fs::remove_dir_all(home.env_dir(name)).with_context(|| format!("cannot remove `{}`", home.env_dir(name).display()))?;
+    std::fs::remove_dir_all(home.env_dir(name))
+        .with_context(|| format!("cannot remove `{}`", home.env_dir(name).display()))?;
     if home.current().as_deref() == Some(name) {
         home.clear_current()?;
     }

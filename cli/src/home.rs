@@ -89,6 +89,7 @@ impl Home {
                 anyhow!("no environment selected; create one with `jujube bootstrap NAME --provider dummy` or pick one with `jujube switch NAME`")
             })?,
         };
+        jujube_core::names::validate_environment(&name)?;
         if !self.exists(&name) {
             let known = self.environments()?;
             if known.is_empty() {

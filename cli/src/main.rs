@@ -299,6 +299,7 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             let config: BTreeMap<String, String> =
                 key_values(&config, "config")?.into_iter().collect();
+            names::validate_environment(&name)?;
             controller::validate_config(provider.as_str(), &config)?;
             let constraints = parse_constraints(constraints.as_deref())?.unwrap_or_default();
             if home.env_dir(&name).exists() {
@@ -544,7 +545,10 @@ fn model_command(
             } else if machines.is_empty() {
                 return Err(usage("name the machines to retry, or use `--all`"));
             } else {
-                machines.iter().map(|m| machine_id(m)).collect::<Result<Vec<_>>>()?
+                machines
+                    .iter()
+                    .map(|m| machine_id(m))
+                    .collect::<Result<Vec<_>>>()?
             };
             store.retry_provisioning(&ids)?;
             for id in ids {
@@ -553,8 +557,11 @@ fn model_command(
         }
         Command::Strays { format } => render::strays(&store.strays()?, format, out)?,
         Command::Wait { timeout } => {
-            let timeout = jujube_core::duration::parse(&timeout)
-                .ok_or_else(|| usage(format!("invalid `--timeout {timeout}`: use a duration such as `90s` or `10m`")))?;
+            let timeout = jujube_core::duration::parse(&timeout).ok_or_else(|| {
+                usage(format!(
+                    "invalid `--timeout {timeout}`: use a duration such as `90s` or `10m`"
+                ))
+            })?;
             runtime()?.block_on(controller::wait(store, timeout))?;
         }
         Command::Bootstrap { .. }
@@ -568,7 +575,10 @@ fn model_command(
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
 }
 
 /// Provisions machine 0 and waits for it; on failure stops whatever was
@@ -580,7 +590,12 @@ fn bootstrap_machine_0(home: &Home, name: &str, store: &jujube_state::Store) -> 
     runtime()?.block_on(async {
         let failed = p.provision_now(&[0]).await?;
         if let Some((_, why)) = failed.first() {
-            let ours: Vec<String> = provider.instances().await?.into_iter().map(|i| i.id).collect();
+            let ours: Vec<String> = provider
+                .instances()
+                .await?
+                .into_iter()
+                .map(|i| i.id)
+                .collect();
             provider.stop_instances(&ours).await?;
             bail!("bootstrap failed: {why}");
         }

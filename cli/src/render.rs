@@ -242,7 +242,9 @@ pub fn settings(store: &Store, service: &str, format: Format, out: &mut impl Wri
 }
 
 fn strays_table(strays: &[jujube_state::provisioning::Stray], out: &mut impl Write) -> Result<()> {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs() as i64;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs() as i64;
     let rows: Vec<Vec<String>> = strays
         .iter()
         .map(|s| {
@@ -259,10 +261,24 @@ fn strays_table(strays: &[jujube_state::provisioning::Stray], out: &mut impl Wri
             ]
         })
         .collect();
-    table(out, &["Stray instance", "Machine tag", "Class", "First seen", "Reaped"], &rows)
+    table(
+        out,
+        &[
+            "Stray instance",
+            "Machine tag",
+            "Class",
+            "First seen",
+            "Reaped",
+        ],
+        &rows,
+    )
 }
 
-pub fn strays(strays: &[jujube_state::provisioning::Stray], format: Format, out: &mut impl Write) -> Result<()> {
+pub fn strays(
+    strays: &[jujube_state::provisioning::Stray],
+    format: Format,
+    out: &mut impl Write,
+) -> Result<()> {
     if !structured(&strays, format, out)? {
         if strays.is_empty() {
             writeln!(out, "no stray instances")?;

@@ -38,6 +38,27 @@ pub fn validate_service(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Validates an environment name: lowercase letters, digits and single
+/// hyphens, starting with a letter (it names a directory and tags instances).
+pub fn validate_environment(name: &str) -> Result<()> {
+    let ok = name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !name.ends_with('-')
+        && !name.contains("--");
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidName {
+            kind: "environment",
+            name: name.to_string(),
+            why: "use lowercase letters, digits and hyphens, starting with a letter",
+        })
+    }
+}
+
 /// Validates a relation name as it appears in charm metadata.
 pub fn validate_relation(name: &str) -> Result<()> {
     let ok = name.starts_with(|c: char| c.is_ascii_lowercase())
@@ -133,6 +154,16 @@ mod tests {
         }
         for bad in ["", "Wordpress", "1abc", "wp-2", "a--b", "a-", "wp_x", "a/b"] {
             assert!(validate_service(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn environment_names() {
+        for ok in ["demo", "demo-1795283624", "a1"] {
+            validate_environment(ok).unwrap();
+        }
+        for bad in ["", "Demo", "1demo", "de--mo", "demo-", "de mo", "../x"] {
+            assert!(validate_environment(bad).is_err(), "{bad}");
         }
     }
 

@@ -29,7 +29,11 @@ type Outcome = Result<(), String>;
 fn spec(s: &Subject, machine: &str) -> StartSpec {
     StartSpec {
         machine_id: machine.to_string(),
-        nonce: format!("{}:{machine}:{}", &s.env_uuid[..8], uuid::Uuid::new_v4().simple()),
+        nonce: format!(
+            "{}:{machine}:{}",
+            &s.env_uuid[..8],
+            uuid::Uuid::new_v4().simple()
+        ),
         series: s.series.clone(),
         constraints: s.satisfiable.clone(),
         zone: None,
@@ -39,7 +43,12 @@ fn spec(s: &Subject, machine: &str) -> StartSpec {
 }
 
 async fn listed(s: &Subject, id: &str) -> Result<bool, String> {
-    Ok(s.provider.instances().await.map_err(|e| e.to_string())?.iter().any(|i| i.id == id))
+    Ok(s.provider
+        .instances()
+        .await
+        .map_err(|e| e.to_string())?
+        .iter()
+        .any(|i| i.id == id))
 }
 
 /// Polls until `want` holds for the listing or `settle` passes.
@@ -50,16 +59,27 @@ async fn eventually(s: &Subject, id: &str, want: bool) -> Outcome {
             return Ok(());
         }
         if tokio::time::Instant::now() >= deadline {
-            return Err(format!("instance `{id}` listed={} after {:?}, wanted {want}", !want, s.settle));
+            return Err(format!(
+                "instance `{id}` listed={} after {:?}, wanted {want}",
+                !want, s.settle
+            ));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
 fn check_tags(s: &Subject, i: &Instance, sp: &StartSpec) -> Outcome {
-    for (k, v) in [(TAG_ENV_UUID, s.env_uuid.as_str()), (TAG_MACHINE_ID, sp.machine_id.as_str()), (TAG_NONCE, sp.nonce.as_str())] {
+    for (k, v) in [
+        (TAG_ENV_UUID, s.env_uuid.as_str()),
+        (TAG_MACHINE_ID, sp.machine_id.as_str()),
+        (TAG_NONCE, sp.nonce.as_str()),
+    ] {
         if i.tag(k) != Some(v) {
-            return Err(format!("instance `{}` tag `{k}` is {:?}, want `{v}`", i.id, i.tag(k)));
+            return Err(format!(
+                "instance `{}` tag `{k}` is {:?}, want `{v}`",
+                i.id,
+                i.tag(k)
+            ));
         }
     }
     Ok(())
@@ -67,27 +87,59 @@ fn check_tags(s: &Subject, i: &Instance, sp: &StartSpec) -> Outcome {
 
 pub async fn start_tags_lists_and_looks_up(s: &Subject) -> Outcome {
     let sp = spec(s, "101");
-    let i = s.provider.start_instance(&sp).await.map_err(|e| format!("start: {e}"))?;
+    let i = s
+        .provider
+        .start_instance(&sp)
+        .await
+        .map_err(|e| format!("start: {e}"))?;
     check_tags(s, &i, &sp)?;
     eventually(s, &i.id, true).await?;
-    let found = s.provider.instances_by_id(std::slice::from_ref(&i.id)).await.map_err(|e| e.to_string())?;
+    let found = s
+        .provider
+        .instances_by_id(std::slice::from_ref(&i.id))
+        .await
+        .map_err(|e| e.to_string())?;
     if found.len() != 1 || found[0].id != i.id {
         return Err(format!("lookup of `{}` found {found:?}", i.id));
     }
-    s.provider.stop_instances(&[i.id.clone()]).await.map_err(|e| e.to_string())?;
+    s.provider
+        .stop_instances(&[i.id.clone()])
+        .await
+        .map_err(|e| e.to_string())?;
     eventually(s, &i.id, false).await
 }
 
 pub async fn start_is_idempotent_per_nonce(s: &Subject) -> Outcome {
     let sp = spec(s, "102");
-    let a = s.provider.start_instance(&sp).await.map_err(|e| format!("first start: {e}"))?;
-    let b = s.provider.start_instance(&sp).await.map_err(|e| format!("second start: {e}"))?;
+    let a = s
+        .provider
+        .start_instance(&sp)
+        .await
+        .map_err(|e| format!("first start: {e}"))?;
+    let b = s
+        .provider
+        .start_instance(&sp)
+        .await
+        .map_err(|e| format!("second start: {e}"))?;
     if a.id != b.id {
-        return Err(format!("one nonce started two instances: `{}` and `{}`", a.id, b.id));
+        return Err(format!(
+            "one nonce started two instances: `{}` and `{}`",
+            a.id, b.id
+        ));
     }
     eventually(s, &a.id, true).await?;
-    let with_nonce = s.provider.instances().await.map_err(|e| e.to_string())?.into_iter().filter(|i| i.nonce() == Some(&sp.nonce)).count();
-    s.provider.stop_instances(&[a.id.clone()]).await.map_err(|e| e.to_string())?;
+    let with_nonce = s
+        .provider
+        .instances()
+        .await
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .filter(|i| i.nonce() == Some(&sp.nonce))
+        .count();
+    s.provider
+        .stop_instances(&[a.id.clone()])
+        .await
+        .map_err(|e| e.to_string())?;
     if with_nonce != 1 {
         return Err(format!("{with_nonce} instances carry nonce `{}`", sp.nonce));
     }
@@ -108,7 +160,10 @@ pub async fn batch_start_gives_one_result_per_spec(s: &Subject) -> Outcome {
     }
     ids.sort();
     ids.dedup();
-    s.provider.stop_instances(&ids).await.map_err(|e| e.to_string())?;
+    s.provider
+        .stop_instances(&ids)
+        .await
+        .map_err(|e| e.to_string())?;
     if ids.len() != 3 {
         return Err("batch start reused an instance".into());
     }
@@ -116,33 +171,75 @@ pub async fn batch_start_gives_one_result_per_spec(s: &Subject) -> Outcome {
 }
 
 pub async fn stop_is_idempotent_and_ignores_unknown_ids(s: &Subject) -> Outcome {
-    let i = s.provider.start_instance(&spec(s, "103")).await.map_err(|e| format!("start: {e}"))?;
+    let i = s
+        .provider
+        .start_instance(&spec(s, "103"))
+        .await
+        .map_err(|e| format!("start: {e}"))?;
     let ids = vec![i.id.clone(), "i-does-not-exist".to_string()];
-    s.provider.stop_instances(&ids).await.map_err(|e| format!("first stop: {e}"))?;
-    s.provider.stop_instances(&ids).await.map_err(|e| format!("second stop: {e}"))?;
+    s.provider
+        .stop_instances(&ids)
+        .await
+        .map_err(|e| format!("first stop: {e}"))?;
+    s.provider
+        .stop_instances(&ids)
+        .await
+        .map_err(|e| format!("second stop: {e}"))?;
     eventually(s, &i.id, false).await
 }
 
-pub async fn only_instances_tagged_with_this_environment_are_seen_or_stopped(s: &Subject) -> Outcome {
-    let theirs = s.other.start_instance(&spec(s, "104")).await.map_err(|e| format!("other env start: {e}"))?;
+pub async fn only_instances_tagged_with_this_environment_are_seen_or_stopped(
+    s: &Subject,
+) -> Outcome {
+    let theirs = s
+        .other
+        .start_instance(&spec(s, "104"))
+        .await
+        .map_err(|e| format!("other env start: {e}"))?;
     tokio::time::sleep(s.settle).await;
     if listed(s, &theirs.id).await? {
-        return Err(format!("another environment's instance `{}` is listed as ours", theirs.id));
+        return Err(format!(
+            "another environment's instance `{}` is listed as ours",
+            theirs.id
+        ));
     }
-    if !s.provider.instances_by_id(std::slice::from_ref(&theirs.id)).await.map_err(|e| e.to_string())?.is_empty() {
+    if !s
+        .provider
+        .instances_by_id(std::slice::from_ref(&theirs.id))
+        .await
+        .map_err(|e| e.to_string())?
+        .is_empty()
+    {
         return Err("lookup by id returned another environment's instance".into());
     }
-    s.provider.stop_instances(std::slice::from_ref(&theirs.id)).await.map_err(|e| e.to_string())?;
-    let still = s.other.instances_by_id(std::slice::from_ref(&theirs.id)).await.map_err(|e| e.to_string())?;
-    s.other.stop_instances(std::slice::from_ref(&theirs.id)).await.map_err(|e| e.to_string())?;
+    s.provider
+        .stop_instances(std::slice::from_ref(&theirs.id))
+        .await
+        .map_err(|e| e.to_string())?;
+    let still = s
+        .other
+        .instances_by_id(std::slice::from_ref(&theirs.id))
+        .await
+        .map_err(|e| e.to_string())?;
+    s.other
+        .stop_instances(std::slice::from_ref(&theirs.id))
+        .await
+        .map_err(|e| e.to_string())?;
     if still.is_empty() {
-        return Err(format!("stopping another environment's instance `{}` worked; it must not", theirs.id));
+        return Err(format!(
+            "stopping another environment's instance `{}` worked; it must not",
+            theirs.id
+        ));
     }
     Ok(())
 }
 
 pub async fn missing_ids_are_absent_from_lookups(s: &Subject) -> Outcome {
-    let found = s.provider.instances_by_id(&["i-00000000000000000".to_string()]).await.map_err(|e| e.to_string())?;
+    let found = s
+        .provider
+        .instances_by_id(&["i-00000000000000000".to_string()])
+        .await
+        .map_err(|e| e.to_string())?;
     if found.is_empty() {
         Ok(())
     } else {
@@ -160,8 +257,16 @@ pub async fn zones_are_listed(s: &Subject) -> Outcome {
 }
 
 pub async fn unsatisfiable_constraints_are_an_invalid_spec(s: &Subject) -> Outcome {
-    s.provider.validate_constraints(&s.satisfiable).await.map_err(|e| format!("satisfiable constraints refused: {e}"))?;
-    let err = s.provider.validate_constraints(&s.unsatisfiable).await.err().ok_or("unsatisfiable constraints accepted")?;
+    s.provider
+        .validate_constraints(&s.satisfiable)
+        .await
+        .map_err(|e| format!("satisfiable constraints refused: {e}"))?;
+    let err = s
+        .provider
+        .validate_constraints(&s.unsatisfiable)
+        .await
+        .err()
+        .ok_or("unsatisfiable constraints accepted")?;
     if err.class() != ErrorClass::InvalidSpec {
         return Err(format!("validate: want invalid-spec, got {err}"));
     }

@@ -65,10 +65,16 @@ pub fn choose_type(cons: &Constraints) -> Result<Constraints> {
         .iter()
         .find(|(a, _)| *a == arch)
         .map(|(_, f)| *f)
-        .ok_or_else(|| Error::InvalidSpec(format!("the dummy cloud has no `{arch}` instances (it has amd64 and arm64)")))?;
+        .ok_or_else(|| {
+            Error::InvalidSpec(format!(
+                "the dummy cloud has no `{arch}` instances (it has amd64 and arm64)"
+            ))
+        })?;
     if let Some(c) = cons.container() {
         if c != "none" {
-            return Err(Error::InvalidSpec(format!("the dummy cloud cannot start `container={c}` machines")));
+            return Err(Error::InvalidSpec(format!(
+                "the dummy cloud cannot start `container={c}` machines"
+            )));
         }
     }
     for (size, cores, mem_g, disk_g) in SIZES {
@@ -80,12 +86,30 @@ pub fn choose_type(cons: &Constraints) -> Result<Constraints> {
             && cons.instance_type().is_none_or(|t| t == name);
         if ok {
             let mut hw = Constraints::new();
-            hw.set(Key::Arch, Some(jujube_core::constraints::Value::Text(arch.to_string())));
-            hw.set(Key::Cores, Some(jujube_core::constraints::Value::Count(cores)));
-            hw.set(Key::CpuPower, Some(jujube_core::constraints::Value::Count(cores * 100)));
-            hw.set(Key::Mem, Some(jujube_core::constraints::Value::MiB(mem_g * 1024)));
-            hw.set(Key::RootDisk, Some(jujube_core::constraints::Value::MiB(disk_g * 1024)));
-            hw.set(Key::InstanceType, Some(jujube_core::constraints::Value::Text(name)));
+            hw.set(
+                Key::Arch,
+                Some(jujube_core::constraints::Value::Text(arch.to_string())),
+            );
+            hw.set(
+                Key::Cores,
+                Some(jujube_core::constraints::Value::Count(cores)),
+            );
+            hw.set(
+                Key::CpuPower,
+                Some(jujube_core::constraints::Value::Count(cores * 100)),
+            );
+            hw.set(
+                Key::Mem,
+                Some(jujube_core::constraints::Value::MiB(mem_g * 1024)),
+            );
+            hw.set(
+                Key::RootDisk,
+                Some(jujube_core::constraints::Value::MiB(disk_g * 1024)),
+            );
+            hw.set(
+                Key::InstanceType,
+                Some(jujube_core::constraints::Value::Text(name)),
+            );
             return Ok(hw);
         }
     }
@@ -111,7 +135,11 @@ struct Config {
 }
 
 fn list(s: &str) -> Vec<String> {
-    s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect()
+    s.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
 }
 
 fn rate(key: &str, v: &str) -> Result<f64> {
@@ -138,12 +166,14 @@ impl Config {
             seed: 1,
         };
         let dur = |k: &str, v: &str| {
-            jujube_core::duration::parse(v).ok_or_else(|| Error::Config(format!("`{k}={v}`: use a duration such as `200ms` or `2s`")))
+            jujube_core::duration::parse(v).ok_or_else(|| {
+                Error::Config(format!("`{k}={v}`: use a duration such as `200ms` or `2s`"))
+            })
         };
         let bucket = |k: &str, v: &str| {
-            TokenBucket::parse(v)
-                .map(|_| v.to_string())
-                .ok_or_else(|| Error::Config(format!("`{k}={v}`: use BURST/PER_SECOND, e.g. `1000/2`")))
+            TokenBucket::parse(v).map(|_| v.to_string()).ok_or_else(|| {
+                Error::Config(format!("`{k}={v}`: use BURST/PER_SECOND, e.g. `1000/2`"))
+            })
         };
         for (k, v) in cfg {
             match k.as_str() {
@@ -151,23 +181,28 @@ impl Config {
                 "dummy-zones" => {
                     c.zones = list(v);
                     if c.zones.is_empty() {
-                        return Err(Error::Config("`dummy-zones` needs at least one zone".into()));
+                        return Err(Error::Config(
+                            "`dummy-zones` needs at least one zone".into(),
+                        ));
                     }
                 }
                 "dummy-full-zones" => c.full_zones = list(v),
                 "dummy-fail-machines" => c.fail_machines = list(v),
-                "dummy-fail-class" => {
-                    c.fail_class = ErrorClass::parse(v).ok_or_else(|| {
-                        Error::Config(format!("`{k}={v}`: use transient, capacity, quota, invalid-spec or credentials"))
-                    })?
-                }
+                "dummy-fail-class" => c.fail_class = ErrorClass::parse(v).ok_or_else(|| {
+                    Error::Config(format!(
+                        "`{k}={v}`: use transient, capacity, quota, invalid-spec or credentials"
+                    ))
+                })?,
                 "dummy-failure-rate" => {
                     for item in list(v) {
                         let (class, r) = item.split_once(':').ok_or_else(|| {
-                            Error::Config(format!("`{k}={v}`: use CLASS:RATE pairs, e.g. `transient:0.1`"))
+                            Error::Config(format!(
+                                "`{k}={v}`: use CLASS:RATE pairs, e.g. `transient:0.1`"
+                            ))
                         })?;
-                        let class = ErrorClass::parse(class)
-                            .ok_or_else(|| Error::Config(format!("`{k}`: unknown error class `{class}`")))?;
+                        let class = ErrorClass::parse(class).ok_or_else(|| {
+                            Error::Config(format!("`{k}`: unknown error class `{class}`"))
+                        })?;
                         c.failure_rates.push((class, rate(k, r)?));
                     }
                 }
@@ -176,11 +211,20 @@ impl Config {
                 "dummy-request-bucket" => c.request_bucket = Some(bucket(k, v)?),
                 "dummy-listing-delay" => c.listing_delay = dur(k, v)?,
                 "dummy-max-instances" => {
-                    c.max_instances = Some(v.parse().map_err(|_| Error::Config(format!("`{k}={v}`: use a whole number")))?)
+                    c.max_instances = Some(
+                        v.parse()
+                            .map_err(|_| Error::Config(format!("`{k}={v}`: use a whole number")))?,
+                    )
                 }
-                "dummy-seed" => c.seed = v.parse().map_err(|_| Error::Config(format!("`{k}={v}`: use a whole number")))?,
+                "dummy-seed" => {
+                    c.seed = v
+                        .parse()
+                        .map_err(|_| Error::Config(format!("`{k}={v}`: use a whole number")))?
+                }
                 k if k.starts_with("dummy-") => {
-                    return Err(Error::Config(format!("unknown dummy provider key `{k}`; README.md lists the keys")))
+                    return Err(Error::Config(format!(
+                        "unknown dummy provider key `{k}`; README.md lists the keys"
+                    )))
                 }
                 _ => {}
             }
@@ -225,7 +269,12 @@ impl State {
                 }
                 self.instances.insert(
                     inst.id.clone(),
-                    Entry { instance: inst, stopped: false, listed_from: now + delay, listed_until: None },
+                    Entry {
+                        instance: inst,
+                        stopped: false,
+                        listed_from: now + delay,
+                        listed_until: None,
+                    },
                 );
             }
             LogEntry::Stop(id) => {
@@ -262,23 +311,40 @@ pub struct DummyProvider {
 }
 
 fn storage(path: &Path, e: impl std::fmt::Display) -> Error {
-    Error::Storage { path: path.display().to_string(), message: e.to_string() }
+    Error::Storage {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    }
 }
 
 impl DummyProvider {
     /// A dummy cloud persisted in `dir` (the environment's data directory).
-    pub fn open(dir: impl Into<PathBuf>, env_name: &str, env_uuid: &str, config: &BTreeMap<String, String>) -> Result<DummyProvider> {
+    pub fn open(
+        dir: impl Into<PathBuf>,
+        env_name: &str,
+        env_uuid: &str,
+        config: &BTreeMap<String, String>,
+    ) -> Result<DummyProvider> {
         let p = DummyProvider::build(Some(dir.into()), env_name, env_uuid, config)?;
         p.with_log(|_| Ok(((), vec![])))?;
         Ok(p)
     }
 
     /// A dummy cloud in memory only.
-    pub fn in_memory(env_name: &str, env_uuid: &str, config: &BTreeMap<String, String>) -> Result<DummyProvider> {
+    pub fn in_memory(
+        env_name: &str,
+        env_uuid: &str,
+        config: &BTreeMap<String, String>,
+    ) -> Result<DummyProvider> {
         DummyProvider::build(None, env_name, env_uuid, config)
     }
 
-    fn build(dir: Option<PathBuf>, env_name: &str, env_uuid: &str, config: &BTreeMap<String, String>) -> Result<DummyProvider> {
+    fn build(
+        dir: Option<PathBuf>,
+        env_name: &str,
+        env_uuid: &str,
+        config: &BTreeMap<String, String>,
+    ) -> Result<DummyProvider> {
         let cfg = Config::parse(config)?;
         let state = State {
             instance_bucket: cfg.instance_bucket.as_deref().and_then(TokenBucket::parse),
@@ -317,21 +383,39 @@ impl DummyProvider {
         };
         std::fs::create_dir_all(dir).map_err(|e| storage(dir, e))?;
         let lock_path = dir.join(LOCK_FILE);
-        let lock = OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(|e| storage(&lock_path, e))?;
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| storage(&lock_path, e))?;
         lock.lock().map_err(|e| storage(&lock_path, e))?;
         let log_path = dir.join(LOG_FILE);
-        let mut log = OpenOptions::new().create(true).read(true).append(true).open(&log_path).map_err(|e| storage(&log_path, e))?;
+        let mut log = OpenOptions::new()
+            .create(true)
+            .read(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| storage(&log_path, e))?;
         // Replay what other processes appended since we last looked. Their
         // entries are visible at once: the delay models our own API's lag.
-        log.seek(SeekFrom::Start(st.log_offset)).map_err(|e| storage(&log_path, e))?;
+        log.seek(SeekFrom::Start(st.log_offset))
+            .map_err(|e| storage(&log_path, e))?;
         let mut buf = Vec::new();
-        log.read_to_end(&mut buf).map_err(|e| storage(&log_path, e))?;
+        log.read_to_end(&mut buf)
+            .map_err(|e| storage(&log_path, e))?;
         st.log_offset += buf.len() as u64;
         let mut pending = std::mem::take(&mut st.partial);
         pending.extend_from_slice(&buf);
-        let complete = pending.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        let complete = pending
+            .iter()
+            .rposition(|b| *b == b'\n')
+            .map_or(0, |i| i + 1);
         st.partial = pending[complete..].to_vec();
-        for line in pending[..complete].split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+        for line in pending[..complete]
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+        {
             if let Ok(e) = serde_json::from_slice::<LogEntry>(line) {
                 st.apply(e, now, Duration::ZERO);
             }
@@ -341,13 +425,18 @@ impl DummyProvider {
             Ok((v, entries)) => {
                 if !entries.is_empty() {
                     // A partial line left by a killed process must not swallow ours.
-                    let mut text = if st.partial.is_empty() { String::new() } else { "\n".to_string() };
+                    let mut text = if st.partial.is_empty() {
+                        String::new()
+                    } else {
+                        "\n".to_string()
+                    };
                     st.partial.clear();
                     for e in &entries {
                         text.push_str(&serde_json::to_string(e).expect("log entry serialises"));
                         text.push('\n');
                     }
-                    log.write_all(text.as_bytes()).map_err(|e| storage(&log_path, e))?;
+                    log.write_all(text.as_bytes())
+                        .map_err(|e| storage(&log_path, e))?;
                     st.log_offset += text.len() as u64;
                     let delay = st.cfg.listing_delay;
                     for e in entries {
@@ -362,7 +451,12 @@ impl DummyProvider {
         out
     }
 
-    fn new_instance(&self, spec_tags: BTreeMap<String, String>, zone: Option<String>, hardware: String) -> Instance {
+    fn new_instance(
+        &self,
+        spec_tags: BTreeMap<String, String>,
+        zone: Option<String>,
+        hardware: String,
+    ) -> Instance {
         Instance {
             id: format!("i-{}", &uuid::Uuid::new_v4().simple().to_string()[..17]),
             zone,
@@ -385,26 +479,50 @@ impl DummyProvider {
     /// tests; [`Provider::instances`] lists only this environment's).
     pub fn all_instances(&self) -> Result<Vec<Instance>> {
         self.with_log(|st| {
-            Ok((st.instances.values().filter(|e| !e.stopped).map(|e| e.instance.clone()).collect(), vec![]))
+            Ok((
+                st.instances
+                    .values()
+                    .filter(|e| !e.stopped)
+                    .map(|e| e.instance.clone())
+                    .collect(),
+                vec![],
+            ))
         })
     }
 
     fn injected(st: &mut State, spec: &StartSpec, zone: &str) -> Option<Error> {
         if st.cfg.fail_machines.iter().any(|m| *m == spec.machine_id) {
-            return Some(error_of(st.cfg.fail_class, &format!("machine {} is configured to fail (`dummy-fail-machines`)", spec.machine_id), zone));
+            return Some(error_of(
+                st.cfg.fail_class,
+                &format!(
+                    "machine {} is configured to fail (`dummy-fail-machines`)",
+                    spec.machine_id
+                ),
+                zone,
+            ));
         }
         if st.cfg.full_zones.iter().any(|z| z == zone) {
-            return Some(error_of(ErrorClass::Capacity, "InsufficientInstanceCapacity", zone));
+            return Some(error_of(
+                ErrorClass::Capacity,
+                "InsufficientInstanceCapacity",
+                zone,
+            ));
         }
         if let Some(max) = st.cfg.max_instances {
             if st.live() >= max {
-                return Some(Error::Quota(format!("the dummy cloud allows {max} instances (`dummy-max-instances`)")));
+                return Some(Error::Quota(format!(
+                    "the dummy cloud allows {max} instances (`dummy-max-instances`)"
+                )));
             }
         }
         let rates = st.cfg.failure_rates.clone();
         for (class, r) in rates {
             if st.random() < r {
-                return Some(error_of(class, "injected failure (`dummy-failure-rate`)", zone));
+                return Some(error_of(
+                    class,
+                    "injected failure (`dummy-failure-rate`)",
+                    zone,
+                ));
             }
         }
         None
@@ -414,7 +532,10 @@ impl DummyProvider {
 fn error_of(class: ErrorClass, msg: &str, zone: &str) -> Error {
     match class {
         ErrorClass::Transient => Error::Transient(msg.to_string()),
-        ErrorClass::Capacity => Error::Capacity { zone: zone.to_string(), message: msg.to_string() },
+        ErrorClass::Capacity => Error::Capacity {
+            zone: zone.to_string(),
+            message: msg.to_string(),
+        },
         ErrorClass::Quota => Error::Quota(msg.to_string()),
         ErrorClass::InvalidSpec => Error::InvalidSpec(msg.to_string()),
         ErrorClass::Credentials => Error::Credentials(msg.to_string()),
@@ -429,7 +550,10 @@ impl Provider for DummyProvider {
     }
 
     async fn start_instance(&self, spec: &StartSpec) -> Result<Instance> {
-        self.start_instances(std::slice::from_ref(spec)).await.pop().expect("one result per spec")
+        self.start_instances(std::slice::from_ref(spec))
+            .await
+            .pop()
+            .expect("one result per spec")
     }
 
     /// One request for the whole batch (one request token), one instance
@@ -439,7 +563,14 @@ impl Provider for DummyProvider {
             let mut st = self.lock_state();
             if let Some(b) = st.request_bucket.as_mut() {
                 if !b.try_take(1) {
-                    return specs.iter().map(|_| Err(Error::Transient("RequestLimitExceeded: request rate exceeded".into()))).collect();
+                    return specs
+                        .iter()
+                        .map(|_| {
+                            Err(Error::Transient(
+                                "RequestLimitExceeded: request rate exceeded".into(),
+                            ))
+                        })
+                        .collect();
                 }
             }
             st.cfg.latency
@@ -465,7 +596,10 @@ impl Provider for DummyProvider {
                 }
                 let zone = spec.zone.clone().unwrap_or_else(|| st.cfg.zones[0].clone());
                 if !st.cfg.zones.contains(&zone) {
-                    out.push(Err(Error::InvalidSpec(format!("unknown zone `{zone}`; zones are {}", st.cfg.zones.join(", ")))));
+                    out.push(Err(Error::InvalidSpec(format!(
+                        "unknown zone `{zone}`; zones are {}",
+                        st.cfg.zones.join(", ")
+                    ))));
                     continue;
                 }
                 let hw = match choose_type(&spec.constraints) {
@@ -481,15 +615,27 @@ impl Provider for DummyProvider {
                 }
                 if let Some(b) = st.instance_bucket.as_mut() {
                     if !b.try_take(1) {
-                        out.push(Err(Error::Transient("RequestLimitExceeded: instance launch rate exceeded".into())));
+                        out.push(Err(Error::Transient(
+                            "RequestLimitExceeded: instance launch rate exceeded".into(),
+                        )));
                         continue;
                     }
                 }
-                let inst = self.new_instance(spec.tags(&self.env_name, &self.env_uuid), Some(zone), hw.to_string());
+                let inst = self.new_instance(
+                    spec.tags(&self.env_name, &self.env_uuid),
+                    Some(zone),
+                    hw.to_string(),
+                );
                 let lost = st.random() < st.cfg.lost_response_rate;
                 started.insert(spec.nonce.clone(), inst.clone());
                 log.push(LogEntry::Start(inst.clone()));
-                out.push(if lost { Err(Error::Transient("lost response: the request timed out".into())) } else { Ok(inst) });
+                out.push(if lost {
+                    Err(Error::Transient(
+                        "lost response: the request timed out".into(),
+                    ))
+                } else {
+                    Ok(inst)
+                });
             }
             Ok((out, log))
         });
@@ -507,12 +653,18 @@ impl Provider for DummyProvider {
         self.with_log(|st| {
             if let Some(b) = st.request_bucket.as_mut() {
                 if !b.try_take(1) {
-                    return Err(Error::Transient("RequestLimitExceeded: request rate exceeded".into()));
+                    return Err(Error::Transient(
+                        "RequestLimitExceeded: request rate exceeded".into(),
+                    ));
                 }
             }
             let log = ids
                 .iter()
-                .filter(|id| st.instances.get(*id).is_some_and(|e| !e.stopped && e.instance.owned_by(&uuid)))
+                .filter(|id| {
+                    st.instances
+                        .get(*id)
+                        .is_some_and(|e| !e.stopped && e.instance.owned_by(&uuid))
+                })
                 .map(|id| LogEntry::Stop(id.clone()))
                 .collect();
             Ok(((), log))
@@ -524,7 +676,9 @@ impl Provider for DummyProvider {
         self.with_log(|st| {
             if let Some(b) = st.request_bucket.as_mut() {
                 if !b.try_take(1) {
-                    return Err(Error::Transient("RequestLimitExceeded: request rate exceeded".into()));
+                    return Err(Error::Transient(
+                        "RequestLimitExceeded: request rate exceeded".into(),
+                    ));
                 }
             }
             let now = Instant::now();

@@ -58,7 +58,10 @@ impl StartSpec {
         t.insert(TAG_ENV_UUID.to_string(), env_uuid.to_string());
         t.insert(TAG_MACHINE_ID.to_string(), self.machine_id.clone());
         t.insert(TAG_NONCE.to_string(), self.nonce.clone());
-        t.insert(TAG_NAME.to_string(), format!("jujube-{env_name}-{}", self.machine_id));
+        t.insert(
+            TAG_NAME.to_string(),
+            format!("jujube-{env_name}-{}", self.machine_id),
+        );
         if self.controller {
             t.insert(TAG_CONTROLLER.to_string(), "true".to_string());
         }
@@ -121,9 +124,16 @@ impl ErrorClass {
     }
     pub fn parse(s: &str) -> Option<ErrorClass> {
         use ErrorClass::*;
-        [Transient, Capacity, Quota, InvalidSpec, Credentials, NotFound]
-            .into_iter()
-            .find(|c| c.as_str() == s)
+        [
+            Transient,
+            Capacity,
+            Quota,
+            InvalidSpec,
+            Credentials,
+            NotFound,
+        ]
+        .into_iter()
+        .find(|c| c.as_str() == s)
     }
 }
 

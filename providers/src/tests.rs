@@ -12,7 +12,9 @@ const UUID: &str = "11111111-2222-4333-8444-555555555555";
 const OTHER: &str = "99999999-2222-4333-8444-555555555555";
 
 fn cfg(kvs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    kvs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    kvs.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 fn spec(machine: &str, nonce: &str) -> StartSpec {
@@ -68,7 +70,12 @@ async fn the_cloud_persists_and_is_shared_between_processes() {
     // A partial line (a process killed mid-append) is ignored and does not
     // corrupt what comes after it.
     use std::io::Write;
-    std::fs::OpenOptions::new().append(true).open(dir.path().join(LOG_FILE)).unwrap().write_all(b"{\"start\":{\"id\":\"i-tor").unwrap();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(dir.path().join(LOG_FILE))
+        .unwrap()
+        .write_all(b"{\"start\":{\"id\":\"i-tor")
+        .unwrap();
     let c = DummyProvider::open(dir.path(), "test", UUID, &BTreeMap::new()).unwrap();
     let j = c.start_instance(&spec("2", "n2")).await.unwrap();
     let d = DummyProvider::open(dir.path(), "test", UUID, &BTreeMap::new()).unwrap();
@@ -89,9 +96,20 @@ async fn chosen_machines_fail_with_the_chosen_class() {
     p.start_instance(&spec("1", "a")).await.unwrap();
     let e = p.start_instance(&spec("2", "b")).await.unwrap_err();
     assert_eq!(e.class(), ErrorClass::InvalidSpec);
-    assert!(e.to_string().contains("machine 2 is configured to fail"), "{e}");
-    p.update_config(&cfg(&[("dummy-fail-machines", "2"), ("dummy-fail-class", "quota")])).await.unwrap();
-    assert_eq!(p.start_instance(&spec("2", "b")).await.unwrap_err().class(), ErrorClass::Quota);
+    assert!(
+        e.to_string().contains("machine 2 is configured to fail"),
+        "{e}"
+    );
+    p.update_config(&cfg(&[
+        ("dummy-fail-machines", "2"),
+        ("dummy-fail-class", "quota"),
+    ]))
+    .await
+    .unwrap();
+    assert_eq!(
+        p.start_instance(&spec("2", "b")).await.unwrap_err().class(),
+        ErrorClass::Quota
+    );
     // Config changes apply to a live provider.
     p.update_config(&BTreeMap::new()).await.unwrap();
     p.start_instance(&spec("2", "b")).await.unwrap();
@@ -105,41 +123,67 @@ async fn full_zones_answer_with_capacity_errors() {
     let e = p.start_instance(&s).await.unwrap_err();
     assert_eq!(e.class(), ErrorClass::Capacity);
     s.zone = Some("zone-b".into());
-    assert_eq!(p.start_instance(&s).await.unwrap().zone.as_deref(), Some("zone-b"));
+    assert_eq!(
+        p.start_instance(&s).await.unwrap().zone.as_deref(),
+        Some("zone-b")
+    );
 }
 
 #[tokio::test]
 async fn failure_rates_inject_each_class_at_about_its_rate() {
-    let p = DummyProvider::in_memory("t", UUID, &cfg(&[("dummy-failure-rate", "transient:0.3")])).unwrap();
+    let p = DummyProvider::in_memory("t", UUID, &cfg(&[("dummy-failure-rate", "transient:0.3")]))
+        .unwrap();
     let mut failed = 0;
     for i in 0..1000 {
-        if let Err(e) = p.start_instance(&spec(&i.to_string(), &format!("n{i}"))).await {
+        if let Err(e) = p
+            .start_instance(&spec(&i.to_string(), &format!("n{i}")))
+            .await
+        {
             assert_eq!(e.class(), ErrorClass::Transient);
             failed += 1;
         }
     }
-    assert!((220..380).contains(&failed), "{failed} of 1000 failed at rate 0.3");
+    assert!(
+        (220..380).contains(&failed),
+        "{failed} of 1000 failed at rate 0.3"
+    );
 }
 
 #[tokio::test]
 async fn lost_responses_start_the_instance_and_a_retry_with_the_nonce_finds_it() {
-    let p = DummyProvider::in_memory("t", UUID, &cfg(&[("dummy-lost-response-rate", "1")])).unwrap();
+    let p =
+        DummyProvider::in_memory("t", UUID, &cfg(&[("dummy-lost-response-rate", "1")])).unwrap();
     let e = p.start_instance(&spec("1", "n")).await.unwrap_err();
     assert_eq!(e.class(), ErrorClass::Transient);
     let listed = p.instances().await.unwrap();
     assert_eq!(listed.len(), 1, "the instance started despite the error");
     p.update_config(&BTreeMap::new()).await.unwrap();
-    assert_eq!(p.start_instance(&spec("1", "n")).await.unwrap().id, listed[0].id);
+    assert_eq!(
+        p.start_instance(&spec("1", "n")).await.unwrap().id,
+        listed[0].id
+    );
     assert_eq!(p.instances().await.unwrap().len(), 1);
 }
 
 #[tokio::test(start_paused = true)]
 async fn token_buckets_throttle_like_ec2() {
-    let p = DummyProvider::in_memory("t", UUID, &cfg(&[("dummy-instance-bucket", "3/1"), ("dummy-request-bucket", "100/100")])).unwrap();
-    let specs: Vec<StartSpec> = (0..5).map(|i| spec(&i.to_string(), &format!("n{i}"))).collect();
+    let p = DummyProvider::in_memory(
+        "t",
+        UUID,
+        &cfg(&[
+            ("dummy-instance-bucket", "3/1"),
+            ("dummy-request-bucket", "100/100"),
+        ]),
+    )
+    .unwrap();
+    let specs: Vec<StartSpec> = (0..5)
+        .map(|i| spec(&i.to_string(), &format!("n{i}")))
+        .collect();
     let results = p.start_instances(&specs).await;
     assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 3);
-    assert!(results[3..].iter().all(|r| r.as_ref().unwrap_err().class() == ErrorClass::Transient));
+    assert!(results[3..]
+        .iter()
+        .all(|r| r.as_ref().unwrap_err().class() == ErrorClass::Transient));
     tokio::time::advance(Duration::from_secs(2)).await;
     let results = p.start_instances(&specs[3..]).await;
     assert!(results.iter().all(|r| r.is_ok()));
@@ -147,7 +191,10 @@ async fn token_buckets_throttle_like_ec2() {
     let p = DummyProvider::in_memory("t", UUID, &cfg(&[("dummy-request-bucket", "2/1")])).unwrap();
     p.instances().await.unwrap();
     p.instances().await.unwrap();
-    assert_eq!(p.instances().await.unwrap_err().class(), ErrorClass::Transient);
+    assert_eq!(
+        p.instances().await.unwrap_err().class(),
+        ErrorClass::Transient
+    );
     tokio::time::advance(Duration::from_secs(1)).await;
     p.instances().await.unwrap();
 }
@@ -156,7 +203,10 @@ async fn token_buckets_throttle_like_ec2() {
 async fn quota_caps_live_instances() {
     let p = DummyProvider::in_memory("t", UUID, &cfg(&[("dummy-max-instances", "1")])).unwrap();
     let i = p.start_instance(&spec("1", "a")).await.unwrap();
-    assert_eq!(p.start_instance(&spec("2", "b")).await.unwrap_err().class(), ErrorClass::Quota);
+    assert_eq!(
+        p.start_instance(&spec("2", "b")).await.unwrap_err().class(),
+        ErrorClass::Quota
+    );
     p.stop_instances(&[i.id]).await.unwrap();
     p.start_instance(&spec("2", "b")).await.unwrap();
 }
@@ -167,19 +217,31 @@ fn the_catalogue_picks_the_smallest_type_that_fits() {
     let c = |s: &str| choose_type(&Constraints::parse(s).unwrap());
     assert_eq!(c("").unwrap().instance_type(), Some("d1.nano"));
     assert_eq!(c("mem=3G").unwrap().instance_type(), Some("d1.medium"));
-    assert_eq!(c("cores=64 mem=256G").unwrap().instance_type(), Some("d1.8xlarge"));
-    assert_eq!(c("arch=arm64 cores=3").unwrap().instance_type(), Some("d1a.large"));
+    assert_eq!(
+        c("cores=64 mem=256G").unwrap().instance_type(),
+        Some("d1.8xlarge")
+    );
+    assert_eq!(
+        c("arch=arm64 cores=3").unwrap().instance_type(),
+        Some("d1a.large")
+    );
     assert_eq!(c("instance-type=d1.xlarge").unwrap().cores(), Some(8));
     assert_eq!(c("mem=257G").unwrap_err().class(), ErrorClass::InvalidSpec);
     assert_eq!(c("cores=65").unwrap_err().class(), ErrorClass::InvalidSpec);
-    assert_eq!(c("arch=s390x").unwrap_err().class(), ErrorClass::InvalidSpec);
+    assert_eq!(
+        c("arch=s390x").unwrap_err().class(),
+        ErrorClass::InvalidSpec
+    );
 }
 
 #[test]
 fn unknown_and_malformed_keys_are_refused() {
     assert!(DummyProvider::in_memory("t", UUID, &cfg(&[("dummy-latency", "1s")])).is_err());
     assert!(DummyProvider::in_memory("t", UUID, &cfg(&[("dummy-start-latency", "soon")])).is_err());
-    assert!(DummyProvider::in_memory("t", UUID, &cfg(&[("dummy-failure-rate", "transient:2")])).is_err());
+    assert!(
+        DummyProvider::in_memory("t", UUID, &cfg(&[("dummy-failure-rate", "transient:2")]))
+            .is_err()
+    );
     assert!(DummyProvider::in_memory("t", UUID, &cfg(&[("dummy-instance-bucket", "x")])).is_err());
     // Keys of other components are not the dummy's business.
     assert!(DummyProvider::in_memory("t", UUID, &cfg(&[("harvest-mode", "all")])).is_ok());

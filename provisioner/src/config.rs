@@ -85,27 +85,36 @@ impl Config {
     pub fn from_env(cfg: &BTreeMap<String, String>) -> Result<Config, Error> {
         let mut c = Config::default();
         let bad = |k: &str, v: &str, want: &str| Error::Config(format!("`{k}={v}`: {want}"));
-        let dur = |k: &str, v: &str| duration::parse(v).ok_or_else(|| bad(k, v, "use a duration such as `30s` or `5m`"));
+        let dur = |k: &str, v: &str| {
+            duration::parse(v).ok_or_else(|| bad(k, v, "use a duration such as `30s` or `5m`"))
+        };
         let count = |k: &str, v: &str| {
-            v.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| bad(k, v, "use a whole number above 0"))
+            v.parse::<usize>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| bad(k, v, "use a whole number above 0"))
         };
         for (k, v) in cfg {
             match k.as_str() {
                 "provisioner-concurrency" => c.concurrency = count(k, v)?,
                 "provisioner-batch" => c.batch = count(k, v)?,
                 "provisioner-rate" => {
-                    jujube_providers::bucket::TokenBucket::parse(v).ok_or_else(|| bad(k, v, "use BURST/PER_SECOND, e.g. `5/2`"))?;
+                    jujube_providers::bucket::TokenBucket::parse(v)
+                        .ok_or_else(|| bad(k, v, "use BURST/PER_SECOND, e.g. `5/2`"))?;
                     c.rate = Some(v.clone());
                 }
                 "provisioner-retry-for" => c.retry_for = dur(k, v)?,
                 "harvest-mode" => {
-                    c.harvest = HarvestMode::parse(v).ok_or_else(|| bad(k, v, "use none, destroyed, unknown or all"))?
+                    c.harvest = HarvestMode::parse(v)
+                        .ok_or_else(|| bad(k, v, "use none, destroyed, unknown or all"))?
                 }
                 "harvest-grace" => c.grace = dur(k, v)?,
                 "harvest-max-per-pass" => c.harvest_cap = count(k, v)?,
                 "harvest-interval" => c.list_interval = dur(k, v)?,
                 k if k.starts_with("provisioner-") || k.starts_with("harvest-") => {
-                    return Err(Error::Config(format!("unknown key `{k}`; README.md lists the keys")))
+                    return Err(Error::Config(format!(
+                        "unknown key `{k}`; README.md lists the keys"
+                    )))
                 }
                 _ => {}
             }

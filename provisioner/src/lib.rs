@@ -32,12 +32,12 @@ pub mod config;
 
 use backon::BackoffBuilder;
 pub use config::{Config, HarvestMode};
+use jujube_core::Life;
 use jujube_providers::bucket::TokenBucket;
 use jujube_providers::{ErrorClass, Instance, Provider, StartSpec};
 use jujube_state::model::machine_status;
 use jujube_state::provisioning::{Prepared, Recorded, Started, Stray};
 use jujube_state::{Machine, Store};
-use jujube_core::Life;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -91,7 +91,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn unix(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
 }
 
 /// One machine being started: its spec and the zones it has tried.
@@ -230,7 +232,10 @@ impl Provisioner {
         // 1. Stop before start.
         let machines = store.machines()?;
         let inflight = lock(&self.inner.inflight).clone();
-        for m in machines.iter().filter(|m| m.life == Life::Dying && !m.manages_environ()) {
+        for m in machines
+            .iter()
+            .filter(|m| m.life == Life::Dying && !m.manages_environ())
+        {
             // Until machine agents exist, the controller sets Dying machines
             // Dead once no unit is assigned (refused otherwise: skip).
             if store.units_on_machine(m.id)?.is_empty() {
@@ -251,7 +256,11 @@ impl Provisioner {
                 Ok(()) => {
                     for m in chunk {
                         store.remove_machine(m.id)?;
-                        info!(machine = m.id, instance = m.instance_id.as_deref().unwrap_or(""), "stopped instance and removed machine");
+                        info!(
+                            machine = m.id,
+                            instance = m.instance_id.as_deref().unwrap_or(""),
+                            "stopped instance and removed machine"
+                        );
                     }
                 }
                 Err(e) => {
@@ -261,10 +270,9 @@ impl Provisioner {
             }
         }
         let mut listing: Option<Vec<Instance>> = None;
-        for m in machines
-            .iter()
-            .filter(|m| m.life != Life::Alive && m.instance_id.is_none() && !inflight.contains(&m.id))
-        {
+        for m in machines.iter().filter(|m| {
+            m.life != Life::Alive && m.instance_id.is_none() && !inflight.contains(&m.id)
+        }) {
             if let Some(nonce) = &m.nonce {
                 // A start may have made an instance whose response was lost.
                 if listing.is_none() {
@@ -309,8 +317,9 @@ impl Provisioner {
                 soon(next, &mut requeue);
             }
         }
-        let until_listing = lock(&self.inner.last_listing)
-            .map_or(Duration::ZERO, |t| cfg.list_interval.saturating_sub(t.elapsed()));
+        let until_listing = lock(&self.inner.last_listing).map_or(Duration::ZERO, |t| {
+            cfg.list_interval.saturating_sub(t.elapsed())
+        });
         soon(until_listing.max(Duration::from_millis(100)), &mut requeue);
         Ok(requeue.map_or(Action::AwaitChange, Action::Requeue))
     }
@@ -336,7 +345,10 @@ impl Provisioner {
     /// Commits nonces for the candidates, then starts them in background
     /// batches.
     async fn launch(&self, ids: &[i64], machines: &[Machine]) -> Result<()> {
-        let prepared = self.inner.store.prepare_provisioning(ids, &self.inner.env_uuid)?;
+        let prepared = self
+            .inner
+            .store
+            .prepare_provisioning(ids, &self.inner.env_uuid)?;
         if prepared.is_empty() {
             return Ok(());
         }
@@ -355,10 +367,20 @@ impl Provisioner {
                     let allowed: Vec<&String> = if m.constraints.zones().is_empty() {
                         zones.iter().collect()
                     } else {
-                        zones.iter().filter(|z| m.constraints.zones().contains(z)).collect()
+                        zones
+                            .iter()
+                            .filter(|z| m.constraints.zones().contains(z))
+                            .collect()
                     };
-                    spec.zone = allowed.get(*machine as usize % allowed.len().max(1)).map(|z| z.to_string());
-                    Some(Attempt { spec, machine: *machine, tried: vec![], last_error: String::new() })
+                    spec.zone = allowed
+                        .get(*machine as usize % allowed.len().max(1))
+                        .map(|z| z.to_string());
+                    Some(Attempt {
+                        spec,
+                        machine: *machine,
+                        tried: vec![],
+                        last_error: String::new(),
+                    })
                 })
                 .collect();
             let this = self.clone();
@@ -447,7 +469,10 @@ impl Provisioner {
                                 ))?;
                             }
                         }
-                        _ => self.fail(a.machine, &format!("cannot start machine {}: {e}", a.machine))?,
+                        _ => self.fail(
+                            a.machine,
+                            &format!("cannot start machine {}: {e}", a.machine),
+                        )?,
                     },
                 }
             }
@@ -465,10 +490,13 @@ impl Provisioner {
             };
             let Some(wait) = wait else {
                 for a in &retry {
-                    self.fail(a.machine, &format!(
+                    self.fail(
+                        a.machine,
+                        &format!(
                         "cannot start machine {}: gave up after {:?} of transient errors; last: {}",
                         a.machine, cfg.retry_for, a.last_error
-                    ))?;
+                    ),
+                    )?;
                 }
                 return Ok(());
             };
@@ -500,10 +528,17 @@ impl Provisioner {
             // The machine went away (or was re-nonced) while starting: nobody
             // owns these, so stop them now rather than leave them to the
             // stray harvest.
-            warn!(?orphans, "stopping instances whose machines went away during the start");
+            warn!(
+                ?orphans,
+                "stopping instances whose machines went away during the start"
+            );
             self.inner.provider.stop_instances(&orphans).await?;
         }
-        for s in started.iter().zip(&outcome).filter(|(_, o)| **o == Recorded::Recorded) {
+        for s in started
+            .iter()
+            .zip(&outcome)
+            .filter(|(_, o)| **o == Recorded::Recorded)
+        {
             debug!(machine = s.0.machine, instance = %s.0.instance_id, "machine started");
         }
         Ok(())
@@ -517,7 +552,10 @@ impl Provisioner {
         let machines = store.machines()?;
         let next_id = store.next_machine_id()?;
         let inflight = lock(&self.inner.inflight).clone();
-        let by_instance: HashSet<&str> = machines.iter().filter_map(|m| m.instance_id.as_deref()).collect();
+        let by_instance: HashSet<&str> = machines
+            .iter()
+            .filter_map(|m| m.instance_id.as_deref())
+            .collect();
         let by_nonce: HashMap<&str, &Machine> = machines
             .iter()
             .filter(|m| m.instance_id.is_none())
@@ -537,7 +575,9 @@ impl Provisioner {
             }
             let class = match inst.nonce().and_then(|n| by_nonce.get(n)) {
                 // Being started, or about to be recorded: it is owned.
-                Some(m) if inflight.contains(&m.id) || m.status != machine_status::ERROR => continue,
+                Some(m) if inflight.contains(&m.id) || m.status != machine_status::ERROR => {
+                    continue
+                }
                 Some(_) => "errored",
                 None => match inst.machine_id().and_then(|t| t.parse::<i64>().ok()) {
                     Some(id) if id < next_id && !existing.contains(&id) => "destroyed",
@@ -552,7 +592,9 @@ impl Provisioner {
                 if now >= reap_at && reap.len() < cfg.harvest_cap {
                     reap.push(inst.id.clone());
                 } else {
-                    let wait = reap_at.saturating_duration_since(now).max(Duration::from_millis(100));
+                    let wait = reap_at
+                        .saturating_duration_since(now)
+                        .max(Duration::from_millis(100));
                     next = Some(next.map_or(wait, |n: Duration| n.min(wait)));
                 }
             }

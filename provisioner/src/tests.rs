@@ -19,7 +19,10 @@ struct World {
 fn world(config: &[(&str, &str)]) -> World {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open_with(dir.path().join("state.db"), Durability::Relaxed).unwrap();
-    let config: BTreeMap<String, String> = config.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let config: BTreeMap<String, String> = config
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     store
         .initialize(&EnvironmentSpec {
             name: "test".into(),
@@ -32,17 +35,28 @@ fn world(config: &[(&str, &str)]) -> World {
         .unwrap();
     let cloud = Arc::new(DummyProvider::open(dir.path(), "test", UUID, &config).unwrap());
     let p = Provisioner::new(store.clone(), cloud.clone()).unwrap();
-    World { _dir: dir, store, cloud, p }
+    World {
+        _dir: dir,
+        store,
+        cloud,
+        p,
+    }
 }
 
 impl World {
     /// Passes until the model stops moving (in virtual time).
     async fn settle(&self) {
         for _ in 0..50 {
-            let before = (self.store.head_revision().unwrap(), self.cloud.all_instances().unwrap().len());
+            let before = (
+                self.store.head_revision().unwrap(),
+                self.cloud.all_instances().unwrap().len(),
+            );
             self.p.reconcile().await.unwrap();
             self.p.idle().await;
-            let after = (self.store.head_revision().unwrap(), self.cloud.all_instances().unwrap().len());
+            let after = (
+                self.store.head_revision().unwrap(),
+                self.cloud.all_instances().unwrap().len(),
+            );
             if before == after {
                 return;
             }
@@ -51,12 +65,20 @@ impl World {
     }
 
     fn set(&self, kvs: &[(&str, &str)]) {
-        let kvs: Vec<(String, String)> = kvs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let kvs: Vec<(String, String)> = kvs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         self.store.set_environment_config(&kvs).unwrap();
     }
 
     fn instances_of(&self, machine: i64) -> usize {
-        self.cloud.all_instances().unwrap().iter().filter(|i| i.machine_id() == Some(&machine.to_string())).count()
+        self.cloud
+            .all_instances()
+            .unwrap()
+            .iter()
+            .filter(|i| i.machine_id() == Some(&machine.to_string()))
+            .count()
     }
 
     fn tags(&self, uuid: Option<&str>, machine: &str) -> BTreeMap<String, String> {
@@ -64,7 +86,10 @@ impl World {
         if let Some(u) = uuid {
             t.insert(jujube_providers::TAG_ENV_UUID.to_string(), u.to_string());
         }
-        t.insert(jujube_providers::TAG_MACHINE_ID.to_string(), machine.to_string());
+        t.insert(
+            jujube_providers::TAG_MACHINE_ID.to_string(),
+            machine.to_string(),
+        );
         t
     }
 }
@@ -72,7 +97,10 @@ impl World {
 #[tokio::test(start_paused = true)]
 async fn alive_machines_get_instances_with_their_constraints() {
     let w = world(&[]);
-    let ids = w.store.add_machines(3, None, Some(&Constraints::parse("mem=3G").unwrap())).unwrap();
+    let ids = w
+        .store
+        .add_machines(3, None, Some(&Constraints::parse("mem=3G").unwrap()))
+        .unwrap();
     w.settle().await;
     for id in ids.iter().chain([&0]) {
         let m = w.store.machine(*id).unwrap();
@@ -82,9 +110,19 @@ async fn alive_machines_get_instances_with_their_constraints() {
         assert_eq!(w.instances_of(*id), 1);
     }
     let m = w.store.machine(ids[0]).unwrap();
-    assert!(m.hardware.as_deref().unwrap().contains("instance-type=d1.medium"), "{:?}", m.hardware);
+    assert!(
+        m.hardware
+            .as_deref()
+            .unwrap()
+            .contains("instance-type=d1.medium"),
+        "{:?}",
+        m.hardware
+    );
     // Machines of one request spread over zones.
-    let zones: HashSet<_> = ids.iter().map(|i| w.store.machine(*i).unwrap().zone.unwrap()).collect();
+    let zones: HashSet<_> = ids
+        .iter()
+        .map(|i| w.store.machine(*i).unwrap().zone.unwrap())
+        .collect();
     assert_eq!(zones.len(), 3);
     // Idempotent: another pass starts nothing.
     w.settle().await;
@@ -94,7 +132,10 @@ async fn alive_machines_get_instances_with_their_constraints() {
 #[tokio::test(start_paused = true)]
 async fn a_failed_start_leaves_no_instance_id_and_an_error_that_says_why() {
     let w = world(&[]);
-    let id = w.store.add_machines(1, None, Some(&Constraints::parse("mem=512G").unwrap())).unwrap()[0];
+    let id = w
+        .store
+        .add_machines(1, None, Some(&Constraints::parse("mem=512G").unwrap()))
+        .unwrap()[0];
     w.settle().await;
     let m = w.store.machine(id).unwrap();
     assert_eq!(m.instance_id, None);
@@ -107,7 +148,9 @@ async fn a_failed_start_leaves_no_instance_id_and_an_error_that_says_why() {
     w.settle().await;
     assert_eq!(w.instances_of(id), 0);
     // ...until resolved, here with constraints that fit.
-    w.store.resolve_machine(id, Some(&Constraints::parse("mem=4G").unwrap())).unwrap();
+    w.store
+        .resolve_machine(id, Some(&Constraints::parse("mem=4G").unwrap()))
+        .unwrap();
     w.settle().await;
     let m = w.store.machine(id).unwrap();
     assert!(m.instance_id.is_some());
@@ -122,7 +165,12 @@ async fn injected_machine_failures_show_in_status_and_resolved_recovers_after_th
     assert!(w.store.machine(1).unwrap().instance_id.is_some());
     let m2 = w.store.machine(2).unwrap();
     assert_eq!(m2.status, machine_status::ERROR);
-    assert!(m2.status_info.contains("quota exceeded: machine 2 is configured to fail"), "{}", m2.status_info);
+    assert!(
+        m2.status_info
+            .contains("quota exceeded: machine 2 is configured to fail"),
+        "{}",
+        m2.status_info
+    );
     // The fix is picked up from config without a restart.
     w.set(&[("dummy-fail-machines", "")]);
     w.store.retry_provisioning(&[2]).unwrap();
@@ -140,12 +188,19 @@ async fn transient_errors_are_retried_with_backoff_until_they_pass() {
         assert_eq!(w.instances_of(*id), 1, "machine {id}");
         assert!(w.store.machine(*id).unwrap().instance_id.is_some());
     }
-    assert!(t0.elapsed() > Duration::from_millis(500), "retries waited: {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() > Duration::from_millis(500),
+        "retries waited: {:?}",
+        t0.elapsed()
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn persistent_transient_errors_give_up_after_the_retry_budget() {
-    let w = world(&[("dummy-failure-rate", "transient:1"), ("provisioner-retry-for", "1m")]);
+    let w = world(&[
+        ("dummy-failure-rate", "transient:1"),
+        ("provisioner-retry-for", "1m"),
+    ]);
     let id = w.store.add_machines(1, None, None).unwrap()[0];
     let t0 = Instant::now();
     w.settle().await;
@@ -153,7 +208,10 @@ async fn persistent_transient_errors_give_up_after_the_retry_budget() {
     assert_eq!(m.status, machine_status::ERROR);
     assert!(m.status_info.starts_with("cannot start machine 1: gave up after 60s of transient errors; last: transient provider error: injected failure"), "{}", m.status_info);
     let took = t0.elapsed();
-    assert!(took >= Duration::from_secs(30) && took <= Duration::from_secs(120), "{took:?}");
+    assert!(
+        took >= Duration::from_secs(30) && took <= Duration::from_secs(120),
+        "{took:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -163,13 +221,23 @@ async fn capacity_errors_move_to_the_next_zone() {
     w.settle().await;
     for id in ids {
         let m = w.store.machine(id).unwrap();
-        assert_eq!(m.zone.as_deref(), Some("zone-c"), "machine {id}: {}", m.status_info);
+        assert_eq!(
+            m.zone.as_deref(),
+            Some("zone-c"),
+            "machine {id}: {}",
+            m.status_info
+        );
     }
     w.set(&[("dummy-full-zones", "zone-a,zone-b,zone-c")]);
     let id = w.store.add_machines(1, None, None).unwrap()[0];
     w.settle().await;
     let m = w.store.machine(id).unwrap();
-    assert!(m.status_info.starts_with("cannot start machine 4: no capacity in any zone (tried"), "{}", m.status_info);
+    assert!(
+        m.status_info
+            .starts_with("cannot start machine 4: no capacity in any zone (tried"),
+        "{}",
+        m.status_info
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -211,8 +279,17 @@ async fn dead_machines_are_stopped_then_removed_and_dying_ones_die_first() {
     w.settle().await;
     assert!(w.store.machine(ids[0]).is_err());
     assert!(w.store.machine(ids[1]).is_err());
-    assert!(w.cloud.all_instances().unwrap().iter().all(|i| i.id != inst));
-    assert_eq!(w.cloud.all_instances().unwrap().len(), 1, "only machine 0's instance remains");
+    assert!(w
+        .cloud
+        .all_instances()
+        .unwrap()
+        .iter()
+        .all(|i| i.id != inst));
+    assert_eq!(
+        w.cloud.all_instances().unwrap().len(),
+        1,
+        "only machine 0's instance remains"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -266,62 +343,129 @@ async fn tagged_strays_are_reaped_after_the_grace_period_and_untagged_instances_
     let w = world(&[("harvest-grace", "2m"), ("harvest-interval", "10s")]);
     w.settle().await;
     let stray = w.cloud.start_raw(w.tags(Some(UUID), "77")).unwrap();
-    let foreign = w.cloud.start_raw(w.tags(Some("ffffffff-2222-4333-8444-555555555555"), "1")).unwrap();
+    let foreign = w
+        .cloud
+        .start_raw(w.tags(Some("ffffffff-2222-4333-8444-555555555555"), "1"))
+        .unwrap();
     let untagged = w.cloud.start_raw(w.tags(None, "1")).unwrap();
     tokio::time::advance(Duration::from_secs(11)).await;
     w.settle().await;
     let view = w.store.strays().unwrap();
     assert_eq!(view.len(), 1);
-    assert_eq!((view[0].instance_id.as_str(), view[0].class.as_str()), (stray.as_str(), "unknown"));
+    assert_eq!(
+        (view[0].instance_id.as_str(), view[0].class.as_str()),
+        (stray.as_str(), "unknown")
+    );
     assert_eq!(view[0].reap_at, Some(view[0].first_seen + 120));
     tokio::time::advance(Duration::from_secs(60)).await;
     w.settle().await;
-    assert!(w.cloud.all_instances().unwrap().iter().any(|i| i.id == stray), "reaped before the grace period");
+    assert!(
+        w.cloud
+            .all_instances()
+            .unwrap()
+            .iter()
+            .any(|i| i.id == stray),
+        "reaped before the grace period"
+    );
     tokio::time::advance(Duration::from_secs(61)).await;
     w.settle().await;
-    let left: Vec<String> = w.cloud.all_instances().unwrap().into_iter().map(|i| i.id).collect();
+    let left: Vec<String> = w
+        .cloud
+        .all_instances()
+        .unwrap()
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
     assert!(!left.contains(&stray), "stray survived the grace period");
-    assert!(left.contains(&foreign) && left.contains(&untagged), "touched an instance that is not ours");
+    assert!(
+        left.contains(&foreign) && left.contains(&untagged),
+        "touched an instance that is not ours"
+    );
     assert!(w.store.strays().unwrap().is_empty());
 }
 
 #[tokio::test(start_paused = true)]
 async fn harvest_modes_decide_which_strays_go() {
-    let w = world(&[("harvest-grace", "0s"), ("harvest-interval", "1s"), ("harvest-mode", "none")]);
+    let w = world(&[
+        ("harvest-grace", "0s"),
+        ("harvest-interval", "1s"),
+        ("harvest-mode", "none"),
+    ]);
     let m = w.store.add_machines(1, None, None).unwrap()[0];
     w.settle().await;
     w.store.ensure_dead_machine(m).unwrap();
     w.store.remove_machine(m).unwrap(); // removed behind the provisioner's back
     let unknown = w.cloud.start_raw(w.tags(Some(UUID), "999")).unwrap();
-    let destroyed = w.cloud.all_instances().unwrap().into_iter().find(|i| i.machine_id() == Some("1")).unwrap().id;
+    let destroyed = w
+        .cloud
+        .all_instances()
+        .unwrap()
+        .into_iter()
+        .find(|i| i.machine_id() == Some("1"))
+        .unwrap()
+        .id;
     tokio::time::advance(Duration::from_secs(2)).await;
     w.settle().await;
-    let classes: BTreeMap<String, String> = w.store.strays().unwrap().into_iter().map(|s| (s.instance_id, s.class)).collect();
+    let classes: BTreeMap<String, String> = w
+        .store
+        .strays()
+        .unwrap()
+        .into_iter()
+        .map(|s| (s.instance_id, s.class))
+        .collect();
     assert_eq!(classes[&unknown], "unknown");
     assert_eq!(classes[&destroyed], "destroyed");
-    assert!(w.store.strays().unwrap().iter().all(|s| s.reap_at.is_none()), "mode none reaps nothing");
+    assert!(
+        w.store
+            .strays()
+            .unwrap()
+            .iter()
+            .all(|s| s.reap_at.is_none()),
+        "mode none reaps nothing"
+    );
     assert_eq!(w.cloud.all_instances().unwrap().len(), 3);
     w.set(&[("harvest-mode", "destroyed")]);
     tokio::time::advance(Duration::from_secs(2)).await;
     w.settle().await;
-    let left: Vec<String> = w.cloud.all_instances().unwrap().into_iter().map(|i| i.id).collect();
+    let left: Vec<String> = w
+        .cloud
+        .all_instances()
+        .unwrap()
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
     assert!(!left.contains(&destroyed) && left.contains(&unknown));
     w.set(&[("harvest-mode", "unknown")]);
     tokio::time::advance(Duration::from_secs(2)).await;
     w.settle().await;
-    assert!(!w.cloud.all_instances().unwrap().iter().any(|i| i.id == unknown));
+    assert!(!w
+        .cloud
+        .all_instances()
+        .unwrap()
+        .iter()
+        .any(|i| i.id == unknown));
 }
 
 #[tokio::test(start_paused = true)]
 async fn reaping_is_capped_per_pass() {
-    let w = world(&[("harvest-grace", "0s"), ("harvest-interval", "1s"), ("harvest-max-per-pass", "2")]);
+    let w = world(&[
+        ("harvest-grace", "0s"),
+        ("harvest-interval", "1s"),
+        ("harvest-max-per-pass", "2"),
+    ]);
     w.settle().await;
     for i in 0..5 {
-        w.cloud.start_raw(w.tags(Some(UUID), &format!("90{i}"))).unwrap();
+        w.cloud
+            .start_raw(w.tags(Some(UUID), &format!("90{i}")))
+            .unwrap();
     }
     tokio::time::advance(Duration::from_secs(2)).await;
     w.p.reconcile().await.unwrap();
-    assert_eq!(w.cloud.all_instances().unwrap().len(), 1 + 3, "one pass reaps at most 2");
+    assert_eq!(
+        w.cloud.all_instances().unwrap().len(),
+        1 + 3,
+        "one pass reaps at most 2"
+    );
     w.settle().await;
     assert_eq!(w.cloud.all_instances().unwrap().len(), 1);
 }
@@ -353,10 +497,18 @@ async fn run_reacts_to_changes_and_stops_cleanly() {
 
 #[test]
 fn bad_config_is_refused_with_the_key_named() {
-    let c = |k: &str, v: &str| Config::from_env(&[(k.to_string(), v.to_string())].into_iter().collect());
-    assert_eq!(c("harvest-mode", "some").unwrap_err().to_string(), "invalid provisioner config: `harvest-mode=some`: use none, destroyed, unknown or all");
+    let c = |k: &str, v: &str| {
+        Config::from_env(&[(k.to_string(), v.to_string())].into_iter().collect())
+    };
+    assert_eq!(
+        c("harvest-mode", "some").unwrap_err().to_string(),
+        "invalid provisioner config: `harvest-mode=some`: use none, destroyed, unknown or all"
+    );
     assert!(c("harvest-grace", "soon").is_err());
     assert!(c("provisioner-concurrency", "0").is_err());
     assert!(c("provisioner-typo", "1").is_err());
-    assert_eq!(c("harvest-grace", "90s").unwrap().grace, Duration::from_secs(90));
+    assert_eq!(
+        c("harvest-grace", "90s").unwrap().grace,
+        Duration::from_secs(90)
+    );
 }

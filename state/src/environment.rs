@@ -60,13 +60,7 @@ impl Store {
     /// `manage-environ`, the environment's series and constraints), in one
     /// transaction.
     pub fn initialize(&self, spec: &EnvironmentSpec) -> Result<Environment> {
-        jujube_core::names::validate_service(&spec.name).map_err(|_| {
-            jujube_core::Error::InvalidName {
-                kind: "environment",
-                name: spec.name.clone(),
-                why: "use lowercase letters, digits and hyphens, starting with a letter",
-            }
-        })?;
+        jujube_core::names::validate_environment(&spec.name)?;
         series::validate(&spec.default_series)?;
         for key in spec.config.keys() {
             validate_config_key(key)?;

@@ -89,7 +89,10 @@ pub(crate) fn resolve_in(tx: &mut Tx<'_>, id: i64, cons: Option<&Constraints>) -
         return Err(Error::NoProvisioningError(id));
     }
     if let Some(c) = cons {
-        tx.execute("UPDATE machines SET constraints = ?1 WHERE id = ?2", (c.to_string(), id))?;
+        tx.execute(
+            "UPDATE machines SET constraints = ?1 WHERE id = ?2",
+            (c.to_string(), id),
+        )?;
     }
     tx.execute(
         "UPDATE machines SET status = ?1, status_info = '', nonce = NULL WHERE id = ?2",

@@ -63,13 +63,20 @@ impl Store {
             let mut out = Vec::new();
             for &id in ids {
                 let Ok(m) = get_machine(tx, id) else { continue };
-                if m.life != Life::Alive || m.instance_id.is_some() || m.status == machine_status::ERROR {
+                if m.life != Life::Alive
+                    || m.instance_id.is_some()
+                    || m.status == machine_status::ERROR
+                {
                     continue;
                 }
                 let nonce = match m.nonce {
                     Some(n) => n,
                     None => {
-                        let n = format!("{}:{id}:{}", &env_uuid[..8.min(env_uuid.len())], uuid::Uuid::new_v4().simple());
+                        let n = format!(
+                            "{}:{id}:{}",
+                            &env_uuid[..8.min(env_uuid.len())],
+                            uuid::Uuid::new_v4().simple()
+                        );
                         tx.execute("UPDATE machines SET nonce = ?1 WHERE id = ?2", (&n, id))?;
                         n
                     }
@@ -146,7 +153,9 @@ impl Store {
     pub fn machines_in_error(&self) -> Result<Vec<i64>> {
         self.read(|c| {
             let ids = c
-                .prepare_cached("SELECT id FROM machines WHERE status = ?1 AND life = 0 ORDER BY id")?
+                .prepare_cached(
+                    "SELECT id FROM machines WHERE status = ?1 AND life = 0 ORDER BY id",
+                )?
                 .query_map([machine_status::ERROR], |r| r.get(0))?
                 .collect::<rusqlite::Result<Vec<i64>>>()?;
             Ok(ids)
@@ -156,7 +165,11 @@ impl Store {
     /// The id the next machine will get: every smaller id was once used.
     pub fn next_machine_id(&self) -> Result<i64> {
         self.read(|c| {
-            Ok(c.query_row("SELECT coalesce((SELECT next FROM sequences WHERE name = 'machine'), 0)", [], |r| r.get(0))?)
+            Ok(c.query_row(
+                "SELECT coalesce((SELECT next FROM sequences WHERE name = 'machine'), 0)",
+                [],
+                |r| r.get(0),
+            )?)
         })
     }
 
@@ -187,9 +200,15 @@ impl Store {
         self.write(|tx| {
             let m = get_machine(tx, id)?;
             if m.life != Life::Dead {
-                return Err(Error::NotDead { kind: Entity::Machine, id: id.to_string() });
+                return Err(Error::NotDead {
+                    kind: Entity::Machine,
+                    id: id.to_string(),
+                });
             }
-            tx.execute("UPDATE machines SET status = ?1 WHERE id = ?2", (machine_status::STOPPING, id))?;
+            tx.execute(
+                "UPDATE machines SET status = ?1 WHERE id = ?2",
+                (machine_status::STOPPING, id),
+            )?;
             tx.changed(ChangeKind::Machine, id.to_string())
         })
     }

@@ -2,7 +2,8 @@
 //! `i + 1` (SQLite's `user_version`); they run in one transaction at open.
 //! Never edit a released migration: append a new one.
 
-pub(crate) const MIGRATIONS: &[&str] = &[r#"
+pub(crate) const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE environment (
     id             INTEGER PRIMARY KEY CHECK (id = 1),
     name           TEXT NOT NULL,

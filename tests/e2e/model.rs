@@ -43,6 +43,8 @@ fn bootstrap_creates_the_environment_with_controller_machine_0_and_makes_it_curr
         j.run(&["get-environment", "harvest-mode"]).ok().stdout,
         "none\n"
     );
+    j.refused(&["bootstrap", "../escape"], 1, "invalid environment name `../escape`: use lowercase letters, digits and hyphens, starting with a letter");
+    assert!(!j.home.path().join("escape").exists());
     j.refused(
         &["bootstrap", "alpha"],
         1,

@@ -11,7 +11,10 @@ fn instances(j: &Jujube) -> Vec<Value> {
 }
 
 fn uuid(j: &Jujube) -> String {
-    j.status()["environment"]["uuid"].as_str().unwrap().to_string()
+    j.status()["environment"]["uuid"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }
 
 #[test]
@@ -19,7 +22,9 @@ fn bootstrap_provisions_machine_0_as_the_controller_instance() {
     let j = Jujube::new();
     j.run(&["bootstrap", "t"]).ok();
     let st = j.status();
-    let id = st["machines"]["0"]["instance-id"].as_str().expect("machine 0 has an instance");
+    let id = st["machines"]["0"]["instance-id"]
+        .as_str()
+        .expect("machine 0 has an instance");
     assert_eq!(st["machines"]["0"]["status"], "started");
     let inst = instances(&j).into_iter().find(|i| i["id"] == id).unwrap();
     assert_eq!(inst["tags"]["jujube-controller"], "true");
@@ -38,21 +43,40 @@ fn a_failed_bootstrap_says_why_and_leaves_nothing_behind() {
     );
     assert_eq!(j.run(&["environments"]).ok().stdout, "");
     assert!(!j.home.path().join("environments/t").exists());
-    j.refused(&["bootstrap", "u", "--config", "dummy-zones="], 1, "invalid provider config: `dummy-zones` needs at least one zone");
+    j.refused(
+        &["bootstrap", "u", "--config", "dummy-zones="],
+        1,
+        "invalid provider config: `dummy-zones` needs at least one zone",
+    );
 }
 
 #[test]
 fn the_provisioning_story_end_to_end() {
     let j = Jujube::new();
-    j.run(&["bootstrap", "t", "--config", "harvest-grace=2s", "--config", "harvest-interval=500ms"]).ok();
+    j.run(&[
+        "bootstrap",
+        "t",
+        "--config",
+        "harvest-grace=2s",
+        "--config",
+        "harvest-interval=500ms",
+    ])
+    .ok();
     j.run(&["deploy", &j.charm("wordpress"), "-n", "3"]).ok();
     let ctl = j.controller();
     j.run(&["wait", "--timeout", "60s"]).ok();
     let st = j.status();
     for m in ["0", "1", "2", "3"] {
-        assert!(st["machines"][m]["instance-id"].is_string(), "machine {m}: {}", st["machines"][m]);
+        assert!(
+            st["machines"][m]["instance-id"].is_string(),
+            "machine {m}: {}",
+            st["machines"][m]
+        );
         assert_eq!(st["machines"][m]["status"], "started");
-        assert!(st["machines"][m]["hardware"].as_str().unwrap().contains("instance-type=d1.nano"));
+        assert!(st["machines"][m]["hardware"]
+            .as_str()
+            .unwrap()
+            .contains("instance-type=d1.nano"));
     }
 
     // An injected failure: error in status, no instance id.
@@ -74,28 +98,81 @@ fn the_provisioning_story_end_to_end() {
     assert!(m4["hardware"].as_str().unwrap().contains("mem=4G"), "{m4}");
 
     // destroy-unit + destroy-machine: instance stopped, machine removed.
-    let inst1 = j.status()["machines"]["1"]["instance-id"].as_str().unwrap().to_string();
+    let inst1 = j.status()["machines"]["1"]["instance-id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     j.run(&["destroy-unit", "wordpress/0"]).ok();
     j.run(&["destroy-machine", "1"]).ok();
     j.run(&["wait", "--timeout", "60s"]).ok();
-    assert!(j.status()["machines"].get("1").is_none(), "machine 1 removed");
-    assert!(instances(&j).iter().all(|i| i["id"] != inst1.as_str()), "instance of machine 1 stopped");
+    assert!(
+        j.status()["machines"].get("1").is_none(),
+        "machine 1 removed"
+    );
+    assert!(
+        instances(&j).iter().all(|i| i["id"] != inst1.as_str()),
+        "instance of machine 1 stopped"
+    );
 
     // Strays: tagged ones go after the grace period; untagged ones never.
     let tag = format!("jujube-env-uuid={}", uuid(&j));
-    let stray = j.run(&["dummy-cloud", "start", "--tag", &tag, "--tag", "jujube-machine-id=42"]).ok().stdout.trim().to_string();
-    let foreign = j.run(&["dummy-cloud", "start", "--tag", "jujube-machine-id=42", "--tag", "Name=jujube-t-42"]).ok().stdout.trim().to_string();
-    let other_env = j.run(&["dummy-cloud", "start", "--tag", "jujube-env-uuid=00000000-0000-4000-8000-000000000000"]).ok().stdout.trim().to_string();
+    let stray = j
+        .run(&[
+            "dummy-cloud",
+            "start",
+            "--tag",
+            &tag,
+            "--tag",
+            "jujube-machine-id=42",
+        ])
+        .ok()
+        .stdout
+        .trim()
+        .to_string();
+    let foreign = j
+        .run(&[
+            "dummy-cloud",
+            "start",
+            "--tag",
+            "jujube-machine-id=42",
+            "--tag",
+            "Name=jujube-t-42",
+        ])
+        .ok()
+        .stdout
+        .trim()
+        .to_string();
+    let other_env = j
+        .run(&[
+            "dummy-cloud",
+            "start",
+            "--tag",
+            "jujube-env-uuid=00000000-0000-4000-8000-000000000000",
+        ])
+        .ok()
+        .stdout
+        .trim()
+        .to_string();
     let seen = (0..100).any(|_| {
         std::thread::sleep(std::time::Duration::from_millis(100));
         j.run(&["strays"]).ok().stdout.contains(&stray)
     });
     assert!(seen, "the stray is listed before it is reaped");
     j.run(&["wait", "--timeout", "60s"]).ok();
-    let left: Vec<String> = instances(&j).iter().map(|i| i["id"].as_str().unwrap().to_string()).collect();
+    let left: Vec<String> = instances(&j)
+        .iter()
+        .map(|i| i["id"].as_str().unwrap().to_string())
+        .collect();
     assert!(!left.contains(&stray), "tagged stray reaped");
-    assert!(left.contains(&foreign) && left.contains(&other_env), "never touch what is not ours");
-    assert_eq!(ctl.terminate().code(), Some(0), "the controller shuts down cleanly on SIGTERM");
+    assert!(
+        left.contains(&foreign) && left.contains(&other_env),
+        "never touch what is not ours"
+    );
+    assert_eq!(
+        ctl.terminate().code(),
+        Some(0),
+        "the controller shuts down cleanly on SIGTERM"
+    );
 }
 
 #[test]
@@ -113,30 +190,44 @@ fn wait_times_out_listing_what_is_stuck_and_one_controller_runs_at_a_time() {
     j.run(&["wait", "--timeout", "60s"]).ok();
     let r = j.run(&["controller"]);
     assert_eq!(r.code, 1);
-    assert_eq!(r.stderr, "error: a controller is already running for environment `t`; stop it first\n");
+    assert_eq!(
+        r.stderr,
+        "error: a controller is already running for environment `t`; stop it first\n"
+    );
 }
 
 #[test]
 fn bad_environment_config_is_refused_and_changes_nothing() {
     let j = Jujube::new();
     j.run(&["bootstrap", "t"]).ok();
-    j.refused(&["set-environment", "harvest-mode=sometimes"], 1, "invalid provisioner config: `harvest-mode=sometimes`: use none, destroyed, unknown or all");
+    j.refused(
+        &["set-environment", "harvest-mode=sometimes"],
+        1,
+        "invalid provisioner config: `harvest-mode=sometimes`: use none, destroyed, unknown or all",
+    );
     j.refused(&["set-environment", "dummy-latency=1s"], 1, "invalid provider config: unknown dummy provider key `dummy-latency`; README.md lists the keys");
     j.run(&["set-environment", "dummy-start-latency=10ms"]).ok();
-    assert_eq!(j.run(&["get-environment"]).ok().stdout, "dummy-start-latency=10ms\n");
+    assert_eq!(
+        j.run(&["get-environment"]).ok().stdout,
+        "dummy-start-latency=10ms\n"
+    );
 }
 
 #[test]
 fn retry_provisioning_all_retries_every_machine_in_error() {
     let j = Jujube::new();
-    j.run(&["bootstrap", "t", "--config", "dummy-fail-machines=1,2"]).ok();
+    j.run(&["bootstrap", "t", "--config", "dummy-fail-machines=1,2"])
+        .ok();
     j.run(&["add-machine", "-n", "2"]).ok();
     let ctl = j.controller();
     j.run(&["wait", "--timeout", "60s"]).ok();
     assert_eq!(j.status()["machines"]["2"]["status"], "error");
     j.run(&["set-environment", "dummy-fail-machines="]).ok();
     let r = j.run(&["retry-provisioning", "--all"]).ok();
-    assert_eq!(r.stdout, "machine `1` will be provisioned again\nmachine `2` will be provisioned again\n");
+    assert_eq!(
+        r.stdout,
+        "machine `1` will be provisioned again\nmachine `2` will be provisioned again\n"
+    );
     j.run(&["wait", "--timeout", "60s"]).ok();
     assert!(j.status()["machines"]["2"]["instance-id"].is_string());
     j.refused(&["retry-provisioning", "2"], 1, "machine `2` has no provisioning error; `jujube resolved` only applies to machines in error");
@@ -156,7 +247,12 @@ fn destroy_environment_stops_every_instance_and_deletes_the_state() {
     }
     let tag = format!("jujube-env-uuid={}", uuid(&j));
     j.run(&["dummy-cloud", "start", "--tag", &tag]).ok();
-    let untagged = j.run(&["dummy-cloud", "start"]).ok().stdout.trim().to_string();
+    let untagged = j
+        .run(&["dummy-cloud", "start"])
+        .ok()
+        .stdout
+        .trim()
+        .to_string();
     assert_eq!(instances(&j).len(), 5);
     let before = j.snapshot();
     let r = j.run(&["destroy-environment", "t"]);
@@ -167,7 +263,10 @@ fn destroy_environment_stops_every_instance_and_deletes_the_state() {
     // directory) to see afterwards what was stopped.
     let dir = j.home.path().join("environments/t");
     let r = j.run(&["destroy-environment", "t", "-y"]).ok();
-    assert_eq!(r.stdout, "stopped 4 instance(s)\ndestroyed environment `t`\n");
+    assert_eq!(
+        r.stdout,
+        "stopped 4 instance(s)\ndestroyed environment `t`\n"
+    );
     assert!(!dir.exists());
     assert_eq!(j.run(&["environments"]).ok().stdout, "  keep\n");
     assert!(!untagged.is_empty());
@@ -177,12 +276,18 @@ fn destroy_environment_stops_every_instance_and_deletes_the_state() {
 fn killing_the_controller_at_random_moments_never_duplicates_or_leaks_instances() {
     let j = Jujube::new();
     j.run(&[
-        "bootstrap", "t",
-        "--config", "dummy-start-latency=100ms",
-        "--config", "provisioner-batch=3",
-        "--config", "provisioner-concurrency=2",
-        "--config", "dummy-lost-response-rate=0.1",
-        "--config", "harvest-interval=200ms",
+        "bootstrap",
+        "t",
+        "--config",
+        "dummy-start-latency=100ms",
+        "--config",
+        "provisioner-batch=3",
+        "--config",
+        "provisioner-concurrency=2",
+        "--config",
+        "dummy-lost-response-rate=0.1",
+        "--config",
+        "harvest-interval=200ms",
     ])
     .ok();
     j.run(&["add-machine", "-n", "100"]).ok();
@@ -197,13 +302,21 @@ fn killing_the_controller_at_random_moments_never_duplicates_or_leaks_instances(
         std::thread::sleep(std::time::Duration::from_millis(ms));
         ctl.kill9();
         let st = j.status();
-        let done = st["machines"].as_object().unwrap().values().filter(|m| m["instance-id"].is_string()).count();
+        let done = st["machines"]
+            .as_object()
+            .unwrap()
+            .values()
+            .filter(|m| m["instance-id"].is_string())
+            .count();
         eprintln!("trial {trial}: killed after {ms} ms with {done} of 101 machines provisioned");
         if done > 1 && done < 101 {
             mid_way += 1;
         }
     }
-    assert!(mid_way >= 2, "the kills must land while provisioning is under way ({mid_way} did)");
+    assert!(
+        mid_way >= 2,
+        "the kills must land while provisioning is under way ({mid_way} did)"
+    );
     let ctl = j.controller();
     j.run(&["wait", "--timeout", "120s"]).ok();
     let st = j.status();
@@ -212,12 +325,19 @@ fn killing_the_controller_at_random_moments_never_duplicates_or_leaks_instances(
     let listed = instances(&j);
     let mut per_machine: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for i in &listed {
-        per_machine.entry(i["tags"]["jujube-machine-id"].as_str().unwrap().to_string()).or_default().push(i["id"].as_str().unwrap().to_string());
+        per_machine
+            .entry(i["tags"]["jujube-machine-id"].as_str().unwrap().to_string())
+            .or_default()
+            .push(i["id"].as_str().unwrap().to_string());
     }
     for (id, m) in machines {
         let ids = per_machine.get(id).cloned().unwrap_or_default();
         assert_eq!(ids.len(), 1, "machine {id} has instances {ids:?}");
-        assert_eq!(m["instance-id"].as_str(), Some(ids[0].as_str()), "machine {id} records its instance");
+        assert_eq!(
+            m["instance-id"].as_str(),
+            Some(ids[0].as_str()),
+            "machine {id} records its instance"
+        );
     }
     assert_eq!(listed.len(), 101, "no strays left");
     assert!(st.get("strays").is_none(), "{:?}", st.get("strays"));
