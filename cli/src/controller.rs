@@ -29,12 +29,15 @@ pub fn validate_config(provider: &str, config: &BTreeMap<String, String>) -> Res
 }
 
 /// The provider of an environment.
-pub fn provider(home: &Home, env_name: &str, store: &Store) -> Result<Arc<dyn Provider>> {
+pub async fn provider(home: &Home, env_name: &str, store: &Store) -> Result<Arc<dyn Provider>> {
     let env = store.environment()?;
     let config = store.environment_config()?;
     match env.provider.as_str() {
         "dummy" => Ok(Arc::new(DummyProvider::open(home.env_dir(env_name), &env.name, &env.uuid, &config)?)),
-        other => bail!("provider `{other}` is not available in this build of jujube yet; use `--provider dummy`"),
+        "ec2" => Ok(Arc::new(
+            jujube_providers::ec2::Ec2Provider::new(&env.name, &env.uuid, &config, None).await?,
+        )),
+        other => bail!("provider `{other}` is not available in this build of jujube yet; use `--provider dummy` or `--provider ec2`"),
     }
 }
 
@@ -80,7 +83,7 @@ pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
     let _lock = try_lock(home, env_name)?.ok_or_else(|| {
         anyhow!("a controller is already running for environment `{env_name}`; stop it first")
     })?;
-    let provider = provider(home, env_name, &store)?;
+    let provider = provider(home, env_name, &store).await?;
     let provisioner = Provisioner::new(store.clone(), provider)?;
     let (stop_tx, stop_rx) = watch::channel(false);
     info!(environment = env_name, "controller started");
@@ -204,7 +207,7 @@ pub async fn destroy(home: &Home, name: &str, yes: bool, out: &mut impl Write) -
     let _lock = try_lock(home, name)?.ok_or_else(|| {
         anyhow!("a controller is running for environment `{name}`; stop it first")
     })?;
-    let provider = provider(home, name, &store)?;
+    let provider = provider(home, name, &store).await?;
     // Everything the state knows of, and everything tagged as ours.
     let mut ids: Vec<String> = store
         .machines()?
@@ -225,6 +228,7 @@ pub async fn destroy(home: &Home, name: &str, yes: bool, out: &mut impl Write) -
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
+    provider.destroy_environment().await?;
     drop(store);
     std::fs::remove_dir_all(home.env_dir(name))
         .with_context(|| format!("cannot remove `{}`", home.env_dir(name).display()))?;

@@ -585,9 +585,9 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 /// started for it, so that the caller can delete the environment and leave
 /// nothing behind.
 fn bootstrap_machine_0(home: &Home, name: &str, store: &jujube_state::Store) -> Result<()> {
-    let provider = controller::provider(home, name, store)?;
-    let p = jujube_provisioner::Provisioner::new(store.clone(), provider.clone())?;
     runtime()?.block_on(async {
+        let provider = controller::provider(home, name, store).await?;
+        let p = jujube_provisioner::Provisioner::new(store.clone(), provider.clone())?;
         let failed = p.provision_now(&[0]).await?;
         if let Some((_, why)) = failed.first() {
             let ours: Vec<String> = provider
@@ -597,6 +597,7 @@ fn bootstrap_machine_0(home: &Home, name: &str, store: &jujube_state::Store) -> 
                 .map(|i| i.id)
                 .collect();
             provider.stop_instances(&ours).await?;
+            provider.destroy_environment().await?;
             bail!("bootstrap failed: {why}");
         }
         Ok(())

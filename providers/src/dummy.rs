@@ -188,11 +188,13 @@ impl Config {
                 }
                 "dummy-full-zones" => c.full_zones = list(v),
                 "dummy-fail-machines" => c.fail_machines = list(v),
-                "dummy-fail-class" => c.fail_class = ErrorClass::parse(v).ok_or_else(|| {
-                    Error::Config(format!(
+                "dummy-fail-class" => {
+                    c.fail_class = ErrorClass::parse(v).ok_or_else(|| {
+                        Error::Config(format!(
                         "`{k}={v}`: use transient, capacity, quota, invalid-spec or credentials"
                     ))
-                })?,
+                    })?
+                }
                 "dummy-failure-rate" => {
                     for item in list(v) {
                         let (class, r) = item.split_once(':').ok_or_else(|| {

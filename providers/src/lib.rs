@@ -6,6 +6,7 @@
 //! - [`dummy`]: the embedded default cloud and fault injector — persistent,
 //!   configurable latency, failures per machine or per error class, EC2-like
 //!   token buckets, lost responses, eventually consistent listings.
+//! - `ec2` (feature `ec2`, on by default): Amazon EC2 and compatible APIs.
 //! - [`conformance`]: scenarios every provider must pass; each provider's
 //!   tests run them against the real thing.
 //! - [`bucket`]: the token bucket the dummy throttles with and the
@@ -19,6 +20,8 @@
 pub mod bucket;
 pub mod conformance;
 pub mod dummy;
+#[cfg(feature = "ec2")]
+pub mod ec2;
 
 use async_trait::async_trait;
 use jujube_core::Constraints;
@@ -223,6 +226,12 @@ pub trait Provider: Send + Sync + 'static {
     /// Applies changed environment config (a running controller calls this
     /// when `set-environment` changes it).
     async fn update_config(&self, _config: &BTreeMap<String, String>) -> Result<()> {
+        Ok(())
+    }
+
+    /// Deletes what the provider made for the environment as a whole (e.g.
+    /// a security group), once its instances are stopped. Idempotent.
+    async fn destroy_environment(&self) -> Result<()> {
         Ok(())
     }
 }

@@ -2,6 +2,7 @@
 //! `JUJUBE_HOME`, and check what a user sees — stdout, exact stderr, exit
 //! codes — and that a refused command left the environment unchanged.
 
+mod ec2;
 mod model;
 mod provisioning;
 
@@ -10,6 +11,8 @@ use std::process::{Command, Output};
 
 pub struct Jujube {
     pub home: tempfile::TempDir,
+    /// Extra environment for every command (e.g. AWS credentials).
+    pub envs: Vec<(String, String)>,
 }
 
 pub struct Run {
@@ -34,6 +37,7 @@ impl Jujube {
     pub fn new() -> Jujube {
         Jujube {
             home: tempfile::tempdir().unwrap(),
+            envs: Vec::new(),
         }
     }
 
@@ -43,6 +47,7 @@ impl Jujube {
             .env("JUJUBE_HOME", self.home.path())
             .env_remove("JUJUBE_ENV")
             .env_remove("JUJUBE_REPOSITORY")
+            .envs(self.envs.iter().map(|(k, v)| (k, v)))
             .output()
             .expect("run jujube");
         Run {
@@ -83,6 +88,7 @@ impl Jujube {
             .env("JUJUBE_HOME", self.home.path())
             .env_remove("JUJUBE_ENV")
             .env("RUST_LOG", "warn")
+            .envs(self.envs.iter().map(|(k, v)| (k, v)))
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::inherit())
             .spawn()

@@ -1,0 +1,822 @@
+//! The EC2 provider (feature `ec2`): aws-sdk-ec2 with the default credential
+//! chain (environment, profiles, SSO), the region from environment config
+//! (`region`) or AWS conventions, and an `endpoint` for LocalStack or another
+//! EC2 API.
+//!
+//! - **Launch** with `TagSpecifications` on RunInstances, so the tags proving
+//!   ownership are applied atomically with the launch, and `ClientToken` = the
+//!   nonce. Before launching, instances already carrying the nonce are looked
+//!   up and returned: that keeps the per-nonce guarantee on EC2 emulators
+//!   that ignore ClientToken, while on EC2 ClientToken also covers the
+//!   window in which a fresh launch is not yet listed. RunInstances is never
+//!   retried inside the SDK: the provisioner retries it, with the same nonce.
+//! - **Instance type** from constraints via DescribeInstanceTypes (cached):
+//!   the cheapest type that satisfies them by an embedded price table, or the
+//!   smallest match when none is priced; `instance-type` is honoured and
+//!   validated.
+//! - **Image** by series and arch via DescribeImages (Canonical's owner id,
+//!   name pattern per series), newest first; config `image-id` overrides.
+//! - **Security group** `jujube-<uuid>` per environment, with SSH ingress,
+//!   created idempotently and deleted by [`Ec2Provider::destroy_environment`].
+//! - **Listing** by tag filter with pagination, excluding terminated and
+//!   shutting-down instances; termination in batches, only of instances whose
+//!   tags carry the environment's UUID.
+
+use crate::{Error, Instance, Provider, Result, StartSpec, TAG_ENV_UUID, TAG_NONCE};
+use async_trait::async_trait;
+use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_ec2::types::{
+    BlockDeviceMapping, EbsBlockDevice, Filter, InstanceStateName, InstanceType, IpPermission,
+    IpRange, Placement, ResourceType, Tag, TagSpecification,
+};
+use aws_sdk_ec2::Client;
+use base64::Engine;
+use jujube_core::Constraints;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use tokio::sync::OnceCell;
+
+/// Canonical's account: the only owner whose Ubuntu images are used.
+pub const CANONICAL: &str = "099720109477";
+const LIVE_STATES: [&str; 4] = ["pending", "running", "stopping", "stopped"];
+
+/// A customisation of the SDK client (tests add fault-injecting interceptors).
+pub type Customize =
+    Box<dyn FnOnce(aws_sdk_ec2::config::Builder) -> aws_sdk_ec2::config::Builder + Send>;
+
+#[derive(Debug, Clone)]
+struct TypeInfo {
+    name: String,
+    vcpus: u64,
+    mem: u64,
+    arches: Vec<String>,
+}
+
+/// On-demand prices (USD/hour, us-east-1) of common types: enough to prefer
+/// the cheap families; anything unlisted ranks after every listed match.
+const PRICES: &[(&str, f64)] = &[
+    ("t3.nano", 0.0052),
+    ("t3.micro", 0.0104),
+    ("t3.small", 0.0208),
+    ("t3.medium", 0.0416),
+    ("t3.large", 0.0832),
+    ("t3.xlarge", 0.1664),
+    ("t3.2xlarge", 0.3328),
+    ("t4g.nano", 0.0042),
+    ("t4g.micro", 0.0084),
+    ("t4g.small", 0.0168),
+    ("t4g.medium", 0.0336),
+    ("t4g.large", 0.0672),
+    ("t4g.xlarge", 0.1344),
+    ("t4g.2xlarge", 0.2688),
+    ("m5.large", 0.096),
+    ("m5.xlarge", 0.192),
+    ("m5.2xlarge", 0.384),
+    ("m5.4xlarge", 0.768),
+    ("m5.8xlarge", 1.536),
+    ("m5.12xlarge", 2.304),
+    ("m5.16xlarge", 3.072),
+    ("m5.24xlarge", 4.608),
+    ("m6g.large", 0.077),
+    ("m6g.xlarge", 0.154),
+    ("m6g.2xlarge", 0.308),
+    ("m6g.4xlarge", 0.616),
+    ("m6g.8xlarge", 1.232),
+    ("m6g.12xlarge", 1.848),
+    ("m6g.16xlarge", 2.464),
+    ("c5.large", 0.085),
+    ("c5.xlarge", 0.17),
+    ("c5.2xlarge", 0.34),
+    ("c5.4xlarge", 0.68),
+    ("c5.9xlarge", 1.53),
+    ("c5.12xlarge", 2.04),
+    ("c5.18xlarge", 3.06),
+    ("c5.24xlarge", 4.08),
+    ("r5.large", 0.126),
+    ("r5.xlarge", 0.252),
+    ("r5.2xlarge", 0.504),
+    ("r5.4xlarge", 1.008),
+    ("r5.8xlarge", 2.016),
+    ("r5.12xlarge", 3.024),
+    ("r5.16xlarge", 4.032),
+    ("r5.24xlarge", 6.048),
+];
+
+fn price(name: &str) -> Option<f64> {
+    PRICES.iter().find(|(n, _)| *n == name).map(|(_, p)| *p)
+}
+
+fn ec2_arch(arch: &str) -> &str {
+    match arch {
+        "amd64" => "x86_64",
+        "i386" => "i386",
+        other => other, // arm64 is arm64 on both sides
+    }
+}
+
+/// The cheapest (priced) or smallest type satisfying the constraints.
+fn choose(types: &[TypeInfo], cons: &Constraints, region: &str) -> Result<TypeInfo> {
+    let arch = cons.arch().unwrap_or("amd64");
+    if let Some(want) = cons.instance_type() {
+        let t = types.iter().find(|t| t.name == want).ok_or_else(|| {
+            Error::InvalidSpec(format!(
+                "instance type `{want}` does not exist in region `{region}`"
+            ))
+        })?;
+        if !t.arches.iter().any(|a| a == ec2_arch(arch)) {
+            return Err(Error::InvalidSpec(format!(
+                "instance type `{want}` does not run `{arch}`"
+            )));
+        }
+        return Ok(t.clone());
+    }
+    let fits = |t: &&TypeInfo| {
+        t.arches.iter().any(|a| a == ec2_arch(arch))
+            && cons.cores().is_none_or(|c| t.vcpus >= c)
+            && cons.cpu_power().is_none_or(|p| t.vcpus * 100 >= p)
+            && cons.mem().is_none_or(|m| t.mem >= m)
+    };
+    let mut matches: Vec<&TypeInfo> = types.iter().filter(fits).collect();
+    matches.sort_by(|a, b| {
+        let key = |t: &TypeInfo| {
+            (
+                price(&t.name).is_none(),
+                price(&t.name).unwrap_or(0.0),
+                t.vcpus,
+                t.mem,
+            )
+        };
+        key(a)
+            .partial_cmp(&key(b))
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(a.name.cmp(&b.name))
+    });
+    matches.first().map(|t| (*t).clone()).ok_or_else(|| {
+        Error::InvalidSpec(format!(
+            "no instance type in region `{region}` satisfies `{cons}`"
+        ))
+    })
+}
+
+fn classify<E, R>(e: SdkError<E, R>, zone: Option<&str>) -> Error
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug,
+{
+    let status = e.raw_response().map(|_| ());
+    let _ = status;
+    match &e {
+        SdkError::ServiceError(se) => {
+            let code = se.err().code().unwrap_or("").to_string();
+            let msg = se.err().message().unwrap_or("").to_string();
+            classify_code(&code, &msg, zone)
+        }
+        SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
+            Error::Transient(format!(
+                "EC2 request failed: {}",
+                aws_smithy_types::error::display::DisplayErrorContext(&e)
+            ))
+        }
+        _ => Error::InvalidSpec(format!(
+            "EC2 request could not be made: {}",
+            aws_smithy_types::error::display::DisplayErrorContext(&e)
+        )),
+    }
+}
+
+/// EC2 error codes to classes.
+pub fn classify_code(code: &str, msg: &str, zone: Option<&str>) -> Error {
+    let text = if msg.is_empty() {
+        code.to_string()
+    } else {
+        format!("{code}: {msg}")
+    };
+    match code {
+        "RequestLimitExceeded"
+        | "Throttling"
+        | "ThrottlingException"
+        | "InternalError"
+        | "InternalFailure"
+        | "ServiceUnavailable"
+        | "Unavailable"
+        | "RequestTimeout" => Error::Transient(text),
+        "InsufficientInstanceCapacity" | "InsufficientCapacity" | "InsufficientHostCapacity" => {
+            Error::Capacity {
+                zone: zone.unwrap_or("").to_string(),
+                message: text,
+            }
+        }
+        "InstanceLimitExceeded"
+        | "VcpuLimitExceeded"
+        | "MaxSpotInstanceCountExceeded"
+        | "ResourceLimitExceeded" => Error::Quota(text),
+        "AuthFailure"
+        | "UnauthorizedOperation"
+        | "InvalidClientTokenId"
+        | "SignatureDoesNotMatch"
+        | "OptInRequired"
+        | "Blocked"
+        | "ExpiredToken" => Error::Credentials(text),
+        c if c.starts_with("InvalidInstanceID.NotFound") => Error::NotFound(text),
+        _ => Error::InvalidSpec(text),
+    }
+}
+
+fn filter(name: &str, values: impl IntoIterator<Item = impl Into<String>>) -> Filter {
+    Filter::builder()
+        .name(name)
+        .set_values(Some(values.into_iter().map(Into::into).collect()))
+        .build()
+}
+
+fn tags_of(i: &aws_sdk_ec2::types::Instance) -> BTreeMap<String, String> {
+    i.tags()
+        .iter()
+        .filter_map(|t| Some((t.key()?.to_string(), t.value().unwrap_or("").to_string())))
+        .collect()
+}
+
+pub struct Ec2Provider {
+    client: Client,
+    region: String,
+    env_name: String,
+    env_uuid: String,
+    image_override: Mutex<Option<String>>,
+    types: OnceCell<Vec<TypeInfo>>,
+    images: Mutex<HashMap<(String, String), (String, String)>>,
+    group: OnceCell<String>,
+}
+
+impl Ec2Provider {
+    /// Builds the client from environment config: `region`, `endpoint`,
+    /// `image-id`. Credentials come from the default chain.
+    pub async fn new(
+        env_name: &str,
+        env_uuid: &str,
+        config: &BTreeMap<String, String>,
+        customize: Option<Customize>,
+    ) -> Result<Ec2Provider> {
+        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+        if let Some(r) = config.get("region") {
+            loader = loader.region(aws_config::Region::new(r.clone()));
+        }
+        let shared = loader.load().await;
+        let region = shared
+            .region()
+            .map(|r| r.to_string())
+            .ok_or_else(|| Error::Config("no AWS region: set `region` in the environment config (e.g. `--config region=us-east-1`) or AWS_REGION".into()))?;
+        let mut b = aws_sdk_ec2::config::Builder::from(&shared);
+        if let Some(ep) = config.get("endpoint") {
+            b = b.endpoint_url(ep);
+        }
+        if let Some(f) = customize {
+            b = f(b);
+        }
+        Ok(Ec2Provider {
+            client: Client::from_conf(b.build()),
+            region,
+            env_name: env_name.to_string(),
+            env_uuid: env_uuid.to_string(),
+            image_override: Mutex::new(config.get("image-id").cloned()),
+            types: OnceCell::new(),
+            images: Mutex::new(HashMap::new()),
+            group: OnceCell::new(),
+        })
+    }
+
+    pub fn region(&self) -> &str {
+        &self.region
+    }
+
+    async fn instance_types(&self) -> Result<&Vec<TypeInfo>> {
+        self.types
+            .get_or_try_init(|| async {
+                let mut out = Vec::new();
+                let mut token: Option<String> = None;
+                loop {
+                    let r = self
+                        .client
+                        .describe_instance_types()
+                        .set_next_token(token.clone())
+                        .send()
+                        .await
+                        .map_err(|e| classify(e, None))?;
+                    for t in r.instance_types() {
+                        let Some(name) = t.instance_type().map(|n| n.as_str().to_string()) else {
+                            continue;
+                        };
+                        out.push(TypeInfo {
+                            name,
+                            vcpus: t.v_cpu_info().and_then(|v| v.default_v_cpus()).unwrap_or(0)
+                                as u64,
+                            mem: t.memory_info().and_then(|m| m.size_in_mib()).unwrap_or(0) as u64,
+                            arches: t
+                                .processor_info()
+                                .map(|p| {
+                                    p.supported_architectures()
+                                        .iter()
+                                        .map(|a| a.as_str().to_string())
+                                        .collect()
+                                })
+                                .unwrap_or_default(),
+                        });
+                    }
+                    token = r.next_token().map(str::to_string);
+                    if token.is_none() {
+                        break;
+                    }
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    /// The newest Canonical image for a series and arch: (id, root device).
+    async fn image(&self, series: &str, arch: &str) -> Result<(String, String)> {
+        if let Some(id) = self
+            .image_override
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
+            return Ok((id, "/dev/sda1".to_string()));
+        }
+        let key = (series.to_string(), arch.to_string());
+        if let Some(hit) = self
+            .images
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
+            return Ok(hit.clone());
+        }
+        let r = self
+            .client
+            .describe_images()
+            .owners(CANONICAL)
+            .filters(filter(
+                "name",
+                [format!("ubuntu/images/*ubuntu-{series}-*-{arch}-server-*")],
+            ))
+            .filters(filter("architecture", [ec2_arch(arch)]))
+            .filters(filter("state", ["available"]))
+            .send()
+            .await
+            .map_err(|e| classify(e, None))?;
+        let mut images: Vec<_> = r
+            .images()
+            .iter()
+            .filter(|i| i.owner_id() == Some(CANONICAL))
+            .filter_map(|i| {
+                Some((
+                    i.creation_date().unwrap_or("").to_string(),
+                    i.name().unwrap_or("").to_string(),
+                    i.image_id()?.to_string(),
+                    i.root_device_name().unwrap_or("/dev/sda1").to_string(),
+                ))
+            })
+            .collect();
+        images.sort();
+        let (_, _, id, root) = images.pop().ok_or_else(|| {
+            Error::InvalidSpec(format!(
+                "no Ubuntu image for series `{series}` and arch `{arch}` in region `{}`; set `image-id` to use your own",
+                self.region
+            ))
+        })?;
+        self.images
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, (id.clone(), root.clone()));
+        Ok((id, root))
+    }
+
+    fn group_name(&self) -> String {
+        format!("jujube-{}", self.env_uuid)
+    }
+
+    /// The environment's security group, created (with SSH ingress) if
+    /// missing. Safe against concurrent creation.
+    async fn security_group(&self) -> Result<&String> {
+        self.group
+            .get_or_try_init(|| async {
+                if let Some(id) = self.find_group().await? {
+                    return Ok(id);
+                }
+                let created = self
+                    .client
+                    .create_security_group()
+                    .group_name(self.group_name())
+                    .description(format!("jujube environment {}", self.env_name))
+                    .tag_specifications(
+                        TagSpecification::builder()
+                            .resource_type(ResourceType::SecurityGroup)
+                            .tags(
+                                Tag::builder()
+                                    .key(TAG_ENV_UUID)
+                                    .value(&self.env_uuid)
+                                    .build(),
+                            )
+                            .build(),
+                    )
+                    .send()
+                    .await;
+                let id = match created {
+                    Ok(r) => r.group_id().unwrap_or_default().to_string(),
+                    Err(e) if e.code() == Some("InvalidGroup.Duplicate") => self
+                        .find_group()
+                        .await?
+                        .ok_or_else(|| Error::Transient("security group vanished".into()))?,
+                    Err(e) => return Err(classify(e, None)),
+                };
+                let auth = self
+                    .client
+                    .authorize_security_group_ingress()
+                    .group_id(&id)
+                    .ip_permissions(
+                        IpPermission::builder()
+                            .ip_protocol("tcp")
+                            .from_port(22)
+                            .to_port(22)
+                            .ip_ranges(IpRange::builder().cidr_ip("0.0.0.0/0").build())
+                            .build(),
+                    )
+                    .send()
+                    .await;
+                match auth {
+                    Ok(_) => {}
+                    Err(e) if e.code() == Some("InvalidPermission.Duplicate") => {}
+                    Err(e) => return Err(classify(e, None)),
+                }
+                Ok(id)
+            })
+            .await
+    }
+
+    async fn find_group(&self) -> Result<Option<String>> {
+        let r = self
+            .client
+            .describe_security_groups()
+            .filters(filter("group-name", [self.group_name()]))
+            .send()
+            .await
+            .map_err(|e| classify(e, None))?;
+        Ok(r.security_groups()
+            .first()
+            .and_then(|g| g.group_id())
+            .map(str::to_string))
+    }
+
+    /// Instances matching filters (plus ownership and liveness), all pages.
+    async fn describe(&self, mut filters: Vec<Filter>) -> Result<Vec<Instance>> {
+        filters.push(filter(
+            &format!("tag:{TAG_ENV_UUID}"),
+            [self.env_uuid.clone()],
+        ));
+        filters.push(filter("instance-state-name", LIVE_STATES));
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let r = self
+                .client
+                .describe_instances()
+                .set_filters(Some(filters.clone()))
+                .set_next_token(token.clone())
+                .send()
+                .await
+                .map_err(|e| classify(e, None))?;
+            for res in r.reservations() {
+                for i in res.instances() {
+                    let live = i.state().and_then(|s| s.name()).is_some_and(|s| {
+                        !matches!(
+                            s,
+                            InstanceStateName::Terminated | InstanceStateName::ShuttingDown
+                        )
+                    });
+                    let tags = tags_of(i);
+                    // Never trust a filter alone with ownership.
+                    if !live || tags.get(TAG_ENV_UUID) != Some(&self.env_uuid) {
+                        continue;
+                    }
+                    out.push(self.convert(i, tags, None));
+                }
+            }
+            token = r.next_token().map(str::to_string);
+            if token.is_none() {
+                return Ok(out);
+            }
+        }
+    }
+
+    fn convert(
+        &self,
+        i: &aws_sdk_ec2::types::Instance,
+        tags: BTreeMap<String, String>,
+        root_disk: Option<u64>,
+    ) -> Instance {
+        let arch = match i.architecture().map(|a| a.as_str()) {
+            Some("x86_64") => "amd64",
+            Some(a) => a,
+            None => "amd64",
+        };
+        let itype = i
+            .instance_type()
+            .map(|t| t.as_str().to_string())
+            .unwrap_or_default();
+        let info = self
+            .types
+            .get()
+            .and_then(|ts| ts.iter().find(|t| t.name == itype).cloned());
+        let mut hw = format!("arch={arch}");
+        if let Some(t) = &info {
+            hw.push_str(&format!(" cores={} mem={}M", t.vcpus, t.mem));
+        }
+        hw.push_str(&format!(" instance-type={itype}"));
+        if let Some(d) = root_disk {
+            hw.push_str(&format!(" root-disk={d}M"));
+        }
+        let hardware = Constraints::parse(&hw).map(|c| c.to_string()).unwrap_or(hw);
+        Instance {
+            id: i.instance_id().unwrap_or_default().to_string(),
+            zone: i
+                .placement()
+                .and_then(|p| p.availability_zone())
+                .map(str::to_string),
+            hardware,
+            tags,
+        }
+    }
+}
+
+#[async_trait]
+impl Provider for Ec2Provider {
+    fn kind(&self) -> &'static str {
+        "ec2"
+    }
+
+    async fn start_instance(&self, spec: &StartSpec) -> Result<Instance> {
+        // The nonce first: a launch that already happened is returned.
+        let existing = self
+            .describe(vec![filter(
+                &format!("tag:{TAG_NONCE}"),
+                [spec.nonce.clone()],
+            )])
+            .await?;
+        if let Some(i) = existing.into_iter().next() {
+            return Ok(i);
+        }
+        let types = self.instance_types().await?;
+        let itype = choose(types, &spec.constraints, &self.region)?;
+        let arch = spec.constraints.arch().unwrap_or("amd64");
+        let (image, root_device) = self.image(&spec.series, arch).await?;
+        let group = self.security_group().await?.clone();
+        let tags: Vec<Tag> = spec
+            .tags(&self.env_name, &self.env_uuid)
+            .into_iter()
+            .map(|(k, v)| Tag::builder().key(k).value(v).build())
+            .collect();
+        let mut req = self
+            .client
+            .run_instances()
+            .image_id(image)
+            .instance_type(InstanceType::from(itype.name.as_str()))
+            .min_count(1)
+            .max_count(1)
+            .client_token(&spec.nonce)
+            .security_group_ids(group)
+            .user_data(base64::engine::general_purpose::STANDARD.encode(&spec.user_data))
+            .tag_specifications(
+                TagSpecification::builder()
+                    .resource_type(ResourceType::Instance)
+                    .set_tags(Some(tags.clone()))
+                    .build(),
+            )
+            .tag_specifications(
+                TagSpecification::builder()
+                    .resource_type(ResourceType::Volume)
+                    .set_tags(Some(tags))
+                    .build(),
+            );
+        if let Some(z) = &spec.zone {
+            req = req.placement(Placement::builder().availability_zone(z).build());
+        }
+        let root_disk = spec.constraints.root_disk();
+        if let Some(mib) = root_disk {
+            req = req.block_device_mappings(
+                BlockDeviceMapping::builder()
+                    .device_name(root_device)
+                    .ebs(
+                        EbsBlockDevice::builder()
+                            .volume_size(mib.div_ceil(1024) as i32)
+                            .delete_on_termination(true)
+                            .build(),
+                    )
+                    .build(),
+            );
+        }
+        let r = req
+            .customize()
+            .config_override(
+                aws_sdk_ec2::config::Builder::default()
+                    .retry_config(aws_config::retry::RetryConfig::disabled()),
+            )
+            .send()
+            .await
+            .map_err(|e| classify(e, spec.zone.as_deref()))?;
+        let i = r
+            .instances()
+            .first()
+            .ok_or_else(|| Error::Transient("RunInstances returned no instance".into()))?;
+        Ok(self.convert(i, tags_of(i), root_disk))
+    }
+
+    async fn stop_instances(&self, ids: &[String]) -> Result<()> {
+        for chunk in ids.chunks(200) {
+            // Only instances proven ours by their tags are terminated.
+            let owned: Vec<String> = self
+                .describe(vec![filter("instance-id", chunk.to_vec())])
+                .await?
+                .into_iter()
+                .map(|i| i.id)
+                .collect();
+            if owned.is_empty() {
+                continue;
+            }
+            match self
+                .client
+                .terminate_instances()
+                .set_instance_ids(Some(owned))
+                .send()
+                .await
+            {
+                Ok(_) => {}
+                Err(e)
+                    if e.code()
+                        .is_some_and(|c| c.starts_with("InvalidInstanceID.NotFound")) => {}
+                Err(e) => return Err(classify(e, None)),
+            }
+        }
+        Ok(())
+    }
+
+    async fn instances(&self) -> Result<Vec<Instance>> {
+        self.describe(vec![]).await
+    }
+
+    async fn instances_by_id(&self, ids: &[String]) -> Result<Vec<Instance>> {
+        if ids.is_empty() {
+            return Ok(vec![]);
+        }
+        self.describe(vec![filter("instance-id", ids.to_vec())])
+            .await
+    }
+
+    async fn zones(&self) -> Result<Vec<String>> {
+        let r = self
+            .client
+            .describe_availability_zones()
+            .filters(filter("state", ["available"]))
+            .send()
+            .await
+            .map_err(|e| classify(e, None))?;
+        let mut z: Vec<String> = r
+            .availability_zones()
+            .iter()
+            .filter_map(|z| z.zone_name())
+            .map(str::to_string)
+            .collect();
+        z.sort();
+        Ok(z)
+    }
+
+    async fn validate_constraints(&self, cons: &Constraints) -> Result<()> {
+        let unsupported: Vec<&str> = [
+            (cons.container().is_some_and(|c| c != "none"), "container"),
+            (cons.virt_type().is_some(), "virt-type"),
+        ]
+        .into_iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, k)| k)
+        .collect();
+        if !unsupported.is_empty() {
+            return Err(Error::InvalidSpec(format!(
+                "the ec2 provider does not support constraint(s) {}",
+                unsupported.join(", ")
+            )));
+        }
+        choose(self.instance_types().await?, cons, &self.region).map(|_| ())
+    }
+
+    /// Deletes the environment's security group (after its instances are
+    /// gone; retried while EC2 still sees them using it).
+    async fn destroy_environment(&self) -> Result<()> {
+        let Some(id) = self.find_group().await? else {
+            return Ok(());
+        };
+        for attempt in 0..20 {
+            match self
+                .client
+                .delete_security_group()
+                .group_id(&id)
+                .send()
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(e) if e.code() == Some("InvalidGroup.NotFound") => return Ok(()),
+                Err(e) if e.code() == Some("DependencyViolation") && attempt < 19 => {
+                    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+                }
+                Err(e) => return Err(classify(e, None)),
+            }
+        }
+        Ok(())
+    }
+
+    async fn update_config(&self, config: &BTreeMap<String, String>) -> Result<()> {
+        *self
+            .image_override
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = config.get("image-id").cloned();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(name: &str, vcpus: u64, mem: u64, arch: &str) -> TypeInfo {
+        TypeInfo {
+            name: name.into(),
+            vcpus,
+            mem,
+            arches: vec![arch.into()],
+        }
+    }
+
+    #[test]
+    fn the_cheapest_priced_type_that_fits_wins() {
+        let types = vec![
+            t("t3.micro", 2, 1024, "x86_64"),
+            t("t3.medium", 2, 4096, "x86_64"),
+            t("t3.xlarge", 4, 16384, "x86_64"),
+            t("m5.xlarge", 4, 16384, "x86_64"),
+            t("r5.2xlarge", 8, 65536, "x86_64"),
+            t("m5.4xlarge", 16, 65536, "x86_64"),
+            t("t4g.small", 2, 2048, "arm64"),
+            t("x9.huge", 4, 8192, "x86_64"),
+        ];
+        let c = |s: &str| choose(&types, &Constraints::parse(s).unwrap(), "r").map(|t| t.name);
+        assert_eq!(c("").unwrap(), "t3.micro");
+        assert_eq!(c("mem=3G").unwrap(), "t3.medium");
+        assert_eq!(c("cores=4 mem=16G").unwrap(), "t3.xlarge");
+        assert_eq!(c("cores=8 mem=64G").unwrap(), "r5.2xlarge");
+        assert_eq!(c("arch=arm64").unwrap(), "t4g.small");
+        assert_eq!(c("instance-type=m5.xlarge").unwrap(), "m5.xlarge");
+        assert!(matches!(
+            c("instance-type=q1.big"),
+            Err(Error::InvalidSpec(_))
+        ));
+        assert!(matches!(
+            c("instance-type=t4g.small"),
+            Err(Error::InvalidSpec(_))
+        ));
+        assert!(matches!(c("mem=1000G"), Err(Error::InvalidSpec(_))));
+        // Unpriced types are a fallback only.
+        let only_unpriced = vec![
+            t("x9.huge", 4, 8192, "x86_64"),
+            t("x9.small", 2, 8192, "x86_64"),
+        ];
+        assert_eq!(
+            choose(&only_unpriced, &Constraints::new(), "r")
+                .unwrap()
+                .name,
+            "x9.small"
+        );
+    }
+
+    #[test]
+    fn ec2_error_codes_are_classified() {
+        use crate::ErrorClass::*;
+        for (code, class) in [
+            ("RequestLimitExceeded", Transient),
+            ("InternalError", Transient),
+            ("InsufficientInstanceCapacity", Capacity),
+            ("InstanceLimitExceeded", Quota),
+            ("VcpuLimitExceeded", Quota),
+            ("AuthFailure", Credentials),
+            ("UnauthorizedOperation", Credentials),
+            ("InvalidAMIID.NotFound", InvalidSpec),
+            ("InvalidInstanceID.NotFound", NotFound),
+        ] {
+            assert_eq!(classify_code(code, "m", Some("z")).class(), class, "{code}");
+        }
+        match classify_code(
+            "InsufficientInstanceCapacity",
+            "none left",
+            Some("us-east-1a"),
+        ) {
+            Error::Capacity { zone, .. } => assert_eq!(zone, "us-east-1a"),
+            e => panic!("{e}"),
+        }
+    }
+}

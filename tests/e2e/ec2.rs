@@ -1,0 +1,515 @@
+//! The EC2 provider against a real LocalStack (started by `localstack/start`;
+//! `scripts/test` does it). These tests fail when LocalStack is not there;
+//! `JUJUBE_SKIP_EC2=1` skips them knowingly. Each test works in an account
+//! of its own (LocalStack takes a 12-digit access key id as the account), so
+//! tests never see each other's instances.
+
+use crate::Jujube;
+use aws_sdk_ec2::config::Credentials;
+use aws_smithy_runtime_api::box_error::BoxError;
+use aws_smithy_runtime_api::client::interceptors::context::{
+    BeforeDeserializationInterceptorContextMut, BeforeTransmitInterceptorContextRef,
+};
+use aws_smithy_runtime_api::client::interceptors::Intercept;
+use aws_smithy_runtime_api::client::orchestrator::Metadata;
+use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+use aws_smithy_runtime_api::http::{Response, StatusCode};
+use aws_smithy_types::body::SdkBody;
+use aws_smithy_types::config_bag::ConfigBag;
+use jujube_core::Constraints;
+use jujube_providers::conformance::{run_all, Subject};
+use jujube_providers::ec2::Ec2Provider;
+use jujube_providers::Provider;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const ENDPOINT: &str = "http://127.0.0.1:4566";
+const REGION: &str = "us-east-1";
+
+/// None when the EC2 tests are skipped on purpose; panics when LocalStack is
+/// simply not there.
+fn localstack() -> Option<()> {
+    if std::env::var("JUJUBE_SKIP_EC2").as_deref() == Ok("1") {
+        eprintln!("JUJUBE_SKIP_EC2=1: skipping an EC2 test");
+        return None;
+    }
+    if std::net::TcpStream::connect_timeout(
+        &"127.0.0.1:4566".parse().unwrap(),
+        Duration::from_secs(2),
+    )
+    .is_err()
+    {
+        panic!("LocalStack is not running at {ENDPOINT}: start it with `localstack/start` (scripts/test does), or set JUJUBE_SKIP_EC2=1 to skip the EC2 tests knowingly");
+    }
+    Some(())
+}
+
+fn account() -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    let n = N.fetch_add(1, Ordering::Relaxed) as u64;
+    format!(
+        "{:012}",
+        (t * 7 + n * 7919 + std::process::id() as u64) % 900_000_000_000 + 100_000_000_000
+    )
+}
+
+fn config() -> BTreeMap<String, String> {
+    [("region", REGION), ("endpoint", ENDPOINT)]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+async fn provider(account: &str, uuid: &str, extra: Option<Arc<dyn Intercept>>) -> Ec2Provider {
+    let creds = Credentials::new(account, "test", None, None, "jujube-tests");
+    Ec2Provider::new(
+        "test",
+        uuid,
+        &config(),
+        Some(Box::new(move |mut b: aws_sdk_ec2::config::Builder| {
+            b = b.credentials_provider(creds);
+            if let Some(i) = extra {
+                b = b.interceptor(SharedIntercept(i));
+            }
+            b
+        })),
+    )
+    .await
+    .unwrap()
+}
+
+#[derive(Debug)]
+struct SharedIntercept(Arc<dyn Intercept>);
+
+impl Intercept for SharedIntercept {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+    fn read_before_transmit(
+        &self,
+        c: &BeforeTransmitInterceptorContextRef<'_>,
+        rc: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        self.0.read_before_transmit(c, rc, cfg)
+    }
+    fn modify_before_deserialization(
+        &self,
+        c: &mut BeforeDeserializationInterceptorContextMut<'_>,
+        rc: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        self.0.modify_before_deserialization(c, rc, cfg)
+    }
+}
+
+fn uuid() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+fn raw_client(account: &str) -> aws_sdk_ec2::Client {
+    let conf = aws_sdk_ec2::Config::builder()
+        .behavior_version(aws_sdk_ec2::config::BehaviorVersion::latest())
+        .region(aws_sdk_ec2::config::Region::new(REGION))
+        .endpoint_url(ENDPOINT)
+        .credentials_provider(Credentials::new(
+            account,
+            "test",
+            None,
+            None,
+            "jujube-tests",
+        ))
+        .build();
+    aws_sdk_ec2::Client::from_conf(conf)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ec2_passes_the_conformance_suite_against_localstack() {
+    let Some(()) = localstack() else { return };
+    let acct = account();
+    let (ours, theirs) = (uuid(), uuid());
+    let s = Subject {
+        provider: Arc::new(provider(&acct, &ours, None).await),
+        env_uuid: ours,
+        other: Arc::new(provider(&acct, &theirs, None).await),
+        satisfiable: Constraints::parse("mem=2G").unwrap(),
+        unsatisfiable: Constraints::parse("mem=100000G").unwrap(),
+        series: "jammy".into(),
+        settle: Duration::from_secs(10),
+    };
+    let failures = run_all(&s).await;
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn images_are_canonicals_newest_for_the_series_and_arch() {
+    let Some(()) = localstack() else { return };
+    let acct = account();
+    let p = provider(&acct, &uuid(), None).await;
+    let start = |series: &str, cons: &str, m: &str| jujube_providers::StartSpec {
+        machine_id: m.into(),
+        nonce: format!("n-{m}-{}", uuid()),
+        series: series.into(),
+        constraints: Constraints::parse(cons).unwrap(),
+        zone: None,
+        controller: false,
+        user_data: String::new(),
+    };
+    let raw = raw_client(&acct);
+    let image_of = |id: String| {
+        let raw = raw.clone();
+        async move {
+            let r = raw
+                .describe_instances()
+                .instance_ids(id)
+                .send()
+                .await
+                .unwrap();
+            r.reservations()[0].instances()[0]
+                .image_id()
+                .unwrap()
+                .to_string()
+        }
+    };
+    let i = p.start_instance(&start("jammy", "", "1")).await.unwrap();
+    assert_eq!(
+        image_of(i.id).await,
+        "ami-0f3a9d1c2b4e50002",
+        "the newer of two jammy amd64 images"
+    );
+    let i = p
+        .start_instance(&start("noble", "arch=arm64", "2"))
+        .await
+        .unwrap();
+    assert_eq!(image_of(i.id.clone()).await, "ami-0f3a9d1c2b4e50005");
+    assert!(i.hardware.contains("arch=arm64"), "{}", i.hardware);
+    let e = p
+        .start_instance(&start("bionic", "", "3"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.to_string(), "invalid instance spec: no Ubuntu image for series `bionic` and arch `amd64` in region `us-east-1`; set `image-id` to use your own");
+}
+
+/// What a fault interceptor does to RunInstances.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fault {
+    /// Answer `RequestLimitExceeded` without sending.
+    Throttle,
+    /// Answer `InsufficientInstanceCapacity` for one zone.
+    NoCapacityIn(&'static str),
+    /// Let the launch happen, then lose the response.
+    LoseResponse,
+}
+
+#[derive(Debug)]
+struct Faulty {
+    fault: Fault,
+    remaining: AtomicUsize,
+    calls: AtomicUsize,
+    zones: Mutex<Vec<String>>,
+    /// Set when the request in flight is to fail; calls here are sequential.
+    armed: std::sync::atomic::AtomicBool,
+}
+
+impl Faulty {
+    fn new(fault: Fault, times: usize) -> Arc<Faulty> {
+        Arc::new(Faulty {
+            fault,
+            remaining: AtomicUsize::new(times),
+            calls: AtomicUsize::new(0),
+            zones: Mutex::new(vec![]),
+            armed: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+}
+
+fn error_response(status: u16, code: &str) -> Response {
+    let xml = format!("<Response><Errors><Error><Code>{code}</Code><Message>injected by the test</Message></Error></Errors><RequestID>t-1</RequestID></Response>");
+    Response::new(StatusCode::try_from(status).unwrap(), SdkBody::from(xml))
+}
+
+impl Intercept for Faulty {
+    fn name(&self) -> &'static str {
+        "faulty"
+    }
+
+    fn read_before_transmit(
+        &self,
+        c: &BeforeTransmitInterceptorContextRef<'_>,
+        _rc: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        if cfg.load::<Metadata>().map(|m| m.name()) != Some("RunInstances") {
+            return Ok(());
+        }
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let body =
+            String::from_utf8_lossy(c.request().body().bytes().unwrap_or_default()).to_string();
+        let zone = body
+            .split('&')
+            .find_map(|kv| kv.strip_prefix("Placement.AvailabilityZone="))
+            .unwrap_or("")
+            .to_string();
+        self.zones.lock().unwrap().push(zone.clone());
+        let hit = match self.fault {
+            Fault::NoCapacityIn(z) => zone == z,
+            _ => self.remaining.load(Ordering::SeqCst) > 0,
+        };
+        if hit {
+            self.remaining.fetch_sub(1, Ordering::SeqCst);
+            self.armed.store(true, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    fn modify_before_deserialization(
+        &self,
+        c: &mut BeforeDeserializationInterceptorContextMut<'_>,
+        _rc: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        if cfg.load::<Metadata>().map(|m| m.name()) != Some("RunInstances")
+            || !self.armed.swap(false, Ordering::SeqCst)
+        {
+            return Ok(());
+        }
+        *c.response_mut() = match self.fault {
+            Fault::Throttle => error_response(503, "RequestLimitExceeded"),
+            Fault::NoCapacityIn(_) => error_response(500, "InsufficientInstanceCapacity"),
+            Fault::LoseResponse => error_response(500, "InternalError"),
+        };
+        Ok(())
+    }
+}
+
+/// A provisioner over a real SQLite store and a faulty EC2 provider.
+async fn provision_one(
+    fault: Arc<Faulty>,
+) -> (jujube_state::Machine, Ec2Provider, tempfile::TempDir) {
+    let acct = account();
+    let env_uuid = uuid();
+    let dir = tempfile::tempdir().unwrap();
+    let store = jujube_state::Store::open(dir.path().join("state.db")).unwrap();
+    let mut cfg = config();
+    cfg.insert("provisioner-retry-for".into(), "2m".into());
+    store
+        .initialize(&jujube_state::environment::EnvironmentSpec {
+            name: "test".into(),
+            uuid: env_uuid.clone(),
+            provider: "ec2".into(),
+            default_series: "jammy".into(),
+            constraints: Constraints::default(),
+            config: cfg,
+        })
+        .unwrap();
+    let faulty = Arc::new(provider(&acct, &env_uuid, Some(fault as Arc<dyn Intercept>)).await);
+    let p = jujube_provisioner::Provisioner::new(store.clone(), faulty.clone()).unwrap();
+    let failed = p.provision_now(&[0]).await.unwrap();
+    assert!(failed.is_empty(), "{failed:?}");
+    (
+        store.machine(0).unwrap(),
+        provider(&acct, &env_uuid, None).await,
+        dir,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttled_launches_are_retried_with_backoff() {
+    let Some(()) = localstack() else { return };
+    let fault = Faulty::new(Fault::Throttle, 2);
+    let t0 = std::time::Instant::now();
+    let (m, clean, _dir) = provision_one(fault.clone()).await;
+    assert!(m.instance_id.is_some());
+    assert_eq!(
+        fault.calls.load(Ordering::SeqCst),
+        3,
+        "two throttled calls, then success"
+    );
+    assert!(
+        t0.elapsed() >= Duration::from_millis(500),
+        "backed off between tries"
+    );
+    assert_eq!(clean.instances().await.unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_errors_in_one_zone_fall_back_to_the_next() {
+    let Some(()) = localstack() else { return };
+    // Machine 0 is first sent to the first zone.
+    let fault = Faulty::new(Fault::NoCapacityIn("us-east-1a"), usize::MAX);
+    let (m, clean, _dir) = provision_one(fault.clone()).await;
+    let zones = fault.zones.lock().unwrap().clone();
+    assert_eq!(zones[0], "us-east-1a");
+    assert_eq!(m.zone.as_deref(), Some(zones.last().unwrap().as_str()));
+    assert_ne!(m.zone.as_deref(), Some("us-east-1a"));
+    assert_eq!(clean.instances().await.unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_launch_response_never_makes_a_second_instance() {
+    let Some(()) = localstack() else { return };
+    let fault = Faulty::new(Fault::LoseResponse, 1);
+    let (m, clean, _dir) = provision_one(fault.clone()).await;
+    let listed = clean.instances().await.unwrap();
+    assert_eq!(
+        fault.remaining.load(Ordering::SeqCst),
+        0,
+        "the fault was injected"
+    );
+    assert_eq!(
+        fault.calls.load(Ordering::SeqCst),
+        1,
+        "the retry found the launched instance by its nonce"
+    );
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(m.instance_id.as_deref(), Some(listed[0].id.as_str()));
+}
+
+fn ec2_jujube(acct: &str) -> Jujube {
+    let mut j = Jujube::new();
+    j.envs = vec![
+        ("AWS_ACCESS_KEY_ID".into(), acct.to_string()),
+        ("AWS_SECRET_ACCESS_KEY".into(), "test".into()),
+        ("AWS_EC2_METADATA_DISABLED".into(), "true".into()),
+        ("AWS_CONFIG_FILE".into(), "/nonexistent".into()),
+        ("AWS_SHARED_CREDENTIALS_FILE".into(), "/nonexistent".into()),
+    ];
+    j
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ec2_end_to_end_through_the_binary() {
+    let Some(()) = localstack() else { return };
+    let acct = account();
+    let j = ec2_jujube(&acct);
+    let raw = raw_client(&acct);
+    // Someone else's instance, launched directly, with no jujube tags.
+    let foreign = raw
+        .run_instances()
+        .image_id("ami-0f3a9d1c2b4e50002")
+        .instance_type(aws_sdk_ec2::types::InstanceType::T3Micro)
+        .min_count(1)
+        .max_count(1)
+        .send()
+        .await
+        .unwrap()
+        .instances()[0]
+        .instance_id()
+        .unwrap()
+        .to_string();
+
+    j.run(&[
+        "bootstrap",
+        "aws",
+        "--provider",
+        "ec2",
+        "--config",
+        &format!("region={REGION}"),
+        "--config",
+        &format!("endpoint={ENDPOINT}"),
+    ])
+    .ok();
+    let st = j.status();
+    let env_uuid = st["environment"]["uuid"].as_str().unwrap().to_string();
+    let ours = provider(&acct, &env_uuid, None).await;
+    let m0 = st["machines"]["0"]["instance-id"]
+        .as_str()
+        .expect("machine 0 provisioned")
+        .to_string();
+    let listed = ours.instances().await.unwrap();
+    let i0 = listed.iter().find(|i| i.id == m0).unwrap();
+    assert_eq!(i0.tag("jujube-controller"), Some("true"));
+    assert_eq!(i0.tag("Name"), Some("jujube-aws-0"));
+
+    j.run(&[
+        "deploy",
+        &j.charm("wordpress"),
+        "-n",
+        "2",
+        "--constraints",
+        "mem=3G",
+    ])
+    .ok();
+    j.run(&[
+        "deploy",
+        &j.charm("mysql"),
+        "--constraints",
+        "cores=8 mem=64G",
+    ])
+    .ok();
+    let ctl = j.controller();
+    j.run(&["wait", "--timeout", "120s"]).ok();
+    let st = j.status();
+    let hw = |m: &str| {
+        st["machines"][m]["hardware"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    assert!(hw("1").contains("instance-type=t3.medium"), "{}", hw("1"));
+    assert!(hw("2").contains("instance-type=t3.medium"), "{}", hw("2"));
+    assert!(hw("3").contains("instance-type=r5.2xlarge"), "{}", hw("3"));
+    assert_ne!(
+        st["machines"]["1"]["zone"], st["machines"]["2"]["zone"],
+        "a service's machines spread over zones"
+    );
+
+    // Destroy: the instance is terminated and the machine removed.
+    let i1 = st["machines"]["1"]["instance-id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    j.run(&["destroy-unit", "wordpress/0"]).ok();
+    j.run(&["destroy-machine", "1"]).ok();
+    j.run(&["wait", "--timeout", "120s"]).ok();
+    assert!(j.status()["machines"].get("1").is_none());
+    assert!(
+        ours.instances_by_id(&[i1]).await.unwrap().is_empty(),
+        "machine 1's instance terminated"
+    );
+    drop(ctl);
+
+    j.run(&["destroy-environment", "aws", "-y"]).ok();
+    assert!(
+        ours.instances().await.unwrap().is_empty(),
+        "nothing of the environment left running"
+    );
+    let groups = raw
+        .describe_security_groups()
+        .filters(
+            aws_sdk_ec2::types::Filter::builder()
+                .name("group-name")
+                .values(format!("jujube-{env_uuid}"))
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        groups.security_groups().is_empty(),
+        "security group deleted"
+    );
+    let r = raw
+        .describe_instances()
+        .instance_ids(&foreign)
+        .send()
+        .await
+        .unwrap();
+    let state = r.reservations()[0].instances()[0]
+        .state()
+        .unwrap()
+        .name()
+        .unwrap()
+        .as_str()
+        .to_string();
+    assert_eq!(
+        state, "running",
+        "an instance without the environment's tags survives everything"
+    );
+}
