@@ -8,7 +8,7 @@ use crate::Jujube;
 use aws_sdk_ec2::config::Credentials;
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::interceptors::context::{
-    BeforeDeserializationInterceptorContextMut, BeforeTransmitInterceptorContextRef,
+    BeforeDeserializationInterceptorContextMut, BeforeTransmitInterceptorContextMut,
 };
 use aws_smithy_runtime_api::client::interceptors::Intercept;
 use aws_smithy_runtime_api::client::orchestrator::Metadata;
@@ -91,13 +91,13 @@ impl Intercept for SharedIntercept {
     fn name(&self) -> &'static str {
         self.0.name()
     }
-    fn read_before_transmit(
+    fn modify_before_transmit(
         &self,
-        c: &BeforeTransmitInterceptorContextRef<'_>,
+        c: &mut BeforeTransmitInterceptorContextMut<'_>,
         rc: &RuntimeComponents,
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
-        self.0.read_before_transmit(c, rc, cfg)
+        self.0.modify_before_transmit(c, rc, cfg)
     }
     fn modify_before_deserialization(
         &self,
@@ -239,9 +239,9 @@ impl Intercept for Faulty {
         "faulty"
     }
 
-    fn read_before_transmit(
+    fn modify_before_transmit(
         &self,
-        c: &BeforeTransmitInterceptorContextRef<'_>,
+        c: &mut BeforeTransmitInterceptorContextMut<'_>,
         _rc: &RuntimeComponents,
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
@@ -264,6 +264,15 @@ impl Intercept for Faulty {
         if hit {
             self.remaining.fetch_sub(1, Ordering::SeqCst);
             self.armed.store(true, Ordering::SeqCst);
+            if self.fault != Fault::LoseResponse {
+                // A throttled or refused launch never reaches the server:
+                // send something harmless instead, and answer with the fault.
+                let harmless = "Action=DescribeAvailabilityZones&Version=2016-11-15";
+                *c.request_mut().body_mut() = SdkBody::from(harmless);
+                c.request_mut()
+                    .headers_mut()
+                    .insert("content-length", harmless.len().to_string());
+            }
         }
         Ok(())
     }
