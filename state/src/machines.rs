@@ -5,7 +5,8 @@ use crate::db::{Store, Tx};
 use crate::environment::get_environment;
 use crate::feed::ChangeKind;
 use crate::model::{
-    finish_machine, get_machine, machine_row, machine_status, Machine, JOB_HOST_UNITS, MACHINE_COLS,
+    finish_machine, get_machine, machine_row, machine_status, quote_list, Machine, JOB_HOST_UNITS,
+    MACHINE_COLS,
 };
 use crate::{Entity, Error, Result};
 use jujube_core::{series, Constraints, Life};
@@ -38,14 +39,6 @@ pub(crate) fn assigned_units(c: &Connection, id: i64, alive_only: bool) -> Resul
         .query_map((id, alive_only), |r| r.get(0))?
         .collect::<rusqlite::Result<Vec<String>>>()?;
     Ok(names)
-}
-
-fn quote_list(names: &[String]) -> String {
-    names
-        .iter()
-        .map(|n| format!("`{n}`"))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 fn set_machine_life(tx: &mut Tx<'_>, id: i64, life: Life) -> Result<()> {

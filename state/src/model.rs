@@ -350,3 +350,12 @@ pub(crate) fn get_charm(c: &Connection, url: &str) -> Result<Charm> {
         path,
     })
 }
+
+/// `a`, `b` as "`a`, `b`" for messages.
+pub(crate) fn quote_list(names: &[String]) -> String {
+    names
+        .iter()
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

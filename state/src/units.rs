@@ -6,20 +6,12 @@ use crate::db::{Store, Tx};
 use crate::feed::ChangeKind;
 use crate::machines::insert_machine;
 use crate::model::{
-    finish_unit, get_machine, get_service, get_unit, unit_row, Service, Unit, JOB_HOST_UNITS,
-    UNIT_COLS, UNIT_PENDING,
+    finish_unit, get_machine, get_service, get_unit, quote_list, unit_row, Service, Unit,
+    JOB_HOST_UNITS, UNIT_COLS, UNIT_PENDING,
 };
 use crate::{Entity, Error, Result};
 use jujube_core::{names, Constraints, Life};
 use rusqlite::Connection;
-
-fn quote_list(names: &[String]) -> String {
-    names
-        .iter()
-        .map(|n| format!("`{n}`"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
 
 /// Checks that a principal of `svc` may be placed on machine `id`.
 pub(crate) fn check_placement(c: &Connection, svc: &Service, id: i64) -> Result<()> {
