@@ -67,11 +67,20 @@ fn config() -> BTreeMap<String, String> {
 }
 
 async fn provider(account: &str, uuid: &str, extra: Option<Arc<dyn Intercept>>) -> Ec2Provider {
+    provider_with(account, uuid, extra, config()).await
+}
+
+async fn provider_with(
+    account: &str,
+    uuid: &str,
+    extra: Option<Arc<dyn Intercept>>,
+    cfg: BTreeMap<String, String>,
+) -> Ec2Provider {
     let creds = Credentials::new(account, "test", None, None, "jujube-tests");
     Ec2Provider::new(
         "test",
         uuid,
-        &config(),
+        &cfg,
         Some(Box::new(move |mut b: aws_sdk_ec2::config::Builder| {
             b = b.credentials_provider(creds);
             if let Some(i) = extra {
