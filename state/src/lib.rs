@@ -151,3 +151,22 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Refuses with [`Error::NotAlive`] unless `life` is Alive.
+pub(crate) fn require_alive(
+    kind: Entity,
+    id: impl ToString,
+    life: Life,
+    action: &'static str,
+) -> Result<()> {
+    if life == Life::Alive {
+        Ok(())
+    } else {
+        Err(Error::NotAlive {
+            kind,
+            id: id.to_string(),
+            life,
+            action,
+        })
+    }
+}

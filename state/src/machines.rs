@@ -8,7 +8,7 @@ use crate::model::{
     finish_machine, get_machine, machine_row, machine_status, quote_list, Machine, JOB_HOST_UNITS,
     MACHINE_COLS,
 };
-use crate::{Entity, Error, Result};
+use crate::{require_alive, Entity, Error, Result};
 use jujube_core::{series, Constraints, Life};
 use rusqlite::Connection;
 
@@ -70,14 +70,12 @@ fn destroy_machine_in(tx: &mut Tx<'_>, id: i64) -> Result<()> {
 /// stray), optionally replacing its constraints.
 pub(crate) fn resolve_in(tx: &mut Tx<'_>, id: i64, cons: Option<&Constraints>) -> Result<()> {
     let m = get_machine(tx, id)?;
-    if m.life != Life::Alive {
-        return Err(Error::NotAlive {
-            kind: Entity::Machine,
-            id: id.to_string(),
-            life: m.life,
-            action: "be provisioned again",
-        });
-    }
+    require_alive(
+        Entity::Machine,
+        id.to_string(),
+        m.life,
+        "be provisioned again",
+    )?;
     if m.status != machine_status::ERROR {
         return Err(Error::NoProvisioningError(id));
     }

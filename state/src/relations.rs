@@ -7,7 +7,7 @@ use crate::db::{Store, Tx};
 use crate::feed::ChangeKind;
 use crate::model::{find_relation, get_charm, get_relation, get_service, get_unit, Relation};
 use crate::units::{insert_subordinate, remove_service_in};
-use crate::{Entity, Error, Result};
+use crate::{require_alive, Entity, Error, Result};
 use jujube_core::charm::{
     can_relate, canonical_key, relation_scope, Endpoint, Role, Scope, JUJU_INFO,
 };
@@ -235,14 +235,7 @@ impl Store {
             let svc_a = get_service(tx, &sa.service)?;
             let svc_b = get_service(tx, &sb.service)?;
             for s in [&svc_a, &svc_b] {
-                if s.life != Life::Alive {
-                    return Err(Error::NotAlive {
-                        kind: Entity::Service,
-                        id: s.name.clone(),
-                        life: s.life,
-                        action: "join new relations",
-                    });
-                }
+                require_alive(Entity::Service, &s.name, s.life, "join new relations")?;
             }
             let mut pairs = infer(tx, &sa, &sb)?;
             let mut eps = match pairs.len() {
@@ -358,22 +351,8 @@ impl Store {
             if in_scope {
                 return Ok(());
             }
-            if rel.life != Life::Alive {
-                return Err(Error::NotAlive {
-                    kind: Entity::Relation,
-                    id: rel.key,
-                    life: rel.life,
-                    action: "be joined",
-                });
-            }
-            if u.life != Life::Alive {
-                return Err(Error::NotAlive {
-                    kind: Entity::Unit,
-                    id: u.name,
-                    life: u.life,
-                    action: "join relations",
-                });
-            }
+            require_alive(Entity::Relation, &rel.key, rel.life, "be joined")?;
+            require_alive(Entity::Unit, &u.name, u.life, "join relations")?;
             if rel.endpoint_of(&u.service).is_none() {
                 return Err(Error::Relation(format!(
                     "unit `{unit}` cannot join relation `{}`: its service `{}` is not in it",
@@ -396,14 +375,7 @@ impl Store {
                 (Scope::Container, None) => {
                     let sub = get_service(tx, &counterpart)?;
                     if subordinate_for(tx, &sub.name, unit)?.is_none() {
-                        if sub.life != Life::Alive {
-                            return Err(Error::NotAlive {
-                                kind: Entity::Service,
-                                id: sub.name,
-                                life: sub.life,
-                                action: "get new units",
-                            });
-                        }
+                        require_alive(Entity::Service, &sub.name, sub.life, "get new units")?;
                         insert_subordinate(tx, &sub, unit)?;
                     }
                     u.name.clone()

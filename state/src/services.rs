@@ -8,7 +8,7 @@ use crate::model::{
 };
 use crate::relations::{destroy_relation_in, relations_of, DestroyedBy};
 use crate::units::{check_placement, insert_principal, remove_service_in};
-use crate::{Entity, Error, Result};
+use crate::{require_alive, Entity, Error, Result};
 use jujube_core::charm::{canonical_key, ConfigOption, SettingValue};
 use jujube_core::{names, series, Constraints, Life};
 use rusqlite::OptionalExtension;
@@ -129,14 +129,7 @@ fn write_settings(
 /// current transaction.
 fn add_units_in(tx: &mut Tx<'_>, service: &str, n: usize, to: Option<i64>) -> Result<Vec<String>> {
     let svc = get_service(tx, service)?;
-    if svc.life != Life::Alive {
-        return Err(Error::NotAlive {
-            kind: Entity::Service,
-            id: svc.name,
-            life: svc.life,
-            action: "get new units",
-        });
-    }
+    require_alive(Entity::Service, &svc.name, svc.life, "get new units")?;
     if svc.subordinate {
         return Err(Error::Subordinate {
             service: svc.name,
@@ -332,14 +325,7 @@ impl Store {
                     hint: "subordinate services cannot have constraints; they run on their principal's machine",
                 });
             }
-            if svc.life != Life::Alive {
-                return Err(Error::NotAlive {
-                    kind: Entity::Service,
-                    id: svc.name,
-                    life: svc.life,
-                    action: "change its constraints",
-                });
-            }
+            require_alive(Entity::Service, &svc.name, svc.life, "change its constraints")?;
             tx.execute(
                 "UPDATE services SET constraints = ?1 WHERE name = ?2",
                 (cons.to_string(), name),
@@ -353,14 +339,7 @@ impl Store {
     pub fn set_service_settings(&self, name: &str, kvs: &[(String, String)]) -> Result<()> {
         self.write(|tx| {
             let svc = get_service(tx, name)?;
-            if svc.life != Life::Alive {
-                return Err(Error::NotAlive {
-                    kind: Entity::Service,
-                    id: svc.name,
-                    life: svc.life,
-                    action: "change its settings",
-                });
-            }
+            require_alive(Entity::Service, &svc.name, svc.life, "change its settings")?;
             let charm = get_charm(tx, &svc.charm_url)?;
             let settings = validate_settings(&charm, kvs)?;
             write_settings(tx, name, &settings)?;

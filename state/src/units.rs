@@ -9,21 +9,14 @@ use crate::model::{
     finish_unit, get_machine, get_service, get_unit, quote_list, unit_row, Service, Unit,
     JOB_HOST_UNITS, UNIT_COLS, UNIT_PENDING,
 };
-use crate::{Entity, Error, Result};
+use crate::{require_alive, Entity, Error, Result};
 use jujube_core::{names, Constraints, Life};
 use rusqlite::Connection;
 
 /// Checks that a principal of `svc` may be placed on machine `id`.
 pub(crate) fn check_placement(c: &Connection, svc: &Service, id: i64) -> Result<()> {
     let m = get_machine(c, id)?;
-    if m.life != Life::Alive {
-        return Err(Error::NotAlive {
-            kind: Entity::Machine,
-            id: id.to_string(),
-            life: m.life,
-            action: "host new units",
-        });
-    }
+    require_alive(Entity::Machine, id.to_string(), m.life, "host new units")?;
     if !m.hosts_units() {
         return Err(Error::CannotHostUnits {
             machine: id,
