@@ -22,8 +22,10 @@ const LOCK: &str = "controller.lock";
 /// Checks environment config against every component that reads it.
 pub fn validate_config(provider: &str, config: &BTreeMap<String, String>) -> Result<()> {
     jujube_provisioner::Config::from_env(config)?;
-    if provider == "dummy" {
-        jujube_providers::dummy::validate_config(config)?;
+    match provider {
+        "dummy" => jujube_providers::dummy::validate_config(config)?,
+        "lxd" => jujube_providers::lxd::validate_config(config)?,
+        _ => {}
     }
     Ok(())
 }
@@ -37,7 +39,10 @@ pub async fn provider(home: &Home, env_name: &str, store: &Store) -> Result<Arc<
         "ec2" => Ok(Arc::new(
             jujube_providers::ec2::Ec2Provider::new(&env.name, &env.uuid, &config, None).await?,
         )),
-        other => bail!("provider `{other}` is not available in this build of jujube yet; use `--provider dummy` or `--provider ec2`"),
+        "lxd" => Ok(Arc::new(jujube_providers::lxd::LxdProvider::new(
+            &env.uuid, &config,
+        )?)),
+        other => bail!("provider `{other}` is not available in this build of jujube; use `--provider dummy`, `ec2` or `lxd`"),
     }
 }
 

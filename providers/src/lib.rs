@@ -7,6 +7,9 @@
 //!   configurable latency, failures per machine or per error class, EC2-like
 //!   token buckets, lost responses, eventually consistent listings.
 //! - `ec2` (feature `ec2`, on by default): Amazon EC2 and compatible APIs.
+//! - `lxd` (feature `lxd`, on by default): system containers on an LXD
+//!   daemon, over its REST API (unix socket, or HTTPS with a client
+//!   certificate).
 //! - [`conformance`]: scenarios every provider must pass; each provider's
 //!   tests run them against the real thing.
 //! - [`bucket`]: the token bucket the dummy throttles with and the
@@ -22,6 +25,8 @@ pub mod conformance;
 pub mod dummy;
 #[cfg(feature = "ec2")]
 pub mod ec2;
+#[cfg(feature = "lxd")]
+pub mod lxd;
 
 use async_trait::async_trait;
 use jujube_core::Constraints;
