@@ -3,6 +3,7 @@
 //! codes — and that a refused command left the environment unchanged.
 
 mod ec2;
+mod lxd;
 mod model;
 mod provisioning;
 

@@ -11,7 +11,8 @@
 use crate::{Error, Result};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper::{Method, Request};
+pub use hyper::Method;
+use hyper::Request;
 use hyper_util::rt::TokioIo;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::pem::PemObject;
@@ -90,7 +91,12 @@ impl Client {
     /// A remote daemon at `url` (`https://host[:port]`, port 8443 by
     /// default), authenticated with a client certificate the daemon trusts,
     /// and trusting exactly the daemon's own (self-signed) certificate.
-    pub fn https(url: &str, client_cert: &str, client_key: &str, server_cert: &str) -> Result<Client> {
+    pub fn https(
+        url: &str,
+        client_cert: &str,
+        client_key: &str,
+        server_cert: &str,
+    ) -> Result<Client> {
         let rest = url.strip_prefix("https://").ok_or_else(|| {
             Error::Config(format!(
                 "`lxd-url` `{url}` must start with `https://` (for the local daemon, leave it unset and set `lxd-socket`)"
@@ -100,8 +106,9 @@ impl Client {
         let (host, port) = match authority.rsplit_once(':') {
             Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => (
                 h.trim_start_matches('[').trim_end_matches(']').to_string(),
-                p.parse::<u16>()
-                    .map_err(|_| Error::Config(format!("`lxd-url` `{url}` has a bad port `{p}`")))?,
+                p.parse::<u16>().map_err(|_| {
+                    Error::Config(format!("`lxd-url` `{url}` has a bad port `{p}`"))
+                })?,
             ),
             _ => (authority.to_string(), 8443),
         };
@@ -109,9 +116,8 @@ impl Client {
             return Err(Error::Config(format!("`lxd-url` `{url}` names no host")));
         }
         let pem = |key: &str, path: &str| -> Result<Vec<u8>> {
-            std::fs::read(path).map_err(|e| {
-                Error::Config(format!("cannot read `{key}` file `{path}`: {e}"))
-            })
+            std::fs::read(path)
+                .map_err(|e| Error::Config(format!("cannot read `{key}` file `{path}`: {e}")))
         };
         let certs: Vec<CertificateDer<'static>> =
             CertificateDer::pem_slice_iter(&pem("lxd-client-cert", client_cert)?)
@@ -137,7 +143,11 @@ impl Client {
             .dangerous()
             .with_custom_certificate_verifier(verifier)
             .with_client_auth_cert(certs, key)
-            .map_err(|e| Error::Config(format!("`lxd-client-key` does not fit `lxd-client-cert`: {e}")))?;
+            .map_err(|e| {
+                Error::Config(format!(
+                    "`lxd-client-key` does not fit `lxd-client-cert`: {e}"
+                ))
+            })?;
         let server_name = ServerName::try_from(host.clone())
             .map_err(|e| Error::Config(format!("`lxd-url` host `{host}`: {e}")))?;
         Ok(Client {
@@ -163,7 +173,8 @@ impl Client {
         path: &str,
         body: Option<&Value>,
     ) -> Result<std::result::Result<Reply, ApiError>> {
-        self.call_with_timeout(method, path, body, REQUEST_TIMEOUT).await
+        self.call_with_timeout(method, path, body, REQUEST_TIMEOUT)
+            .await
     }
 
     async fn call_with_timeout(
@@ -244,7 +255,10 @@ impl Client {
                 }),
             },
             _ => {
-                let code = v["error_code"].as_u64().filter(|c| *c != 0).unwrap_or(status as u64);
+                let code = v["error_code"]
+                    .as_u64()
+                    .filter(|c| *c != 0)
+                    .unwrap_or(status as u64);
                 if status == 403 || code == 403 {
                     return Ok(Err(ApiError {
                         code: 403,
@@ -461,7 +475,8 @@ mod tests {
             .err()
             .unwrap();
         assert!(
-            e.to_string().contains("`lxd-client-cert`") && e.to_string().contains("/nonexistent/c.crt"),
+            e.to_string().contains("`lxd-client-cert`")
+                && e.to_string().contains("/nonexistent/c.crt"),
             "{e}"
         );
     }

@@ -27,7 +27,10 @@
 
 pub mod client;
 
-use crate::{Error, Instance, Provider, Result, StartSpec, TAG_CONTROLLER, TAG_ENV_UUID, TAG_MACHINE_ID, TAG_NAME, TAG_NONCE};
+use crate::{
+    Error, Instance, Provider, Result, StartSpec, TAG_CONTROLLER, TAG_ENV_UUID, TAG_MACHINE_ID,
+    TAG_NAME, TAG_NONCE,
+};
 use async_trait::async_trait;
 use client::{query_escape, ApiError, Client};
 use futures_util::stream::{self, StreamExt};
@@ -106,9 +109,8 @@ impl Config {
                             "`image-aliases` item `{item}` is not `SERIES:ALIAS`; write e.g. `image-aliases=jammy:ubuntu/22.04,noble:ubuntu/24.04`"
                         ))
                     })?;
-                jujube_core::series::validate(series).map_err(|e| {
-                    Error::Config(format!("`image-aliases` item `{item}`: {e}"))
-                })?;
+                jujube_core::series::validate(series)
+                    .map_err(|e| Error::Config(format!("`image-aliases` item `{item}`: {e}")))?;
                 image_aliases.insert(series.to_string(), alias.to_string());
             }
         }
@@ -386,13 +388,18 @@ impl LxdProvider {
             .and_then(parse_size_mib)
             .unwrap_or(host.mem_mib);
         hw.push(format!("mem={mem}M"));
-        if let Some(size) = v["devices"]["root"]["size"].as_str().and_then(parse_size_mib) {
+        if let Some(size) = v["devices"]["root"]["size"]
+            .as_str()
+            .and_then(parse_size_mib)
+        {
             hw.push(format!("root-disk={size}M"));
         }
         let hardware = Constraints::parse_words(hw.iter().map(String::as_str))
             .map(|c| c.to_string())
             .unwrap_or_else(|_| hw.join(" "));
-        let location = v["location"].as_str().filter(|l| !l.is_empty() && *l != "none");
+        let location = v["location"]
+            .as_str()
+            .filter(|l| !l.is_empty() && *l != "none");
         Instance {
             id: name,
             zone: Some(location.unwrap_or(&host.server_name).to_string()),
@@ -484,7 +491,11 @@ impl LxdProvider {
         let body = json!({"action": "start", "timeout": 30});
         match self
             .client()
-            .run(Method::PUT, &format!("/1.0/instances/{name}/state"), Some(&body))
+            .run(
+                Method::PUT,
+                &format!("/1.0/instances/{name}/state"),
+                Some(&body),
+            )
             .await?
         {
             Ok(_) => Ok(()),
@@ -498,13 +509,18 @@ impl LxdProvider {
         let c = self.client();
         let stop = json!({"action": "stop", "force": true, "timeout": 30});
         match c
-            .run(Method::PUT, &format!("/1.0/instances/{name}/state"), Some(&stop))
+            .run(
+                Method::PUT,
+                &format!("/1.0/instances/{name}/state"),
+                Some(&stop),
+            )
             .await?
         {
             Ok(_) => {}
             Err(e) if e.code == 404 => return Ok(()),
             // Stopped already, or stopping: the delete decides.
-            Err(e) if e.message.contains("already stopped") || e.message.contains("not running") => {}
+            Err(e)
+                if e.message.contains("already stopped") || e.message.contains("not running") => {}
             Err(e) => debug!(name, error = %e.message, "forced stop failed; trying the delete"),
         }
         match c
@@ -523,13 +539,21 @@ impl LxdProvider {
             return Ok(());
         };
         if !self.owned(&v) {
-            warn!(name, "not stopping a container that does not carry this environment's UUID");
+            warn!(
+                name,
+                "not stopping a container that does not carry this environment's UUID"
+            );
             return Ok(());
         }
         self.remove(name).await
     }
 
-    async fn create(&self, spec: &StartSpec, name: &str, cfg: &Config) -> Result<std::result::Result<(), ApiError>> {
+    async fn create(
+        &self,
+        spec: &StartSpec,
+        name: &str,
+        cfg: &Config,
+    ) -> Result<std::result::Result<(), ApiError>> {
         let alias = cfg.alias_for(&spec.series);
         let mut config = serde_json::Map::new();
         config.insert(CFG_UUID.into(), json!(self.env_uuid));
@@ -592,10 +616,9 @@ impl LxdProvider {
         loop {
             match self.create(spec, &name, &cfg).await? {
                 Ok(()) => {
-                    let v = self
-                        .lookup(&name)
-                        .await?
-                        .ok_or_else(|| Error::Transient(format!("`{name}` vanished after its creation")))?;
+                    let v = self.lookup(&name).await?.ok_or_else(|| {
+                        Error::Transient(format!("`{name}` vanished after its creation"))
+                    })?;
                     if let Err(e) = self.ensure_running(&name, &v).await {
                         // Leave nothing half-made behind: a container that
                         // never ran is deleted (the harvester would reap it
@@ -626,12 +649,17 @@ impl LxdProvider {
                         let v = self.lookup(&name).await?.unwrap_or(v);
                         return Ok(self.instance(&v, &host));
                     }
-                    if replaced || v["config"][CFG_MACHINE].as_str() != Some(spec.machine_id.as_str()) {
+                    if replaced
+                        || v["config"][CFG_MACHINE].as_str() != Some(spec.machine_id.as_str())
+                    {
                         return Err(Error::Transient(format!(
                             "container `{name}` exists with another nonce; it will be replaced"
                         )));
                     }
-                    info!(name, "replacing the leftover of an earlier start of this machine");
+                    info!(
+                        name,
+                        "replacing the leftover of an earlier start of this machine"
+                    );
                     self.remove(&name).await?;
                     replaced = true;
                 }
@@ -664,7 +692,10 @@ impl Provider for LxdProvider {
             .filter(|id| self.ours_by_name(id))
             .map(|name| self.stop_one(name))
             .collect();
-        let results: Vec<Result<()>> = stream::iter(stops).buffer_unordered(PARALLEL).collect().await;
+        let results: Vec<Result<()>> = stream::iter(stops)
+            .buffer_unordered(PARALLEL)
+            .collect()
+            .await;
         results.into_iter().collect()
     }
 
@@ -678,7 +709,12 @@ impl Provider for LxdProvider {
             .map_err(|e| e.into_error("listing instances"))?;
         let mut out: Vec<Instance> = list
             .as_array()
-            .map(|a| a.iter().filter(|v| self.owned(v)).map(|v| self.instance(v, &host)).collect())
+            .map(|a| {
+                a.iter()
+                    .filter(|v| self.owned(v))
+                    .map(|v| self.instance(v, &host))
+                    .collect()
+            })
             .unwrap_or_default();
         out.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(out)
@@ -695,7 +731,12 @@ impl Provider for LxdProvider {
             stream::iter(lookups).buffered(PARALLEL).collect().await;
         let found: Vec<Result<Option<Instance>>> = found
             .into_iter()
-            .map(|r| r.map(|v| v.filter(|v| self.owned(v)).map(|v| self.instance(&v, &host))))
+            .map(|r| {
+                r.map(|v| {
+                    v.filter(|v| self.owned(v))
+                        .map(|v| self.instance(&v, &host))
+                })
+            })
             .collect();
         found.into_iter().filter_map(Result::transpose).collect()
     }

@@ -40,10 +40,22 @@ fn series_map_to_image_aliases_per_series_then_one_for_all_then_ubuntu() {
 #[test]
 fn bad_config_is_refused_with_the_key_named() {
     for (kvs, want) in [
-        (vec![("image-aliases", "jammy")], "`image-aliases` item `jammy`"),
-        (vec![("image-aliases", "Bad Series:x")], "`image-aliases` item"),
-        (vec![("lxd-sockt", "/x")], "unknown LXD config key `lxd-sockt`"),
-        (vec![("lxd-url", "https://h:8443")], "`lxd-url` needs `lxd-client-cert`"),
+        (
+            vec![("image-aliases", "jammy")],
+            "`image-aliases` item `jammy`",
+        ),
+        (
+            vec![("image-aliases", "Bad Series:x")],
+            "`image-aliases` item",
+        ),
+        (
+            vec![("lxd-sockt", "/x")],
+            "unknown LXD config key `lxd-sockt`",
+        ),
+        (
+            vec![("lxd-url", "https://h:8443")],
+            "`lxd-url` needs `lxd-client-cert`",
+        ),
         (vec![("lxd-client-cert", "/c")], "only used with `lxd-url`"),
         (
             vec![
@@ -128,7 +140,13 @@ fn lxd_sizes_are_read_in_mib() {
 fn constraints_are_checked_against_the_host_and_unsupported_keys_are_named() {
     let p = LxdProvider::new(UUID, &BTreeMap::new()).unwrap();
     let check = |s: &str| p.check_constraints(&Constraints::parse(s).unwrap(), &host());
-    for ok in ["", "cores=4 mem=8G", "arch=amd64 root-disk=20G", "zones=node1", "container=none"] {
+    for ok in [
+        "",
+        "cores=4 mem=8G",
+        "arch=amd64 root-disk=20G",
+        "zones=node1",
+        "container=none",
+    ] {
         check(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
     }
     for (bad, want) in [
@@ -168,5 +186,8 @@ fn instances_report_tags_hardware_and_zone() {
     assert_eq!(i.hardware, "arch=amd64 cores=2 mem=512M root-disk=10G");
     // Without limits, the container may use the whole host.
     let v = json!({"name": "jujube-0a1b2c3d-4", "architecture": "x86_64", "config": {}});
-    assert_eq!(p.instance(&v, &host()).hardware, "arch=amd64 cores=4 mem=8G");
+    assert_eq!(
+        p.instance(&v, &host()).hardware,
+        "arch=amd64 cores=4 mem=8G"
+    );
 }

@@ -1,0 +1,431 @@
+//! The LXD provider against a real LXD daemon (prepared by
+//! `scripts/lxd-setup`; `scripts/test` runs it). These tests fail when the
+//! daemon is not there; `JUJUBE_SKIP_LXD=1` skips them knowingly. Each test
+//! works in environments with UUIDs of its own, so tests running at once
+//! never see each other's containers.
+
+use crate::Jujube;
+use jujube_core::Constraints;
+use jujube_providers::conformance::{run_all, Subject};
+use jujube_providers::lxd::client::Client;
+use jujube_providers::lxd::client::Method;
+use jujube_providers::lxd::LxdProvider;
+use jujube_providers::{ErrorClass, Provider};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+const SOCKET: &str = "/var/lib/lxd/unix.socket";
+const ALIAS: &str = "jujube-test";
+
+/// None when the LXD tests are skipped on purpose; panics when the daemon is
+/// simply not there.
+fn lxd() -> Option<Client> {
+    if std::env::var("JUJUBE_SKIP_LXD").as_deref() == Ok("1") {
+        eprintln!("JUJUBE_SKIP_LXD=1: skipping an LXD test");
+        return None;
+    }
+    if std::os::unix::net::UnixStream::connect(SOCKET).is_err() {
+        panic!("no LXD daemon answers at {SOCKET}: run `scripts/lxd-setup` (scripts/test does), or set JUJUBE_SKIP_LXD=1 to skip the LXD tests knowingly");
+    }
+    Some(Client::unix(SOCKET))
+}
+
+/// Where `scripts/lxd-setup` left the TLS files.
+fn tls_dir() -> PathBuf {
+    std::env::var_os("JUJUBE_LXD_TLS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/lxd-setup/tls")
+        })
+}
+
+fn config(extra: &[(&str, &str)]) -> BTreeMap<String, String> {
+    let mut c: BTreeMap<String, String> = [("image-alias", ALIAS)]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    c.retain(|_, v| !v.is_empty());
+    c
+}
+
+fn uuid() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+fn short(uuid: &str) -> String {
+    uuid.replace('-', "")[..8].to_string()
+}
+
+fn subject(provider: Arc<dyn Provider>, env_uuid: String, other: Arc<dyn Provider>) -> Subject {
+    Subject {
+        provider,
+        env_uuid,
+        other,
+        satisfiable: Constraints::parse("cores=1 mem=128M").unwrap(),
+        unsatisfiable: Constraints::parse("mem=100000G").unwrap(),
+        series: "jammy".into(),
+        settle: Duration::from_secs(5),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lxd_passes_the_conformance_suite_over_the_unix_socket() {
+    let Some(_) = lxd() else { return };
+    let (a, b) = (uuid(), uuid());
+    let _sweep = Sweep {
+        uuids: vec![a.clone(), b.clone()],
+        names: vec![],
+    };
+    let s = subject(
+        Arc::new(LxdProvider::new(&a, &config(&[])).unwrap()),
+        a.clone(),
+        Arc::new(LxdProvider::new(&b, &config(&[])).unwrap()),
+    );
+    let failures = run_all(&s).await;
+    assert!(failures.is_empty(), "{failures:#?}");
+    assert!(s.provider.instances().await.unwrap().is_empty());
+}
+
+fn https_config(cert: &str) -> BTreeMap<String, String> {
+    let d = tls_dir();
+    let p = |f: &str| d.join(f).to_string_lossy().into_owned();
+    config(&[
+        ("lxd-url", "https://127.0.0.1:8443"),
+        ("lxd-client-cert", &p(&format!("{cert}.crt"))),
+        ("lxd-client-key", &p(&format!("{cert}.key"))),
+        ("lxd-server-cert", &p("server.crt")),
+    ])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lxd_passes_the_conformance_suite_over_https_with_a_client_certificate() {
+    let Some(_) = lxd() else { return };
+    let (a, b) = (uuid(), uuid());
+    let _sweep = Sweep {
+        uuids: vec![a.clone(), b.clone()],
+        names: vec![],
+    };
+    let s = subject(
+        Arc::new(LxdProvider::new(&a, &https_config("client")).unwrap()),
+        a.clone(),
+        // The other environment talks over the socket: one daemon, two ways.
+        Arc::new(LxdProvider::new(&b, &config(&[])).unwrap()),
+    );
+    let failures = run_all(&s).await;
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[tokio::test]
+async fn https_refuses_an_untrusted_client_and_a_server_that_is_not_the_pinned_one() {
+    let Some(_) = lxd() else { return };
+    // A client certificate the daemon does not trust.
+    let p = LxdProvider::new(&uuid(), &https_config("stranger")).unwrap();
+    let e = p.instances().await.unwrap_err();
+    assert_eq!(e.class(), ErrorClass::Credentials, "{e}");
+    assert!(e.to_string().contains("trust"), "{e}");
+    // A pinned server certificate that is not the daemon's.
+    let mut cfg = https_config("client");
+    cfg.insert(
+        "lxd-server-cert".into(),
+        tls_dir()
+            .join("stranger.crt")
+            .to_string_lossy()
+            .into_owned(),
+    );
+    let p = LxdProvider::new(&uuid(), &cfg).unwrap();
+    let e = p.instances().await.unwrap_err();
+    assert_eq!(e.class(), ErrorClass::Credentials, "{e}");
+    assert!(e.to_string().contains("lxd-server-cert"), "{e}");
+}
+
+/// Creates a container directly through the API (as someone else would),
+/// with the given config, and starts it.
+async fn launch_directly(c: &Client, name: &str, config: Value) {
+    let body = json!({
+        "name": name,
+        "type": "container",
+        "source": {"type": "image", "alias": ALIAS},
+        "config": config,
+    });
+    c.run(Method::POST, "/1.0/instances", Some(&body))
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("create {name}: {e:?}"));
+    c.run(
+        Method::PUT,
+        &format!("/1.0/instances/{name}/state"),
+        Some(&json!({"action": "start"})),
+    )
+    .await
+    .unwrap()
+    .unwrap_or_else(|e| panic!("start {name}: {e:?}"));
+}
+
+/// The container's record, or None if it does not exist.
+async fn container(c: &Client, name: &str) -> Option<Value> {
+    match c.get(&format!("/1.0/instances/{name}")).await.unwrap() {
+        Ok(v) => Some(v),
+        Err(e) if e.code == 404 => None,
+        Err(e) => panic!("{name}: {e:?}"),
+    }
+}
+
+async fn delete_directly(c: &Client, name: &str) {
+    let _ = c
+        .run(
+            Method::PUT,
+            &format!("/1.0/instances/{name}/state"),
+            Some(&json!({"action": "stop", "force": true})),
+        )
+        .await;
+    let _ = c
+        .run(Method::DELETE, &format!("/1.0/instances/{name}"), None)
+        .await;
+}
+
+/// Deletes, when dropped (a failed assertion included), every container
+/// carrying one of the test's UUIDs and the named ones, so a failing test
+/// leaves nothing running.
+struct Sweep {
+    uuids: Vec<String>,
+    names: Vec<String>,
+}
+
+impl Drop for Sweep {
+    fn drop(&mut self) {
+        let (uuids, names) = (self.uuids.clone(), self.names.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let c = Client::unix(SOCKET);
+                let mut all = names;
+                for u in &uuids {
+                    all.extend(tagged(&c, u).await);
+                }
+                for n in all {
+                    delete_directly(&c, &n).await;
+                }
+            })
+        })
+        .join()
+        .unwrap();
+    }
+}
+
+/// Polls the daemon (real time: it is a real daemon) until `name` is gone.
+async fn until_gone(c: &Client, name: &str) -> bool {
+    for _ in 0..100 {
+        if container(c, name).await.is_none() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    false
+}
+
+/// Names of every container carrying `uuid`, whatever its name.
+async fn tagged(c: &Client, uuid: &str) -> Vec<String> {
+    let list = c.get("/1.0/instances?recursion=1").await.unwrap().unwrap();
+    let mut names: Vec<String> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v["config"]["user.jujube-env-uuid"].as_str() == Some(uuid))
+        .map(|v| v["name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+fn lxd_jujube(env: &str, extra: &[&str]) -> (Jujube, String) {
+    let j = Jujube::new();
+    let mut args = vec![
+        "bootstrap",
+        env,
+        "--provider",
+        "lxd",
+        "--config",
+        "image-alias=jujube-test",
+    ];
+    args.extend_from_slice(extra);
+    j.run(&args).ok();
+    let uuid = j.status()["environment"]["uuid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    (j, uuid)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lxd_end_to_end_through_the_binary() {
+    let Some(c) = lxd() else { return };
+    let (j, env_uuid) = lxd_jujube("lx", &["--config", "harvest-grace=0s"]);
+    let prefix = format!("jujube-{}-", short(&env_uuid));
+
+    // Bootstrap provisioned machine 0 as a running, tagged container.
+    let st = j.status();
+    assert_eq!(
+        st["machines"]["0"]["instance-id"],
+        json!(format!("{prefix}0"))
+    );
+    let m0 = container(&c, &format!("{prefix}0"))
+        .await
+        .expect("machine 0's container");
+    assert_eq!(m0["status"], "Running");
+    assert_eq!(m0["config"]["user.jujube-env-uuid"], json!(env_uuid));
+    assert_eq!(m0["config"]["user.jujube-machine-id"], "0");
+    assert_eq!(m0["config"]["user.jujube-controller"], "true");
+
+    // Look-alikes, made directly: our name prefix without the UUID, and the
+    // UUID under a name without the prefix. Neither is ever touched. A
+    // stray that IS ours (both) shows that reaping does run.
+    let lookalike = format!("{prefix}99");
+    let foreign_name = format!("other-{}", short(&env_uuid));
+    let stray = format!("{prefix}77");
+    let _sweep = Sweep {
+        uuids: vec![env_uuid.clone()],
+        names: vec![lookalike.clone(), foreign_name.clone()],
+    };
+    launch_directly(&c, &lookalike, json!({"user.jujube-machine-id": "99"})).await;
+    launch_directly(
+        &c,
+        &foreign_name,
+        json!({"user.jujube-env-uuid": env_uuid, "user.jujube-machine-id": "98"}),
+    )
+    .await;
+    launch_directly(
+        &c,
+        &stray,
+        json!({"user.jujube-env-uuid": env_uuid, "user.jujube-machine-id": "77"}),
+    )
+    .await;
+
+    j.run(&[
+        "deploy",
+        &j.charm("mysql"),
+        "-n",
+        "3",
+        "--constraints",
+        "cores=1 mem=256M root-disk=2G",
+    ])
+    .ok();
+    let ctl = j.controller();
+    j.run(&["wait", "--timeout", "120s"]).ok();
+    let st = j.status();
+    for m in ["1", "2", "3"] {
+        let name = format!("{prefix}{m}");
+        assert_eq!(st["machines"][m]["instance-id"], json!(name));
+        let v = container(&c, &name)
+            .await
+            .unwrap_or_else(|| panic!("{name} exists"));
+        assert_eq!(v["status"], "Running", "{name}");
+        assert_eq!(v["config"]["limits.cpu"], "1", "{name}");
+        assert_eq!(v["config"]["limits.memory"], "256MiB", "{name}");
+        assert_eq!(v["devices"]["root"]["size"], "2048MiB", "{name}");
+        assert_eq!(v["config"]["user.jujube-machine-id"], json!(m));
+        assert_eq!(
+            st["machines"][m]["hardware"],
+            "arch=amd64 cores=1 mem=256M root-disk=2G"
+        );
+    }
+    // The harvest (grace 0) reaps our stray and nothing else.
+    assert!(until_gone(&c, &stray).await, "our stray reaped");
+    assert!(
+        container(&c, &lookalike).await.is_some(),
+        "look-alike name survives"
+    );
+    assert!(
+        container(&c, &foreign_name).await.is_some(),
+        "foreign name survives"
+    );
+
+    // Destroy: the container is deleted and the machine removed.
+    j.run(&["destroy-unit", "mysql/0"]).ok();
+    j.run(&["destroy-machine", "1"]).ok();
+    j.run(&["wait", "--timeout", "120s"]).ok();
+    assert!(j.status()["machines"].get("1").is_none());
+    assert!(
+        container(&c, &format!("{prefix}1")).await.is_none(),
+        "machine 1's container deleted"
+    );
+    drop(ctl);
+
+    j.run(&["destroy-environment", "lx", "-y"]).ok();
+    let left: Vec<String> = tagged(&c, &env_uuid)
+        .await
+        .into_iter()
+        .filter(|n| n.starts_with(&prefix))
+        .collect();
+    assert!(left.is_empty(), "environment's containers left: {left:?}");
+    assert!(
+        container(&c, &lookalike).await.is_some(),
+        "look-alike survives destroy-environment"
+    );
+    assert!(
+        container(&c, &foreign_name).await.is_some(),
+        "foreign name survives destroy-environment"
+    );
+    delete_directly(&c, &lookalike).await;
+    delete_directly(&c, &foreign_name).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_image_alias_is_a_provisioning_error_and_resolved_recovers() {
+    let Some(c) = lxd() else { return };
+    let (j, env_uuid) = lxd_jujube(
+        "lx",
+        &["--config", "image-aliases=noble:jujube-no-such-image"],
+    );
+    let prefix = format!("jujube-{}-", short(&env_uuid));
+    let _sweep = Sweep {
+        uuids: vec![env_uuid.clone()],
+        names: vec![],
+    };
+    let ctl = j.controller();
+    j.run(&["add-machine", "--series", "noble"]).ok();
+    j.run(&["add-machine", "--series", "jammy"]).ok();
+    j.run(&["wait", "--timeout", "120s"]).ok();
+    let st = j.status();
+    assert_eq!(st["machines"]["1"]["status"], "error", "{st:#}");
+    let info = st["machines"]["1"]["status-info"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        info.contains("`jujube-no-such-image`") && info.contains("image-aliases="),
+        "{info}"
+    );
+    assert!(st["machines"]["1"]
+        .get("instance-id")
+        .map_or(true, Value::is_null));
+    assert!(container(&c, &format!("{prefix}1")).await.is_none());
+    // The jammy machine is unaffected.
+    assert_eq!(
+        st["machines"]["2"]["instance-id"],
+        json!(format!("{prefix}2"))
+    );
+
+    // Fix the config, mark the machine resolved: the controller retries.
+    j.run(&["set-environment", "image-aliases=noble:jujube-test"])
+        .ok();
+    j.run(&["resolved", "1"]).ok();
+    j.run(&["wait", "--timeout", "120s"]).ok();
+    let st = j.status();
+    assert_eq!(
+        st["machines"]["1"]["instance-id"],
+        json!(format!("{prefix}1")),
+        "{st:#}"
+    );
+    let v = container(&c, &format!("{prefix}1")).await.unwrap();
+    assert_eq!(v["status"], "Running");
+    drop(ctl);
+    j.run(&["destroy-environment", "lx", "-y"]).ok();
+    assert!(tagged(&c, &env_uuid).await.is_empty());
+}
