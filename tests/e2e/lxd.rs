@@ -429,3 +429,76 @@ async fn an_unknown_image_alias_is_a_provisioning_error_and_resolved_recovers() 
     j.run(&["destroy-environment", "lx", "-y"]).ok();
     assert!(tagged(&c, &env_uuid).await.is_empty());
 }
+
+fn start_spec(machine: &str, nonce: &str) -> jujube_providers::StartSpec {
+    jujube_providers::StartSpec {
+        machine_id: machine.into(),
+        nonce: nonce.into(),
+        series: "jammy".into(),
+        constraints: Constraints::new(),
+        zone: None,
+        controller: false,
+        user_data: String::new(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_adopts_its_own_container_replaces_a_leftover_and_refuses_a_squatter() {
+    let Some(c) = lxd() else { return };
+    let env_uuid = uuid();
+    let prefix = format!("jujube-{}-", short(&env_uuid));
+    let squatter = format!("{prefix}3");
+    let _sweep = Sweep {
+        uuids: vec![env_uuid.clone()],
+        names: vec![squatter.clone()],
+    };
+    let p = LxdProvider::new(&env_uuid, &config(&[])).unwrap();
+
+    // A start whose container exists but was stopped (say the daemon
+    // restarted between create and start) adopts and starts it.
+    let first = p.start_instance(&start_spec("1", "nonce-a")).await.unwrap();
+    c.run(
+        Method::PUT,
+        &format!("/1.0/instances/{}/state", first.id),
+        Some(&json!({"action": "stop", "force": true})),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let again = p.start_instance(&start_spec("1", "nonce-a")).await.unwrap();
+    assert_eq!(again.id, first.id);
+    let v = container(&c, &first.id).await.unwrap();
+    assert_eq!(v["status"], "Running");
+    assert_eq!(v["config"]["user.jujube-nonce"], "nonce-a");
+    let first_uuid = v["config"]["volatile.uuid"].clone();
+    assert!(first_uuid.is_string());
+
+    // The same machine started with a new nonce (after `resolved`): the
+    // leftover of the earlier start is replaced, not kept beside it.
+    let replaced = p.start_instance(&start_spec("1", "nonce-b")).await.unwrap();
+    assert_eq!(replaced.id, first.id);
+    assert_eq!(replaced.nonce(), Some("nonce-b"));
+    let v = container(&c, &first.id).await.unwrap();
+    assert_eq!(v["config"]["user.jujube-nonce"], "nonce-b");
+    assert_ne!(
+        v["config"]["volatile.uuid"], first_uuid,
+        "a new container, not the old one relabelled"
+    );
+    assert_eq!(v["status"], "Running");
+
+    // A container with our name but without our UUID is someone else's:
+    // the start is refused and the container left alone.
+    launch_directly(&c, &squatter, json!({"user.jujube-machine-id": "3"})).await;
+    let e = p.start_instance(&start_spec("3", "nonce-c")).await.unwrap_err();
+    assert_eq!(e.class(), ErrorClass::InvalidSpec, "{e}");
+    assert!(e.to_string().contains("does not own"), "{e}");
+    let v = container(&c, &squatter).await.expect("the squatter survives");
+    assert_eq!(v["status"], "Running");
+    assert!(v["config"].get("user.jujube-nonce").is_none());
+    // Nor does a stop of its name touch it.
+    p.stop_instances(std::slice::from_ref(&squatter)).await.unwrap();
+    assert!(container(&c, &squatter).await.is_some());
+
+    p.stop_instances(std::slice::from_ref(&first.id)).await.unwrap();
+    assert!(container(&c, &first.id).await.is_none());
+}
