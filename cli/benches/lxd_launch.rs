@@ -67,7 +67,9 @@ async fn delete(c: &Client, name: &str) {
 
 async fn direct(n: usize, round: usize) -> Duration {
     let c = Client::unix(SOCKET);
-    let names: Vec<String> = (0..n).map(|i| format!("bench-direct-{round}-{i}")).collect();
+    let names: Vec<String> = (0..n)
+        .map(|i| format!("bench-direct-{round}-{i}"))
+        .collect();
     let t0 = Instant::now();
     let tasks: Vec<_> = names
         .iter()

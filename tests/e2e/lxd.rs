@@ -489,16 +489,25 @@ async fn a_start_adopts_its_own_container_replaces_a_leftover_and_refuses_a_squa
     // A container with our name but without our UUID is someone else's:
     // the start is refused and the container left alone.
     launch_directly(&c, &squatter, json!({"user.jujube-machine-id": "3"})).await;
-    let e = p.start_instance(&start_spec("3", "nonce-c")).await.unwrap_err();
+    let e = p
+        .start_instance(&start_spec("3", "nonce-c"))
+        .await
+        .unwrap_err();
     assert_eq!(e.class(), ErrorClass::InvalidSpec, "{e}");
     assert!(e.to_string().contains("does not own"), "{e}");
-    let v = container(&c, &squatter).await.expect("the squatter survives");
+    let v = container(&c, &squatter)
+        .await
+        .expect("the squatter survives");
     assert_eq!(v["status"], "Running");
     assert!(v["config"].get("user.jujube-nonce").is_none());
     // Nor does a stop of its name touch it.
-    p.stop_instances(std::slice::from_ref(&squatter)).await.unwrap();
+    p.stop_instances(std::slice::from_ref(&squatter))
+        .await
+        .unwrap();
     assert!(container(&c, &squatter).await.is_some());
 
-    p.stop_instances(std::slice::from_ref(&first.id)).await.unwrap();
+    p.stop_instances(std::slice::from_ref(&first.id))
+        .await
+        .unwrap();
     assert!(container(&c, &first.id).await.is_none());
 }
