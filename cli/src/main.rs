@@ -261,6 +261,16 @@ fn parse_constraints(c: Option<&str>) -> Result<Option<Constraints>> {
         .transpose()
 }
 
+/// Constraints for an environment on `provider`: parsed, and refused before
+/// anything changes if the provider cannot honour a key.
+fn constraints_for(provider: &str, c: Option<&str>) -> Result<Option<Constraints>> {
+    let cons = parse_constraints(c)?;
+    if let Some(cons) = &cons {
+        jujube_providers::check_supported(provider, cons)?;
+    }
+    Ok(cons)
+}
+
 fn machine_id(s: &str) -> Result<i64> {
     Ok(names::parse_machine(s)?)
 }
@@ -301,7 +311,8 @@ fn run(cli: Cli) -> Result<()> {
                 key_values(&config, "config")?.into_iter().collect();
             names::validate_environment(&name)?;
             controller::validate_config(provider.as_str(), &config)?;
-            let constraints = parse_constraints(constraints.as_deref())?.unwrap_or_default();
+            let constraints =
+                constraints_for(provider.as_str(), constraints.as_deref())?.unwrap_or_default();
             if home.env_dir(&name).exists() {
                 bail!("environment `{name}` already exists; choose another name, or remove it with `jujube destroy-environment {name}`");
             }
@@ -428,7 +439,8 @@ fn model_command(
                 service: service.unwrap_or_else(|| c.meta.name.clone()),
                 charm: c,
                 series: series_,
-                constraints: parse_constraints(constraints.as_deref())?.unwrap_or_default(),
+                constraints: constraints_for(&env.provider, constraints.as_deref())?
+                    .unwrap_or_default(),
                 units,
                 to,
                 settings: key_values(&config, "setting")?,
@@ -463,7 +475,7 @@ fn model_command(
             series,
             constraints,
         } => {
-            let cons = parse_constraints(constraints.as_deref())?;
+            let cons = constraints_for(&store.environment()?.provider, constraints.as_deref())?;
             for m in store.add_machines(n, series.as_deref(), cons.as_ref())? {
                 writeln!(out, "added machine `{m}`")?;
             }
@@ -473,6 +485,7 @@ fn model_command(
             constraints,
         } => {
             let cons = Constraints::parse_words(constraints.iter().map(String::as_str))?;
+            jujube_providers::check_supported(&store.environment()?.provider, &cons)?;
             match service {
                 Some(s) => store.set_service_constraints(&s, &cons)?,
                 None => store.set_environment_constraints(&cons)?,
@@ -535,7 +548,7 @@ fn model_command(
             machine,
             constraints,
         } => {
-            let cons = parse_constraints(constraints.as_deref())?;
+            let cons = constraints_for(&store.environment()?.provider, constraints.as_deref())?;
             store.resolve_machine(machine_id(&machine)?, cons.as_ref())?;
         }
         Command::Status { format } => render::status(&store.status()?, format, out)?,

@@ -689,20 +689,7 @@ impl Provider for Ec2Provider {
     }
 
     async fn validate_constraints(&self, cons: &Constraints) -> Result<()> {
-        let unsupported: Vec<&str> = [
-            (cons.container().is_some_and(|c| c != "none"), "container"),
-            (cons.virt_type().is_some(), "virt-type"),
-        ]
-        .into_iter()
-        .filter(|(on, _)| *on)
-        .map(|(_, k)| k)
-        .collect();
-        if !unsupported.is_empty() {
-            return Err(Error::InvalidSpec(format!(
-                "the ec2 provider does not support constraint(s) {}",
-                unsupported.join(", ")
-            )));
-        }
+        check_supported(cons)?;
         choose(self.instance_types().await?, cons, &self.region).map(|_| ())
     }
 
@@ -738,6 +725,30 @@ impl Provider for Ec2Provider {
             .unwrap_or_else(|p| p.into_inner()) = config.get("image-id").cloned();
         Ok(())
     }
+}
+
+/// Refuses constraint keys EC2 cannot honour. Needs no network: the CLI
+/// calls it before it changes anything.
+pub fn check_supported(cons: &Constraints) -> Result<()> {
+    let unsupported: Vec<&str> = [
+        (cons.container().is_some_and(|c| c != "none"), "container"),
+        (cons.virt_type().is_some(), "virt-type"),
+    ]
+    .into_iter()
+    .filter(|(on, _)| *on)
+    .map(|(_, k)| k)
+    .collect();
+    if unsupported.is_empty() {
+        return Ok(());
+    }
+    Err(Error::InvalidSpec(format!(
+        "the ec2 provider does not support constraint(s) {}",
+        unsupported
+            .iter()
+            .map(|k| format!("`{k}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )))
 }
 
 #[cfg(test)]

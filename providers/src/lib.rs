@@ -180,6 +180,20 @@ impl Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Refuses constraint keys provider `kind` cannot honour at all, without
+/// asking the cloud (whether an instance fits is
+/// [`Provider::validate_constraints`]'s question). Commands that record
+/// constraints call it first, so a refusal changes nothing.
+pub fn check_supported(kind: &str, cons: &Constraints) -> Result<()> {
+    match kind {
+        #[cfg(feature = "lxd")]
+        "lxd" => lxd::check_supported(cons),
+        #[cfg(feature = "ec2")]
+        "ec2" => ec2::check_supported(cons),
+        _ => Ok(()),
+    }
+}
+
 /// A cloud. Every method is safe to call concurrently and to retry.
 #[async_trait]
 pub trait Provider: Send + Sync + 'static {

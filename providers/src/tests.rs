@@ -246,3 +246,25 @@ fn unknown_and_malformed_keys_are_refused() {
     // Keys of other components are not the dummy's business.
     assert!(DummyProvider::in_memory("t", UUID, &cfg(&[("harvest-mode", "all")])).is_ok());
 }
+
+#[test]
+fn unsupported_constraint_keys_are_refused_per_provider_without_a_cloud() {
+    let c = |s: &str| Constraints::parse(s).unwrap();
+    let refused = |kind: &str, s: &str| {
+        crate::check_supported(kind, &c(s))
+            .err()
+            .map(|e| (e.class(), e.to_string()))
+    };
+    let (class, msg) = refused("lxd", "instance-type=m5.large cpu-power=100").unwrap();
+    assert_eq!(class, ErrorClass::InvalidSpec);
+    assert!(msg.contains("`cpu-power`, `instance-type`"), "{msg}");
+    assert!(refused("lxd", "cores=2 mem=4G root-disk=10G arch=amd64 zones=a").is_none());
+    let (_, msg) = refused("ec2", "virt-type=kvm").unwrap();
+    assert!(
+        msg.contains("the ec2 provider does not support constraint(s) `virt-type`"),
+        "{msg}"
+    );
+    assert!(refused("ec2", "instance-type=m5.large").is_none());
+    // The dummy cloud takes every key.
+    assert!(refused("dummy", "instance-type=m5.large virt-type=kvm tags=a").is_none());
+}

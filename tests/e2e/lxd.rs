@@ -307,6 +307,29 @@ async fn lxd_end_to_end_through_the_binary() {
     )
     .await;
 
+    // Keys LXD cannot honour are refused before anything changes.
+    let unsupported = "invalid instance spec: the lxd provider does not support constraint(s) `instance-type`, `tags`; it honours `arch`, `cores`, `mem`, `root-disk` and `zones`";
+    j.refused(
+        &[
+            "deploy",
+            &j.charm("mysql"),
+            "--constraints",
+            "instance-type=m5.large tags=x",
+        ],
+        1,
+        unsupported,
+    );
+    j.refused(
+        &["set-constraints", "instance-type=m5.large", "tags=x"],
+        1,
+        unsupported,
+    );
+    j.refused(
+        &["add-machine", "--constraints", "virt-type=kvm"],
+        1,
+        "invalid instance spec: the lxd provider does not support constraint(s) `virt-type`; it honours `arch`, `cores`, `mem`, `root-disk` and `zones`",
+    );
+
     j.run(&[
         "deploy",
         &j.charm("mysql"),

@@ -204,6 +204,42 @@ pub fn validate_config(config: &BTreeMap<String, String>) -> Result<()> {
     Config::parse(config).map(|_| ())
 }
 
+/// Refuses constraint keys LXD cannot honour. Needs no daemon: the CLI
+/// calls it before it changes anything.
+pub fn check_supported(cons: &Constraints) -> Result<()> {
+    let mut unsupported = Vec::new();
+    if cons.instance_type().is_some() {
+        unsupported.push("instance-type");
+    }
+    if cons.cpu_power().is_some() {
+        unsupported.push("cpu-power");
+    }
+    if !cons.tags().is_empty() {
+        unsupported.push("tags");
+    }
+    if cons.allocate_public_ip().is_some() {
+        unsupported.push("allocate-public-ip");
+    }
+    if cons.container().is_some_and(|c| c != "none") {
+        unsupported.push("container");
+    }
+    if cons.virt_type().is_some_and(|v| v != "container") {
+        unsupported.push("virt-type");
+    }
+    if unsupported.is_empty() {
+        return Ok(());
+    }
+    unsupported.sort();
+    Err(Error::InvalidSpec(format!(
+        "the lxd provider does not support constraint(s) {}; it honours `arch`, `cores`, `mem`, `root-disk` and `zones`",
+        unsupported
+            .iter()
+            .map(|k| format!("`{k}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )))
+}
+
 /// What the daemon's host offers, read once.
 #[derive(Debug, Clone)]
 struct Host {
@@ -418,35 +454,7 @@ impl LxdProvider {
     }
 
     fn check_constraints(&self, cons: &Constraints, host: &Host) -> Result<()> {
-        let mut unsupported = Vec::new();
-        if cons.instance_type().is_some() {
-            unsupported.push("instance-type");
-        }
-        if cons.cpu_power().is_some() {
-            unsupported.push("cpu-power");
-        }
-        if !cons.tags().is_empty() {
-            unsupported.push("tags");
-        }
-        if cons.allocate_public_ip().is_some() {
-            unsupported.push("allocate-public-ip");
-        }
-        if cons.container().is_some_and(|c| c != "none") {
-            unsupported.push("container");
-        }
-        if cons.virt_type().is_some_and(|v| v != "container") {
-            unsupported.push("virt-type");
-        }
-        if !unsupported.is_empty() {
-            return Err(Error::InvalidSpec(format!(
-                "the lxd provider does not support constraint(s) {}; it honours `arch`, `cores`, `mem`, `root-disk` and `zones` (remove the others with `jujube set-constraints`)",
-                unsupported
-                    .iter()
-                    .map(|k| format!("`{k}`"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )));
-        }
+        check_supported(cons)?;
         if let Some(a) = cons.arch() {
             if !host.arches.iter().any(|h| h == a) {
                 return Err(Error::InvalidSpec(format!(
