@@ -534,3 +534,70 @@ async fn a_start_adopts_its_own_container_replaces_a_leftover_and_refuses_a_squa
         .unwrap();
     assert!(container(&c, &first.id).await.is_none());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_killed_mid_provisioning_leaves_one_container_per_machine() {
+    let Some(c) = lxd() else { return };
+    let (j, env_uuid) = lxd_jujube("lx", &[]);
+    let _sweep = Sweep {
+        uuids: vec![env_uuid.clone()],
+        names: vec![],
+    };
+    j.run(&["add-machine", "-n", "12"]).ok();
+    let mut seed = u64::from(std::process::id()) | 1;
+    let mut mid_way = 0;
+    for trial in 0..3 {
+        let ctl = j.controller();
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let ms = 150 + seed % 450;
+        std::thread::sleep(Duration::from_millis(ms));
+        ctl.kill9();
+        let st = j.status();
+        let done = st["machines"]
+            .as_object()
+            .unwrap()
+            .values()
+            .filter(|m| m["instance-id"].is_string())
+            .count();
+        let made = tagged(&c, &env_uuid).await.len();
+        eprintln!(
+            "trial {trial}: killed after {ms} ms with {made} containers made, {done} of 13 machines recorded"
+        );
+        if made > done {
+            mid_way += 1;
+        }
+    }
+    assert!(
+        mid_way >= 1,
+        "a kill must land between a container's creation and its recording"
+    );
+    let ctl = j.controller();
+    j.run(&["wait", "--timeout", "120s"]).ok();
+    drop(ctl);
+    let st = j.status();
+    let machines = st["machines"].as_object().unwrap();
+    assert_eq!(machines.len(), 13);
+    let names = tagged(&c, &env_uuid).await;
+    for (id, m) in machines {
+        let name = format!("jujube-{}-{id}", short(&env_uuid));
+        assert_eq!(
+            m["instance-id"],
+            json!(name),
+            "machine {id} records its container: {m:#}"
+        );
+        let v = container(&c, &name)
+            .await
+            .unwrap_or_else(|| panic!("{name} exists"));
+        assert_eq!(v["status"], "Running", "{name}");
+        assert_eq!(v["config"]["user.jujube-machine-id"], json!(id));
+    }
+    assert_eq!(
+        names.len(),
+        13,
+        "one container per machine, no strays: {names:?}"
+    );
+    j.run(&["destroy-environment", "lx", "-y"]).ok();
+    assert!(tagged(&c, &env_uuid).await.is_empty());
+}

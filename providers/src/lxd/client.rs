@@ -44,12 +44,23 @@ impl ApiError {
     /// knows more (a 404 on create means a missing image, say).
     pub fn into_error(self, what: &str) -> Error {
         let m = format!("{what}: {}", self.message);
+        if self.is_busy() {
+            return Error::Transient(m);
+        }
         match self.code {
             403 | 401 => Error::Credentials(m),
             404 => Error::NotFound(m),
             409 | 429 | 500..=599 => Error::Transient(m),
             _ => Error::InvalidSpec(m),
         }
+    }
+}
+
+impl ApiError {
+    /// Another operation holds the instance (one a killed client left
+    /// running, say): worth retrying once it ends.
+    pub fn is_busy(&self) -> bool {
+        self.message.contains("is busy running")
     }
 }
 
@@ -463,6 +474,13 @@ mod tests {
             };
             assert_eq!(e.into_error("x").class(), class, "{code}");
         }
+        let busy = ApiError {
+            code: 400,
+            message:
+                "Failed creating instance record: Instance is busy running a \"start\" operation"
+                    .into(),
+        };
+        assert_eq!(busy.into_error("x").class(), Transient);
     }
 
     #[test]

@@ -641,7 +641,9 @@ impl LxdProvider {
                     info!(name, machine = %spec.machine_id, "container started");
                     return Ok(self.instance(&v, &host));
                 }
-                Err(e) if e.message.contains("already exists") => {
+                // Exists already (or is being made or started by an
+                // operation a killed process left behind): see whose it is.
+                Err(e) if e.message.contains("already exists") || e.is_busy() => {
                     let Some(v) = self.lookup(&name).await? else {
                         // Deleted in between: create again.
                         continue;
