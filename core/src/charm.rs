@@ -164,12 +164,12 @@ impl CharmMeta {
         ] {
             for (name, rel) in rels {
                 names::validate_relation(name)?;
-                if name.starts_with("juju-") || name == JUJU_INFO {
-                    if !(role == Role::Requirer && rel.interface == JUJU_INFO) {
-                        return bad(format!(
-                            "relation `{name}` uses the reserved `juju-` prefix; rename it"
-                        ));
-                    }
+                if (name.starts_with("juju-") || name == JUJU_INFO)
+                    && !(role == Role::Requirer && rel.interface == JUJU_INFO)
+                {
+                    return bad(format!(
+                        "relation `{name}` uses the reserved `juju-` prefix; rename it"
+                    ));
                 }
                 if rel.interface.is_empty() {
                     return bad(format!("relation `{name}` has no interface"));

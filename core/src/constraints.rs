@@ -144,7 +144,7 @@ fn parse_mib(key: Key, raw: &str) -> Result<u64> {
 
 fn display_mib(mib: u64) -> String {
     for (unit, mult) in MIB_UNITS {
-        if mib != 0 && mib % mult == 0 {
+        if mib != 0 && mib.is_multiple_of(mult) {
             return format!("{}{}", mib / mult, unit);
         }
     }

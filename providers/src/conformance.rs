@@ -103,7 +103,7 @@ pub async fn start_tags_lists_and_looks_up(s: &Subject) -> Outcome {
         return Err(format!("lookup of `{}` found {found:?}", i.id));
     }
     s.provider
-        .stop_instances(&[i.id.clone()])
+        .stop_instances(std::slice::from_ref(&i.id))
         .await
         .map_err(|e| e.to_string())?;
     eventually(s, &i.id, false).await
@@ -137,7 +137,7 @@ pub async fn start_is_idempotent_per_nonce(s: &Subject) -> Outcome {
         .filter(|i| i.nonce() == Some(&sp.nonce))
         .count();
     s.provider
-        .stop_instances(&[a.id.clone()])
+        .stop_instances(std::slice::from_ref(&a.id))
         .await
         .map_err(|e| e.to_string())?;
     if with_nonce != 1 {
@@ -276,7 +276,7 @@ pub async fn unsatisfiable_constraints_are_an_invalid_spec(s: &Subject) -> Outco
         Err(e) if e.class() == ErrorClass::InvalidSpec => Ok(()),
         Err(e) => Err(format!("start: want invalid-spec, got {e}")),
         Ok(i) => {
-            let _ = s.provider.stop_instances(&[i.id.clone()]).await;
+            let _ = s.provider.stop_instances(std::slice::from_ref(&i.id)).await;
             Err(format!("started `{}` for unsatisfiable constraints", i.id))
         }
     }

@@ -493,7 +493,7 @@ impl DummyProvider {
     }
 
     fn injected(st: &mut State, spec: &StartSpec, zone: &str) -> Option<Error> {
-        if st.cfg.fail_machines.iter().any(|m| *m == spec.machine_id) {
+        if st.cfg.fail_machines.contains(&spec.machine_id) {
             return Some(error_of(
                 st.cfg.fail_class,
                 &format!(

@@ -427,7 +427,7 @@ async fn an_unknown_image_alias_is_a_provisioning_error_and_resolved_recovers() 
     );
     assert!(st["machines"]["1"]
         .get("instance-id")
-        .map_or(true, Value::is_null));
+        .is_none_or(Value::is_null));
     assert!(container(&c, &format!("{prefix}1")).await.is_none());
     // The jammy machine is unaffected.
     assert_eq!(
