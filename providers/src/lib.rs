@@ -221,6 +221,15 @@ pub trait Provider: Send + Sync + 'static {
         out
     }
 
+    /// How many machines one [`Provider::start_instances`] call should
+    /// carry when the environment config does not say
+    /// (`provisioner-batch`). Clouds whose API launches many instances per
+    /// request want large batches; a cloud that makes one call per instance
+    /// wants 1, so that each start is recorded as soon as it is done.
+    fn preferred_batch(&self) -> usize {
+        64
+    }
+
     /// Stops (terminates) instances. Idempotent: ids that are unknown or
     /// already stopped are fine. Never stops an instance whose tags do not
     /// carry this environment's UUID.

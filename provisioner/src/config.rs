@@ -4,7 +4,7 @@
 //! | key | meaning | default |
 //! |---|---|---|
 //! | `provisioner-concurrency` | start requests in flight at once | `8` |
-//! | `provisioner-batch` | machines per start request | `64` |
+//! | `provisioner-batch` | machines per start request | the provider's preference: `64`, `1` on LXD |
 //! | `provisioner-rate` | client-side request limit, `BURST/PER_SECOND` | none |
 //! | `provisioner-retry-for` | how long transient errors are retried before a machine is marked in error | `5m` |
 //! | `harvest-mode` | which stray instances are reaped: `none`, `destroyed`, `unknown`, `all` | `unknown` |

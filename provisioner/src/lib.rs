@@ -107,7 +107,7 @@ struct Attempt {
 impl Provisioner {
     pub fn new(store: Store, provider: Arc<dyn Provider>) -> Result<Provisioner> {
         let env = store.environment()?;
-        let cfg = Config::from_env(&store.environment_config()?)?;
+        let cfg = config_for(provider.as_ref(), &store.environment_config()?)?;
         Ok(Provisioner {
             inner: Arc::new(Inner {
                 store,
@@ -136,7 +136,7 @@ impl Provisioner {
         if lock(&self.inner.applied).as_ref() == Some(&current) {
             return Ok(());
         }
-        let cfg = Config::from_env(&current)?;
+        let cfg = config_for(self.inner.provider.as_ref(), &current)?;
         self.inner.provider.update_config(&current).await?;
         *lock(&self.inner.cfg) = cfg;
         *lock(&self.inner.applied) = Some(current);
@@ -622,6 +622,16 @@ impl Provisioner {
         store.set_strays(&view)?;
         Ok(next)
     }
+}
+
+/// The provisioner's settings: environment config, with the provider's
+/// preferred batch size where the config names none.
+fn config_for(provider: &dyn Provider, env: &BTreeMap<String, String>) -> Result<Config> {
+    let mut cfg = Config::from_env(env)?;
+    if !env.contains_key("provisioner-batch") {
+        cfg.batch = provider.preferred_batch().max(1);
+    }
+    Ok(cfg)
 }
 
 #[cfg(test)]

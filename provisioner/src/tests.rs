@@ -512,3 +512,68 @@ fn bad_config_is_refused_with_the_key_named() {
         Duration::from_secs(90)
     );
 }
+
+/// The dummy cloud, seen through a provider that prefers one machine per
+/// start call (as LXD does), counting the calls' sizes.
+struct OnePerCall {
+    cloud: Arc<DummyProvider>,
+    sizes: Mutex<Vec<usize>>,
+}
+
+#[async_trait::async_trait]
+impl Provider for OnePerCall {
+    fn kind(&self) -> &'static str {
+        "dummy"
+    }
+    fn preferred_batch(&self) -> usize {
+        1
+    }
+    async fn start_instance(&self, spec: &StartSpec) -> jujube_providers::Result<Instance> {
+        self.cloud.start_instance(spec).await
+    }
+    async fn start_instances(
+        &self,
+        specs: &[StartSpec],
+    ) -> Vec<jujube_providers::Result<Instance>> {
+        lock(&self.sizes).push(specs.len());
+        self.cloud.start_instances(specs).await
+    }
+    async fn stop_instances(&self, ids: &[String]) -> jujube_providers::Result<()> {
+        self.cloud.stop_instances(ids).await
+    }
+    async fn instances(&self) -> jujube_providers::Result<Vec<Instance>> {
+        self.cloud.instances().await
+    }
+    async fn instances_by_id(&self, ids: &[String]) -> jujube_providers::Result<Vec<Instance>> {
+        self.cloud.instances_by_id(ids).await
+    }
+    async fn zones(&self) -> jujube_providers::Result<Vec<String>> {
+        self.cloud.zones().await
+    }
+    async fn validate_constraints(&self, cons: &Constraints) -> jujube_providers::Result<()> {
+        self.cloud.validate_constraints(cons).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_providers_preferred_batch_applies_unless_the_config_names_one() {
+    let w = world(&[]);
+    let one = Arc::new(OnePerCall {
+        cloud: w.cloud.clone(),
+        sizes: Mutex::new(Vec::new()),
+    });
+    let p = Provisioner::new(w.store.clone(), one.clone()).unwrap();
+    w.store.add_machines(5, None, None).unwrap();
+    p.reconcile().await.unwrap();
+    p.idle().await;
+    // Machine 0 and the five.
+    assert_eq!(*lock(&one.sizes), vec![1; 6], "one machine per call");
+    // The config wins over the provider's preference.
+    w.set(&[("provisioner-batch", "4")]);
+    lock(&one.sizes).clear();
+    w.store.add_machines(8, None, None).unwrap();
+    p.reconcile().await.unwrap();
+    p.idle().await;
+    assert_eq!(*lock(&one.sizes), vec![4, 4]);
+    assert_eq!(w.cloud.all_instances().unwrap().len(), 14);
+}

@@ -689,6 +689,13 @@ impl Provider for LxdProvider {
         self.start_one(spec).await
     }
 
+    /// One container per call: LXD has no multi-instance create, and a
+    /// container recorded the moment it runs is one less to adopt after a
+    /// crash. Parallelism comes from `provisioner-concurrency`.
+    fn preferred_batch(&self) -> usize {
+        1
+    }
+
     async fn start_instances(&self, specs: &[StartSpec]) -> Vec<Result<Instance>> {
         // The futures are made before the stream so that no closure is held
         // across an await (which `async_trait`'s `Send` bound cannot prove).
