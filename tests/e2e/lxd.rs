@@ -547,11 +547,20 @@ async fn a_controller_killed_mid_provisioning_leaves_one_container_per_machine()
     let mut seed = u64::from(std::process::id()) | 1;
     let mut mid_way = 0;
     for trial in 0..3 {
+        let before = tagged(&c, &env_uuid).await.len();
         let ctl = j.controller();
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
-        let ms = 150 + seed % 450;
+        // Kill as soon as the controller has made a new container (when
+        // it most likely has not recorded it yet), plus a random delay.
+        let ms = seed % 300;
+        for _ in 0..500 {
+            if before >= 13 || tagged(&c, &env_uuid).await.len() > before {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         std::thread::sleep(Duration::from_millis(ms));
         ctl.kill9();
         let st = j.status();
@@ -563,7 +572,7 @@ async fn a_controller_killed_mid_provisioning_leaves_one_container_per_machine()
             .count();
         let made = tagged(&c, &env_uuid).await.len();
         eprintln!(
-            "trial {trial}: killed after {ms} ms with {made} containers made, {done} of 13 machines recorded"
+            "trial {trial}: killed {ms} ms after a new container with {made} containers made, {done} of 13 machines recorded"
         );
         if made > done {
             mid_way += 1;
