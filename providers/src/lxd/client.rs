@@ -23,8 +23,27 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The default socket of a Debian-packaged LXD.
+/// The socket of a Debian-packaged LXD.
 pub const DEFAULT_SOCKET: &str = "/var/lib/lxd/unix.socket";
+/// The socket of the snap-packaged LXD.
+pub const SNAP_SOCKET: &str = "/var/snap/lxd/common/lxd/unix.socket";
+
+/// The local daemon's socket when the config names none, found the way
+/// `lxc` finds it: `$LXD_DIR/unix.socket`, else the snap's socket if it
+/// exists, else the Debian package's.
+pub fn default_socket() -> PathBuf {
+    default_socket_from(std::env::var_os("LXD_DIR").map(PathBuf::from), |p| {
+        std::path::Path::new(p).exists()
+    })
+}
+
+fn default_socket_from(lxd_dir: Option<PathBuf>, exists: impl Fn(&str) -> bool) -> PathBuf {
+    match lxd_dir {
+        Some(d) if !d.as_os_str().is_empty() => d.join("unix.socket"),
+        _ if !exists(DEFAULT_SOCKET) && exists(SNAP_SOCKET) => PathBuf::from(SNAP_SOCKET),
+        _ => PathBuf::from(DEFAULT_SOCKET),
+    }
+}
 
 /// How long one request may take before it counts as lost.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -456,6 +475,33 @@ mod tests {
             "config.user.jujube-env-uuid%20eq%20a-b"
         );
         assert_eq!(query_escape("x&y=z"), "x%26y%3Dz");
+    }
+
+    #[test]
+    fn the_default_socket_follows_lxd_dir_then_the_snap_then_debian() {
+        let none = |_: &str| false;
+        let snap_only = |p: &str| p == SNAP_SOCKET;
+        let both = |_: &str| true;
+        assert_eq!(
+            default_socket_from(Some("/srv/lxd".into()), both),
+            PathBuf::from("/srv/lxd/unix.socket")
+        );
+        assert_eq!(
+            default_socket_from(None, snap_only),
+            PathBuf::from(SNAP_SOCKET)
+        );
+        assert_eq!(
+            default_socket_from(None, both),
+            PathBuf::from(DEFAULT_SOCKET)
+        );
+        assert_eq!(
+            default_socket_from(None, none),
+            PathBuf::from(DEFAULT_SOCKET)
+        );
+        assert_eq!(
+            default_socket_from(Some("".into()), snap_only),
+            PathBuf::from(SNAP_SOCKET)
+        );
     }
 
     #[test]

@@ -159,7 +159,7 @@ impl Config {
                     config
                         .get("lxd-socket")
                         .cloned()
-                        .unwrap_or_else(|| client::DEFAULT_SOCKET.to_string()),
+                        .unwrap_or_else(|| client::default_socket().to_string_lossy().into_owned()),
                 )
             }
         };
