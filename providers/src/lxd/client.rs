@@ -132,16 +132,7 @@ impl Client {
                 "`lxd-url` `{url}` must start with `https://` (for the local daemon, leave it unset and set `lxd-socket`)"
             ))
         })?;
-        let authority = rest.trim_end_matches('/');
-        let (host, port) = match authority.rsplit_once(':') {
-            Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => (
-                h.trim_start_matches('[').trim_end_matches(']').to_string(),
-                p.parse::<u16>().map_err(|_| {
-                    Error::Config(format!("`lxd-url` `{url}` has a bad port `{p}`"))
-                })?,
-            ),
-            _ => (authority.to_string(), 8443),
-        };
+        let (host, port) = host_port(url, rest)?;
         if host.is_empty() {
             return Err(Error::Config(format!("`lxd-url` `{url}` names no host")));
         }
@@ -450,6 +441,31 @@ impl ServerCertVerifier for PinnedServer {
     }
 }
 
+/// Host and port of `lxd-url` (given without its `https://`); the port is
+/// 8443, LXD's, unless named. IPv6 hosts are bracketed.
+fn host_port(url: &str, rest: &str) -> Result<(String, u16)> {
+    let authority = rest.split('/').next().unwrap_or_default();
+    let bad_port = |p: &str| Error::Config(format!("`lxd-url` `{url}` has a bad port `{p}`"));
+    let port = |p: Option<&str>| match p {
+        None => Ok(8443),
+        Some(p) => p.parse::<u16>().map_err(|_| bad_port(p)),
+    };
+    if let Some(bracketed) = authority.strip_prefix('[') {
+        let (h, after) = bracketed
+            .split_once(']')
+            .ok_or_else(|| Error::Config(format!("`lxd-url` `{url}` has an unclosed `[`")))?;
+        let p = match after {
+            "" => None,
+            a => Some(a.strip_prefix(':').ok_or_else(|| bad_port(a))?),
+        };
+        return Ok((h.to_string(), port(p)?));
+    }
+    match authority.split_once(':') {
+        Some((h, p)) => Ok((h.to_string(), port(Some(p))?)),
+        None => Ok((authority.to_string(), port(None)?)),
+    }
+}
+
 /// `%`-encodes a query value (LXD filters contain spaces).
 pub fn query_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -502,6 +518,22 @@ mod tests {
             default_socket_from(Some("".into()), snap_only),
             PathBuf::from(SNAP_SOCKET)
         );
+    }
+
+    #[test]
+    fn lxd_urls_give_host_and_port() {
+        let hp = |rest: &str| host_port("u", rest).map_err(|e| e.to_string());
+        assert_eq!(
+            hp("lxd.example:9443").unwrap(),
+            ("lxd.example".into(), 9443)
+        );
+        assert_eq!(hp("lxd.example").unwrap(), ("lxd.example".into(), 8443));
+        assert_eq!(hp("10.0.0.1:8443/").unwrap(), ("10.0.0.1".into(), 8443));
+        assert_eq!(hp("[::1]:9443").unwrap(), ("::1".into(), 9443));
+        assert_eq!(hp("[fd00::2]/").unwrap(), ("fd00::2".into(), 8443));
+        assert!(hp("h:x").unwrap_err().contains("bad port `x`"));
+        assert!(hp("[::1").unwrap_err().contains("unclosed"));
+        assert!(hp("[::1]x").unwrap_err().contains("bad port"));
     }
 
     #[test]
