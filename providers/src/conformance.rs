@@ -234,6 +234,52 @@ pub async fn only_instances_tagged_with_this_environment_are_seen_or_stopped(
     Ok(())
 }
 
+/// The hardware an instance reports meets what was asked for: `mem`,
+/// `cores` and `root-disk` at least, `arch` exactly.
+pub async fn started_instances_report_hardware_that_meets_their_constraints(
+    s: &Subject,
+) -> Outcome {
+    let sp = spec(s, "106");
+    let i = s
+        .provider
+        .start_instance(&sp)
+        .await
+        .map_err(|e| format!("start: {e}"))?;
+    s.provider
+        .stop_instances(std::slice::from_ref(&i.id))
+        .await
+        .map_err(|e| e.to_string())?;
+    let hw = Constraints::parse(&i.hardware)
+        .map_err(|e| format!("hardware `{}` does not parse: {e}", i.hardware))?;
+    let want = &sp.constraints;
+    for (key, asked, got) in [
+        ("mem", want.mem(), hw.mem()),
+        ("cores", want.cores(), hw.cores()),
+        ("root-disk", want.root_disk(), hw.root_disk()),
+    ] {
+        if let Some(asked) = asked {
+            match got {
+                Some(got) if got >= asked => {}
+                _ => {
+                    return Err(format!(
+                        "asked for `{key}` {asked}, instance `{}` reports hardware `{}`",
+                        i.id, i.hardware
+                    ))
+                }
+            }
+        }
+    }
+    if want.arch().is_some() && want.arch() != hw.arch() {
+        return Err(format!(
+            "asked for `arch={}`, instance `{}` reports hardware `{}`",
+            want.arch().unwrap_or_default(),
+            i.id,
+            i.hardware
+        ));
+    }
+    Ok(())
+}
+
 pub async fn missing_ids_are_absent_from_lookups(s: &Subject) -> Outcome {
     let found = s
         .provider
@@ -297,6 +343,7 @@ pub async fn run_all(s: &Subject) -> Vec<String> {
     scenario!(batch_start_gives_one_result_per_spec);
     scenario!(stop_is_idempotent_and_ignores_unknown_ids);
     scenario!(only_instances_tagged_with_this_environment_are_seen_or_stopped);
+    scenario!(started_instances_report_hardware_that_meets_their_constraints);
     scenario!(missing_ids_are_absent_from_lookups);
     scenario!(zones_are_listed);
     scenario!(unsatisfiable_constraints_are_an_invalid_spec);

@@ -65,7 +65,7 @@ fn subject(provider: Arc<dyn Provider>, env_uuid: String, other: Arc<dyn Provide
         provider,
         env_uuid,
         other,
-        satisfiable: Constraints::parse("cores=1 mem=128M").unwrap(),
+        satisfiable: Constraints::parse("cores=1 mem=128M root-disk=1G").unwrap(),
         unsatisfiable: Constraints::parse("mem=100000G").unwrap(),
         series: "jammy".into(),
         settle: Duration::from_secs(5),
