@@ -599,7 +599,7 @@ impl LxdProvider {
             Ok(_) => Ok(()),
             Err(e) if e.code == 404 && e.message.to_lowercase().contains("image") => {
                 return Err(Error::InvalidSpec(format!(
-                    "no image with alias `{alias}` for series `{}` on LXD at `{}`; import one (`lxc image import ... --alias {alias}`), or point the series elsewhere with `jujube set-environment image-aliases={}:ALIAS` (or `image-alias=ALIAS` for every series)",
+                    "no image with alias `{alias}` for series `{}` on LXD at `{}`; import one (`lxc image import ... --alias {alias}`), or point the series at another image with the environment config `image-aliases={}:ALIAS` or `image-alias=ALIAS` (`--config` at bootstrap, `jujube set-environment` later)",
                     spec.series,
                     c.display(),
                     spec.series
