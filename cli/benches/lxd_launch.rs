@@ -8,13 +8,16 @@
 //! number of machines and `LXD_BENCH_ROUNDS` the rounds (default 2; the
 //! two ways alternate so that neither always runs on a warmer daemon).
 
-use jujube_providers::lxd::client::{Client, Method};
+#[path = "../../tests/e2e/lxd_direct.rs"]
+mod lxd_direct;
+
+use jujube_providers::lxd::client::Client;
+use lxd_direct::{delete_directly, launch_directly, ALIAS};
 use serde_json::json;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const SOCKET: &str = "/var/lib/lxd/unix.socket";
-const ALIAS: &str = "jujube-test";
 
 fn jujube(home: &std::path::Path, args: &[&str]) -> std::process::Output {
     let out = Command::new(env!("CARGO_BIN_EXE_jujube"))
@@ -31,40 +34,6 @@ fn jujube(home: &std::path::Path, args: &[&str]) -> std::process::Output {
     out
 }
 
-async fn launch_one(c: &Client, name: String) {
-    let body = json!({
-        "name": name,
-        "type": "container",
-        "source": {"type": "image", "alias": ALIAS},
-        "config": {"user.jujube-bench": "direct"},
-    });
-    c.run(Method::POST, "/1.0/instances", Some(&body))
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("create {name}: {e:?}"));
-    c.run(
-        Method::PUT,
-        &format!("/1.0/instances/{name}/state"),
-        Some(&json!({"action": "start"})),
-    )
-    .await
-    .unwrap()
-    .unwrap_or_else(|e| panic!("start {name}: {e:?}"));
-}
-
-async fn delete(c: &Client, name: &str) {
-    let _ = c
-        .run(
-            Method::PUT,
-            &format!("/1.0/instances/{name}/state"),
-            Some(&json!({"action": "stop", "force": true})),
-        )
-        .await;
-    let _ = c
-        .run(Method::DELETE, &format!("/1.0/instances/{name}"), None)
-        .await;
-}
-
 async fn direct(n: usize, round: usize) -> Duration {
     let c = Client::unix(SOCKET);
     let names: Vec<String> = (0..n)
@@ -76,7 +45,9 @@ async fn direct(n: usize, round: usize) -> Duration {
         .map(|name| {
             let c = c.clone();
             let name = name.clone();
-            tokio::spawn(async move { launch_one(&c, name).await })
+            tokio::spawn(async move {
+                launch_directly(&c, &name, json!({"user.jujube-bench": "direct"})).await
+            })
         })
         .collect();
     for t in tasks {
@@ -87,7 +58,7 @@ async fn direct(n: usize, round: usize) -> Duration {
         .into_iter()
         .map(|name| {
             let c = c.clone();
-            tokio::spawn(async move { delete(&c, &name).await })
+            tokio::spawn(async move { delete_directly(&c, &name).await })
         })
         .collect();
     for t in deletes {

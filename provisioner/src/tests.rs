@@ -72,6 +72,16 @@ impl World {
         self.store.set_environment_config(&kvs).unwrap();
     }
 
+    /// Ids of every instance the cloud holds.
+    fn instance_ids(&self) -> Vec<String> {
+        self.cloud
+            .all_instances()
+            .unwrap()
+            .into_iter()
+            .map(|i| i.id)
+            .collect()
+    }
+
     fn instances_of(&self, machine: i64) -> usize {
         self.cloud
             .all_instances()
@@ -369,13 +379,7 @@ async fn tagged_strays_are_reaped_after_the_grace_period_and_untagged_instances_
     );
     tokio::time::advance(Duration::from_secs(61)).await;
     w.settle().await;
-    let left: Vec<String> = w
-        .cloud
-        .all_instances()
-        .unwrap()
-        .into_iter()
-        .map(|i| i.id)
-        .collect();
+    let left = w.instance_ids();
     assert!(!left.contains(&stray), "stray survived the grace period");
     assert!(
         left.contains(&foreign) && left.contains(&untagged),
@@ -427,13 +431,7 @@ async fn harvest_modes_decide_which_strays_go() {
     w.set(&[("harvest-mode", "destroyed")]);
     tokio::time::advance(Duration::from_secs(2)).await;
     w.settle().await;
-    let left: Vec<String> = w
-        .cloud
-        .all_instances()
-        .unwrap()
-        .into_iter()
-        .map(|i| i.id)
-        .collect();
+    let left = w.instance_ids();
     assert!(!left.contains(&destroyed) && left.contains(&unknown));
     w.set(&[("harvest-mode", "unknown")]);
     tokio::time::advance(Duration::from_secs(2)).await;

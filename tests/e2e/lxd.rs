@@ -4,6 +4,7 @@
 //! works in environments with UUIDs of its own, so tests running at once
 //! never see each other's containers.
 
+use crate::lxd_direct::{delete_directly, launch_directly, ALIAS};
 use crate::Jujube;
 use jujube_core::Constraints;
 use jujube_providers::conformance::{run_all, Subject};
@@ -18,7 +19,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 const SOCKET: &str = "/var/lib/lxd/unix.socket";
-const ALIAS: &str = "jujube-test";
 
 /// None when the LXD tests are skipped on purpose; panics when the daemon is
 /// simply not there.
@@ -72,21 +72,29 @@ fn subject(provider: Arc<dyn Provider>, env_uuid: String, other: Arc<dyn Provide
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lxd_passes_the_conformance_suite_over_the_unix_socket() {
-    let Some(_) = lxd() else { return };
+/// Runs the conformance suite for an environment on the daemon reached
+/// with `ours`; the other environment talks over the socket. The sweep is
+/// returned so that callers check what is left before it cleans up.
+async fn conformance(ours: BTreeMap<String, String>) -> (Subject, Sweep) {
     let (a, b) = (uuid(), uuid());
-    let _sweep = Sweep {
+    let sweep = Sweep {
         uuids: vec![a.clone(), b.clone()],
         names: vec![],
     };
     let s = subject(
-        Arc::new(LxdProvider::new(&a, &config(&[])).unwrap()),
+        Arc::new(LxdProvider::new(&a, &ours).unwrap()),
         a.clone(),
         Arc::new(LxdProvider::new(&b, &config(&[])).unwrap()),
     );
     let failures = run_all(&s).await;
     assert!(failures.is_empty(), "{failures:#?}");
+    (s, sweep)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lxd_passes_the_conformance_suite_over_the_unix_socket() {
+    let Some(_) = lxd() else { return };
+    let (s, _sweep) = conformance(config(&[])).await;
     assert!(s.provider.instances().await.unwrap().is_empty());
 }
 
@@ -104,19 +112,8 @@ fn https_config(cert: &str) -> BTreeMap<String, String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lxd_passes_the_conformance_suite_over_https_with_a_client_certificate() {
     let Some(_) = lxd() else { return };
-    let (a, b) = (uuid(), uuid());
-    let _sweep = Sweep {
-        uuids: vec![a.clone(), b.clone()],
-        names: vec![],
-    };
-    let s = subject(
-        Arc::new(LxdProvider::new(&a, &https_config("client")).unwrap()),
-        a.clone(),
-        // The other environment talks over the socket: one daemon, two ways.
-        Arc::new(LxdProvider::new(&b, &config(&[])).unwrap()),
-    );
-    let failures = run_all(&s).await;
-    assert!(failures.is_empty(), "{failures:#?}");
+    // One daemon, two ways: ours over HTTPS, the other over the socket.
+    conformance(https_config("client")).await;
 }
 
 #[tokio::test]
@@ -142,29 +139,6 @@ async fn https_refuses_an_untrusted_client_and_a_server_that_is_not_the_pinned_o
     assert!(e.to_string().contains("lxd-server-cert"), "{e}");
 }
 
-/// Creates a container directly through the API (as someone else would),
-/// with the given config, and starts it.
-async fn launch_directly(c: &Client, name: &str, config: Value) {
-    let body = json!({
-        "name": name,
-        "type": "container",
-        "source": {"type": "image", "alias": ALIAS},
-        "config": config,
-    });
-    c.run(Method::POST, "/1.0/instances", Some(&body))
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("create {name}: {e:?}"));
-    c.run(
-        Method::PUT,
-        &format!("/1.0/instances/{name}/state"),
-        Some(&json!({"action": "start"})),
-    )
-    .await
-    .unwrap()
-    .unwrap_or_else(|e| panic!("start {name}: {e:?}"));
-}
-
 /// The container's record, or None if it does not exist.
 async fn container(c: &Client, name: &str) -> Option<Value> {
     match c.get(&format!("/1.0/instances/{name}")).await.unwrap() {
@@ -172,19 +146,6 @@ async fn container(c: &Client, name: &str) -> Option<Value> {
         Err(e) if e.code == 404 => None,
         Err(e) => panic!("{name}: {e:?}"),
     }
-}
-
-async fn delete_directly(c: &Client, name: &str) {
-    let _ = c
-        .run(
-            Method::PUT,
-            &format!("/1.0/instances/{name}/state"),
-            Some(&json!({"action": "stop", "force": true})),
-        )
-        .await;
-    let _ = c
-        .run(Method::DELETE, &format!("/1.0/instances/{name}"), None)
-        .await;
 }
 
 /// Deletes, when dropped (a failed assertion included), every container
@@ -563,13 +524,7 @@ async fn a_controller_killed_mid_provisioning_leaves_one_container_per_machine()
         }
         std::thread::sleep(Duration::from_millis(ms));
         ctl.kill9();
-        let st = j.status();
-        let done = st["machines"]
-            .as_object()
-            .unwrap()
-            .values()
-            .filter(|m| m["instance-id"].is_string())
-            .count();
+        let done = j.provisioned();
         let made = tagged(&c, &env_uuid).await.len();
         eprintln!(
             "trial {trial}: killed {ms} ms after a new container with {made} containers made, {done} of 13 machines recorded"

@@ -4,6 +4,7 @@
 
 mod ec2;
 mod lxd;
+mod lxd_direct;
 mod model;
 mod provisioning;
 
@@ -80,6 +81,13 @@ impl Jujube {
     pub fn status(&self) -> serde_json::Value {
         let r = self.run(&["status", "--format", "json"]).ok();
         serde_json::from_str(&r.stdout).unwrap()
+    }
+
+    /// How many machines have a recorded instance.
+    pub fn provisioned(&self) -> usize {
+        self.status()["machines"].as_object().map_or(0, |ms| {
+            ms.values().filter(|m| m["instance-id"].is_string()).count()
+        })
     }
 
     /// Starts `jujube controller` in the background; killed on drop.

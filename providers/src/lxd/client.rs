@@ -59,6 +59,12 @@ pub struct ApiError {
 }
 
 impl ApiError {
+    /// Another operation holds the instance (one a killed client left
+    /// running, say): worth retrying once it ends.
+    pub fn is_busy(&self) -> bool {
+        self.message.contains("is busy running")
+    }
+
     /// The default classification; callers refine it where the context
     /// knows more (a 404 on create means a missing image, say).
     pub fn into_error(self, what: &str) -> Error {
@@ -72,14 +78,6 @@ impl ApiError {
             409 | 429 | 500..=599 => Error::Transient(m),
             _ => Error::InvalidSpec(m),
         }
-    }
-}
-
-impl ApiError {
-    /// Another operation holds the instance (one a killed client left
-    /// running, say): worth retrying once it ends.
-    pub fn is_busy(&self) -> bool {
-        self.message.contains("is busy running")
     }
 }
 

@@ -42,7 +42,7 @@ use std::sync::RwLock;
 use tracing::{debug, info, warn};
 
 /// Config keys this provider reads; every other `lxd-*` key is refused.
-pub const CONFIG_KEYS: [&str; 8] = [
+pub const CONFIG_KEYS: [&str; 9] = [
     "image-alias",
     "image-aliases",
     "lxd-socket",
@@ -51,9 +51,8 @@ pub const CONFIG_KEYS: [&str; 8] = [
     "lxd-client-key",
     "lxd-server-cert",
     "lxd-profiles",
+    "lxd-storage-pool",
 ];
-/// Also read: `lxd-storage-pool`, the pool a sized root disk is put in.
-const POOL_KEY: &str = "lxd-storage-pool";
 
 /// How many containers one call creates or deletes at a time. The daemon
 /// does the work; more in flight only queues inside it.
@@ -90,9 +89,9 @@ enum Transport {
 impl Config {
     fn parse(config: &BTreeMap<String, String>) -> Result<Config> {
         for k in config.keys().filter(|k| k.starts_with("lxd-")) {
-            if !CONFIG_KEYS.contains(&k.as_str()) && k != POOL_KEY {
+            if !CONFIG_KEYS.contains(&k.as_str()) {
                 return Err(Error::Config(format!(
-                    "unknown LXD config key `{k}`; known keys: {}, `{POOL_KEY}`",
+                    "unknown LXD config key `{k}`; known keys: {}",
                     CONFIG_KEYS.map(|k| format!("`{k}`")).join(", ")
                 )));
             }
@@ -168,7 +167,7 @@ impl Config {
             image_aliases,
             profiles,
             pool: config
-                .get(POOL_KEY)
+                .get("lxd-storage-pool")
                 .cloned()
                 .unwrap_or_else(|| "default".to_string()),
             transport,
@@ -490,12 +489,16 @@ impl LxdProvider {
         Ok(())
     }
 
-    /// Starts a container that exists (stopped, say); already running is
-    /// fine.
+    /// Starts a container whose record `v` says it is not running.
     async fn ensure_running(&self, name: &str, v: &Value) -> Result<()> {
         if v["status"].as_str() == Some("Running") {
             return Ok(());
         }
+        self.start(name).await
+    }
+
+    /// Starts a container; already running is fine.
+    async fn start(&self, name: &str) -> Result<()> {
         let body = json!({"action": "start", "timeout": 30});
         match self
             .client()
@@ -624,10 +627,8 @@ impl LxdProvider {
         loop {
             match self.create(spec, &name, &cfg).await? {
                 Ok(()) => {
-                    let v = self.lookup(&name).await?.ok_or_else(|| {
-                        Error::Transient(format!("`{name}` vanished after its creation"))
-                    })?;
-                    if let Err(e) = self.ensure_running(&name, &v).await {
+                    // Just created, so stopped: start it.
+                    if let Err(e) = self.start(&name).await {
                         // Leave nothing half-made behind: a container that
                         // never ran is deleted (the harvester would reap it
                         // otherwise, but only after its grace).
@@ -637,7 +638,9 @@ impl LxdProvider {
                         }
                         return Err(e);
                     }
-                    let v = self.lookup(&name).await?.unwrap_or(v);
+                    let v = self.lookup(&name).await?.ok_or_else(|| {
+                        Error::Transient(format!("`{name}` vanished after its start"))
+                    })?;
                     info!(name, machine = %spec.machine_id, "container started");
                     return Ok(self.instance(&v, &host));
                 }

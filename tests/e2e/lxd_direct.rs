@@ -1,0 +1,47 @@
+//! Launching and deleting containers directly through the LXD API, as
+//! someone other than jujube would: shared by the LXD end-to-end tests and
+//! the launch benchmark (`cli/benches/lxd_launch.rs`).
+
+use jujube_providers::lxd::client::{Client, Method};
+use serde_json::{json, Value};
+
+/// The image `scripts/lxd-setup` imports.
+pub const ALIAS: &str = "jujube-test";
+
+/// Creates a container from [`ALIAS`] with the given config and starts it:
+/// what any client must do (create, wait, start, wait).
+pub async fn launch_directly(c: &Client, name: &str, config: Value) {
+    let body = json!({
+        "name": name,
+        "type": "container",
+        "source": {"type": "image", "alias": ALIAS},
+        "config": config,
+    });
+    c.run(Method::POST, "/1.0/instances", Some(&body))
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("create {name}: {e:?}"));
+    c.run(
+        Method::PUT,
+        &format!("/1.0/instances/{name}/state"),
+        Some(&json!({"action": "start"})),
+    )
+    .await
+    .unwrap()
+    .unwrap_or_else(|e| panic!("start {name}: {e:?}"));
+}
+
+/// Stops (forced) and deletes a container; errors are ignored (it may be
+/// gone already).
+pub async fn delete_directly(c: &Client, name: &str) {
+    let _ = c
+        .run(
+            Method::PUT,
+            &format!("/1.0/instances/{name}/state"),
+            Some(&json!({"action": "stop", "force": true})),
+        )
+        .await;
+    let _ = c
+        .run(Method::DELETE, &format!("/1.0/instances/{name}"), None)
+        .await;
+}
