@@ -1,1 +1,129 @@
+//! jujube's agents: the machine agent and the unit agent, and the facade
+//! they see the model through.
+//!
+//! # Layout
+//! - [`api`]: the [`Facade`](api::Facade) trait — the wire contract, scoped
+//!   to the agent's own entity — and its plain-data types.
+//! - [`deployer`]: deploying units (a directory per unit with the charm
+//!   copied in, and a running unit agent), recalling them, and the
+//!   deployer's duties shared by machine agents (principals) and unit agents
+//!   (subordinates). The directories are the record of what was deployed.
+//! - [`machine`], [`unit`]: the agents' duties as one idempotent pass each,
+//!   run by [`run_loop`] whenever a notice says something they can see
+//!   changed.
+//!
+//! Agents never import the state store: everything goes through the facade,
+//! so the same agent code runs over the in-process implementation
+//! (`jujube-agent-state`) or a remote one.
 
+pub mod api;
+pub mod deployer;
+pub mod machine;
+pub mod unit;
+
+use api::{ApiError, Facade, WatchTarget};
+use futures_util::StreamExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tracing::{debug, warn};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Api(#[from] ApiError),
+    #[error("cannot {action} `{}`: {source}", path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What a pass found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing to do until something changes.
+    Idle,
+    /// It changed something: look again at once.
+    Again,
+    /// The entity is Dead or gone: the agent stops for good.
+    Done,
+}
+
+/// An agent: one idempotent pass over its view, and what to watch.
+#[allow(async_fn_in_trait)]
+pub trait Agent: Send {
+    fn api(&self) -> &Arc<dyn Facade>;
+    fn target(&self) -> WatchTarget;
+    async fn step(&mut self) -> Result<Step>;
+    /// Reports a failed pass (best effort).
+    async fn failed(&mut self, message: &str);
+    /// Stops whatever the agent runs (its deployed units' agents).
+    async fn finish(&mut self);
+}
+
+const RETRY_MIN: Duration = Duration::from_millis(500);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Runs an agent: subscribes first (so no change after the first read is
+/// missed), then a pass, and another whenever a notice comes, until the
+/// entity is Dead or gone, or `stop` turns true. A failed pass is reported
+/// in the agent's status and retried with exponential backoff (a notice
+/// also retries it at once).
+pub async fn run_loop<A: Agent>(mut agent: A, mut stop: watch::Receiver<bool>) {
+    let target = agent.target();
+    let mut retry = RETRY_MIN;
+    let mut notices = loop {
+        match agent.api().watch(target.clone()).await {
+            Ok(n) => break n,
+            Err(e) => {
+                warn!(agent = %agent.api().tag(), error = %e, "cannot watch; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(retry) => {}
+                    _ = stop.changed() => return,
+                }
+                retry = (retry * 2).min(RETRY_MAX);
+            }
+        }
+    };
+    retry = RETRY_MIN;
+    loop {
+        if *stop.borrow() {
+            break;
+        }
+        let wait = match agent.step().await {
+            Ok(Step::Again) => continue,
+            Ok(Step::Done) => {
+                debug!(agent = %agent.api().tag(), "done");
+                break;
+            }
+            Ok(Step::Idle) => {
+                retry = RETRY_MIN;
+                None
+            }
+            Err(e) => {
+                warn!(agent = %agent.api().tag(), error = %e, retry_in = ?retry, "agent pass failed");
+                agent.failed(&e.to_string()).await;
+                let wait = retry;
+                retry = (retry * 2).min(RETRY_MAX);
+                Some(wait)
+            }
+        };
+        let sleep = async {
+            match wait {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            n = notices.next() => if n.is_none() { break },
+            _ = sleep => {}
+            r = stop.changed() => if r.is_err() { break },
+        }
+    }
+    agent.finish().await;
+}

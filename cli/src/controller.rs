@@ -83,7 +83,8 @@ pub fn try_lock(home: &Home, env_name: &str) -> Result<Option<ControllerLock>> {
     }
 }
 
-/// `jujube controller`: the provisioner and the cleaner, until SIGINT/SIGTERM.
+/// `jujube controller`: the provisioner, the cleaner and the machine agents,
+/// until SIGINT/SIGTERM.
 pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
     let _lock = try_lock(home, env_name)?.ok_or_else(|| {
         anyhow!("a controller is already running for environment `{env_name}`; stop it first")
@@ -119,6 +120,11 @@ pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
         let p = provisioner.clone();
         tokio::spawn(async move { p.run(stop_rx).await })
     };
+    // The machine agents (and their unit agents) of every machine with an
+    // instance, in this process, deploying under the environment's data
+    // dir, until agents run on the machines themselves.
+    let agents =
+        jujube_agent_state::Host::start(store.clone(), home.env_dir(env_name).join("agents"));
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
@@ -128,7 +134,13 @@ pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
     stop_tx.send_replace(true);
     run.await??;
     cleaner.await?;
-    info!("controller stopped");
+    agents.shutdown().await;
+    let stats = store.stats();
+    info!(
+        transactions = stats.transactions,
+        largest_transaction_rows = stats.max_transaction_rows,
+        "controller stopped"
+    );
     Ok(())
 }
 
@@ -146,12 +158,15 @@ pub fn stuck(store: &Store) -> Result<Vec<String>> {
                 "machine {} is dead and waits for its instance to be stopped",
                 m.id
             )),
-            Life::Dying if store.units_on_machine(m.id)?.is_empty() => {
+            // Its agent sets it Dead once its units are gone (or, without
+            // an instance, the provisioner removes it).
+            Life::Dying if m.agent_status != jujube_state::model::agent_status::ERROR => {
                 out.push(format!("machine {} is dying and waits to be stopped", m.id))
             }
             _ => {}
         }
     }
+    out.extend(store.awaiting_agents(3)?);
     let cleanups = store.pending_cleanups()?;
     if cleanups > 0 {
         out.push(format!("{cleanups} cleanup(s) pending"));

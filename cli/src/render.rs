@@ -75,14 +75,21 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
         .0
         .iter()
         .map(|(id, m)| {
+            let message = [m.status_info.as_str(), m.agent_status_info.as_str()]
+                .iter()
+                .filter(|s| !s.is_empty())
+                .copied()
+                .collect::<Vec<_>>()
+                .join("; ");
             vec![
                 id.clone(),
                 m.life.to_string(),
                 m.status.clone(),
+                m.agent_status.clone(),
                 m.instance_id.clone().unwrap_or_else(|| "-".into()),
                 m.series.clone(),
                 dash(&m.constraints),
-                m.status_info.clone(),
+                message,
             ]
         })
         .collect();
@@ -92,6 +99,7 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
             "Machine",
             "Life",
             "Status",
+            "Agent",
             "Instance",
             "Series",
             "Constraints",
@@ -132,16 +140,16 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
                     name.clone(),
                     u.life.to_string(),
                     u.machine.clone().unwrap_or_else(|| "-".into()),
-                    u.status.clone(),
-                    u.status_info.clone(),
+                    u.agent_status.clone(),
+                    u.agent_status_info.clone(),
                 ]);
                 for (sub, su) in &u.subordinates.0 {
                     rows.push(vec![
                         format!("  {sub}"),
                         su.life.to_string(),
                         String::new(),
-                        su.status.clone(),
-                        su.status_info.clone(),
+                        su.agent_status.clone(),
+                        su.agent_status_info.clone(),
                     ]);
                 }
             }
@@ -150,7 +158,7 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
             writeln!(out)?;
             table(
                 &mut out,
-                &["Unit", "Life", "Machine", "Status", "Message"],
+                &["Unit", "Life", "Machine", "Agent", "Message"],
                 &rows,
             )?;
         }

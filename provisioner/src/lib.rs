@@ -10,9 +10,8 @@
 //!   the requeue time comes.
 //!
 //! # A pass
-//! 1. **Stop before start.** Dying machines with no units are set Dead (until
-//!    machine agents exist). Dead machines' instances are stopped, then the
-//!    machines removed. Non-Alive machines without an instance are removed —
+//! 1. **Stop before start.** Dead machines' instances are stopped (their
+//!    agents set them Dead), then the machines removed. Non-Alive machines without an instance are removed —
 //!    after stopping anything a half-finished start left under their nonce.
 //! 2. **Start.** Alive machines without an instance and not in error get a
 //!    nonce *committed before the start*, then are started in batches, a
@@ -37,7 +36,7 @@ use jujube_providers::bucket::TokenBucket;
 use jujube_providers::{ErrorClass, Instance, Provider, StartSpec};
 use jujube_state::model::machine_status;
 use jujube_state::provisioning::{Prepared, Recorded, Started, Stray};
-use jujube_state::{Machine, Store};
+use jujube_state::{AgentOp, Caller, Machine, Store};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -230,18 +229,9 @@ impl Provisioner {
         let soon = |d: Duration, r: &mut Option<Duration>| *r = Some(r.map_or(d, |x| x.min(d)));
 
         // 1. Stop before start.
-        let machines = store.machines()?;
+        // Dying machines are their agents' to set Dead (the agent runs on
+        // the machine's instance); the controller only stops Dead ones.
         let inflight = lock(&self.inner.inflight).clone();
-        for m in machines
-            .iter()
-            .filter(|m| m.life == Life::Dying && !m.manages_environ())
-        {
-            // Until machine agents exist, the controller sets Dying machines
-            // Dead once no unit is assigned (refused otherwise: skip).
-            if store.units_on_machine(m.id)?.is_empty() {
-                let _ = store.ensure_dead_machine(m.id);
-            }
-        }
         let machines = store.machines()?;
         let dead: Vec<&Machine> = machines
             .iter()
@@ -255,7 +245,10 @@ impl Provisioner {
             match self.inner.provider.stop_instances(&ids).await {
                 Ok(()) => {
                     for m in chunk {
-                        store.remove_machine(m.id)?;
+                        store.apply(
+                            &Caller::Controller,
+                            &AgentOp::RemoveMachine { machine: m.id },
+                        )?;
                         info!(
                             machine = m.id,
                             instance = m.instance_id.as_deref().unwrap_or(""),
@@ -286,7 +279,19 @@ impl Provisioner {
                     .collect();
                 self.inner.provider.stop_instances(&orphans).await?;
             }
-            if store.ensure_dead_machine(m.id).is_ok() && store.remove_machine(m.id).is_ok() {
+            // No instance: no agent can exist, so the controller may set it
+            // Dead itself (the store checks that).
+            let dead = store.apply(
+                &Caller::Controller,
+                &AgentOp::EnsureDeadMachine { machine: m.id },
+            );
+            let removed = dead.and_then(|()| {
+                store.apply(
+                    &Caller::Controller,
+                    &AgentOp::RemoveMachine { machine: m.id },
+                )
+            });
+            if removed.is_ok() {
                 info!(machine = m.id, "removed unprovisioned machine");
             }
         }

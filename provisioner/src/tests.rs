@@ -278,17 +278,34 @@ async fn a_restarted_provisioner_adopts_the_instance_of_a_start_it_lost() {
     assert_eq!(w.instances_of(id), 1);
 }
 
+/// `by` applies `op`, as an agent would.
+fn agent(w: &World, by: Caller, op: AgentOp) {
+    w.store.apply(&by, &op).unwrap();
+}
+
 #[tokio::test(start_paused = true)]
-async fn dead_machines_are_stopped_then_removed_and_dying_ones_die_first() {
+async fn dead_machines_are_stopped_then_removed_and_dying_ones_are_left_to_their_agents() {
     let w = world(&[]);
     let ids = w.store.add_machines(2, None, None).unwrap();
     w.settle().await;
     let inst = w.store.machine(ids[0]).unwrap().instance_id.unwrap();
     w.store.destroy_machine(ids[0]).unwrap();
-    w.store.ensure_dead_machine(ids[1]).unwrap();
+    agent(
+        &w,
+        Caller::Machine(ids[1]),
+        AgentOp::EnsureDeadMachine { machine: ids[1] },
+    );
+    w.settle().await;
+    // The Dying machine is its agent's to set Dead, not the controller's.
+    assert_eq!(w.store.machine(ids[0]).unwrap().life, Life::Dying);
+    assert!(w.store.machine(ids[1]).is_err());
+    agent(
+        &w,
+        Caller::Machine(ids[0]),
+        AgentOp::EnsureDeadMachine { machine: ids[0] },
+    );
     w.settle().await;
     assert!(w.store.machine(ids[0]).is_err());
-    assert!(w.store.machine(ids[1]).is_err());
     assert!(w
         .cloud
         .all_instances()
@@ -335,14 +352,32 @@ async fn machines_with_dying_units_wait_for_them() {
         })
         .unwrap();
     w.settle().await;
-    w.store.set_unit_status("mysql/0", "started", "").unwrap();
-    w.store.destroy_units(&["mysql/0".into()]).unwrap();
+    let unit = || "mysql/0".to_string();
+    let status = AgentOp::SetUnitStatus {
+        unit: unit(),
+        status: "started".into(),
+        info: String::new(),
+    };
+    agent(&w, Caller::Unit(unit()), status);
+    w.store.destroy_units(&[unit()]).unwrap();
     w.store.destroy_machine(id).unwrap();
     w.settle().await;
     assert_eq!(w.store.machine(id).unwrap().life, Life::Dying);
     assert_eq!(w.instances_of(id), 1);
-    w.store.ensure_dead_unit("mysql/0").unwrap();
-    w.store.remove_unit("mysql/0").unwrap();
+    // The machine cannot be set Dead while its Dying unit remains.
+    let dead = AgentOp::EnsureDeadMachine { machine: id };
+    assert!(w.store.apply(&Caller::Machine(id), &dead).is_err());
+    agent(
+        &w,
+        Caller::Unit(unit()),
+        AgentOp::EnsureDeadUnit { unit: unit() },
+    );
+    agent(
+        &w,
+        Caller::Machine(id),
+        AgentOp::RemoveUnit { unit: unit() },
+    );
+    agent(&w, Caller::Machine(id), dead);
     w.settle().await;
     assert!(w.store.machine(id).is_err());
     assert_eq!(w.instances_of(id), 0);
@@ -397,8 +432,17 @@ async fn harvest_modes_decide_which_strays_go() {
     ]);
     let m = w.store.add_machines(1, None, None).unwrap()[0];
     w.settle().await;
-    w.store.ensure_dead_machine(m).unwrap();
-    w.store.remove_machine(m).unwrap(); // removed behind the provisioner's back
+    agent(
+        &w,
+        Caller::Machine(m),
+        AgentOp::EnsureDeadMachine { machine: m },
+    );
+    // Removed behind the provisioner's back.
+    agent(
+        &w,
+        Caller::Controller,
+        AgentOp::RemoveMachine { machine: m },
+    );
     let unknown = w.cloud.start_raw(w.tags(Some(UUID), "999")).unwrap();
     let destroyed = w
         .cloud

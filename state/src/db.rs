@@ -38,6 +38,11 @@ pub struct StoreStats {
 
 struct Inner {
     conn: Mutex<Connection>,
+    /// A second connection for [`Store::read`]: in WAL mode readers do not
+    /// wait for the writer, so a long group commit (see
+    /// [`Store::apply_batch`](crate::agents)) never stalls the many agents
+    /// reading their views meanwhile.
+    reader: Mutex<Connection>,
     path: PathBuf,
     head: watch::Sender<u64>,
     transactions: AtomicU64,
@@ -74,6 +79,25 @@ impl Tx<'_> {
             .execute((kind.as_str(), id.as_ref()))?;
         self.last_revision = Some(self.tx.last_insert_rowid() as u64);
         Ok(())
+    }
+
+    /// Runs `f` inside a savepoint of this transaction: if `f` fails, what it
+    /// did (feed entries included) is undone and the transaction goes on
+    /// without it. Several independent operations can so share one commit.
+    pub(crate) fn savepoint<T>(&mut self, f: impl FnOnce(&mut Tx<'_>) -> Result<T>) -> Result<T> {
+        let revision = self.last_revision;
+        self.tx.execute_batch("SAVEPOINT op")?;
+        match f(self) {
+            Ok(v) => {
+                self.tx.execute_batch("RELEASE op")?;
+                Ok(v)
+            }
+            Err(e) => {
+                self.tx.execute_batch("ROLLBACK TO op; RELEASE op")?;
+                self.last_revision = revision;
+                Err(e)
+            }
+        }
     }
 
     /// Takes the next value of a named sequence.
@@ -124,6 +148,13 @@ impl Store {
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.set_prepared_statement_cache_capacity(128);
         migrate(&conn)?;
+        let reader = Connection::open_with_flags(
+            &path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        reader.busy_timeout(BUSY_TIMEOUT)?;
+        reader.pragma_update(None, "query_only", "ON")?;
+        reader.set_prepared_statement_cache_capacity(128);
         let head: i64 = conn.query_row(
             "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'changes'), 0)",
             [],
@@ -133,6 +164,7 @@ impl Store {
         Ok(Store {
             inner: Arc::new(Inner {
                 conn: Mutex::new(conn),
+                reader: Mutex::new(reader),
                 path,
                 head: tx,
                 transactions: AtomicU64::new(0),
@@ -165,6 +197,10 @@ impl Store {
         // A panic while holding the lock cannot leave a transaction open
         // (dropping it rolls back), so a poisoned lock is still usable.
         self.inner.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_reader(&self) -> MutexGuard<'_, Connection> {
+        self.inner.reader.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Runs `f` in one `BEGIN IMMEDIATE` transaction and commits it if `f`
@@ -219,7 +255,7 @@ impl Store {
     /// Runs `f` on a read snapshot: everything it reads is from one
     /// committed state, whatever other writers do meanwhile.
     pub(crate) fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
-        let mut conn = self.lock();
+        let mut conn = self.lock_reader();
         let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
         let value = f(&tx)?;
         tx.finish()?;

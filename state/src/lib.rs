@@ -13,6 +13,9 @@
 //!   every lifecycle rule of the spec as a single transaction. Each one reads
 //!   what it needs *inside* its transaction, checks its preconditions there,
 //!   and either applies fully or returns an error having changed nothing.
+//! - [`agents`]: agent-side writes ([`AgentOp`]) checked against who makes
+//!   them ([`Caller`]) inside their transaction, group-committed in batches,
+//!   and the snapshots agents decide on.
 //! - [`cleanups`]: work queued by those transactions that is too large for one
 //!   (settings of removed relations, units of destroyed services), done later
 //!   in bounded batches.
@@ -21,6 +24,7 @@
 //! The store knows nothing of clouds: the provisioner reads machines from it
 //! and records instances in it; providers never see it.
 
+pub mod agents;
 pub mod cleanups;
 pub mod db;
 pub mod environment;
@@ -37,6 +41,7 @@ pub mod units;
 #[cfg(test)]
 mod tests;
 
+pub use agents::{AgentOp, Caller};
 pub use db::{Durability, Store, StoreStats};
 pub use feed::{Change, ChangeKind, Changes, Watcher};
 pub use model::*;
@@ -115,6 +120,10 @@ pub enum Error {
     },
     #[error("{0}")]
     Relation(String),
+    #[error("{caller} cannot {action}: only the agent responsible for it can")]
+    Unauthorized { caller: String, action: String },
+    #[error("invalid agent status `{0}`: an agent reports `started`, `dying` or `error`")]
+    InvalidStatus(String),
     #[error("machine `{0}` has no provisioning error; `jujube resolved` only applies to machines in error")]
     NoProvisioningError(i64),
     #[error(transparent)]

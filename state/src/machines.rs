@@ -149,8 +149,8 @@ impl Store {
     /// Sets a machine Dead (the machine agent's job once it is Dying).
     /// Refused while any unit is still assigned, whatever its life, and for a
     /// machine that manages the environment. Already Dead: a no-op.
-    pub fn ensure_dead_machine(&self, id: i64) -> Result<()> {
-        self.write(|tx| {
+    pub(crate) fn ensure_dead_machine_in(tx: &mut Tx<'_>, id: i64) -> Result<()> {
+        {
             let m = get_machine(tx, id)?;
             if m.life == Life::Dead {
                 return Ok(());
@@ -166,12 +166,12 @@ impl Store {
                 });
             }
             set_machine_life(tx, id, Life::Dead)
-        })
+        }
     }
 
     /// Deletes a Dead machine. Refused for any other.
-    pub fn remove_machine(&self, id: i64) -> Result<()> {
-        self.write(|tx| {
+    pub(crate) fn remove_machine_in(tx: &mut Tx<'_>, id: i64) -> Result<()> {
+        {
             let m = get_machine(tx, id)?;
             if m.life != Life::Dead {
                 return Err(Error::NotDead {
@@ -181,7 +181,7 @@ impl Store {
             }
             tx.execute("DELETE FROM machines WHERE id = ?1", [id])?;
             tx.changed(ChangeKind::Machine, id.to_string())
-        })
+        }
     }
 
     /// `resolved MACHINE [--constraints C]`: clears a provisioning error so

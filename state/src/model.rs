@@ -10,9 +10,20 @@ use serde::Serialize;
 pub const JOB_HOST_UNITS: &str = "host-units";
 pub const JOB_MANAGE_ENVIRON: &str = "manage-environ";
 
-/// Unit status before any agent has reported: nothing has run for the unit,
-/// so destroying it can remove it at once.
+/// Agent status before any agent has reported (units and machines).
 pub const UNIT_PENDING: &str = "pending";
+
+/// What an agent reports about itself: `agent-status` in `jujube status`.
+pub mod agent_status {
+    /// No agent has started yet.
+    pub const PENDING: &str = "pending";
+    pub const STARTED: &str = "started";
+    /// The agent is carrying out its entity's Dying duties.
+    pub const DYING: &str = "dying";
+    /// The agent failed; `agent-status-info` says why.
+    pub const ERROR: &str = "error";
+    pub const ALL: [&str; 4] = [PENDING, STARTED, DYING, ERROR];
+}
 
 /// Machine statuses. `error` carries the reason in `status_info`.
 pub mod machine_status {
@@ -45,6 +56,9 @@ pub struct Machine {
     pub status_info: String,
     pub zone: Option<String>,
     pub hardware: Option<String>,
+    /// What the machine's agent reports (see [`agent_status`]).
+    pub agent_status: String,
+    pub agent_status_info: String,
 }
 
 impl Machine {
@@ -78,8 +92,12 @@ pub struct Unit {
     pub machine_id: Option<i64>,
     pub constraints: Constraints,
     pub life: Life,
+    /// The unit's agent status (see [`agent_status`]).
     pub status: String,
     pub status_info: String,
+    /// True once an agent has started for the unit: from then on only that
+    /// agent may set it Dead, so destroying it can no longer remove it at once.
+    pub agent_started: bool,
 }
 
 impl Unit {
@@ -137,7 +155,7 @@ pub(crate) fn constraints(s: String) -> Result<Constraints> {
 }
 
 pub(crate) const MACHINE_COLS: &str =
-    "id, life, series, jobs, constraints, instance_id, nonce, status, status_info, zone, hardware";
+    "id, life, series, jobs, constraints, instance_id, nonce, status, status_info, zone, hardware, agent_status, agent_status_info";
 
 pub(crate) fn machine_row(r: &Row<'_>) -> rusqlite::Result<(Machine, i64, String)> {
     Ok((
@@ -158,6 +176,8 @@ pub(crate) fn machine_row(r: &Row<'_>) -> rusqlite::Result<(Machine, i64, String
             status_info: r.get(8)?,
             zone: r.get(9)?,
             hardware: r.get(10)?,
+            agent_status: r.get(11)?,
+            agent_status_info: r.get(12)?,
         },
         r.get(1)?,
         r.get(4)?,
@@ -222,7 +242,7 @@ pub(crate) fn get_service(c: &Connection, name: &str) -> Result<Service> {
 }
 
 pub(crate) const UNIT_COLS: &str =
-    "name, service, number, series, principal, machine_id, constraints, life, status, status_info";
+    "name, service, number, series, principal, machine_id, constraints, life, status, status_info, agent_started";
 
 pub(crate) fn unit_row(r: &Row<'_>) -> rusqlite::Result<(Unit, i64, String)> {
     Ok((
@@ -237,6 +257,7 @@ pub(crate) fn unit_row(r: &Row<'_>) -> rusqlite::Result<(Unit, i64, String)> {
             life: Life::Alive,
             status: r.get(8)?,
             status_info: r.get(9)?,
+            agent_started: r.get(10)?,
         },
         r.get(7)?,
         r.get(6)?,

@@ -339,8 +339,8 @@ impl Store {
     /// Alive. A principal entering a container-scoped relation gets its
     /// subordinate unit of the other service created here, if it has none.
     /// Already in scope: a no-op.
-    pub fn enter_scope(&self, relation_id: i64, unit: &str) -> Result<()> {
-        self.write(|tx| {
+    pub(crate) fn enter_scope_in(tx: &mut Tx<'_>, relation_id: i64, unit: &str) -> Result<()> {
+        {
             let rel = get_relation(tx, relation_id)?;
             let u = get_unit(tx, unit)?;
             let in_scope: bool = tx
@@ -359,7 +359,11 @@ impl Store {
                     rel.key, u.service
                 )));
             }
-            let counterpart = rel.counterpart_of(&u.service).expect("relation has endpoints").service.clone();
+            let counterpart = rel
+                .counterpart_of(&u.service)
+                .expect("relation has endpoints")
+                .service
+                .clone();
             let container = match (rel.scope, &u.principal) {
                 (Scope::Global, _) => String::new(),
                 (Scope::Container, Some(principal)) => {
@@ -393,15 +397,15 @@ impl Store {
                 .execute([relation_id])?;
             tx.changed(ChangeKind::Scope, format!("{relation_id}#{unit}"))?;
             tx.changed(ChangeKind::Relation, relation_id.to_string())
-        })
+        }
     }
 
     /// A unit agent departs a relation. When the last unit leaves a Dying
     /// relation, the relation is removed in this same transaction, and with
     /// it the counterpart service if that was Dying and held by nothing
     /// else. Not in scope (or no such relation): a no-op.
-    pub fn leave_scope(&self, relation_id: i64, unit: &str) -> Result<()> {
-        self.write(|tx| {
+    pub(crate) fn leave_scope_in(tx: &mut Tx<'_>, relation_id: i64, unit: &str) -> Result<()> {
+        {
             let Some(rel) = find_relation(tx, relation_id)? else {
                 return Ok(());
             };
@@ -434,7 +438,7 @@ impl Store {
                 }
             }
             Ok(())
-        })
+        }
     }
 
     /// Units in a relation's scope, in order.
@@ -477,13 +481,13 @@ impl Store {
 
     /// Applies changes (`None` deletes a key) to a unit's settings in a
     /// relation whose scope it is in.
-    pub fn update_relation_settings(
-        &self,
+    pub(crate) fn update_relation_settings_in(
+        tx: &mut Tx<'_>,
         relation_id: i64,
         unit: &str,
         changes: &[(String, Option<String>)],
     ) -> Result<()> {
-        self.write(|tx| {
+        {
             let raw: Option<String> = tx
                 .query_row(
                     "SELECT st.settings FROM relation_settings st JOIN relation_scopes sc
@@ -510,9 +514,13 @@ impl Store {
             tx.execute(
                 "UPDATE relation_settings SET settings = ?1, version = version + 1
                  WHERE relation_id = ?2 AND unit = ?3",
-                (serde_json::to_string(&settings).expect("settings serialise"), relation_id, unit),
+                (
+                    serde_json::to_string(&settings).expect("settings serialise"),
+                    relation_id,
+                    unit,
+                ),
             )?;
             tx.changed(ChangeKind::Settings, format!("{relation_id}#{unit}"))
-        })
+        }
     }
 }

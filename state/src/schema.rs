@@ -147,4 +147,14 @@ CREATE TABLE strays (
     reap_at     INTEGER
 ) WITHOUT ROWID;
 "#,
+    // 3 (agents): an explicit "an agent has started for this unit" marker (the
+    // "destroy a pending unit at once" shortcut keys on it, no longer on the
+    // status string; a unit whose status an agent already set has had one),
+    // and the machine agent's own status beside the provisioning status.
+    r#"
+ALTER TABLE units ADD COLUMN agent_started INTEGER NOT NULL DEFAULT 0;
+UPDATE units SET agent_started = 1 WHERE status != 'pending';
+ALTER TABLE machines ADD COLUMN agent_status TEXT NOT NULL DEFAULT 'pending';
+ALTER TABLE machines ADD COLUMN agent_status_info TEXT NOT NULL DEFAULT '';
+"#,
 ];

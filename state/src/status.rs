@@ -65,8 +65,12 @@ pub struct MachineStatus {
     pub series: String,
     pub jobs: Vec<String>,
     pub instance_id: Option<String>,
+    /// The instance's status, as the provisioner sees it.
     pub status: String,
     pub status_info: String,
+    /// What the machine's agent reports (`pending` until it starts).
+    pub agent_status: String,
+    pub agent_status_info: String,
     pub constraints: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub zone: Option<String>,
@@ -86,6 +90,8 @@ pub struct ServiceStatus {
     pub subordinate_to: Vec<String>,
     /// Relation name → related services.
     pub relations: BTreeMap<String, Vec<String>>,
+    /// Principal units only: a subordinate service lists none of its own
+    /// (they appear under their principals), as Juju's status does.
     pub units: OrderedMap<UnitStatus>,
 }
 
@@ -94,8 +100,9 @@ pub struct ServiceStatus {
 pub struct UnitStatus {
     pub life: Life,
     pub machine: Option<String>,
-    pub status: String,
-    pub status_info: String,
+    /// `pending` (no agent yet), `started`, `dying` or `error`.
+    pub agent_status: String,
+    pub agent_status_info: String,
     pub subordinates: OrderedMap<SubordinateStatus>,
 }
 
@@ -103,8 +110,8 @@ pub struct UnitStatus {
 #[serde(rename_all = "kebab-case")]
 pub struct SubordinateStatus {
     pub life: Life,
-    pub status: String,
-    pub status_info: String,
+    pub agent_status: String,
+    pub agent_status_info: String,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -124,7 +131,8 @@ impl Store {
             let env = get_environment(c)?;
             let mut machines = Vec::new();
             let mut stmt = c.prepare(
-                "SELECT id, life, series, jobs, instance_id, status, status_info, constraints, zone, hardware
+                "SELECT id, life, series, jobs, instance_id, status, status_info, constraints, zone, hardware,
+                        agent_status, agent_status_info
                  FROM machines ORDER BY id",
             )?;
             let mut rows = stmt.query([])?;
@@ -142,6 +150,8 @@ impl Store {
                         constraints: r.get(7)?,
                         zone: r.get(8)?,
                         hardware: r.get(9)?,
+                        agent_status: r.get(10)?,
+                        agent_status_info: r.get(11)?,
                     },
                 ));
             }
@@ -198,8 +208,8 @@ impl Store {
                     r.get(0)?,
                     SubordinateStatus {
                         life: life(r.get(2)?)?,
-                        status: r.get(3)?,
-                        status_info: r.get(4)?,
+                        agent_status: r.get(3)?,
+                        agent_status_info: r.get(4)?,
                     },
                 ));
             }
@@ -253,8 +263,8 @@ impl Store {
                     UnitStatus {
                         life: life(r.get(2)?)?,
                         machine: r.get::<_, Option<i64>>(3)?.map(|m| m.to_string()),
-                        status: r.get(4)?,
-                        status_info: r.get(5)?,
+                        agent_status: r.get(4)?,
+                        agent_status_info: r.get(5)?,
                         subordinates,
                     },
                 ));

@@ -7,7 +7,7 @@ use crate::feed::ChangeKind;
 use crate::machines::insert_machine;
 use crate::model::{
     finish_unit, get_machine, get_service, get_unit, quote_list, unit_row, Service, Unit,
-    JOB_HOST_UNITS, UNIT_COLS, UNIT_PENDING,
+    JOB_HOST_UNITS, UNIT_COLS,
 };
 use crate::{require_alive, Entity, Error, Result};
 use jujube_core::{names, Constraints, Life};
@@ -121,10 +121,12 @@ fn set_unit_life(tx: &mut Tx<'_>, name: &str, life: Life) -> Result<()> {
 
 /// Destroys an Alive unit: sets it Dying, after destroying its subordinates.
 ///
-/// A unit no agent has ever acted on (status `pending`) that is in no
-/// relation scope and has no subordinates is removed at once instead: nothing
-/// could ever set it Dead, and nothing refers to it. Such a unit becomes Dead
-/// and is removed in this one transaction.
+/// A unit for which no agent has started (the explicit `agent_started`
+/// marker, not its status string) that is in no relation scope and has no
+/// subordinates is removed at once instead: no agent would ever set it Dead,
+/// and nothing refers to it. Such a unit becomes Dead and is removed in this
+/// one transaction. A deployer about to deploy it finds it gone and recalls
+/// whatever it had started.
 pub(crate) fn destroy_unit_in(tx: &mut Tx<'_>, unit: &Unit) -> Result<()> {
     if unit.life != Life::Alive {
         return Ok(());
@@ -133,7 +135,7 @@ pub(crate) fn destroy_unit_in(tx: &mut Tx<'_>, unit: &Unit) -> Result<()> {
         let sub = get_unit(tx, &sub)?;
         destroy_unit_in(tx, &sub)?;
     }
-    if unit.status == UNIT_PENDING
+    if !unit.agent_started
         && scopes_of(tx, &unit.name)?.is_empty()
         && subordinates_of(tx, &unit.name)?.is_empty()
     {
@@ -222,8 +224,8 @@ impl Store {
 
     /// Sets a unit Dead (its agent's last act). Refused while the unit is in
     /// any relation scope or has subordinates. Already Dead: a no-op.
-    pub fn ensure_dead_unit(&self, name: &str) -> Result<()> {
-        self.write(|tx| {
+    pub(crate) fn ensure_dead_unit_in(tx: &mut Tx<'_>, name: &str) -> Result<()> {
+        {
             let unit = get_unit(tx, name)?;
             if unit.life == Life::Dead {
                 return Ok(());
@@ -249,13 +251,13 @@ impl Store {
                 });
             }
             set_unit_life(tx, name, Life::Dead)
-        })
+        }
     }
 
     /// Deletes a Dead unit, unassigning it from its machine or principal;
     /// removes its service too if that was Dying and held only by this unit.
-    pub fn remove_unit(&self, name: &str) -> Result<()> {
-        self.write(|tx| {
+    pub(crate) fn remove_dead_unit_in(tx: &mut Tx<'_>, name: &str) -> Result<()> {
+        {
             let unit = get_unit(tx, name)?;
             if unit.life != Life::Dead {
                 return Err(Error::NotDead {
@@ -264,18 +266,23 @@ impl Store {
                 });
             }
             remove_unit_in(tx, &unit)
-        })
+        }
     }
 
     /// Sets a unit's status (agents report through this).
-    pub fn set_unit_status(&self, name: &str, status: &str, info: &str) -> Result<()> {
-        self.write(|tx| {
+    pub(crate) fn set_unit_status_in(
+        tx: &mut Tx<'_>,
+        name: &str,
+        status: &str,
+        info: &str,
+    ) -> Result<()> {
+        {
             get_unit(tx, name)?;
             tx.execute(
                 "UPDATE units SET status = ?1, status_info = ?2 WHERE name = ?3",
                 (status, info, name),
             )?;
             tx.changed(ChangeKind::Unit, name)
-        })
+        }
     }
 }

@@ -2,6 +2,7 @@
 //! `JUJUBE_HOME`, and check what a user sees — stdout, exact stderr, exit
 //! codes — and that a refused command left the environment unchanged.
 
+mod agents;
 mod ec2;
 mod lxd;
 mod lxd_direct;

@@ -129,6 +129,8 @@ fn status_json_has_the_documented_shape() {
         "instance-id",
         "status",
         "status-info",
+        "agent-status",
+        "agent-status-info",
         "constraints",
     ] {
         assert!(m.get(k).is_some(), "machines.1.{k}");
@@ -139,7 +141,7 @@ fn status_json_has_the_documented_shape() {
     assert_eq!(blog["series"], "jammy");
     let u = &blog["units"]["blog/1"];
     assert_eq!(u["machine"], "2");
-    for k in ["life", "status", "status-info", "subordinates"] {
+    for k in ["life", "agent-status", "agent-status-info", "subordinates"] {
         assert!(u.get(k).is_some(), "units.blog/1.{k}");
     }
     assert_eq!(

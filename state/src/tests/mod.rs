@@ -123,3 +123,75 @@ impl Env {
         err
     }
 }
+
+/// The agent-side writes as the responsible agent makes them, under the names
+/// the rule and property tests use: each checks, like every agent write, that
+/// the caller is the one the spec makes responsible (`agents::Caller`).
+impl Store {
+    fn responsible(&self, unit: &str) -> crate::Caller {
+        self.unit(unit)
+            .map(|u| crate::agents::deployer_of(&u))
+            .unwrap_or(crate::Caller::Controller)
+    }
+
+    pub fn enter_scope(&self, relation: i64, unit: &str) -> crate::Result<()> {
+        let op = crate::AgentOp::EnterScope {
+            relation,
+            unit: unit.into(),
+        };
+        self.apply(&crate::Caller::Unit(unit.into()), &op)
+    }
+
+    pub fn leave_scope(&self, relation: i64, unit: &str) -> crate::Result<()> {
+        let op = crate::AgentOp::LeaveScope {
+            relation,
+            unit: unit.into(),
+        };
+        self.apply(&crate::Caller::Unit(unit.into()), &op)
+    }
+
+    pub fn update_relation_settings(
+        &self,
+        relation: i64,
+        unit: &str,
+        changes: &[(String, Option<String>)],
+    ) -> crate::Result<()> {
+        let op = crate::AgentOp::UpdateRelationSettings {
+            relation,
+            unit: unit.into(),
+            changes: changes.to_vec(),
+        };
+        self.apply(&crate::Caller::Unit(unit.into()), &op)
+    }
+
+    /// As the unit's own agent (which marks the unit's agent started).
+    pub fn set_unit_status(&self, unit: &str, status: &str, info: &str) -> crate::Result<()> {
+        let op = crate::AgentOp::SetUnitStatus {
+            unit: unit.into(),
+            status: status.into(),
+            info: info.into(),
+        };
+        self.apply(&crate::Caller::Unit(unit.into()), &op)
+    }
+
+    pub fn ensure_dead_unit(&self, unit: &str) -> crate::Result<()> {
+        let op = crate::AgentOp::EnsureDeadUnit { unit: unit.into() };
+        self.apply(&crate::Caller::Unit(unit.into()), &op)
+    }
+
+    /// As the unit's deployer.
+    pub fn remove_unit(&self, unit: &str) -> crate::Result<()> {
+        let op = crate::AgentOp::RemoveUnit { unit: unit.into() };
+        self.apply(&self.responsible(unit), &op)
+    }
+
+    pub fn ensure_dead_machine(&self, machine: i64) -> crate::Result<()> {
+        let op = crate::AgentOp::EnsureDeadMachine { machine };
+        self.apply(&crate::Caller::Machine(machine), &op)
+    }
+
+    pub fn remove_machine(&self, machine: i64) -> crate::Result<()> {
+        let op = crate::AgentOp::RemoveMachine { machine };
+        self.apply(&crate::Caller::Controller, &op)
+    }
+}

@@ -1,0 +1,472 @@
+//! The in-process [`Facade`]: the store, scoped to one agent's entity.
+//!
+//! Every method first checks that what it is asked about lies in the
+//! caller's scope (see `jujube_agent::api`), and refuses anything else — or
+//! anything that does not exist — with `Unauthorized`. Writes then go to the
+//! store as [`AgentOp`]s carrying the caller, where the store checks again,
+//! inside the write's own transaction, that the caller is the responsible
+//! agent: the facade's check is what the agent may *ask*, the store's is
+//! what it may *do*, at the moment it does it.
+//!
+//! Writes from all agents go through one writer thread that group-commits
+//! them ([`Store::apply_batch`]): each op stays its own atomic, checked unit,
+//! but a hundred share one fsync. Reads run on the caller's task (they use
+//! the store's reader connection, which never waits for the writer).
+
+use crate::hub::{Hub, Key};
+use async_trait::async_trait;
+use jujube_agent::api::{
+    AgentStatus, ApiError, ApiResult, CharmRef, Connector, EndpointView, ErrorCode, Facade,
+    MachineView, NoticeStream, RelationView, Tag, UnitRef, UnitView, WatchTarget,
+};
+use jujube_state::agents::deployer_of;
+use jujube_state::{AgentOp, Caller, Relation, Store, Unit};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+use tracing::warn;
+
+/// Ops committed together at most (each writes a handful of rows; the
+/// largest transaction stays well under a thousand rows).
+pub const WRITE_BATCH: usize = 64;
+
+type WriteRequest = (Caller, AgentOp, oneshot::Sender<ApiResult<()>>);
+
+/// What every facade of one store shares.
+pub(crate) struct Shared {
+    pub(crate) store: Store,
+    pub(crate) hub: Arc<Hub>,
+    writes: mpsc::Sender<WriteRequest>,
+}
+
+impl Shared {
+    /// Starts the writer thread (it ends when the last facade is dropped).
+    pub(crate) fn new(store: Store, hub: Arc<Hub>) -> Arc<Shared> {
+        let (writes, mut rx) = mpsc::channel::<WriteRequest>(4 * WRITE_BATCH);
+        let writer = store.clone();
+        std::thread::Builder::new()
+            .name("agent-writes".into())
+            .spawn(move || {
+                let mut batch = Vec::with_capacity(WRITE_BATCH);
+                while let Some(first) = rx.blocking_recv() {
+                    batch.push(first);
+                    while batch.len() < WRITE_BATCH {
+                        match rx.try_recv() {
+                            Ok(r) => batch.push(r),
+                            Err(_) => break,
+                        }
+                    }
+                    let ops: Vec<(Caller, AgentOp)> = batch
+                        .iter()
+                        .map(|(c, o, _)| (c.clone(), o.clone()))
+                        .collect();
+                    match writer.apply_batch(&ops) {
+                        Ok(results) => {
+                            for ((caller, _, reply), r) in batch.drain(..).zip(results) {
+                                let _ = reply.send(r.map_err(|e| api_error(&caller, e)));
+                            }
+                        }
+                        Err(e) => {
+                            warn!(error = %e, "agent write batch failed");
+                            let err = ApiError::new(
+                                if matches!(e, jujube_state::Error::Busy { .. }) {
+                                    ErrorCode::Unavailable
+                                } else {
+                                    ErrorCode::Internal
+                                },
+                                e.to_string(),
+                            );
+                            for (_, _, reply) in batch.drain(..) {
+                                let _ = reply.send(Err(err.clone()));
+                            }
+                        }
+                    }
+                }
+            })
+            .expect("spawn the agent writer thread");
+        Arc::new(Shared { store, hub, writes })
+    }
+}
+
+fn caller_of(tag: &Tag) -> Caller {
+    match tag {
+        Tag::Machine(id) => Caller::Machine(*id),
+        Tag::Unit(u) => Caller::Unit(u.clone()),
+    }
+}
+
+fn tag_of(caller: &Caller) -> Option<Tag> {
+    match caller {
+        Caller::Machine(id) => Some(Tag::Machine(*id)),
+        Caller::Unit(u) => Some(Tag::Unit(u.clone())),
+        Caller::Controller => None,
+    }
+}
+
+/// A store error as the facade reports it. Not found is "not found or not
+/// yours", like any out-of-scope call.
+fn api_error(caller: &Caller, e: jujube_state::Error) -> ApiError {
+    use jujube_state::Error as E;
+    let code = match &e {
+        E::NotFound { .. } | E::Unauthorized { .. } => ErrorCode::Unauthorized,
+        E::Busy { .. } => ErrorCode::Unavailable,
+        e if e.is_refusal() => ErrorCode::Refused,
+        _ => ErrorCode::Internal,
+    };
+    let message = match (&e, code) {
+        (_, ErrorCode::Unauthorized) => match tag_of(caller) {
+            Some(t) => format!("permission denied: `{t}`: {e}"),
+            None => format!("permission denied: {e}"),
+        },
+        _ => e.to_string(),
+    };
+    ApiError::new(code, message)
+}
+
+/// The store, scoped to one agent.
+pub struct InProcess {
+    tag: Tag,
+    caller: Caller,
+    shared: Arc<Shared>,
+}
+
+/// Makes in-process facades for the agents deployers start.
+pub struct InProcessConnector(pub(crate) Arc<Shared>);
+
+impl Connector for InProcessConnector {
+    fn connect(&self, tag: &Tag) -> Arc<dyn Facade> {
+        Arc::new(InProcess::new(self.0.clone(), tag.clone()))
+    }
+}
+
+fn unit_ref(u: &Unit) -> UnitRef {
+    UnitRef {
+        name: u.name.clone(),
+        life: u.life,
+    }
+}
+
+impl InProcess {
+    pub(crate) fn new(shared: Arc<Shared>, tag: Tag) -> InProcess {
+        InProcess {
+            caller: caller_of(&tag),
+            tag,
+            shared,
+        }
+    }
+
+    fn store(&self) -> &Store {
+        &self.shared.store
+    }
+
+    fn denied(&self, what: impl std::fmt::Display) -> ApiError {
+        ApiError::unauthorized(&self.tag, what)
+    }
+
+    fn err(&self, e: jujube_state::Error) -> ApiError {
+        api_error(&self.caller, e)
+    }
+
+    fn is_machine(&self, id: i64) -> bool {
+        self.tag == Tag::Machine(id)
+    }
+
+    fn is_unit(&self, name: &str) -> bool {
+        matches!(&self.tag, Tag::Unit(u) if u == name)
+    }
+
+    /// The caller's own unit (unit agents only).
+    fn own_unit(&self, what: impl std::fmt::Display) -> ApiResult<Unit> {
+        let Tag::Unit(me) = &self.tag else {
+            return Err(self.denied(what));
+        };
+        self.store().unit(me).map_err(|_| self.denied(what))
+    }
+
+    /// `unit`, if the caller deploys it (its machine's agent for a principal,
+    /// its principal's agent for a subordinate).
+    fn deployed_by_me(&self, unit: &str, what: impl std::fmt::Display) -> ApiResult<Unit> {
+        match self.store().unit(unit) {
+            Ok(u) if deployer_of(&u) == self.caller => Ok(u),
+            _ => Err(self.denied(what)),
+        }
+    }
+
+    /// A relation the caller's unit's service is in.
+    fn my_relation(
+        &self,
+        relation: i64,
+        unit: &str,
+        what: impl std::fmt::Display + Clone,
+    ) -> ApiResult<Relation> {
+        if !self.is_unit(unit) {
+            return Err(self.denied(what));
+        }
+        let me = self.own_unit(what.clone())?;
+        match self.store().relation(relation) {
+            Ok(r) if r.endpoint_of(&me.service).is_some() => Ok(r),
+            _ => Err(self.denied(what)),
+        }
+    }
+
+    async fn write(&self, op: AgentOp) -> ApiResult<()> {
+        let (tx, rx) = oneshot::channel();
+        let unavailable = || ApiError::new(ErrorCode::Unavailable, "the agent writer has stopped");
+        self.shared
+            .writes
+            .send((self.caller.clone(), op, tx))
+            .await
+            .map_err(|_| unavailable())?;
+        rx.await.map_err(|_| unavailable())?
+    }
+}
+
+#[async_trait]
+impl Facade for InProcess {
+    fn tag(&self) -> &Tag {
+        &self.tag
+    }
+
+    async fn watch(&self, target: WatchTarget) -> ApiResult<NoticeStream> {
+        let keys = match &target {
+            WatchTarget::Machine(id) if self.is_machine(*id) => vec![Key::Machine(*id)],
+            WatchTarget::Unit(name) if self.is_unit(name) => {
+                let u = self.own_unit(format!("watch unit `{name}`"))?;
+                vec![Key::Unit(u.name), Key::Service(u.service)]
+            }
+            WatchTarget::Scope { relation, unit } => {
+                let what = format!("watch the scope of relation `{relation}` for unit `{unit}`");
+                let rel = self.my_relation(*relation, unit, what.clone())?;
+                let me = self.own_unit(what)?;
+                let container = match rel.scope {
+                    jujube_core::charm::Scope::Global => String::new(),
+                    jujube_core::charm::Scope::Container => {
+                        me.principal.clone().unwrap_or(me.name.clone())
+                    }
+                };
+                vec![Key::Scope(*relation, container)]
+            }
+            other => return Err(self.denied(format!("watch {other:?}"))),
+        };
+        Ok(self.shared.hub.subscribe(keys))
+    }
+
+    async fn machine(&self, id: i64) -> ApiResult<MachineView> {
+        if !self.is_machine(id) {
+            return Err(self.denied(format!("read machine `{id}`")));
+        }
+        let (m, units) = self.store().machine_context(id).map_err(|e| self.err(e))?;
+        Ok(MachineView {
+            id,
+            life: m.life,
+            units: units.iter().map(unit_ref).collect(),
+        })
+    }
+
+    async fn set_machine_status(&self, id: i64, status: AgentStatus, info: &str) -> ApiResult<()> {
+        if !self.is_machine(id) {
+            return Err(self.denied(format!("set the status of machine `{id}`")));
+        }
+        self.write(AgentOp::SetMachineAgentStatus {
+            machine: id,
+            status: status.as_str().into(),
+            info: info.into(),
+        })
+        .await
+    }
+
+    async fn ensure_dead_machine(&self, id: i64) -> ApiResult<()> {
+        if !self.is_machine(id) {
+            return Err(self.denied(format!("set machine `{id}` dead")));
+        }
+        self.write(AgentOp::EnsureDeadMachine { machine: id }).await
+    }
+
+    async fn charm(&self, unit: &str) -> ApiResult<CharmRef> {
+        let u = self.deployed_by_me(unit, format!("read the charm of unit `{unit}`"))?;
+        let svc = self.store().service(&u.service).map_err(|e| self.err(e))?;
+        let charm = self
+            .store()
+            .charm(&svc.charm_url)
+            .map_err(|e| self.err(e))?;
+        Ok(CharmRef {
+            url: charm.url,
+            path: charm.path,
+        })
+    }
+
+    async fn ensure_dead_unit(&self, unit: &str) -> ApiResult<()> {
+        if !self.is_unit(unit) {
+            self.deployed_by_me(unit, format!("set unit `{unit}` dead"))?;
+        }
+        self.write(AgentOp::EnsureDeadUnit { unit: unit.into() })
+            .await
+    }
+
+    async fn remove_unit(&self, unit: &str) -> ApiResult<()> {
+        self.deployed_by_me(unit, format!("remove unit `{unit}`"))?;
+        self.write(AgentOp::RemoveUnit { unit: unit.into() }).await
+    }
+
+    async fn set_unit_status(&self, unit: &str, status: AgentStatus, info: &str) -> ApiResult<()> {
+        if !self.is_unit(unit) {
+            self.deployed_by_me(unit, format!("set the status of unit `{unit}`"))?;
+        }
+        self.write(AgentOp::SetUnitStatus {
+            unit: unit.into(),
+            status: status.as_str().into(),
+            info: info.into(),
+        })
+        .await
+    }
+
+    async fn unit(&self, name: &str) -> ApiResult<UnitView> {
+        if !self.is_unit(name) {
+            return Err(self.denied(format!("read unit `{name}`")));
+        }
+        let c = self.store().unit_context(name).map_err(|e| self.err(e))?;
+        Ok(UnitView {
+            name: c.unit.name,
+            life: c.unit.life,
+            service: c.service.name,
+            service_life: c.service.life,
+            principal: c.unit.principal,
+            principal_service: c.principal_service,
+            relations: c
+                .relations
+                .into_iter()
+                .map(|r| RelationView {
+                    id: r.relation.id,
+                    key: r.relation.key,
+                    life: r.relation.life,
+                    scope: r.relation.scope,
+                    endpoints: r
+                        .relation
+                        .endpoints
+                        .into_iter()
+                        .map(|e| EndpointView {
+                            service: e.service,
+                            relation: e.relation,
+                            role: e.role,
+                        })
+                        .collect(),
+                    in_scope: r.in_scope,
+                })
+                .collect(),
+            subordinates: c.subordinates.iter().map(unit_ref).collect(),
+        })
+    }
+
+    async fn ensure_dying_unit(&self, unit: &str) -> ApiResult<()> {
+        if !self.is_unit(unit) {
+            return Err(self.denied(format!("destroy unit `{unit}`")));
+        }
+        self.write(AgentOp::EnsureDyingUnit { unit: unit.into() })
+            .await
+    }
+
+    async fn enter_scope(&self, relation: i64, unit: &str) -> ApiResult<()> {
+        self.my_relation(
+            relation,
+            unit,
+            format!("enter the scope of relation `{relation}` for unit `{unit}`"),
+        )?;
+        self.write(AgentOp::EnterScope {
+            relation,
+            unit: unit.into(),
+        })
+        .await
+    }
+
+    async fn leave_scope(&self, relation: i64, unit: &str) -> ApiResult<()> {
+        self.my_relation(
+            relation,
+            unit,
+            format!("leave the scope of relation `{relation}` for unit `{unit}`"),
+        )?;
+        self.write(AgentOp::LeaveScope {
+            relation,
+            unit: unit.into(),
+        })
+        .await
+    }
+
+    async fn scope_units(&self, relation: i64, unit: &str) -> ApiResult<Vec<String>> {
+        self.my_relation(
+            relation,
+            unit,
+            format!("read the scope of relation `{relation}` for unit `{unit}`"),
+        )?;
+        self.store()
+            .scope_units_seen_by(relation, unit)
+            .map_err(|e| self.err(e))
+    }
+
+    async fn service_config(
+        &self,
+        service: &str,
+    ) -> ApiResult<BTreeMap<String, serde_json::Value>> {
+        let what = format!("read the settings of service `{service}`");
+        let me = self.own_unit(what.clone())?;
+        if me.service != service {
+            return Err(self.denied(what));
+        }
+        let settings = self
+            .store()
+            .service_settings(service)
+            .map_err(|e| self.err(e))?;
+        Ok(settings
+            .into_iter()
+            .filter_map(|s| {
+                let v = s.value.or(s.option.default)?;
+                Some((
+                    s.key,
+                    serde_json::to_value(v).unwrap_or(serde_json::Value::Null),
+                ))
+            })
+            .collect())
+    }
+
+    async fn relation_settings(
+        &self,
+        relation: i64,
+        unit: &str,
+    ) -> ApiResult<BTreeMap<String, String>> {
+        let what = format!("read the settings of unit `{unit}` in relation `{relation}`");
+        let Tag::Unit(me) = &self.tag else {
+            return Err(self.denied(what));
+        };
+        self.my_relation(relation, me, what.clone())?;
+        if unit != me {
+            let seen = self
+                .store()
+                .scope_units_seen_by(relation, me)
+                .map_err(|e| self.err(e))?;
+            if !seen.iter().any(|u| u == unit) {
+                return Err(self.denied(what));
+            }
+        }
+        self.store()
+            .relation_settings(relation, unit)
+            .map_err(|e| self.err(e))
+    }
+
+    async fn update_relation_settings(
+        &self,
+        relation: i64,
+        unit: &str,
+        changes: Vec<(String, Option<String>)>,
+    ) -> ApiResult<()> {
+        self.my_relation(
+            relation,
+            unit,
+            format!("change the settings of unit `{unit}` in relation `{relation}`"),
+        )?;
+        self.write(AgentOp::UpdateRelationSettings {
+            relation,
+            unit: unit.into(),
+            changes,
+        })
+        .await
+    }
+}

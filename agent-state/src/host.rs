@@ -1,0 +1,158 @@
+//! Runs the machine agents of an environment inside the controller: one per
+//! machine that hosts units and has an instance, each deploying under
+//! `<agents dir>/machine-N/`. Machines are followed through the hub (no scan
+//! per change): a machine that gets its instance gets its agent; an agent
+//! whose machine is Dead ends by itself; a removed machine's directory is
+//! deleted. A restarted host resumes every agent where it stopped, from the
+//! deployment directories.
+
+use crate::facade::{InProcess, InProcessConnector, Shared};
+use crate::hub::Hub;
+use jujube_agent::api::Tag;
+use jujube_agent::machine::MachineAgent;
+use jujube_core::Life;
+use jujube_state::{Machine, Store};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+struct Running {
+    stop: watch::Sender<bool>,
+    handle: JoinHandle<()>,
+}
+
+/// The agents of one environment, running in this process.
+pub struct Host {
+    stop: watch::Sender<bool>,
+    runner: JoinHandle<()>,
+    hub: JoinHandle<()>,
+}
+
+fn wants_agent(m: &Machine) -> bool {
+    m.hosts_units() && m.instance_id.is_some() && m.life != Life::Dead
+}
+
+fn machine_dir(dir: &Path, id: i64) -> PathBuf {
+    dir.join(Tag::Machine(id).to_string())
+}
+
+impl Host {
+    /// Starts the change router, the writer and the machine agents. Must be
+    /// called inside a tokio runtime.
+    pub fn start(store: Store, agents_dir: PathBuf) -> Host {
+        let hub = Arc::new(Hub::default());
+        let shared = Shared::new(store.clone(), hub.clone());
+        let (stop, stop_rx) = watch::channel(false);
+        let hub_task = tokio::spawn(hub.clone().run(store.clone(), stop_rx.clone()));
+        let runner = tokio::spawn(run(shared, hub, agents_dir, stop_rx));
+        Host {
+            stop,
+            runner,
+            hub: hub_task,
+        }
+    }
+
+    /// Stops every agent (keeping what they deployed) and waits for them.
+    pub async fn shutdown(self) {
+        self.stop.send_replace(true);
+        let _ = self.runner.await;
+        let _ = self.hub.await;
+    }
+}
+
+async fn run(shared: Arc<Shared>, hub: Arc<Hub>, dir: PathBuf, mut stop: watch::Receiver<bool>) {
+    let connector: Arc<dyn jujube_agent::api::Connector> =
+        Arc::new(InProcessConnector(shared.clone()));
+    let store = shared.store.clone();
+    let mut running: HashMap<i64, Running> = HashMap::new();
+    let start = |id: i64, running: &mut HashMap<i64, Running>| {
+        if running.get(&id).is_some_and(|r| !r.handle.is_finished()) {
+            return;
+        }
+        let (stop, stop_rx) = watch::channel(false);
+        let api = Arc::new(InProcess::new(shared.clone(), Tag::Machine(id)));
+        let agent = MachineAgent::new(api, connector.clone(), id, &machine_dir(&dir, id));
+        running.insert(
+            id,
+            Running {
+                stop,
+                handle: tokio::spawn(agent.run(stop_rx)),
+            },
+        );
+    };
+    // Everything once; then only what the hub says changed.
+    loop {
+        match store.machines() {
+            Ok(ms) => {
+                let ids: std::collections::HashSet<i64> = ms.iter().map(|m| m.id).collect();
+                for m in ms.iter().filter(|m| wants_agent(m)) {
+                    start(m.id, &mut running);
+                }
+                remove_stale_dirs(&dir, &ids);
+                info!(agents = running.len(), "machine agents started");
+                break;
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot list machines; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                    _ = stop.changed() => break,
+                }
+            }
+        }
+    }
+    while !*stop.borrow() {
+        tokio::select! {
+            _ = hub.machines_changed.notified() => {}
+            r = stop.changed() => if r.is_err() { break } else { continue },
+        }
+        for id in hub.take_machine_events() {
+            match store.machine(id) {
+                Ok(m) if wants_agent(&m) => start(id, &mut running),
+                Ok(_) => {}
+                Err(jujube_state::Error::NotFound { .. }) => {
+                    if let Some(r) = running.remove(&id) {
+                        r.stop.send_replace(true);
+                        let _ = r.handle.await;
+                    }
+                    let d = machine_dir(&dir, id);
+                    if let Err(e) = std::fs::remove_dir_all(&d) {
+                        if e.kind() != std::io::ErrorKind::NotFound {
+                            warn!(dir = %d.display(), error = %e, "cannot remove a removed machine's directory");
+                        }
+                    }
+                }
+                Err(e) => warn!(machine = id, error = %e, "cannot read machine"),
+            }
+        }
+        running.retain(|_, r| !r.handle.is_finished());
+    }
+    for r in running.values() {
+        r.stop.send_replace(true);
+    }
+    for (_, r) in running {
+        let _ = r.handle.await;
+    }
+}
+
+/// Directories of machines that no longer exist (removed while no
+/// controller ran).
+fn remove_stale_dirs(dir: &Path, ids: &std::collections::HashSet<i64>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Some(id) = name
+            .strip_prefix("machine-")
+            .and_then(|s| s.parse::<i64>().ok())
+        {
+            if !ids.contains(&id) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+}

@@ -1,0 +1,417 @@
+//! One reader of the change feed for every agent in the process.
+//!
+//! The feed says *what kind* of entity changed and its id; the hub turns
+//! that into notices for exactly the agents that can see the change, so that
+//! 100,000 agents cost one feed reader and no polling per agent:
+//!
+//! | change | who is told |
+//! |---|---|
+//! | a unit appears, goes, or changes life | the unit; its principal (for a subordinate) or its machine (for a principal) |
+//! | a relation appears, goes, or changes life | the units of its services (through the services' keys) |
+//! | a service appears, goes, or changes life, relation count or settings | its units |
+//! | a machine appears, goes, or changes life or instance | its agent, and the host that runs machine agents |
+//! | a unit enters or leaves a scope, or its relation settings change | the units of that scope's container |
+//!
+//! Changes that matter to nobody (a status message, a unit count) are
+//! dropped: the hub keeps the little it needs to tell (each unit's life,
+//! machine and principal; each relation's life, scope and services; each
+//! service's life, relation count and settings) and compares.
+
+use jujube_agent::api::{Notice, NoticeStream};
+use jujube_core::charm::Scope;
+use jujube_core::Life;
+use jujube_state::{ChangeKind, Changes, Store};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+use tokio::sync::{watch, Notify};
+use tracing::warn;
+
+/// What a subscription listens to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) enum Key {
+    Machine(i64),
+    Unit(String),
+    Service(String),
+    /// A relation scope's container: the principal's name in a
+    /// container-scoped relation, "" in a global one.
+    Scope(i64, String),
+}
+
+type Subscribers = HashMap<Key, HashMap<u64, Arc<watch::Sender<Notice>>>>;
+
+#[derive(Default)]
+pub(crate) struct Hub {
+    subs: Mutex<Subscribers>,
+    next: AtomicU64,
+    /// Machines whose existence, life or instance changed, for the host.
+    machine_events: Mutex<BTreeSet<i64>>,
+    pub(crate) machines_changed: Notify,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Removes a subscription when its stream is dropped.
+struct Unsubscribe {
+    hub: Weak<Hub>,
+    id: u64,
+    keys: Vec<Key>,
+}
+
+impl Drop for Unsubscribe {
+    fn drop(&mut self) {
+        if let Some(hub) = self.hub.upgrade() {
+            let mut subs = lock(&hub.subs);
+            for k in &self.keys {
+                if let Some(m) = subs.get_mut(k) {
+                    m.remove(&self.id);
+                    if m.is_empty() {
+                        subs.remove(k);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Hub {
+    /// A stream of notices for changes to any of `keys`. Notices coalesce:
+    /// a slow reader sees the latest revision, never a backlog.
+    pub(crate) fn subscribe(self: &Arc<Hub>, keys: Vec<Key>) -> NoticeStream {
+        let (tx, rx) = watch::channel(Notice {
+            revision: 0,
+            resync: false,
+        });
+        let tx = Arc::new(tx);
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut subs = lock(&self.subs);
+            for k in &keys {
+                subs.entry(k.clone()).or_default().insert(id, tx.clone());
+            }
+        }
+        let guard = Unsubscribe {
+            hub: Arc::downgrade(self),
+            id,
+            keys,
+        };
+        Box::pin(futures_util::stream::unfold(
+            (rx, guard),
+            |(mut rx, guard)| async move {
+                rx.changed().await.ok()?;
+                let n = *rx.borrow_and_update();
+                Some((n, (rx, guard)))
+            },
+        ))
+    }
+
+    fn notify(&self, keys: &HashSet<Key>, notice: Notice) {
+        let subs = lock(&self.subs);
+        for k in keys {
+            if let Some(m) = subs.get(k) {
+                for s in m.values() {
+                    s.send_replace(notice);
+                }
+            }
+        }
+    }
+
+    fn notify_all(&self, notice: Notice) {
+        for m in lock(&self.subs).values() {
+            for s in m.values() {
+                s.send_replace(notice);
+            }
+        }
+    }
+
+    /// Takes the machines changed since the last call.
+    pub(crate) fn take_machine_events(&self) -> BTreeSet<i64> {
+        std::mem::take(&mut *lock(&self.machine_events))
+    }
+
+    /// Reads the feed and tells subscribers, until `stop`.
+    pub(crate) async fn run(self: Arc<Hub>, store: Store, mut stop: watch::Receiver<bool>) {
+        loop {
+            match self.follow(&store, &mut stop).await {
+                Ok(()) => return,
+                Err(e) => {
+                    warn!(error = %e, "change routing failed; restarting it");
+                    // Whatever was missed: everyone re-reads.
+                    self.notify_all(Notice {
+                        revision: 0,
+                        resync: true,
+                    });
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = stop.changed() => return,
+                    }
+                }
+            }
+        }
+    }
+
+    async fn follow(
+        &self,
+        store: &Store,
+        stop: &mut watch::Receiver<bool>,
+    ) -> jujube_state::Result<()> {
+        let head = store.head_revision()?;
+        let mut known = Known::load(store)?;
+        let mut watcher = store
+            .watch(head)
+            .with_poll_interval(Duration::from_millis(100));
+        loop {
+            let batch = tokio::select! {
+                b = watcher.next() => b?,
+                r = stop.changed() => {
+                    if r.is_err() || *stop.borrow() { return Ok(()) }
+                    continue;
+                }
+            };
+            if batch.truncated {
+                known = Known::load(store)?;
+                self.notify_all(Notice {
+                    revision: batch.revision,
+                    resync: true,
+                });
+                lock(&self.machine_events).extend(known.machines.keys().copied());
+                self.machines_changed.notify_one();
+                continue;
+            }
+            self.route(store, &mut known, &batch)?;
+        }
+    }
+
+    fn route(&self, store: &Store, known: &mut Known, batch: &Changes) -> jujube_state::Result<()> {
+        let mut units = BTreeSet::new();
+        let mut relations = BTreeSet::new();
+        let mut services = BTreeSet::new();
+        let mut machines = BTreeSet::new();
+        let mut scopes = BTreeSet::new();
+        for c in &batch.changes {
+            match c.kind {
+                ChangeKind::Unit => {
+                    units.insert(c.id.as_str());
+                }
+                ChangeKind::Relation => {
+                    if let Ok(id) = c.id.parse::<i64>() {
+                        relations.insert(id);
+                    }
+                }
+                ChangeKind::Service => {
+                    services.insert(c.id.as_str());
+                }
+                ChangeKind::Machine => {
+                    if let Ok(id) = c.id.parse::<i64>() {
+                        machines.insert(id);
+                    }
+                }
+                ChangeKind::Scope | ChangeKind::Settings => {
+                    if let Some((r, u)) = c.id.split_once('#') {
+                        if let Ok(r) = r.parse::<i64>() {
+                            scopes.insert((r, u));
+                        }
+                    }
+                }
+                ChangeKind::Environment | ChangeKind::Cleanup => {}
+            }
+        }
+        let mut keys = HashSet::new();
+        for name in units {
+            let now = match store.unit(name) {
+                Ok(u) => Some(UnitRoute {
+                    life: u.life,
+                    machine: u.machine_id,
+                    principal: u.principal,
+                }),
+                Err(jujube_state::Error::NotFound { .. }) => None,
+                Err(e) => return Err(e),
+            };
+            let before = known.units.get(name);
+            if before.map(|r| r.life) != now.as_ref().map(|r| r.life) {
+                keys.insert(Key::Unit(name.to_string()));
+                for r in before.into_iter().chain(now.as_ref()) {
+                    if let Some(p) = &r.principal {
+                        keys.insert(Key::Unit(p.clone()));
+                    }
+                    if let Some(m) = r.machine {
+                        keys.insert(Key::Machine(m));
+                    }
+                }
+            }
+            match now {
+                Some(r) => {
+                    known.units.insert(name.to_string(), r);
+                }
+                None => {
+                    known.units.remove(name);
+                }
+            }
+        }
+        let mut gone_relations = Vec::new();
+        for id in relations {
+            let now = match store.relation(id) {
+                Ok(r) => Some(RelationRoute {
+                    life: r.life,
+                    scope: r.scope,
+                    services: r.endpoints.into_iter().map(|e| e.service).collect(),
+                }),
+                Err(jujube_state::Error::NotFound { .. }) => None,
+                Err(e) => return Err(e),
+            };
+            let before = known.relations.get(&id);
+            if before.map(|r| r.life) != now.as_ref().map(|r| r.life) {
+                for r in before.into_iter().chain(now.as_ref()) {
+                    for s in &r.services {
+                        keys.insert(Key::Service(s.clone()));
+                    }
+                }
+            }
+            // A removed relation's scope changes in this batch still need
+            // its scope kind: forget it only after routing them.
+            match now {
+                Some(r) => {
+                    known.relations.insert(id, r);
+                }
+                None => gone_relations.push(id),
+            }
+        }
+        for name in services {
+            let now = match store.service(name) {
+                Ok(s) => Some((s.life, s.relation_count, store.service_settings_raw(name)?)),
+                Err(jujube_state::Error::NotFound { .. }) => None,
+                Err(e) => return Err(e),
+            };
+            if known.services.get(name) != now.as_ref() {
+                keys.insert(Key::Service(name.to_string()));
+            }
+            match now {
+                Some(sig) => {
+                    known.services.insert(name.to_string(), sig);
+                }
+                None => {
+                    known.services.remove(name);
+                }
+            }
+        }
+        let mut machine_events = Vec::new();
+        for id in machines {
+            let now = match store.machine(id) {
+                Ok(m) => Some((m.life, m.instance_id.is_some())),
+                Err(jujube_state::Error::NotFound { .. }) => None,
+                Err(e) => return Err(e),
+            };
+            if known.machines.get(&id) != now.as_ref() {
+                keys.insert(Key::Machine(id));
+                machine_events.push(id);
+            }
+            match now {
+                Some(sig) => {
+                    known.machines.insert(id, sig);
+                }
+                None => {
+                    known.machines.remove(&id);
+                }
+            }
+        }
+        for (rel, unit) in scopes {
+            let container = match known.relations.get(&rel).map(|r| r.scope) {
+                Some(Scope::Container) => known
+                    .units
+                    .get(unit)
+                    .and_then(|u| u.principal.clone())
+                    .unwrap_or_else(|| unit.to_string()),
+                Some(Scope::Global) => String::new(),
+                None => continue,
+            };
+            keys.insert(Key::Scope(rel, container));
+        }
+        for id in gone_relations {
+            known.relations.remove(&id);
+        }
+        if !machine_events.is_empty() {
+            lock(&self.machine_events).extend(machine_events);
+            self.machines_changed.notify_one();
+        }
+        self.notify(
+            &keys,
+            Notice {
+                revision: batch.revision,
+                resync: false,
+            },
+        );
+        Ok(())
+    }
+}
+
+struct UnitRoute {
+    life: Life,
+    machine: Option<i64>,
+    principal: Option<String>,
+}
+
+struct RelationRoute {
+    life: Life,
+    scope: Scope,
+    services: Vec<String>,
+}
+
+/// What the hub remembers to compare against.
+struct Known {
+    units: HashMap<String, UnitRoute>,
+    relations: HashMap<i64, RelationRoute>,
+    services: HashMap<String, (Life, i64, Vec<(String, String)>)>,
+    machines: HashMap<i64, (Life, bool)>,
+}
+
+impl Known {
+    fn load(store: &Store) -> jujube_state::Result<Known> {
+        let units = store
+            .unit_routes()?
+            .into_iter()
+            .map(|(name, life, machine, principal)| {
+                (
+                    name,
+                    UnitRoute {
+                        life,
+                        machine,
+                        principal,
+                    },
+                )
+            })
+            .collect();
+        let relations = store
+            .relations()?
+            .into_iter()
+            .map(|r| {
+                (
+                    r.id,
+                    RelationRoute {
+                        life: r.life,
+                        scope: r.scope,
+                        services: r.endpoints.into_iter().map(|e| e.service).collect(),
+                    },
+                )
+            })
+            .collect();
+        let mut services = HashMap::new();
+        for s in store.services()? {
+            let settings = store.service_settings_raw(&s.name)?;
+            services.insert(s.name, (s.life, s.relation_count, settings));
+        }
+        let machines = store
+            .machines()?
+            .into_iter()
+            .map(|m| (m.id, (m.life, m.instance_id.is_some())))
+            .collect();
+        Ok(Known {
+            units,
+            relations,
+            services,
+            machines,
+        })
+    }
+}

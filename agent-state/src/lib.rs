@@ -1,0 +1,59 @@
+//! The agent facade over the state store, and the host that runs agents in
+//! the controller's process.
+//!
+//! # Layout
+//! - [`facade`]: [`InProcess`](facade::InProcess), the store scoped to one
+//!   agent's entity (every out-of-scope call refused), with one writer
+//!   thread group-committing every agent's writes.
+//! - `hub`: one change-feed reader routing "something you can see changed"
+//!   notices to exactly the agents concerned.
+//! - [`host`]: [`Host`], one machine agent per machine that hosts units and
+//!   has an instance, in this process; their unit agents run under them.
+//!
+//! The layering rule: agents (`jujube-agent`) never import the store, and
+//! the store knows nothing of agents' code; this crate is the only one that
+//! knows both.
+
+pub mod facade;
+pub mod host;
+mod hub;
+
+pub use host::Host;
+
+use std::sync::Arc;
+
+/// Facades over one store, for tests and tools that drive agents directly.
+pub struct Facades {
+    shared: Arc<facade::Shared>,
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+impl Facades {
+    /// Starts the change router and the writer for `store`. Must be called
+    /// inside a tokio runtime.
+    pub fn new(store: jujube_state::Store) -> Facades {
+        let hub = Arc::new(hub::Hub::default());
+        let shared = facade::Shared::new(store.clone(), hub.clone());
+        let (stop, rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(hub.run(store, rx));
+        Facades { shared, stop }
+    }
+
+    /// The facade scoped to `tag`.
+    pub fn for_agent(&self, tag: jujube_agent::api::Tag) -> Arc<dyn jujube_agent::api::Facade> {
+        Arc::new(facade::InProcess::new(self.shared.clone(), tag))
+    }
+
+    pub fn connector(&self) -> Arc<dyn jujube_agent::api::Connector> {
+        Arc::new(facade::InProcessConnector(self.shared.clone()))
+    }
+}
+
+impl Drop for Facades {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+    }
+}
+
+#[cfg(test)]
+mod tests;

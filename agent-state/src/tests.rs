@@ -1,0 +1,566 @@
+//! The facade's scope (every method, out-of-scope callers refused, nothing
+//! changed), the store's caller checks (every agent-side write), and the
+//! agents at work over a real store and real directories.
+
+mod agents;
+mod prop;
+
+use crate::Facades;
+use jujube_agent::api::{AgentStatus, ErrorCode, Facade, Tag, WatchTarget};
+use jujube_core::charm::{CharmConfig, CharmMeta};
+use jujube_core::Constraints;
+use jujube_state::environment::EnvironmentSpec;
+use jujube_state::provisioning::Started;
+use jujube_state::services::DeployArgs;
+use jujube_state::{AgentOp, Caller, Charm, Durability, Store};
+use std::sync::Arc;
+
+pub(crate) const UUID: &str = "6f1e0f4c-3d7e-4b53-9d3b-1a2b3c4d5e6f";
+pub(crate) const WORDPRESS: &str = "name: wordpress\nsummary: blog\nrequires:\n  db:\n    interface: mysql\npeers:\n  loadbalancer:\n    interface: reversenginx\n";
+pub(crate) const MYSQL: &str = "name: mysql\nsummary: db\nprovides:\n  db:\n    interface: mysql\n";
+pub(crate) const LOGGING: &str = "name: logging\nsummary: logs\nsubordinate: true\nrequires:\n  juju-info:\n    interface: juju-info\n    scope: container\n";
+
+pub(crate) struct World {
+    pub dir: tempfile::TempDir,
+    pub store: Store,
+}
+
+impl World {
+    pub fn new() -> World {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_with(dir.path().join("state.db"), Durability::Relaxed).unwrap();
+        store
+            .initialize(&EnvironmentSpec {
+                name: "test".into(),
+                uuid: UUID.into(),
+                provider: "dummy".into(),
+                default_series: "jammy".into(),
+                constraints: Constraints::default(),
+                config: Default::default(),
+            })
+            .unwrap();
+        World { dir, store }
+    }
+
+    /// A charm directory on disk for `meta`, stored with the service.
+    pub fn deploy(&self, meta: &str, service: &str, units: usize) -> Vec<String> {
+        let meta = CharmMeta::parse(meta).unwrap();
+        let path = self.dir.path().join("charms").join(&meta.name);
+        std::fs::create_dir_all(path.join("hooks")).unwrap();
+        std::fs::write(path.join("metadata.yaml"), format!("name: {}\n", meta.name)).unwrap();
+        let units = if meta.subordinate { 0 } else { units };
+        self.store
+            .deploy(&DeployArgs {
+                service: service.into(),
+                charm: Charm {
+                    url: format!("local:jammy/{}-1", meta.name),
+                    meta,
+                    config: CharmConfig::default(),
+                    path: path.to_string_lossy().into_owned(),
+                },
+                series: "jammy".into(),
+                constraints: Constraints::default(),
+                units,
+                to: None,
+                settings: vec![],
+            })
+            .unwrap()
+    }
+
+    /// Gives every Alive machine without an instance a pretend one (what
+    /// the provisioner would do).
+    pub fn provision(&self) {
+        let ids: Vec<i64> = self
+            .store
+            .machines()
+            .unwrap()
+            .into_iter()
+            .filter(|m| m.instance_id.is_none() && m.life == jujube_core::Life::Alive)
+            .map(|m| m.id)
+            .collect();
+        let prepared = self.store.prepare_provisioning(&ids, UUID).unwrap();
+        let started: Vec<Started> = prepared
+            .into_iter()
+            .map(|p| Started {
+                instance_id: format!("i-{}", p.machine),
+                machine: p.machine,
+                nonce: p.nonce,
+                zone: None,
+                hardware: String::new(),
+            })
+            .collect();
+        self.store.record_instances(&started).unwrap();
+    }
+
+    pub fn relation_id(&self, key: &str) -> i64 {
+        self.store
+            .relations()
+            .unwrap()
+            .into_iter()
+            .find(|r| r.key == key)
+            .unwrap_or_else(|| panic!("no relation `{key}`"))
+            .id
+    }
+
+    pub fn apply(&self, by: Caller, op: AgentOp) {
+        self.store.apply(&by, &op).unwrap();
+    }
+
+    /// Everything a user or an agent could observe: two equal digests mean
+    /// no write was committed (every write records a change).
+    pub fn digest(&self) -> String {
+        format!(
+            "{}\n{}",
+            self.store.head_revision().unwrap(),
+            serde_json::to_string(&self.store.status().unwrap()).unwrap()
+        )
+    }
+}
+
+fn unit(name: &str) -> String {
+    name.to_string()
+}
+
+/// wordpress/0 (machine 1) and wordpress/1 (machine 3) with subordinates
+/// logging/0 and logging/1, mysql/0 (machine 2); wordpress–mysql (global)
+/// and logging–wordpress (container); every unit's agent started and in
+/// its scopes.
+fn scoped_world() -> (World, i64, i64) {
+    let w = World::new();
+    w.deploy(WORDPRESS, "wordpress", 1);
+    w.deploy(MYSQL, "mysql", 1);
+    w.store.add_units("wordpress", 1, None).unwrap();
+    w.deploy(LOGGING, "logging", 0);
+    w.store.add_relation("wordpress", "mysql").unwrap();
+    w.store.add_relation("logging", "wordpress").unwrap();
+    let db = w.relation_id("wordpress:db mysql:db");
+    let info = w.relation_id("logging:juju-info wordpress:juju-info");
+    for u in ["wordpress/0", "wordpress/1", "mysql/0"] {
+        let started = AgentOp::SetUnitStatus {
+            unit: unit(u),
+            status: "started".into(),
+            info: String::new(),
+        };
+        w.apply(Caller::Unit(unit(u)), started);
+    }
+    for (rel, u) in [
+        (db, "wordpress/0"),
+        (db, "mysql/0"),
+        (info, "wordpress/0"),
+        (info, "wordpress/1"),
+    ] {
+        w.apply(
+            Caller::Unit(unit(u)),
+            AgentOp::EnterScope {
+                relation: rel,
+                unit: unit(u),
+            },
+        );
+    }
+    for u in ["logging/0", "logging/1"] {
+        w.apply(
+            Caller::Unit(unit(u)),
+            AgentOp::EnterScope {
+                relation: info,
+                unit: unit(u),
+            },
+        );
+    }
+    (w, db, info)
+}
+
+#[track_caller]
+fn denied<T: std::fmt::Debug>(w: &World, r: jujube_agent::api::ApiResult<T>, before: &str) {
+    let e = r.expect_err("an out-of-scope call must be refused");
+    assert_eq!(e.code, ErrorCode::Unauthorized, "{e}");
+    assert!(e.message.starts_with("permission denied: "), "{e}");
+    assert_eq!(before, w.digest(), "a refused call changed the store: {e}");
+}
+
+#[tokio::test]
+async fn the_facade_refuses_every_method_outside_the_callers_scope() {
+    let (w, db, info) = scoped_world();
+    let f = Facades::new(w.store.clone());
+    let m1 = f.for_agent(Tag::Machine(1));
+    let wp = f.for_agent(Tag::unit("wordpress/0"));
+    let log = f.for_agent(Tag::unit("logging/0"));
+    let before = w.digest();
+    let b = before.as_str();
+    let st = AgentStatus::Started;
+
+    // In scope, for contrast: each of these is allowed.
+    assert_eq!(m1.machine(1).await.unwrap().units[0].name, "wordpress/0");
+    assert_eq!(
+        wp.unit("wordpress/0").await.unwrap().subordinates[0].name,
+        "logging/0"
+    );
+    assert_eq!(
+        wp.scope_units(db, "wordpress/0").await.unwrap(),
+        ["mysql/0"]
+    );
+    assert_eq!(
+        wp.scope_units(info, "wordpress/0").await.unwrap(),
+        ["logging/0"]
+    );
+    assert_eq!(
+        log.scope_units(info, "logging/0").await.unwrap(),
+        ["wordpress/0"]
+    );
+    assert!(m1.charm("wordpress/0").await.is_ok());
+    assert!(wp.charm("logging/0").await.is_ok());
+    assert!(wp.relation_settings(info, "logging/0").await.is_ok());
+    assert!(wp.service_config("wordpress").await.is_ok());
+    assert!(wp
+        .watch(WatchTarget::Scope {
+            relation: info,
+            unit: unit("wordpress/0")
+        })
+        .await
+        .is_ok());
+    assert_eq!(before, w.digest());
+
+    // watch
+    denied(&w, m1.watch(WatchTarget::Machine(2)).await.map(|_| ()), b);
+    denied(
+        &w,
+        m1.watch(WatchTarget::Unit(unit("wordpress/0")))
+            .await
+            .map(|_| ()),
+        b,
+    );
+    denied(
+        &w,
+        wp.watch(WatchTarget::Unit(unit("mysql/0")))
+            .await
+            .map(|_| ()),
+        b,
+    );
+    denied(&w, wp.watch(WatchTarget::Machine(1)).await.map(|_| ()), b);
+    denied(
+        &w,
+        wp.watch(WatchTarget::Scope {
+            relation: db,
+            unit: unit("mysql/0"),
+        })
+        .await
+        .map(|_| ()),
+        b,
+    );
+    denied(
+        &w,
+        log.watch(WatchTarget::Scope {
+            relation: db,
+            unit: unit("logging/0"),
+        })
+        .await
+        .map(|_| ()),
+        b,
+    );
+    // machine, set_machine_status, ensure_dead_machine
+    for id in [2, 0, 99] {
+        denied(&w, m1.machine(id).await, b);
+        denied(&w, m1.set_machine_status(id, st, "").await, b);
+        denied(&w, m1.ensure_dead_machine(id).await, b);
+    }
+    denied(&w, wp.machine(1).await, b);
+    denied(&w, wp.set_machine_status(1, st, "").await, b);
+    denied(&w, wp.ensure_dead_machine(1).await, b);
+    // charm: only what the caller deploys
+    for (f, u) in [
+        (&m1, "mysql/0"),
+        (&m1, "logging/0"),
+        (&wp, "wordpress/0"),
+        (&wp, "mysql/0"),
+        (&wp, "logging/1"),
+        (&log, "logging/0"),
+        (&m1, "nope/7"),
+    ] {
+        denied(&w, f.charm(u).await, b);
+    }
+    // ensure_dead_unit: the unit itself or its deployer
+    for (f, u) in [
+        (&m1, "mysql/0"),
+        (&m1, "logging/0"),
+        (&wp, "mysql/0"),
+        (&wp, "logging/1"),
+        (&log, "wordpress/0"),
+    ] {
+        denied(&w, f.ensure_dead_unit(u).await, b);
+    }
+    // remove_unit: its deployer only
+    for (f, u) in [
+        (&m1, "mysql/0"),
+        (&m1, "logging/0"),
+        (&wp, "wordpress/0"),
+        (&log, "logging/0"),
+        (&wp, "logging/1"),
+    ] {
+        denied(&w, f.remove_unit(u).await, b);
+    }
+    // set_unit_status: the unit itself or its deployer
+    for (f, u) in [
+        (&m1, "mysql/0"),
+        (&m1, "logging/0"),
+        (&wp, "mysql/0"),
+        (&log, "wordpress/0"),
+    ] {
+        denied(&w, f.set_unit_status(u, st, "").await, b);
+    }
+    // unit, ensure_dying_unit: the unit itself only
+    for (f, u) in [
+        (&m1, "wordpress/0"),
+        (&wp, "mysql/0"),
+        (&wp, "logging/0"),
+        (&log, "wordpress/0"),
+    ] {
+        denied(&w, f.unit(u).await, b);
+        denied(&w, f.ensure_dying_unit(u).await, b);
+    }
+    // enter/leave scope, scope units, relation settings: only its own unit,
+    // in relations of its own service
+    for (f, rel, u) in [
+        (&wp, db, "mysql/0"),
+        (&log, db, "logging/0"),
+        (&m1, db, "wordpress/0"),
+        (&wp, 999, "wordpress/0"),
+    ] {
+        denied(&w, f.enter_scope(rel, u).await, b);
+        denied(&w, f.leave_scope(rel, u).await, b);
+        denied(&w, f.scope_units(rel, u).await, b);
+        denied(
+            &w,
+            f.update_relation_settings(rel, u, vec![("k".into(), Some("v".into()))])
+                .await,
+            b,
+        );
+    }
+    // relation settings of units it cannot see: another container, another
+    // relation, or for a machine agent anything
+    denied(&w, wp.relation_settings(info, "logging/1").await, b);
+    denied(&w, log.relation_settings(info, "wordpress/1").await, b);
+    denied(&w, log.relation_settings(db, "mysql/0").await, b);
+    denied(&w, m1.relation_settings(db, "wordpress/0").await, b);
+    // service config: its own service only
+    denied(&w, wp.service_config("mysql").await, b);
+    denied(&w, log.service_config("wordpress").await, b);
+    denied(&w, m1.service_config("wordpress").await, b);
+}
+
+#[test]
+fn the_store_checks_the_caller_of_every_agent_side_write() {
+    let (w, db, _) = scoped_world();
+    w.store.destroy_units(&["wordpress/1".into()]).unwrap();
+    let before = w.digest();
+    let m = |id| Caller::Machine(id);
+    let u = |n: &str| Caller::Unit(n.to_string());
+    let cases: Vec<(Caller, AgentOp)> = vec![
+        (
+            u("mysql/0"),
+            AgentOp::SetUnitStatus {
+                unit: unit("wordpress/0"),
+                status: "started".into(),
+                info: String::new(),
+            },
+        ),
+        (
+            m(2),
+            AgentOp::SetMachineAgentStatus {
+                machine: 1,
+                status: "started".into(),
+                info: String::new(),
+            },
+        ),
+        (
+            Caller::Controller,
+            AgentOp::SetMachineAgentStatus {
+                machine: 1,
+                status: "started".into(),
+                info: String::new(),
+            },
+        ),
+        (
+            u("mysql/0"),
+            AgentOp::EnterScope {
+                relation: db,
+                unit: unit("wordpress/1"),
+            },
+        ),
+        (
+            m(1),
+            AgentOp::LeaveScope {
+                relation: db,
+                unit: unit("wordpress/0"),
+            },
+        ),
+        (
+            u("wordpress/0"),
+            AgentOp::UpdateRelationSettings {
+                relation: db,
+                unit: unit("mysql/0"),
+                changes: vec![],
+            },
+        ),
+        (
+            u("wordpress/0"),
+            AgentOp::EnsureDyingUnit {
+                unit: unit("logging/0"),
+            },
+        ),
+        (
+            m(2),
+            AgentOp::EnsureDeadUnit {
+                unit: unit("wordpress/1"),
+            },
+        ),
+        (
+            u("wordpress/0"),
+            AgentOp::EnsureDeadUnit {
+                unit: unit("logging/1"),
+            },
+        ),
+        (
+            u("wordpress/1"),
+            AgentOp::RemoveUnit {
+                unit: unit("wordpress/1"),
+            },
+        ),
+        (
+            m(1),
+            AgentOp::RemoveUnit {
+                unit: unit("logging/0"),
+            },
+        ),
+        (m(2), AgentOp::EnsureDeadMachine { machine: 1 }),
+        // The controller only for a machine that never had an instance.
+        (
+            Caller::Controller,
+            AgentOp::EnsureDeadMachine { machine: 1 },
+        ),
+        (m(1), AgentOp::RemoveMachine { machine: 1 }),
+    ];
+    w.provision();
+    let before_provisioned = w.digest();
+    assert_ne!(before, before_provisioned);
+    for (by, op) in cases {
+        let e = w
+            .store
+            .apply(&by, &op)
+            .expect_err(&format!("{by} must not {op:?}"));
+        assert!(
+            matches!(e, jujube_state::Error::Unauthorized { .. }),
+            "{op:?}: {e}"
+        );
+        assert!(e.is_refusal());
+        assert_eq!(
+            before_provisioned,
+            w.digest(),
+            "refused {op:?} changed the store"
+        );
+    }
+    // And batched, a refused op among allowed ones changes nothing itself.
+    let ok = AgentOp::SetUnitStatus {
+        unit: unit("mysql/0"),
+        status: "error".into(),
+        info: "x".into(),
+    };
+    let bad = AgentOp::RemoveUnit {
+        unit: unit("mysql/0"),
+    };
+    let results = w
+        .store
+        .apply_batch(&[(u("mysql/0"), ok), (u("mysql/0"), bad)])
+        .unwrap();
+    assert!(results[0].is_ok());
+    assert!(matches!(
+        results[1],
+        Err(jujube_state::Error::Unauthorized { .. })
+    ));
+    assert_eq!(w.store.unit("mysql/0").unwrap().status, "error");
+    assert!(w.store.unit("mysql/0").is_ok());
+}
+
+#[test]
+fn a_subordinate_sets_itself_dying_only_when_no_alive_container_relation_remains() {
+    let (w, _, info) = scoped_world();
+    let me = || Caller::Unit(unit("logging/0"));
+    let dying = || AgentOp::EnsureDyingUnit {
+        unit: unit("logging/0"),
+    };
+    let before = w.digest();
+    let e = w.store.apply(&me(), &dying()).unwrap_err();
+    assert!(e.to_string().contains("is still wanted"), "{e}");
+    assert_eq!(before, w.digest());
+    // Today's `destroy-relation` leaves a Dying relation (units are in its
+    // scope); the subordinate may now go.
+    w.store.destroy_relation("logging", "wordpress").unwrap();
+    assert_eq!(
+        w.store.relation(info).unwrap().life,
+        jujube_core::Life::Dying
+    );
+    w.apply(me(), dying());
+    assert_eq!(
+        w.store.unit("logging/0").unwrap().life,
+        jujube_core::Life::Dying
+    );
+    // A principal whose service is Alive may not.
+    let e = w
+        .store
+        .apply(
+            &Caller::Unit(unit("wordpress/0")),
+            &AgentOp::EnsureDyingUnit {
+                unit: unit("wordpress/0"),
+            },
+        )
+        .unwrap_err();
+    assert!(e.is_refusal());
+}
+
+#[test]
+fn the_pending_shortcut_keys_on_the_agent_started_marker_not_the_status() {
+    let w = World::new();
+    w.deploy(MYSQL, "mysql", 2);
+    // A deployer reporting an error does not start the unit's agent.
+    let err = AgentOp::SetUnitStatus {
+        unit: unit("mysql/0"),
+        status: "error".into(),
+        info: "cannot deploy".into(),
+    };
+    w.apply(Caller::Machine(1), err);
+    assert!(!w.store.unit("mysql/0").unwrap().agent_started);
+    w.store.destroy_units(&["mysql/0".into()]).unwrap();
+    assert!(
+        w.store.unit("mysql/0").is_err(),
+        "no agent: removed at once"
+    );
+    // The unit's own agent reporting marks it started.
+    let started = AgentOp::SetUnitStatus {
+        unit: unit("mysql/1"),
+        status: "started".into(),
+        info: String::new(),
+    };
+    w.apply(Caller::Unit(unit("mysql/1")), started);
+    assert!(w.store.unit("mysql/1").unwrap().agent_started);
+    w.store.destroy_units(&["mysql/1".into()]).unwrap();
+    assert_eq!(
+        w.store.unit("mysql/1").unwrap().life,
+        jujube_core::Life::Dying
+    );
+}
+
+#[test]
+fn scope_units_are_filtered_to_the_callers_container_and_counterparts() {
+    let (w, db, info) = scoped_world();
+    let seen = |rel, u: &str| w.store.scope_units_seen_by(rel, u).unwrap();
+    assert_eq!(seen(info, "wordpress/0"), ["logging/0"]);
+    assert_eq!(seen(info, "wordpress/1"), ["logging/1"]);
+    assert_eq!(seen(info, "logging/1"), ["wordpress/1"]);
+    assert_eq!(seen(db, "mysql/0"), ["wordpress/0"]);
+    assert_eq!(w.store.unit_scopes("wordpress/0").unwrap(), vec![db, info]);
+    assert_eq!(w.store.unit_scopes("logging/1").unwrap(), vec![info]);
+}
+
+/// The facade's facades are cheap handles: one writer, one router.
+#[allow(dead_code)]
+fn facade_is_object_safe(f: Arc<dyn Facade>) -> Arc<dyn Facade> {
+    f
+}

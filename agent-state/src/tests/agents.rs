@@ -1,0 +1,148 @@
+//! The agents at work: real machine and unit agents under a [`Host`], over
+//! a real store and real directories, driven by the change feed. Waits are
+//! on the feed (no sleeps), bounded by a generous timeout.
+
+use super::*;
+use crate::Host;
+use jujube_core::Life;
+use std::time::Duration;
+
+/// Waits until `cond` holds, re-checking on every committed change.
+pub(crate) async fn until(store: &Store, what: &str, cond: impl Fn(&Store) -> bool) {
+    let mut watcher = store.watch(store.head_revision().unwrap());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !cond(store) {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if tokio::time::timeout(left, watcher.next()).await.is_err() {
+            panic!(
+                "timed out waiting until {what}; status: {}",
+                serde_json::to_string_pretty(&store.status().unwrap()).unwrap()
+            );
+        }
+    }
+}
+
+fn life(store: &Store, unit: &str) -> Option<Life> {
+    store.unit(unit).ok().map(|u| u.life)
+}
+
+fn status(store: &Store, unit: &str) -> String {
+    store.unit(unit).map(|u| u.status).unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_carry_the_whole_lifecycle_and_resume_after_a_restart() {
+    let w = World::new();
+    w.deploy(WORDPRESS, "wordpress", 2);
+    w.deploy(MYSQL, "mysql", 1);
+    w.deploy(LOGGING, "logging", 0);
+    w.store.add_relation("wordpress", "mysql").unwrap();
+    w.provision();
+    let agents_dir = w.dir.path().join("agents");
+    let host = Host::start(w.store.clone(), agents_dir.clone());
+    until(&w.store, "every unit's agent started and joined", |s| {
+        ["wordpress/0", "wordpress/1", "mysql/0"]
+            .iter()
+            .all(|u| status(s, u) == "started")
+            && s.awaiting_agents(1).unwrap().is_empty()
+    })
+    .await;
+    // Deployed: the machine's directory, the unit's with the charm copied in.
+    let wp0 = agents_dir.join("machine-1/unit-wordpress-0");
+    assert!(wp0.join("charm/metadata.yaml").is_file());
+    assert!(wp0.join("agent.json").is_file());
+    let m = w.store.machine(1).unwrap();
+    assert_eq!(m.agent_status, "started");
+
+    // A container relation: a subordinate under each principal, deployed
+    // next to it by the principal's agent.
+    w.store.add_relation("logging", "wordpress").unwrap();
+    until(&w.store, "both subordinates started", |s| {
+        ["logging/0", "logging/1"]
+            .iter()
+            .all(|u| status(s, u) == "started")
+            && s.awaiting_agents(1).unwrap().is_empty()
+    })
+    .await;
+    let principals: Vec<Option<String>> = ["logging/0", "logging/1"]
+        .iter()
+        .map(|u| w.store.unit(u).unwrap().principal)
+        .collect();
+    assert_eq!(
+        principals,
+        [Some("wordpress/0".into()), Some("wordpress/1".into())]
+    );
+    let record =
+        std::fs::read_to_string(agents_dir.join("machine-1/unit-logging-0/agent.json")).unwrap();
+    assert!(
+        record.contains("\"deployer\":{\"unit\":\"wordpress/0\"}"),
+        "{record}"
+    );
+
+    // Restart the host mid-life: everything resumes from the directories.
+    host.shutdown().await;
+    let host = Host::start(w.store.clone(), agents_dir.clone());
+
+    // Destroying the container relation: the subordinates set themselves
+    // Dying, leave, are set Dead and removed by their principals' agents.
+    w.store.destroy_relation("logging", "wordpress").unwrap();
+    until(&w.store, "the subordinates are gone", |s| {
+        life(s, "logging/0").is_none()
+            && life(s, "logging/1").is_none()
+            && s.relations()
+                .unwrap()
+                .iter()
+                .all(|r| !r.key.contains("logging"))
+    })
+    .await;
+    assert!(!agents_dir.join("machine-1/unit-logging-0").exists());
+    assert_eq!(w.store.service("logging").unwrap().life, Life::Alive);
+
+    // destroy-service: units Dying → Dead → removed, and the service with
+    // the last reference, its relation with mysql too.
+    w.store.destroy_service("wordpress").unwrap();
+    until(&w.store, "wordpress is removed", |s| {
+        s.service("wordpress").is_err()
+    })
+    .await;
+    assert!(w
+        .store
+        .relations()
+        .unwrap()
+        .iter()
+        .all(|r| !r.key.contains("wordpress")));
+    assert!(!wp0.exists(), "recalled");
+
+    // destroy-machine: the machine agent sets it Dead (the provisioner's
+    // part, stopping and removing, is not running here).
+    w.store.destroy_machines(&[1, 3]).unwrap();
+    until(&w.store, "machines 1 and 3 are dead", |s| {
+        [1, 3]
+            .iter()
+            .all(|&m| s.machine(m).unwrap().life == Life::Dead)
+    })
+    .await;
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subordinate_whose_principal_is_destroyed_goes_first() {
+    let w = World::new();
+    w.deploy(WORDPRESS, "wordpress", 1);
+    w.deploy(LOGGING, "logging", 0);
+    w.store.add_relation("logging", "wordpress").unwrap();
+    w.provision();
+    let host = Host::start(w.store.clone(), w.dir.path().join("agents"));
+    until(&w.store, "logging/0 started", |s| {
+        status(s, "logging/0") == "started"
+    })
+    .await;
+    w.store.destroy_units(&["wordpress/0".into()]).unwrap();
+    until(&w.store, "both units are gone", |s| {
+        life(s, "wordpress/0").is_none() && life(s, "logging/0").is_none()
+    })
+    .await;
+    // The relation and both services stay: only units went.
+    assert_eq!(w.store.service("logging").unwrap().life, Life::Alive);
+    host.shutdown().await;
+}

@@ -1,0 +1,278 @@
+//! The facade: everything an agent may know and do, as a wire contract.
+//!
+//! An agent acts for one entity (its [`Tag`]) and sees the model only
+//! through a [`Facade`] scoped to that entity:
+//!
+//! - a **machine agent** reads and changes its machine and the principal
+//!   units assigned to it (it deploys them, and recalls and removes them);
+//! - a **unit agent** reads and changes its unit, reads its service and the
+//!   service's settings, the relations its service is in and the units it
+//!   sees in their scopes (in a container-scoped relation only those of its
+//!   own container), and deploys, recalls and removes its own subordinates.
+//!
+//! A call about any other entity is refused with [`ErrorCode::Unauthorized`]
+//! — as is a call about an entity that does not exist, so that a refusal
+//! tells nothing about what exists elsewhere ("not found or not yours").
+//!
+//! Everything crossing the facade is plain serde data, and every method is
+//! one request and one answer, so that the remote implementation (an API
+//! client) can be put in place of the in-process one without changing agent
+//! code. Watches are streams of [`Notice`]s: "something you can see changed
+//! at revision N" — never the change itself; the agent re-reads its view.
+
+use async_trait::async_trait;
+use futures_util::Stream;
+use jujube_core::charm::{Role, Scope};
+use jujube_core::Life;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::pin::Pin;
+
+/// Who an agent is: Juju's tags, `machine-1`, `unit-wordpress-0`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Tag {
+    Machine(i64),
+    Unit(String),
+}
+
+impl Tag {
+    pub fn unit(name: &str) -> Tag {
+        Tag::Unit(name.to_string())
+    }
+}
+
+impl fmt::Display for Tag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Tag::Machine(id) => write!(f, "machine-{id}"),
+            Tag::Unit(name) => write!(f, "unit-{}", name.replace('/', "-")),
+        }
+    }
+}
+
+/// What an agent reports about itself (`agent-status` in `jujube status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentStatus {
+    Started,
+    /// Carrying out its entity's Dying duties.
+    Dying,
+    /// Failed; the info says why.
+    Error,
+}
+
+impl AgentStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentStatus::Started => "started",
+            AgentStatus::Dying => "dying",
+            AgentStatus::Error => "error",
+        }
+    }
+}
+
+/// A unit as its deployer sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitRef {
+    pub name: String,
+    pub life: Life,
+}
+
+/// A machine and the principal units assigned to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MachineView {
+    pub id: i64,
+    pub life: Life,
+    pub units: Vec<UnitRef>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointView {
+    pub service: String,
+    pub relation: String,
+    pub role: Role,
+}
+
+/// A relation of the unit's service, and whether the unit is in its scope
+/// (as the store records it: scope membership is never guessed from local
+/// files, which the spec calls "a pretty serious BUG").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RelationView {
+    pub id: i64,
+    pub key: String,
+    pub life: Life,
+    pub scope: Scope,
+    pub endpoints: Vec<EndpointView>,
+    pub in_scope: bool,
+}
+
+impl RelationView {
+    /// The other service (the same one in a peer relation).
+    pub fn counterpart_of(&self, service: &str) -> Option<&str> {
+        self.endpoints
+            .iter()
+            .find(|e| e.service != service)
+            .or_else(|| self.endpoints.iter().find(|e| e.service == service))
+            .map(|e| e.service.as_str())
+    }
+}
+
+/// Everything a unit agent decides on, as one snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitView {
+    pub name: String,
+    pub life: Life,
+    pub service: String,
+    pub service_life: Life,
+    /// The principal unit and its service, for a subordinate.
+    pub principal: Option<String>,
+    pub principal_service: Option<String>,
+    pub relations: Vec<RelationView>,
+    pub subordinates: Vec<UnitRef>,
+}
+
+impl UnitView {
+    pub fn is_subordinate(&self) -> bool {
+        self.principal.is_some()
+    }
+}
+
+/// Where a unit's charm is, for its deployer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CharmRef {
+    pub url: String,
+    pub path: String,
+}
+
+/// What a watch names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WatchTarget {
+    /// The machine's life and the principals assigned to it.
+    Machine(i64),
+    /// The unit's life, its service (life, settings, relations), those
+    /// relations' lives, and its subordinates.
+    Unit(String),
+    /// Membership and settings of the units `unit` sees in a relation scope.
+    Scope { relation: i64, unit: String },
+}
+
+/// "Something you can see changed": re-read your view. `resync` says that
+/// changes were lost (the feed was pruned past them); re-read everything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Notice {
+    pub revision: u64,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub resync: bool,
+}
+
+pub type NoticeStream = Pin<Box<dyn Stream<Item = Notice> + Send>>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ErrorCode {
+    /// Out of the caller's scope, or does not exist.
+    Unauthorized,
+    /// A rule of the model said no; nothing changed.
+    Refused,
+    /// Try again later (the store is busy, the connection dropped).
+    Unavailable,
+    Internal,
+}
+
+/// An error as it crosses the facade.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn unauthorized(caller: &Tag, what: impl fmt::Display) -> ApiError {
+        ApiError::new(
+            ErrorCode::Unauthorized,
+            format!("permission denied: `{caller}` cannot {what}"),
+        )
+    }
+
+    pub fn is_unauthorized(&self) -> bool {
+        self.code == ErrorCode::Unauthorized
+    }
+}
+
+pub type ApiResult<T> = std::result::Result<T, ApiError>;
+
+/// The agent facade. Every argument and result is serde data; every method
+/// is one request/answer. Implementations refuse anything outside the scope
+/// of [`Facade::tag`] with [`ErrorCode::Unauthorized`].
+#[async_trait]
+pub trait Facade: Send + Sync + 'static {
+    /// The entity this facade acts for.
+    fn tag(&self) -> &Tag;
+
+    /// Notices whenever something the target covers changes. Subscribing
+    /// happens before this returns, so a view read afterwards misses nothing.
+    async fn watch(&self, target: WatchTarget) -> ApiResult<NoticeStream>;
+
+    // -- machine agents --
+    async fn machine(&self, id: i64) -> ApiResult<MachineView>;
+    async fn set_machine_status(&self, id: i64, status: AgentStatus, info: &str) -> ApiResult<()>;
+    async fn ensure_dead_machine(&self, id: i64) -> ApiResult<()>;
+
+    // -- deployers: a machine agent for its principals, a unit agent for
+    //    its subordinates --
+    async fn charm(&self, unit: &str) -> ApiResult<CharmRef>;
+    /// For the unit itself, or its deployer when it never deployed it.
+    async fn ensure_dead_unit(&self, unit: &str) -> ApiResult<()>;
+    async fn remove_unit(&self, unit: &str) -> ApiResult<()>;
+    /// For the unit itself (which marks its agent started), or its deployer
+    /// reporting a failed deployment.
+    async fn set_unit_status(&self, unit: &str, status: AgentStatus, info: &str) -> ApiResult<()>;
+
+    // -- unit agents --
+    async fn unit(&self, name: &str) -> ApiResult<UnitView>;
+    /// Sets the caller's Alive unit Dying when its service is not Alive or,
+    /// for a subordinate, no Alive container-scoped relation with its
+    /// principal's service remains (refused otherwise).
+    async fn ensure_dying_unit(&self, unit: &str) -> ApiResult<()>;
+    async fn enter_scope(&self, relation: i64, unit: &str) -> ApiResult<()>;
+    async fn leave_scope(&self, relation: i64, unit: &str) -> ApiResult<()>;
+    /// The units `unit` sees in the relation's scope (its counterparts, in
+    /// its own container for a container-scoped relation).
+    async fn scope_units(&self, relation: i64, unit: &str) -> ApiResult<Vec<String>>;
+    /// The service's settings with defaults applied, as JSON values.
+    async fn service_config(&self, service: &str)
+        -> ApiResult<BTreeMap<String, serde_json::Value>>;
+    /// A unit's settings in a relation: the caller's own, or those of a unit
+    /// it sees in the scope.
+    async fn relation_settings(
+        &self,
+        relation: i64,
+        unit: &str,
+    ) -> ApiResult<BTreeMap<String, String>>;
+    /// Changes the caller's own settings in a relation whose scope it is in
+    /// (`None` deletes a key).
+    async fn update_relation_settings(
+        &self,
+        relation: i64,
+        unit: &str,
+        changes: Vec<(String, Option<String>)>,
+    ) -> ApiResult<()>;
+}
+
+/// Makes facades for the agents a deployer starts. In process this is the
+/// store's facade scoped to the new agent's entity; remotely it is a
+/// connection with the credentials the deployer made for the unit.
+pub trait Connector: Send + Sync + 'static {
+    fn connect(&self, tag: &Tag) -> std::sync::Arc<dyn Facade>;
+}

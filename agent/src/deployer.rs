@@ -1,0 +1,316 @@
+//! Deploying units: a directory per unit under its machine's directory, with
+//! the charm copied in, and a running unit agent.
+//!
+//! ```text
+//! <agents dir>/machine-1/                    one per machine (its agent's)
+//!     unit-wordpress-0/                      deployed by machine-1
+//!         agent.json                         {"unit", "deployer", "charm-url"}
+//!         charm/                             the charm, copied
+//!     unit-logging-3/                        deployed by unit-wordpress-0
+//! ```
+//!
+//! The directory *is* the record of what was deployed: it is built under a
+//! temporary name (`*.deploying`) and renamed into place, and a recall renames
+//! it away (`*.recalling`) before deleting it, so a kill -9 at any point
+//! leaves either a deployment or an attributable leftover that the next
+//! [`Deployer::open`] clears. A restarted deployer therefore resumes exactly
+//! where it stopped: it restarts the agents of what it had deployed.
+//!
+//! A deployer serves one owner — a machine agent for its principals, or a
+//! unit agent for its subordinates — and applies the same rules to both
+//! ([`Deployer::reconcile`]), as lifecycles.txt lists them.
+
+use crate::api::{CharmRef, Connector, ErrorCode, Facade, Tag, UnitRef};
+use crate::{Error, Result};
+use jujube_core::Life;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{debug, warn};
+
+const RECORD: &str = "agent.json";
+const DEPLOYING: &str = ".deploying";
+const RECALLING: &str = ".recalling";
+
+/// `agent.json` in a unit's directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Record {
+    pub unit: String,
+    pub deployer: Tag,
+    pub charm_url: String,
+}
+
+struct Running {
+    stop: watch::Sender<bool>,
+    handle: JoinHandle<()>,
+}
+
+/// What one owner deployed, and the agents it runs for them.
+pub struct Deployer {
+    api: Arc<dyn Facade>,
+    connector: Arc<dyn Connector>,
+    machine_dir: PathBuf,
+    /// Deployed units and their running agents (`None`: not started yet).
+    deployed: BTreeMap<String, Option<Running>>,
+}
+
+fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |source| Error::Io {
+        action,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The directory name of a unit (its tag).
+pub fn unit_dir_name(unit: &str) -> String {
+    Tag::unit(unit).to_string()
+}
+
+fn read_record(dir: &Path) -> Option<Record> {
+    let text = std::fs::read_to_string(dir.join(RECORD)).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// Copies a charm directory (files, subdirectories, permissions).
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to).map_err(io("create", to))?;
+    for entry in std::fs::read_dir(from).map_err(io("read", from))? {
+        let entry = entry.map_err(io("read", from))?;
+        let src = entry.path();
+        let dst = to.join(entry.file_name());
+        if entry.file_type().map_err(io("read", &src))?.is_dir() {
+            copy_tree(&src, &dst)?;
+        } else {
+            std::fs::copy(&src, &dst).map_err(io("copy", &src))?;
+        }
+    }
+    Ok(())
+}
+
+impl Deployer {
+    /// Reads what `api`'s owner deployed under `machine_dir`, clearing the
+    /// owner's leftovers of interrupted deploys and recalls. (The machine's
+    /// own agent also clears leftovers that name no owner.) Agents are not
+    /// started until [`Deployer::start_agents`].
+    pub fn open(
+        api: Arc<dyn Facade>,
+        connector: Arc<dyn Connector>,
+        machine_dir: &Path,
+    ) -> Result<Deployer> {
+        std::fs::create_dir_all(machine_dir).map_err(io("create", machine_dir))?;
+        let owner = api.tag().clone();
+        let mut deployed = BTreeMap::new();
+        for entry in std::fs::read_dir(machine_dir).map_err(io("read", machine_dir))? {
+            let entry = entry.map_err(io("read", machine_dir))?;
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let record = read_record(&path);
+            let mine = record.as_ref().map(|r| r.deployer == owner);
+            let leftover = name.ends_with(DEPLOYING) || name.ends_with(RECALLING);
+            if leftover {
+                // Ours, or (for the machine's own agent, which opens before
+                // any unit agent runs) one that names no owner.
+                if mine == Some(true) || (mine.is_none() && matches!(owner, Tag::Machine(_))) {
+                    debug!(%owner, dir = %path.display(), "clearing an interrupted deploy or recall");
+                    std::fs::remove_dir_all(&path).map_err(io("remove", &path))?;
+                }
+            } else if let (Some(true), Some(record)) = (mine, record) {
+                deployed.insert(record.unit, None);
+            }
+        }
+        Ok(Deployer {
+            api,
+            connector,
+            machine_dir: machine_dir.to_path_buf(),
+            deployed,
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.deployed.is_empty()
+    }
+
+    pub fn deployed(&self) -> impl Iterator<Item = &str> {
+        self.deployed.keys().map(String::as_str)
+    }
+
+    fn unit_dir(&self, unit: &str) -> PathBuf {
+        self.machine_dir.join(unit_dir_name(unit))
+    }
+
+    /// Starts the agent of every deployed unit whose agent is not running
+    /// (after [`Deployer::open`], or when one ended while its unit lives).
+    pub fn start_agents(&mut self) {
+        let dir = self.machine_dir.clone();
+        for (unit, running) in self.deployed.iter_mut() {
+            if running.as_ref().is_none_or(|r| r.handle.is_finished()) {
+                *running = Some(start_unit_agent(&self.connector, &dir, unit));
+            }
+        }
+    }
+
+    /// Deploys a unit: its directory with the charm, then its agent.
+    pub async fn deploy(&mut self, unit: &str, charm: &CharmRef) -> Result<()> {
+        let dir = self.unit_dir(unit);
+        let tmp = self
+            .machine_dir
+            .join(format!("{}{DEPLOYING}", unit_dir_name(unit)));
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(io("remove", &tmp))?;
+        }
+        std::fs::create_dir_all(&tmp).map_err(io("create", &tmp))?;
+        // The record first, so that a leftover is attributable.
+        let record = Record {
+            unit: unit.to_string(),
+            deployer: self.api.tag().clone(),
+            charm_url: charm.url.clone(),
+        };
+        let path = tmp.join(RECORD);
+        std::fs::write(
+            &path,
+            serde_json::to_vec(&record).expect("record serialises"),
+        )
+        .map_err(io("write", &path))?;
+        copy_tree(Path::new(&charm.path), &tmp.join("charm"))?;
+        std::fs::rename(&tmp, &dir).map_err(io("rename", &tmp))?;
+        debug!(owner = %self.api.tag(), unit, "deployed");
+        let running = start_unit_agent(&self.connector, &self.machine_dir, unit);
+        self.deployed.insert(unit.to_string(), Some(running));
+        Ok(())
+    }
+
+    /// Recalls a unit: stops its agent, then deletes its directory.
+    pub async fn recall(&mut self, unit: &str) -> Result<()> {
+        if let Some(Some(running)) = self.deployed.get_mut(unit) {
+            running.stop.send_replace(true);
+            let _ = (&mut running.handle).await;
+        }
+        let dir = self.unit_dir(unit);
+        let away = self
+            .machine_dir
+            .join(format!("{}{RECALLING}", unit_dir_name(unit)));
+        if dir.exists() {
+            std::fs::rename(&dir, &away).map_err(io("rename", &dir))?;
+        }
+        if away.exists() {
+            std::fs::remove_dir_all(&away).map_err(io("remove", &away))?;
+        }
+        self.deployed.remove(unit);
+        debug!(owner = %self.api.tag(), unit, "recalled");
+        Ok(())
+    }
+
+    /// Stops every agent this deployer runs, keeping the deployments (a
+    /// restart resumes them).
+    pub async fn stop(&mut self) {
+        for running in self.deployed.values_mut().flatten() {
+            running.stop.send_replace(true);
+        }
+        for running in self.deployed.values_mut() {
+            if let Some(r) = running.take() {
+                let _ = r.handle.await;
+            }
+        }
+    }
+
+    /// One pass of the deployer's duties over the units it is responsible
+    /// for (a machine's principals, or a unit's subordinates):
+    ///
+    /// - Alive and not deployed: deploy it;
+    /// - not Alive and not deployed: set it Dead and remove it (there is no
+    ///   point deploying a unit only for its agent to set itself Dead);
+    /// - Dead and deployed: recall it, then remove it;
+    /// - deployed but no longer ours (unassigned, removed): recall it.
+    ///
+    /// Returns whether it changed anything. A unit that fails to deploy is
+    /// reported in its status and the others still go ahead; the first
+    /// failure is returned at the end, so the owner retries later.
+    pub async fn reconcile(&mut self, units: &[UnitRef]) -> Result<bool> {
+        let mut acted = false;
+        let mut failed: Option<Error> = None;
+        let ours: HashSet<&str> = units.iter().map(|u| u.name.as_str()).collect();
+        let gone: Vec<String> = self
+            .deployed
+            .keys()
+            .filter(|u| !ours.contains(u.as_str()))
+            .cloned()
+            .collect();
+        for unit in gone {
+            self.recall(&unit).await?;
+            acted = true;
+        }
+        for u in units {
+            let deployed = self.deployed.contains_key(&u.name);
+            match (u.life, deployed) {
+                (Life::Alive, false) => {
+                    let charm = match self.api.charm(&u.name).await {
+                        Ok(c) => c,
+                        Err(e) if e.code == ErrorCode::Unauthorized => continue,
+                        Err(e) => return Err(e.into()),
+                    };
+                    if let Err(e) = self.deploy(&u.name, &charm).await {
+                        warn!(unit = %u.name, error = %e, "deploy failed; will retry");
+                        let _ = self
+                            .api
+                            .set_unit_status(
+                                &u.name,
+                                crate::api::AgentStatus::Error,
+                                &format!("cannot deploy: {e}"),
+                            )
+                            .await;
+                        failed.get_or_insert(e);
+                    } else {
+                        acted = true;
+                    }
+                }
+                (Life::Dying | Life::Dead, false) => {
+                    if went_through(self.api.ensure_dead_unit(&u.name).await)?
+                        && went_through(self.api.remove_unit(&u.name).await)?
+                    {
+                        debug!(owner = %self.api.tag(), unit = %u.name, "removed undeployed unit");
+                        acted = true;
+                    }
+                }
+                (Life::Dead, true) => {
+                    self.recall(&u.name).await?;
+                    if went_through(self.api.remove_unit(&u.name).await)? {
+                        debug!(owner = %self.api.tag(), unit = %u.name, "removed dead unit");
+                    }
+                    acted = true;
+                }
+                (Life::Alive | Life::Dying, true) => {}
+            }
+        }
+        self.start_agents();
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(acted),
+        }
+    }
+}
+
+/// `Ok(true)` when the call went through, `Ok(false)` when a rule refused it
+/// or the unit is gone (the next notice brings the state that explains it).
+fn went_through(r: crate::api::ApiResult<()>) -> Result<bool> {
+    match r {
+        Ok(()) => Ok(true),
+        Err(e) if matches!(e.code, ErrorCode::Refused | ErrorCode::Unauthorized) => {
+            debug!(error = %e, "not now");
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn start_unit_agent(connector: &Arc<dyn Connector>, machine_dir: &Path, unit: &str) -> Running {
+    let (stop, stop_rx) = watch::channel(false);
+    let api = connector.connect(&Tag::unit(unit));
+    let agent = crate::unit::UnitAgent::new(api, connector.clone(), machine_dir, unit);
+    let handle = tokio::spawn(agent.run(stop_rx));
+    Running { stop, handle }
+}

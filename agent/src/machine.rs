@@ -1,0 +1,116 @@
+//! The machine agent of a machine with job `host-units` (lifecycles.txt,
+//! "Agents"): as deployer of the principals assigned to its machine it
+//! deploys the Alive ones, removes the undeployed non-Alive ones (removal may
+//! remove their service), recalls and removes the deployed Dead ones, and
+//! recalls deployed units no longer assigned to it. When its machine is
+//! Dying it sets it Dead once no unit remains — the spec's future plan: Dying
+//! units are waited for and removed first — and stops for good. (Until this
+//! agent existed the controller set Dying machines Dead in its place.)
+
+use crate::api::{AgentStatus, Connector, ErrorCode, Facade, WatchTarget};
+use crate::deployer::Deployer;
+use crate::{run_loop, Agent, Result, Step};
+use jujube_core::Life;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tokio::sync::watch;
+use tracing::info;
+
+pub struct MachineAgent {
+    api: Arc<dyn Facade>,
+    connector: Arc<dyn Connector>,
+    id: i64,
+    dir: PathBuf,
+    deployer: Option<Deployer>,
+    reported: Option<AgentStatus>,
+}
+
+impl MachineAgent {
+    /// The agent of machine `id`, deploying under `dir` (the machine's own
+    /// directory).
+    pub fn new(
+        api: Arc<dyn Facade>,
+        connector: Arc<dyn Connector>,
+        id: i64,
+        dir: &Path,
+    ) -> MachineAgent {
+        MachineAgent {
+            api,
+            connector,
+            id,
+            dir: dir.to_path_buf(),
+            deployer: None,
+            reported: None,
+        }
+    }
+
+    /// Runs until the machine is Dead or gone, or `stop` turns true.
+    pub async fn run(self, stop: watch::Receiver<bool>) {
+        run_loop(self, stop).await
+    }
+
+    async fn report(&mut self, status: AgentStatus, info: &str) -> Result<()> {
+        if self.reported == Some(status) && info.is_empty() {
+            return Ok(());
+        }
+        self.api.set_machine_status(self.id, status, info).await?;
+        self.reported = Some(status);
+        Ok(())
+    }
+}
+
+impl Agent for MachineAgent {
+    fn api(&self) -> &Arc<dyn Facade> {
+        &self.api
+    }
+
+    fn target(&self) -> WatchTarget {
+        WatchTarget::Machine(self.id)
+    }
+
+    async fn step(&mut self) -> Result<Step> {
+        let view = match self.api.machine(self.id).await {
+            Ok(v) => v,
+            Err(e) if e.is_unauthorized() => return Ok(Step::Done),
+            Err(e) => return Err(e.into()),
+        };
+        match view.life {
+            Life::Dead => return Ok(Step::Done),
+            Life::Alive => self.report(AgentStatus::Started, "").await?,
+            Life::Dying => self.report(AgentStatus::Dying, "").await?,
+        }
+        if self.deployer.is_none() {
+            let mut d = Deployer::open(self.api.clone(), self.connector.clone(), &self.dir)?;
+            d.start_agents();
+            self.deployer = Some(d);
+        }
+        let deployer = self.deployer.as_mut().expect("just opened");
+        let acted = deployer.reconcile(&view.units).await?;
+        if view.life == Life::Dying && !acted && view.units.is_empty() && deployer.is_empty() {
+            match self.api.ensure_dead_machine(self.id).await {
+                Ok(()) => {
+                    info!(machine = self.id, "machine is dead");
+                    return Ok(Step::Done);
+                }
+                // A unit was assigned meanwhile; its notice follows.
+                Err(e) if e.code == ErrorCode::Refused => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(if acted { Step::Again } else { Step::Idle })
+    }
+
+    async fn failed(&mut self, message: &str) {
+        self.reported = None;
+        let _ = self
+            .api
+            .set_machine_status(self.id, AgentStatus::Error, message)
+            .await;
+    }
+
+    async fn finish(&mut self) {
+        if let Some(d) = self.deployer.as_mut() {
+            d.stop().await;
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! The 100,000-unit benchmark with agents running, through the real binary:
+//! deploy, provision (dummy), every unit's agent started, `destroy-service`,
+//! and the time until everything destroyed is removed. Prints the figures
+//! with the controller's peak RSS (VmHWM) and its largest transaction.
+//!
+//! `cargo bench -p jujube-cli --bench agents`; `JUJUBE_BENCH_UNITS` overrides
+//! 100,000 for a quick run. Goals: removal ≤ 60 s, peak RSS ≤ 300 MB,
+//! largest transaction ≤ 1,000 rows.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn jujube(home: &Path, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_jujube"))
+        .args(args)
+        .env("JUJUBE_HOME", home)
+        .env_remove("JUJUBE_ENV")
+        .output()
+        .expect("run jujube");
+    assert!(
+        out.status.success(),
+        "jujube {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn count(db: &rusqlite::Connection, sql: &str) -> i64 {
+    db.query_row(sql, [], |r| r.get(0)).unwrap()
+}
+
+fn peak_rss_mb(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// Polls until `cond` (every 250 ms), returning the time it took.
+fn until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    start.elapsed()
+}
+
+fn main() {
+    let n: usize = std::env::var("JUJUBE_BENCH_UNITS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100_000);
+    let home = tempfile::tempdir().unwrap();
+    let charm = home.path().join("charm");
+    std::fs::create_dir_all(charm.join("hooks")).unwrap();
+    std::fs::write(
+        charm.join("metadata.yaml"),
+        "name: bench\nsummary: a benchmark charm\nseries: [jammy]\n",
+    )
+    .unwrap();
+    jujube(home.path(), &["bootstrap", "bench"]);
+    let start = Instant::now();
+    jujube(
+        home.path(),
+        &[
+            "deploy",
+            charm.to_str().unwrap(),
+            "big",
+            "-n",
+            &n.to_string(),
+        ],
+    );
+    let deploy = start.elapsed();
+    let db = rusqlite::Connection::open_with_flags(
+        home.path().join("environments/bench/state.db"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap();
+    let log = home.path().join("controller.log");
+    let mut ctl = Command::new(env!("CARGO_BIN_EXE_jujube"))
+        .arg("controller")
+        .env("JUJUBE_HOME", home.path())
+        .env("RUST_LOG", "warn,jujube=info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let pid = ctl.id();
+    let limit = Duration::from_secs(1800);
+    let provisioned = until("provisioning", limit, || {
+        count(
+            &db,
+            "SELECT count(*) FROM machines WHERE instance_id IS NULL",
+        ) == 0
+    });
+    let started = until("every unit's agent", limit, || {
+        count(&db, "SELECT count(*) FROM units WHERE NOT agent_started") == 0
+    });
+    println!(
+        "{n} units: deploy {:.1} s; provisioned {n} dummy machines {:.1} s after the controller started; every unit agent started {:.1} s later; controller peak RSS so far {:.0} MB",
+        deploy.as_secs_f64(),
+        provisioned.as_secs_f64(),
+        started.as_secs_f64(),
+        peak_rss_mb(pid)
+    );
+    let start = Instant::now();
+    jujube(home.path(), &["destroy-service", "big"]);
+    let removed = until("the service's removal", limit, || {
+        count(&db, "SELECT count(*) FROM units") == 0
+            && count(&db, "SELECT count(*) FROM services") == 0
+    });
+    let rss = peak_rss_mb(pid);
+    // SIGTERM; the controller logs its transaction figures as it stops.
+    // SAFETY: sending a signal to our own child process.
+    unsafe { kill(pid as i32, 15) };
+    ctl.wait().unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    let stats = text
+        .lines()
+        .rev()
+        .find(|l| l.contains("controller stopped"))
+        .unwrap_or("(no final log line)");
+    let rows = stats
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("largest_transaction_rows="))
+        .unwrap_or("?");
+    println!(
+        "destroy-service of {n} units with agents: every unit Dying → Dead → removed and the service removed in {:.1} s (goal <= 60 s); controller peak RSS {rss:.0} MB (goal <= 300 MB); largest controller transaction {rows} rows (goal <= 1000)",
+        removed.as_secs_f64()
+    );
+}
+
+extern "C" {
+    fn kill(pid: i32, sig: i32) -> i32;
+}

@@ -1,0 +1,511 @@
+//! What agents (and the controller, in their place where the spec says so)
+//! write, each write carrying who makes it.
+//!
+//! Every agent-side write is an [`AgentOp`] applied by a [`Caller`]; the
+//! store checks, inside the op's own transaction, that the caller is the one
+//! the spec makes responsible:
+//!
+//! | op | who may |
+//! |---|---|
+//! | unit status | the unit's agent (which marks the unit's agent started), or its deployer |
+//! | machine agent status | the machine's agent |
+//! | enter/leave scope, relation settings | the unit's agent |
+//! | set own unit Dying (service Dying, subordinate orphaned) | the unit's agent |
+//! | set a unit Dead | the unit's agent, or its deployer (for a unit it never deployed) |
+//! | remove a unit | its deployer: the machine agent for a principal, the principal's unit agent for a subordinate |
+//! | set a machine Dead | the machine's agent; the controller only for a machine that never had an instance (no agent can exist) |
+//! | remove a machine | the controller |
+//!
+//! [`Store::apply_batch`] applies many ops in one transaction, each in its
+//! own savepoint: every op is still checked and applied atomically on its
+//! own (a refused op changes nothing), but they share one commit — one fsync
+//! for a hundred agents' writes, which is what keeps 100,000 agents cheap.
+//!
+//! The reads here are the consistent snapshots an agent decides on: a unit's
+//! context (its unit, service, relations and whether it is in each scope, its
+//! subordinates) and a machine's principals, one read transaction each.
+
+use crate::db::{Store, Tx};
+use crate::feed::ChangeKind;
+use crate::model::{
+    agent_status, finish_unit, get_machine, get_service, get_unit, unit_row, Machine, Relation,
+    Service, Unit, UNIT_COLS,
+};
+use crate::relations::relations_of;
+use crate::units::destroy_unit_in;
+use crate::{Error, Result};
+use jujube_core::charm::Scope;
+use jujube_core::Life;
+use rusqlite::Connection;
+use std::fmt;
+
+/// Who makes an agent-side write.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Caller {
+    /// The environment manager (provisioner, cleaner): JobManageEnviron.
+    Controller,
+    /// The agent of this machine.
+    Machine(i64),
+    /// The agent of this unit.
+    Unit(String),
+}
+
+impl fmt::Display for Caller {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Caller::Controller => f.write_str("the controller"),
+            Caller::Machine(id) => write!(f, "the agent of machine `{id}`"),
+            Caller::Unit(u) => write!(f, "the agent of unit `{u}`"),
+        }
+    }
+}
+
+/// An agent-side write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentOp {
+    /// A unit's agent status (`started`, `dying`, `error`) and its message.
+    SetUnitStatus {
+        unit: String,
+        status: String,
+        info: String,
+    },
+    SetMachineAgentStatus {
+        machine: i64,
+        status: String,
+        info: String,
+    },
+    EnterScope {
+        relation: i64,
+        unit: String,
+    },
+    LeaveScope {
+        relation: i64,
+        unit: String,
+    },
+    UpdateRelationSettings {
+        relation: i64,
+        unit: String,
+        changes: Vec<(String, Option<String>)>,
+    },
+    /// The unit's agent sets its Alive unit Dying because its service is
+    /// not Alive, or (a subordinate) because no Alive container-scoped
+    /// relation between its service and its principal's service remains.
+    /// Refused while neither holds; not Alive already: a no-op.
+    EnsureDyingUnit {
+        unit: String,
+    },
+    EnsureDeadUnit {
+        unit: String,
+    },
+    RemoveUnit {
+        unit: String,
+    },
+    EnsureDeadMachine {
+        machine: i64,
+    },
+    RemoveMachine {
+        machine: i64,
+    },
+}
+
+/// Who deploys a unit, and so recalls and removes it.
+pub fn deployer_of(unit: &Unit) -> Caller {
+    match (&unit.principal, unit.machine_id) {
+        (Some(p), _) => Caller::Unit(p.clone()),
+        (None, Some(m)) => Caller::Machine(m),
+        (None, None) => Caller::Controller,
+    }
+}
+
+fn unauthorized(by: &Caller, action: String) -> Error {
+    Error::Unauthorized {
+        caller: by.to_string(),
+        action,
+    }
+}
+
+fn is_unit(by: &Caller, name: &str) -> bool {
+    matches!(by, Caller::Unit(u) if u == name)
+}
+
+fn check_status(status: &str) -> Result<()> {
+    if status != agent_status::PENDING && agent_status::ALL.contains(&status) {
+        Ok(())
+    } else {
+        Err(Error::InvalidStatus(status.to_string()))
+    }
+}
+
+/// True when an Alive container-scoped relation joins `a` and `b`.
+fn alive_container_relation(c: &Connection, a: &str, b: &str) -> Result<bool> {
+    Ok(c.prepare_cached(
+        "SELECT EXISTS (SELECT 1 FROM relations r
+           JOIN relation_endpoints x ON x.relation_id = r.id AND x.service = ?1
+           JOIN relation_endpoints y ON y.relation_id = r.id AND y.service = ?2
+          WHERE r.scope = 'container' AND r.life = 0)",
+    )?
+    .query_row((a, b), |r| r.get(0))?)
+}
+
+fn apply_in(tx: &mut Tx<'_>, by: &Caller, op: &AgentOp) -> Result<()> {
+    match op {
+        AgentOp::SetUnitStatus { unit, status, info } => {
+            check_status(status)?;
+            let u = get_unit(tx, unit)?;
+            if is_unit(by, unit) {
+                // An agent reporting is an agent that has started.
+                tx.prepare_cached("UPDATE units SET agent_started = 1 WHERE name = ?1")?
+                    .execute([unit])?;
+            } else if *by != deployer_of(&u) {
+                return Err(unauthorized(by, format!("set the status of unit `{unit}`")));
+            }
+            Store::set_unit_status_in(tx, unit, status, info)
+        }
+        AgentOp::SetMachineAgentStatus {
+            machine,
+            status,
+            info,
+        } => {
+            check_status(status)?;
+            if *by != Caller::Machine(*machine) {
+                return Err(unauthorized(
+                    by,
+                    format!("set the agent status of machine `{machine}`"),
+                ));
+            }
+            let m = get_machine(tx, *machine)?;
+            if m.agent_status != *status || m.agent_status_info != *info {
+                tx.prepare_cached(
+                    "UPDATE machines SET agent_status = ?1, agent_status_info = ?2 WHERE id = ?3",
+                )?
+                .execute((status, info, machine))?;
+                tx.changed(ChangeKind::Machine, machine.to_string())?;
+            }
+            Ok(())
+        }
+        AgentOp::EnterScope { relation, unit } => {
+            if !is_unit(by, unit) {
+                return Err(unauthorized(
+                    by,
+                    format!("enter the scope of relation `{relation}` for unit `{unit}`"),
+                ));
+            }
+            Store::enter_scope_in(tx, *relation, unit)
+        }
+        AgentOp::LeaveScope { relation, unit } => {
+            if !is_unit(by, unit) {
+                return Err(unauthorized(
+                    by,
+                    format!("leave the scope of relation `{relation}` for unit `{unit}`"),
+                ));
+            }
+            Store::leave_scope_in(tx, *relation, unit)
+        }
+        AgentOp::UpdateRelationSettings {
+            relation,
+            unit,
+            changes,
+        } => {
+            if !is_unit(by, unit) {
+                return Err(unauthorized(
+                    by,
+                    format!("change the settings of unit `{unit}` in relation `{relation}`"),
+                ));
+            }
+            Store::update_relation_settings_in(tx, *relation, unit, changes)
+        }
+        AgentOp::EnsureDyingUnit { unit } => {
+            if !is_unit(by, unit) {
+                return Err(unauthorized(by, format!("destroy unit `{unit}`")));
+            }
+            let u = get_unit(tx, unit)?;
+            if u.life != Life::Alive {
+                return Ok(());
+            }
+            let svc = get_service(tx, &u.service)?;
+            let abandoned = svc.life != Life::Alive
+                || match &u.principal {
+                    Some(p) => {
+                        let principal_service = get_unit(tx, p)?.service;
+                        !alive_container_relation(tx, &u.service, &principal_service)?
+                    }
+                    None => false,
+                };
+            if !abandoned {
+                return Err(Error::UnitBusy {
+                    unit: unit.clone(),
+                    why: format!(
+                        "is still wanted: its service `{}` is alive{}; destroy it with `jujube destroy-unit` or `jujube destroy-service`",
+                        u.service,
+                        if u.principal.is_some() { " and related to its principal's service" } else { "" }
+                    ),
+                });
+            }
+            destroy_unit_in(tx, &u)
+        }
+        AgentOp::EnsureDeadUnit { unit } => {
+            let u = get_unit(tx, unit)?;
+            if !is_unit(by, unit) && *by != deployer_of(&u) {
+                return Err(unauthorized(by, format!("set unit `{unit}` dead")));
+            }
+            Store::ensure_dead_unit_in(tx, unit)
+        }
+        AgentOp::RemoveUnit { unit } => {
+            let u = get_unit(tx, unit)?;
+            if *by != deployer_of(&u) {
+                return Err(unauthorized(by, format!("remove unit `{unit}`")));
+            }
+            Store::remove_dead_unit_in(tx, unit)
+        }
+        AgentOp::EnsureDeadMachine { machine } => {
+            let m = get_machine(tx, *machine)?;
+            let allowed = *by == Caller::Machine(*machine)
+                || (*by == Caller::Controller && m.instance_id.is_none());
+            if !allowed {
+                return Err(unauthorized(by, format!("set machine `{machine}` dead")));
+            }
+            Store::ensure_dead_machine_in(tx, *machine)
+        }
+        AgentOp::RemoveMachine { machine } => {
+            if *by != Caller::Controller {
+                return Err(unauthorized(by, format!("remove machine `{machine}`")));
+            }
+            Store::remove_machine_in(tx, *machine)
+        }
+    }
+}
+
+/// A relation of a unit's service, and whether the unit is in its scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelationContext {
+    pub relation: Relation,
+    pub in_scope: bool,
+}
+
+/// Everything a unit agent decides on, read in one snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitContext {
+    pub unit: Unit,
+    pub service: Service,
+    /// The service of the unit's principal, for a subordinate.
+    pub principal_service: Option<String>,
+    /// The relations the unit's service is in, by id.
+    pub relations: Vec<RelationContext>,
+    /// The unit's subordinates, by service and number.
+    pub subordinates: Vec<Unit>,
+}
+
+fn units_where(c: &Connection, clause: &str, arg: &dyn rusqlite::ToSql) -> Result<Vec<Unit>> {
+    let mut stmt = c.prepare_cached(&format!(
+        "SELECT {UNIT_COLS} FROM units WHERE {clause} ORDER BY service, number"
+    ))?;
+    let rows = stmt.query_map([arg], unit_row)?;
+    rows.map(|r| finish_unit(r?)).collect()
+}
+
+impl Store {
+    /// Applies one agent-side write as `by`, in its own transaction.
+    pub fn apply(&self, by: &Caller, op: &AgentOp) -> Result<()> {
+        self.write(|tx| apply_in(tx, by, op))
+    }
+
+    /// Applies several agent-side writes in one transaction, each in its own
+    /// savepoint: each is checked and applied (or refused, changing nothing)
+    /// exactly as [`Store::apply`] would, in order, and all share one commit.
+    /// The outer error is for the commit itself.
+    pub fn apply_batch(&self, ops: &[(Caller, AgentOp)]) -> Result<Vec<Result<()>>> {
+        self.write(|tx| {
+            Ok(ops
+                .iter()
+                .map(|(by, op)| tx.savepoint(|tx| apply_in(tx, by, op)))
+                .collect())
+        })
+    }
+
+    /// A unit's context for its agent, in one snapshot.
+    pub fn unit_context(&self, name: &str) -> Result<UnitContext> {
+        self.read(|c| {
+            let unit = get_unit(c, name)?;
+            let service = get_service(c, &unit.service)?;
+            let principal_service = match &unit.principal {
+                Some(p) => Some(get_unit(c, p)?.service),
+                None => None,
+            };
+            let scopes = scope_ids(c, name)?;
+            let relations = relations_of(c, &unit.service)?
+                .into_iter()
+                .map(|relation| RelationContext {
+                    in_scope: scopes.contains(&relation.id),
+                    relation,
+                })
+                .collect();
+            let subordinates = units_where(c, "principal = ?1", &name)?;
+            Ok(UnitContext {
+                unit,
+                service,
+                principal_service,
+                relations,
+                subordinates,
+            })
+        })
+    }
+
+    /// A machine and the principal units assigned to it, in one snapshot.
+    pub fn machine_context(&self, id: i64) -> Result<(Machine, Vec<Unit>)> {
+        self.read(|c| {
+            let m = get_machine(c, id)?;
+            let units = units_where(c, "machine_id = ?1", &id)?;
+            Ok((m, units))
+        })
+    }
+
+    /// The ids of the relations whose scope a unit is in.
+    pub fn unit_scopes(&self, unit: &str) -> Result<Vec<i64>> {
+        self.read(|c| scope_ids(c, unit))
+    }
+
+    /// The units in a relation's scope that `unit` sees: in a
+    /// container-scoped relation only those in its own container, and of
+    /// those only its counterparts — the other service's units, or its peers
+    /// in a peer relation — never itself.
+    pub fn scope_units_seen_by(&self, relation_id: i64, unit: &str) -> Result<Vec<String>> {
+        self.read(|c| {
+            let rel = crate::model::get_relation(c, relation_id)?;
+            let u = get_unit(c, unit)?;
+            let peer = rel.endpoints.len() == 1;
+            let container = match rel.scope {
+                Scope::Global => String::new(),
+                Scope::Container => u.principal.clone().unwrap_or_else(|| u.name.clone()),
+            };
+            let names = c
+                .prepare_cached(
+                    "SELECT x.unit FROM relation_scopes x JOIN units u ON u.name = x.unit
+                     WHERE x.relation_id = ?1 AND x.container = ?2 AND x.unit != ?3
+                       AND ((?4 AND u.service = ?5) OR (NOT ?4 AND u.service != ?5))
+                     ORDER BY u.service, u.number",
+                )?
+                .query_map((relation_id, &container, unit, peer, &u.service), |r| {
+                    r.get(0)
+                })?
+                .collect::<rusqlite::Result<Vec<String>>>()?;
+            Ok(names)
+        })
+    }
+
+    /// Every unit as (name, life, machine, principal), for routing change
+    /// notifications without a read per change.
+    pub fn unit_routes(&self) -> Result<Vec<(String, Life, Option<i64>, Option<String>)>> {
+        self.read(|c| {
+            let mut stmt =
+                c.prepare_cached("SELECT name, life, machine_id, principal FROM units")?;
+            let rows = stmt.query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                ))
+            })?;
+            rows.map(|r| {
+                let (n, l, m, p) = r?;
+                Ok((n, crate::model::life(l)?, m, p))
+            })
+            .collect()
+        })
+    }
+
+    /// A service's settings as stored (JSON values by key; defaults are not
+    /// stored), cheap enough to compare on every change.
+    pub fn service_settings_raw(&self, name: &str) -> Result<Vec<(String, String)>> {
+        self.read(|c| {
+            let rows = c
+                .prepare_cached(
+                    "SELECT key, value FROM service_settings WHERE service = ?1 ORDER BY key",
+                )?
+                .query_map([name], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<rusqlite::Result<Vec<(String, String)>>>()?;
+            Ok(rows)
+        })
+    }
+}
+
+fn scope_ids(c: &Connection, unit: &str) -> Result<Vec<i64>> {
+    let ids = c
+        .prepare_cached("SELECT relation_id FROM relation_scopes WHERE unit = ?1 ORDER BY 1")?
+        .query_map([unit], |r| r.get(0))?
+        .collect::<rusqlite::Result<Vec<i64>>>()?;
+    Ok(ids)
+}
+
+impl Store {
+    /// What agents still have to do, in words, at most `limit` items per
+    /// kind (for `jujube wait`): units whose agent has not started though
+    /// their machine (or principal's agent) is up; units, relations and
+    /// services being destroyed; Alive relations a started unit has not
+    /// joined yet. Agents in error are not waited for: nothing moves them
+    /// until someone acts.
+    pub fn awaiting_agents(&self, limit: usize) -> Result<Vec<String>> {
+        self.read(|c| {
+            let mut out = Vec::new();
+            let lim = limit as i64;
+            let mut each = |sql: &str, f: &dyn Fn(&rusqlite::Row<'_>) -> rusqlite::Result<String>| -> Result<()> {
+                let mut stmt = c.prepare_cached(sql)?;
+                let rows = stmt.query_map([lim], |r| f(r))?;
+                for r in rows {
+                    out.push(r?);
+                }
+                Ok(())
+            };
+            each(
+                "SELECT u.name FROM units u JOIN machines m ON m.id = u.machine_id
+                 WHERE u.life = 0 AND NOT u.agent_started AND u.status != 'error'
+                   AND m.instance_id IS NOT NULL AND m.agent_status != 'error'
+                 ORDER BY u.service, u.number LIMIT ?1",
+                &|r| Ok(format!("unit `{}` waits for its agent to start", r.get::<_, String>(0)?)),
+            )?;
+            each(
+                "SELECT s.name FROM units s JOIN units p ON p.name = s.principal
+                 WHERE s.life = 0 AND NOT s.agent_started AND s.status != 'error'
+                   AND p.agent_started AND p.status != 'error'
+                 ORDER BY s.service, s.number LIMIT ?1",
+                &|r| Ok(format!("unit `{}` waits for its agent to start", r.get::<_, String>(0)?)),
+            )?;
+            each(
+                "SELECT u.name, u.life FROM units u
+                 JOIN machines m ON m.id = coalesce(u.machine_id,
+                     (SELECT p.machine_id FROM units p WHERE p.name = u.principal))
+                 WHERE u.life != 0 AND u.status != 'error' AND m.instance_id IS NOT NULL
+                 ORDER BY u.service, u.number LIMIT ?1",
+                &|r| {
+                    let life = crate::model::life(r.get(1)?).unwrap_or(Life::Dying);
+                    Ok(format!("unit `{}` is {life} and waits for its agents", r.get::<_, String>(0)?))
+                },
+            )?;
+            each(
+                "SELECT u.name, r.key FROM units u
+                 JOIN relation_endpoints e ON e.service = u.service
+                 JOIN relations r ON r.id = e.relation_id AND r.life = 0
+                 WHERE u.life = 0 AND u.agent_started AND u.status != 'error'
+                   AND NOT EXISTS (SELECT 1 FROM relation_scopes x WHERE x.relation_id = r.id AND x.unit = u.name)
+                   AND (r.scope = 'global' OR u.principal IS NULL OR EXISTS (
+                        SELECT 1 FROM relation_endpoints o JOIN units p ON p.name = u.principal
+                        WHERE o.relation_id = r.id AND o.service = p.service))
+                 ORDER BY u.service, u.number LIMIT ?1",
+                &|r| Ok(format!(
+                    "unit `{}` has not joined relation `{}` yet",
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?
+                )),
+            )?;
+            each(
+                "SELECT key FROM relations WHERE life != 0 ORDER BY id LIMIT ?1",
+                &|r| Ok(format!("relation `{}` is dying and waits for its units to leave it", r.get::<_, String>(0)?)),
+            )?;
+            each(
+                "SELECT name FROM services WHERE life != 0 ORDER BY name LIMIT ?1",
+                &|r| Ok(format!("service `{}` is dying and waits for its units and relations to go", r.get::<_, String>(0)?)),
+            )?;
+            Ok(out)
+        })
+    }
+}

@@ -1,0 +1,175 @@
+//! The agents through the binary, with the controller running: deployment,
+//! subordinates, the whole destroy story, and a kill -9 mid-destroy.
+
+use crate::Jujube;
+use serde_json::Value;
+
+fn unit<'a>(st: &'a Value, svc: &str, u: &str) -> &'a Value {
+    &st["services"][svc]["units"][u]
+}
+
+fn instances(j: &Jujube) -> Vec<Value> {
+    let r = j.run(&["dummy-cloud", "list"]).ok();
+    serde_json::from_str::<Vec<Value>>(&r.stdout).unwrap()
+}
+
+#[test]
+fn the_agents_story_end_to_end() {
+    let j = Jujube::new();
+    j.run(&["bootstrap", "t"]).ok();
+    j.run(&["deploy", &j.charm("wordpress"), "-n", "2"]).ok();
+    j.run(&["deploy", &j.charm("mysql")]).ok();
+    j.run(&["deploy", &j.charm("logging")]).ok();
+    j.run(&["add-relation", "wordpress", "mysql"]).ok();
+    let st = j.status();
+    assert_eq!(
+        unit(&st, "wordpress", "wordpress/0")["agent-status"],
+        "pending"
+    );
+    assert_eq!(st["machines"]["1"]["agent-status"], "pending");
+
+    let ctl = j.controller();
+    j.run(&["wait", "--timeout", "60s"]).ok();
+    let st = j.status();
+    for (svc, u) in [
+        ("wordpress", "wordpress/0"),
+        ("wordpress", "wordpress/1"),
+        ("mysql", "mysql/0"),
+    ] {
+        assert_eq!(unit(&st, svc, u)["agent-status"], "started", "{u}: {st:#}");
+    }
+    for m in ["1", "2", "3"] {
+        assert_eq!(st["machines"][m]["agent-status"], "started", "machine {m}");
+        assert_eq!(st["machines"][m]["status"], "started", "machine {m}");
+    }
+    // Deployed: a directory per machine, the unit's with the charm in it.
+    let agents = j.home.path().join("environments/t/agents");
+    let wp0 = agents.join("machine-1/unit-wordpress-0");
+    assert!(
+        wp0.join("charm/metadata.yaml").is_file(),
+        "{}",
+        wp0.display()
+    );
+    assert!(agents
+        .join("machine-3/unit-mysql-0/charm/metadata.yaml")
+        .is_file());
+    let db = st["relations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["key"] == "wordpress:db mysql:db")
+        .unwrap();
+    assert_eq!(db["units-in-scope"], 3);
+
+    // A container relation: one logging unit under each wordpress unit.
+    j.run(&["add-relation", "logging", "wordpress"]).ok();
+    j.run(&["wait", "--timeout", "60s"]).ok();
+    let st = j.status();
+    let logging = &st["services"]["logging"];
+    assert_eq!(logging["subordinate-to"], serde_json::json!(["wordpress"]));
+    assert_eq!(
+        logging["units"],
+        serde_json::json!({}),
+        "a subordinate service lists no units of its own"
+    );
+    let mut subs = Vec::new();
+    for u in ["wordpress/0", "wordpress/1"] {
+        let s = unit(&st, "wordpress", u)["subordinates"]
+            .as_object()
+            .unwrap();
+        assert_eq!(s.len(), 1, "{u}: {st:#}");
+        let (name, sub) = s.iter().next().unwrap();
+        assert_eq!(sub["agent-status"], "started", "{name}");
+        assert_eq!(sub["life"], "alive");
+        subs.push(name.clone());
+    }
+    subs.sort();
+    assert_eq!(subs, ["logging/0", "logging/1"]);
+    assert!(agents.join("machine-1").read_dir().unwrap().any(|e| {
+        e.unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with("unit-logging-")
+    }));
+
+    // Destroying the logging relation: the subordinates go.
+    j.run(&["destroy-relation", "logging", "wordpress"]).ok();
+    j.run(&["wait", "--timeout", "60s"]).ok();
+    let st = j.status();
+    for u in ["wordpress/0", "wordpress/1"] {
+        assert_eq!(
+            unit(&st, "wordpress", u)["subordinates"],
+            serde_json::json!({}),
+            "{u}"
+        );
+    }
+    assert_eq!(st["services"]["logging"]["life"], "alive");
+    assert!(st["relations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["scope"] != "container"));
+
+    // destroy-service, with the controller killed (-9) in the middle: the
+    // next one completes it.
+    j.run(&["destroy-service", "wordpress"]).ok();
+    ctl.kill9();
+    let st = j.status();
+    assert_eq!(st["services"]["wordpress"]["life"], "dying", "{st:#}");
+    let ctl = j.controller();
+    j.run(&["wait", "--timeout", "60s"]).ok();
+    let st = j.status();
+    assert!(st["services"].get("wordpress").is_none(), "{st:#}");
+    assert!(
+        st["relations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| !r["key"].as_str().unwrap().contains("wordpress")),
+        "its relations went with it: {st:#}"
+    );
+    assert_eq!(st["services"]["mysql"]["life"], "alive");
+    assert!(!wp0.exists(), "recalled");
+
+    // The now empty machines: Dying → Dead → instance stopped → removed.
+    let inst1 = st["machines"]["1"]["instance-id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    j.run(&["destroy-machine", "1", "2"]).ok();
+    j.run(&["wait", "--timeout", "60s"]).ok();
+    let st = j.status();
+    assert!(
+        st["machines"].get("1").is_none() && st["machines"].get("2").is_none(),
+        "{st:#}"
+    );
+    assert!(
+        instances(&j).iter().all(|i| i["id"] != inst1.as_str()),
+        "instance stopped"
+    );
+    assert_eq!(ctl.terminate().code(), Some(0));
+}
+
+#[test]
+fn a_controller_killed_mid_destroy_of_a_subordinate_relation_resumes_it() {
+    let j = Jujube::new();
+    j.run(&["bootstrap", "t"]).ok();
+    j.run(&["deploy", &j.charm("wordpress"), "-n", "3"]).ok();
+    j.run(&["deploy", &j.charm("logging")]).ok();
+    j.run(&["add-relation", "logging", "wordpress"]).ok();
+    let ctl = j.controller();
+    j.run(&["wait", "--timeout", "60s"]).ok();
+    j.run(&["destroy-relation", "logging", "wordpress"]).ok();
+    ctl.kill9();
+    let _ctl = j.controller();
+    j.run(&["wait", "--timeout", "60s"]).ok();
+    let st = j.status();
+    for u in ["wordpress/0", "wordpress/1", "wordpress/2"] {
+        assert_eq!(
+            unit(&st, "wordpress", u)["subordinates"],
+            serde_json::json!({}),
+            "{u}: {st:#}"
+        );
+        assert_eq!(unit(&st, "wordpress", u)["agent-status"], "started");
+    }
+}
