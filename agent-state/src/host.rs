@@ -42,17 +42,19 @@ fn machine_dir(dir: &Path, id: i64) -> PathBuf {
 impl Host {
     /// Starts the change router, the writer and the machine agents. Must be
     /// called inside a tokio runtime.
-    pub fn start(store: Store, agents_dir: PathBuf) -> Host {
+    pub fn start(store: Store, agents_dir: PathBuf) -> jujube_state::Result<Host> {
+        // Before any agent subscribes: see `Hub::run`.
+        let from = store.head_revision()?;
         let hub = Arc::new(Hub::default());
         let shared = Shared::new(store.clone(), hub.clone());
         let (stop, stop_rx) = watch::channel(false);
-        let hub_task = tokio::spawn(hub.clone().run(store.clone(), stop_rx.clone()));
+        let hub_task = tokio::spawn(hub.clone().run(store.clone(), from, stop_rx.clone()));
         let runner = tokio::spawn(run(shared, hub, agents_dir, stop_rx));
-        Host {
+        Ok(Host {
             stop,
             runner,
             hub: hub_task,
-        }
+        })
     }
 
     /// Stops every agent (keeping what they deployed) and waits for them.

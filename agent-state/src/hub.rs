@@ -48,6 +48,9 @@ pub(crate) struct Hub {
     /// Machines whose existence, life or instance changed, for the host.
     machine_events: Mutex<BTreeSet<i64>>,
     pub(crate) machines_changed: Notify,
+    /// Set once the first load is done (see [`Hub::ready`]).
+    loaded: std::sync::atomic::AtomicBool,
+    loaded_notify: Notify,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -127,27 +130,50 @@ impl Hub {
         }
     }
 
+    /// Waits until the hub routes changes (its first load is done); a
+    /// subscription made after this gets no start-up resync notice.
+    pub(crate) async fn ready(&self) {
+        loop {
+            let notified = self.loaded_notify.notified();
+            if self.loaded.load(Ordering::SeqCst) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
     /// Takes the machines changed since the last call.
     pub(crate) fn take_machine_events(&self) -> BTreeSet<i64> {
         std::mem::take(&mut *lock(&self.machine_events))
     }
 
-    /// Reads the feed and tells subscribers, until `stop`.
-    pub(crate) async fn run(self: Arc<Hub>, store: Store, mut stop: watch::Receiver<bool>) {
+    /// Reads the feed from revision `from` (taken by the caller before any
+    /// agent subscribes, so that no change after an agent's first read is
+    /// missed) and tells subscribers, until `stop`.
+    pub(crate) async fn run(
+        self: Arc<Hub>,
+        store: Store,
+        mut from: u64,
+        mut stop: watch::Receiver<bool>,
+    ) {
         loop {
-            match self.follow(&store, &mut stop).await {
+            match self.follow(&store, from, &mut stop).await {
                 Ok(()) => return,
                 Err(e) => {
                     warn!(error = %e, "change routing failed; restarting it");
-                    // Whatever was missed: everyone re-reads.
-                    self.notify_all(Notice {
-                        revision: 0,
-                        resync: true,
-                    });
                     tokio::select! {
                         _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                         _ = stop.changed() => return,
                     }
+                    // Whatever was missed: everyone re-reads.
+                    match store.head_revision() {
+                        Ok(head) => from = head,
+                        Err(_) => continue,
+                    }
+                    self.notify_all(Notice {
+                        revision: from,
+                        resync: true,
+                    });
                 }
             }
         }
@@ -156,12 +182,20 @@ impl Hub {
     async fn follow(
         &self,
         store: &Store,
+        from: u64,
         stop: &mut watch::Receiver<bool>,
     ) -> jujube_state::Result<()> {
-        let head = store.head_revision()?;
         let mut known = Known::load(store)?;
+        // A change between `from` and the load is already in `known`, so it
+        // would look like no change: whoever subscribed meanwhile re-reads.
+        self.notify_all(Notice {
+            revision: from,
+            resync: true,
+        });
+        self.loaded.store(true, Ordering::SeqCst);
+        self.loaded_notify.notify_waiters();
         let mut watcher = store
-            .watch(head)
+            .watch(from)
             .with_poll_interval(Duration::from_millis(100));
         loop {
             let batch = tokio::select! {

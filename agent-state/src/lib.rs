@@ -31,12 +31,18 @@ pub struct Facades {
 impl Facades {
     /// Starts the change router and the writer for `store`. Must be called
     /// inside a tokio runtime.
-    pub fn new(store: jujube_state::Store) -> Facades {
+    pub fn new(store: jujube_state::Store) -> jujube_state::Result<Facades> {
+        let from = store.head_revision()?;
         let hub = Arc::new(hub::Hub::default());
         let shared = facade::Shared::new(store.clone(), hub.clone());
         let (stop, rx) = tokio::sync::watch::channel(false);
-        tokio::spawn(hub.run(store, rx));
-        Facades { shared, stop }
+        tokio::spawn(hub.run(store, from, rx));
+        Ok(Facades { shared, stop })
+    }
+
+    /// Waits until changes are routed to watchers.
+    pub async fn ready(&self) {
+        self.shared.hub.ready().await
     }
 
     /// The facade scoped to `tag`.

@@ -180,7 +180,7 @@ fn denied<T: std::fmt::Debug>(w: &World, r: jujube_agent::api::ApiResult<T>, bef
 #[tokio::test]
 async fn the_facade_refuses_every_method_outside_the_callers_scope() {
     let (w, db, info) = scoped_world();
-    let f = Facades::new(w.store.clone());
+    let f = Facades::new(w.store.clone()).unwrap();
     let m1 = f.for_agent(Tag::Machine(1));
     let wp = f.for_agent(Tag::unit("wordpress/0"));
     let log = f.for_agent(Tag::unit("logging/0"));
@@ -557,6 +557,85 @@ fn scope_units_are_filtered_to_the_callers_container_and_counterparts() {
     assert_eq!(seen(db, "mysql/0"), ["wordpress/0"]);
     assert_eq!(w.store.unit_scopes("wordpress/0").unwrap(), vec![db, info]);
     assert_eq!(w.store.unit_scopes("logging/1").unwrap(), vec![info]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_tell_exactly_the_agents_that_can_see_a_change() {
+    use futures_util::{FutureExt, StreamExt};
+    let (w, _, info) = scoped_world();
+    let f = Facades::new(w.store.clone()).unwrap();
+    f.ready().await;
+    let watch = |tag: Tag, target: WatchTarget| {
+        let api = f.for_agent(tag);
+        async move { api.watch(target).await.unwrap() }
+    };
+    let mut wp0 = watch(
+        Tag::unit("wordpress/0"),
+        WatchTarget::Unit(unit("wordpress/0")),
+    )
+    .await;
+    let mut scope0 = watch(
+        Tag::unit("wordpress/0"),
+        WatchTarget::Scope {
+            relation: info,
+            unit: unit("wordpress/0"),
+        },
+    )
+    .await;
+    let mut mysql = watch(Tag::unit("mysql/0"), WatchTarget::Unit(unit("mysql/0"))).await;
+    let mut m1 = watch(Tag::Machine(1), WatchTarget::Machine(1)).await;
+    let mut m2 = watch(Tag::Machine(2), WatchTarget::Machine(2)).await;
+    // Notices are in feed order: once a later change is told, an earlier one
+    // would have been told already.
+    let quiet = |s: &mut jujube_agent::api::NoticeStream, who: &str| {
+        assert!(
+            s.next().now_or_never().is_none(),
+            "{who} was told of a change it cannot see"
+        );
+    };
+
+    // A status message matters to nobody; a subordinate leaving the scope
+    // of another container only to that container.
+    let status = AgentOp::SetUnitStatus {
+        unit: unit("mysql/0"),
+        status: "started".into(),
+        info: "busy".into(),
+    };
+    w.apply(Caller::Unit(unit("mysql/0")), status);
+    w.apply(
+        Caller::Unit(unit("logging/1")),
+        AgentOp::LeaveScope {
+            relation: info,
+            unit: unit("logging/1"),
+        },
+    );
+    w.apply(
+        Caller::Unit(unit("logging/0")),
+        AgentOp::LeaveScope {
+            relation: info,
+            unit: unit("logging/0"),
+        },
+    );
+    assert!(scope0.next().await.is_some());
+    for (s, who) in [
+        (&mut wp0, "wordpress/0"),
+        (&mut mysql, "mysql/0"),
+        (&mut m1, "machine 1"),
+        (&mut m2, "machine 2"),
+    ] {
+        quiet(s, who);
+    }
+
+    // A unit's life: the unit and its machine, no one else.
+    w.store.destroy_units(&["mysql/0".into()]).unwrap();
+    assert!(mysql.next().await.is_some());
+    assert!(m2.next().await.is_some());
+    quiet(&mut wp0, "wordpress/0");
+    quiet(&mut m1, "machine 1");
+
+    // A service's life: its units.
+    w.store.destroy_service("wordpress").unwrap();
+    assert!(wp0.next().await.is_some());
 }
 
 /// The facade's facades are cheap handles: one writer, one router.

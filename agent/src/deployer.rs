@@ -53,12 +53,13 @@ struct Running {
 pub struct Deployer {
     api: Arc<dyn Facade>,
     connector: Arc<dyn Connector>,
-    machine_dir: PathBuf,
+    /// Shared by every agent on the machine (one allocation per machine).
+    machine_dir: Arc<Path>,
     /// Deployed units and their running agents (`None`: not started yet).
     deployed: BTreeMap<String, Option<Running>>,
 }
 
-fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+fn io<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
     move |source| Error::Io {
         action,
         path: path.to_path_buf(),
@@ -100,13 +101,13 @@ impl Deployer {
     pub fn open(
         api: Arc<dyn Facade>,
         connector: Arc<dyn Connector>,
-        machine_dir: &Path,
+        machine_dir: Arc<Path>,
     ) -> Result<Deployer> {
-        std::fs::create_dir_all(machine_dir).map_err(io("create", machine_dir))?;
+        std::fs::create_dir_all(&machine_dir).map_err(io("create", &machine_dir))?;
         let owner = api.tag().clone();
         let mut deployed = BTreeMap::new();
-        for entry in std::fs::read_dir(machine_dir).map_err(io("read", machine_dir))? {
-            let entry = entry.map_err(io("read", machine_dir))?;
+        for entry in std::fs::read_dir(&machine_dir).map_err(io("read", &machine_dir))? {
+            let entry = entry.map_err(io("read", &machine_dir))?;
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().into_owned();
             let record = read_record(&path);
@@ -126,7 +127,7 @@ impl Deployer {
         Ok(Deployer {
             api,
             connector,
-            machine_dir: machine_dir.to_path_buf(),
+            machine_dir,
             deployed,
         })
     }
@@ -307,10 +308,14 @@ fn went_through(r: crate::api::ApiResult<()>) -> Result<bool> {
     }
 }
 
-fn start_unit_agent(connector: &Arc<dyn Connector>, machine_dir: &Path, unit: &str) -> Running {
+fn start_unit_agent(
+    connector: &Arc<dyn Connector>,
+    machine_dir: &Arc<Path>,
+    unit: &str,
+) -> Running {
     let (stop, stop_rx) = watch::channel(false);
     let api = connector.connect(&Tag::unit(unit));
-    let agent = crate::unit::UnitAgent::new(api, connector.clone(), machine_dir, unit);
+    let agent = crate::unit::UnitAgent::new(api, connector.clone(), machine_dir.clone(), unit);
     let handle = tokio::spawn(agent.run(stop_rx));
     Running { stop, handle }
 }

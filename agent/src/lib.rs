@@ -80,6 +80,12 @@ pub async fn run_loop<A: Agent>(mut agent: A, mut stop: watch::Receiver<bool>) {
     let mut notices = loop {
         match agent.api().watch(target.clone()).await {
             Ok(n) => break n,
+            // The entity is gone (or was never the agent's): nothing to do.
+            Err(e) if e.is_unauthorized() => {
+                debug!(agent = %agent.api().tag(), error = %e, "nothing to watch; stopping");
+                agent.finish().await;
+                return;
+            }
             Err(e) => {
                 warn!(agent = %agent.api().tag(), error = %e, "cannot watch; retrying");
                 tokio::select! {
@@ -95,7 +101,9 @@ pub async fn run_loop<A: Agent>(mut agent: A, mut stop: watch::Receiver<bool>) {
         if *stop.borrow() {
             break;
         }
-        let wait = match agent.step().await {
+        // Boxed: a pass's state lives on the heap only while the pass runs,
+        // so the many idle agents' tasks stay small.
+        let wait = match Box::pin(agent.step()).await {
             Ok(Step::Again) => continue,
             Ok(Step::Done) => {
                 debug!(agent = %agent.api().tag(), "done");
@@ -107,7 +115,7 @@ pub async fn run_loop<A: Agent>(mut agent: A, mut stop: watch::Receiver<bool>) {
             }
             Err(e) => {
                 warn!(agent = %agent.api().tag(), error = %e, retry_in = ?retry, "agent pass failed");
-                agent.failed(&e.to_string()).await;
+                Box::pin(agent.failed(&e.to_string())).await;
                 let wait = retry;
                 retry = (retry * 2).min(RETRY_MAX);
                 Some(wait)

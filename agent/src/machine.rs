@@ -11,7 +11,7 @@ use crate::api::{AgentStatus, Connector, ErrorCode, Facade, WatchTarget};
 use crate::deployer::Deployer;
 use crate::{run_loop, Agent, Result, Step};
 use jujube_core::Life;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use tokio::sync::watch;
 use tracing::info;
@@ -20,7 +20,7 @@ pub struct MachineAgent {
     api: Arc<dyn Facade>,
     connector: Arc<dyn Connector>,
     id: i64,
-    dir: PathBuf,
+    dir: Arc<Path>,
     deployer: Option<Deployer>,
     reported: Option<AgentStatus>,
 }
@@ -38,7 +38,7 @@ impl MachineAgent {
             api,
             connector,
             id,
-            dir: dir.to_path_buf(),
+            dir: Arc::from(dir),
             deployer: None,
             reported: None,
         }
@@ -80,7 +80,7 @@ impl Agent for MachineAgent {
             Life::Dying => self.report(AgentStatus::Dying, "").await?,
         }
         if self.deployer.is_none() {
-            let mut d = Deployer::open(self.api.clone(), self.connector.clone(), &self.dir)?;
+            let mut d = Deployer::open(self.api.clone(), self.connector.clone(), self.dir.clone())?;
             d.start_agents();
             self.deployer = Some(d);
         }

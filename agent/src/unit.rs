@@ -35,7 +35,7 @@ pub struct UnitAgent {
     api: Arc<dyn Facade>,
     connector: Arc<dyn Connector>,
     name: String,
-    machine_dir: PathBuf,
+    machine_dir: Arc<Path>,
     /// Opened on the first pass (the directory scan is the agent's own work).
     deployer: Option<Deployer>,
     reported: Option<(AgentStatus, String)>,
@@ -65,12 +65,13 @@ pub fn belongs_in(view: &UnitView, rel: &RelationView) -> bool {
     }
 }
 
-/// `Ok(true)` when the call went through; `Ok(false)` when refused (the
-/// next notice brings whatever explains it).
+/// `Ok(true)` when the call went through; `Ok(false)` when refused, or when
+/// what it was about went meanwhile (the next notice brings whatever
+/// explains it).
 fn went_through(r: std::result::Result<(), ApiError>) -> Result<bool> {
     match r {
         Ok(()) => Ok(true),
-        Err(e) if e.code == ErrorCode::Refused => {
+        Err(e) if matches!(e.code, ErrorCode::Refused | ErrorCode::Unauthorized) => {
             debug!(error = %e, "refused for now");
             Ok(false)
         }
@@ -82,14 +83,14 @@ impl UnitAgent {
     pub fn new(
         api: Arc<dyn Facade>,
         connector: Arc<dyn Connector>,
-        machine_dir: &Path,
+        machine_dir: Arc<Path>,
         name: &str,
     ) -> UnitAgent {
         UnitAgent {
             api,
             connector,
             name: name.to_string(),
-            machine_dir: machine_dir.to_path_buf(),
+            machine_dir,
             deployer: None,
             reported: None,
         }
@@ -121,8 +122,11 @@ impl UnitAgent {
 
     fn deployer(&mut self) -> Result<&mut Deployer> {
         if self.deployer.is_none() {
-            let mut d =
-                Deployer::open(self.api.clone(), self.connector.clone(), &self.machine_dir)?;
+            let mut d = Deployer::open(
+                self.api.clone(),
+                self.connector.clone(),
+                self.machine_dir.clone(),
+            )?;
             d.start_agents();
             self.deployer = Some(d);
         }
@@ -170,10 +174,12 @@ impl Agent for UnitAgent {
                 }
                 acted |= self.deployer()?.reconcile(&view.subordinates).await?;
                 let in_scope = view.relations.iter().any(|r| r.in_scope);
-                if !acted && !in_scope && view.subordinates.is_empty() {
-                    if went_through(self.api.ensure_dead_unit(&self.name).await)? {
-                        return Ok(Step::Done);
-                    }
+                if !acted
+                    && !in_scope
+                    && view.subordinates.is_empty()
+                    && went_through(self.api.ensure_dead_unit(&self.name).await)?
+                {
+                    return Ok(Step::Done);
                 }
             }
         }

@@ -124,7 +124,7 @@ pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
     // instance, in this process, deploying under the environment's data
     // dir, until agents run on the machines themselves.
     let agents =
-        jujube_agent_state::Host::start(store.clone(), home.env_dir(env_name).join("agents"));
+        jujube_agent_state::Host::start(store.clone(), home.env_dir(env_name).join("agents"))?;
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {

@@ -198,7 +198,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         .unwrap();
     rt.block_on(async move {
         let w = World::new();
-        let host = Host::start(w.store.clone(), w.dir.path().join("agents"));
+        let host = Host::start(w.store.clone(), w.dir.path().join("agents")).unwrap();
         let db = rusqlite::Connection::open_with_flags(
             w.dir.path().join("state.db"),
             rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
