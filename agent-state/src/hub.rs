@@ -406,13 +406,13 @@ impl Known {
         let units = store
             .unit_routes()?
             .into_iter()
-            .map(|(name, life, machine, principal)| {
+            .map(|u| {
                 (
-                    name,
+                    u.name,
                     UnitRoute {
-                        life,
-                        machine,
-                        principal,
+                        life: u.life,
+                        machine: u.machine,
+                        principal: u.principal,
                     },
                 )
             })

@@ -282,6 +282,15 @@ pub struct RelationContext {
     pub in_scope: bool,
 }
 
+/// Where a unit sits: what routing its changes needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitRoute {
+    pub name: String,
+    pub life: Life,
+    pub machine: Option<i64>,
+    pub principal: Option<String>,
+}
+
 /// Everything a unit agent decides on, read in one snapshot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnitContext {
@@ -392,9 +401,9 @@ impl Store {
         })
     }
 
-    /// Every unit as (name, life, machine, principal), for routing change
+    /// Every unit's name, life, machine and principal, for routing change
     /// notifications without a read per change.
-    pub fn unit_routes(&self) -> Result<Vec<(String, Life, Option<i64>, Option<String>)>> {
+    pub fn unit_routes(&self) -> Result<Vec<UnitRoute>> {
         self.read(|c| {
             let mut stmt =
                 c.prepare_cached("SELECT name, life, machine_id, principal FROM units")?;
@@ -407,8 +416,13 @@ impl Store {
                 ))
             })?;
             rows.map(|r| {
-                let (n, l, m, p) = r?;
-                Ok((n, crate::model::life(l)?, m, p))
+                let (name, l, machine, principal) = r?;
+                Ok(UnitRoute {
+                    name,
+                    life: crate::model::life(l)?,
+                    machine,
+                    principal,
+                })
             })
             .collect()
         })
