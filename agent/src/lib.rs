@@ -12,6 +12,11 @@
 //!   run by [`run_loop`] whenever a notice says something they can see
 //!   changed.
 //!
+//! - [`wire`]: the facade on the wire (one `Call` per method), agent
+//!   credentials and `agent.conf`; [`remote`]: the facade as a client of
+//!   the controller's API server (HTTP/2 over TLS, trusting only the
+//!   environment's CA).
+//!
 //! Agents never import the state store: everything goes through the facade,
 //! so the same agent code runs over the in-process implementation
 //! (`jujube-agent-state`) or a remote one.
@@ -19,7 +24,9 @@
 pub mod api;
 pub mod deployer;
 pub mod machine;
+pub mod remote;
 pub mod unit;
+pub mod wire;
 
 use api::{ApiError, Facade, WatchTarget};
 use futures_util::StreamExt;

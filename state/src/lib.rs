@@ -26,6 +26,7 @@
 
 pub mod agents;
 pub mod cleanups;
+pub mod credentials;
 pub mod db;
 pub mod environment;
 pub mod feed;

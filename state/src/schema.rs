@@ -157,4 +157,19 @@ UPDATE units SET agent_started = 1 WHERE status != 'pending';
 ALTER TABLE machines ADD COLUMN agent_status TEXT NOT NULL DEFAULT 'pending';
 ALTER TABLE machines ADD COLUMN agent_status_info TEXT NOT NULL DEFAULT '';
 "#,
+    // (agent API): each agent's credential, as a hash of its secret only.
+    // The row goes with its machine or unit (ON DELETE CASCADE), so a
+    // removed entity's credential stops working in the same transaction;
+    // machine ids and unit names are never reused.
+    r#"
+CREATE TABLE agent_credentials (
+    tag        TEXT PRIMARY KEY,
+    machine_id INTEGER REFERENCES machines (id) ON DELETE CASCADE,
+    unit       TEXT REFERENCES units (name) ON DELETE CASCADE,
+    hash       TEXT NOT NULL,
+    CHECK ((machine_id IS NULL) <> (unit IS NULL))
+) WITHOUT ROWID;
+CREATE INDEX agent_credentials_machine ON agent_credentials (machine_id);
+CREATE INDEX agent_credentials_unit ON agent_credentials (unit);
+"#,
 ];

@@ -1,0 +1,421 @@
+//! The facade over the network: [`Remote`] speaks to the controller's API
+//! server, so an agent runs unchanged on another machine.
+//!
+//! One HTTP/2 connection over TLS per [`Remote`], multiplexing every call and
+//! watch of the agent. The server must present a certificate for
+//! [`SERVER_NAME`] issued by the environment's CA — the only root trusted —
+//! so a server of another environment, or anything else listening on the
+//! address, is refused during the handshake.
+//!
+//! Failures: a call on a broken connection reconnects once (the controller
+//! may have restarted) and otherwise answers [`ErrorCode::Unavailable`],
+//! which the agents' loops retry. A watch survives reconnections by itself:
+//! it resubscribes with the last revision it saw, and the server announces
+//! what it missed (or says `resync`).
+
+use crate::api::*;
+use crate::wire::{
+    AgentConf, Call, Reply, WatchRequest, CALL_PATH, SERVER_NAME, TAG_HEADER, WATCH_PATH,
+};
+use async_trait::async_trait;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::client::conn::http2::SendRequest;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde::de::DeserializeOwned;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::Mutex;
+
+/// The largest answer a client reads (a unit view of a large model is a few
+/// hundred kilobytes).
+const MAX_REPLY: usize = 16 << 20;
+
+/// A facade whose every method is a call to the API server.
+pub struct Remote {
+    tag: Tag,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    addresses: Vec<String>,
+    tls: tokio_rustls::TlsConnector,
+    tag_header: String,
+    bearer: String,
+    conn: Mutex<Option<SendRequest<Full<Bytes>>>>,
+}
+
+fn unavailable(what: impl std::fmt::Display) -> ApiError {
+    ApiError::new(
+        ErrorCode::Unavailable,
+        format!("API server unavailable: {what}"),
+    )
+}
+
+impl Remote {
+    /// A client for `conf`'s entity. Nothing is sent until the first call.
+    pub fn new(conf: &AgentConf) -> ApiResult<Remote> {
+        let mut roots = rustls::RootCertStore::empty();
+        use rustls::pki_types::pem::PemObject;
+        for cert in rustls::pki_types::CertificateDer::pem_slice_iter(conf.ca_cert.as_bytes()) {
+            let cert = cert.map_err(|e| {
+                ApiError::new(ErrorCode::Internal, format!("bad CA certificate: {e}"))
+            })?;
+            roots.add(cert).map_err(|e| {
+                ApiError::new(ErrorCode::Internal, format!("bad CA certificate: {e}"))
+            })?;
+        }
+        if roots.is_empty() {
+            return Err(ApiError::new(
+                ErrorCode::Internal,
+                "no CA certificate in the agent's configuration",
+            ));
+        }
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Remote {
+            tag: conf.tag.clone(),
+            inner: Arc::new(Inner {
+                addresses: conf.api_addresses.clone(),
+                tls: tokio_rustls::TlsConnector::from(Arc::new(config)),
+                tag_header: conf.tag.to_string(),
+                bearer: format!("Bearer {}", conf.secret),
+                conn: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// Sets the credential `unit`'s agent will log in with (the caller must
+    /// be its deployer) and returns it; the server keeps only its hash.
+    pub async fn new_unit_credential(&self, unit: &str) -> ApiResult<String> {
+        let secret = crate::wire::new_secret();
+        self.call::<()>(Call::SetUnitCredential {
+            unit: unit.to_string(),
+            secret: secret.clone(),
+        })
+        .await?;
+        Ok(secret)
+    }
+
+    async fn call<T: DeserializeOwned>(&self, call: Call) -> ApiResult<T> {
+        let body = serde_json::to_vec(&call).expect("plain data");
+        let resp = self.inner.send(CALL_PATH, body).await?;
+        let bytes = read_limited(resp.into_body()).await?;
+        match serde_json::from_slice::<Reply>(&bytes) {
+            Ok(Reply::Ok(v)) => serde_json::from_value(v).map_err(|e| {
+                ApiError::new(
+                    ErrorCode::Internal,
+                    format!("malformed answer to `{}`: {e}", call.method()),
+                )
+            }),
+            Ok(Reply::Error(e)) => Err(e),
+            Err(e) => Err(ApiError::new(
+                ErrorCode::Internal,
+                format!("malformed answer to `{}`: {e}", call.method()),
+            )),
+        }
+    }
+}
+
+async fn read_limited(body: Incoming) -> ApiResult<Bytes> {
+    let limited = http_body_util::Limited::new(body, MAX_REPLY);
+    Ok(limited
+        .collect()
+        .await
+        .map_err(|e| unavailable(format!("reading the answer: {e}")))?
+        .to_bytes())
+}
+
+impl Inner {
+    async fn handshake<IO>(&self, io: IO) -> ApiResult<SendRequest<Full<Bytes>>>
+    where
+        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let name = rustls::pki_types::ServerName::try_from(SERVER_NAME).expect("a valid name");
+        let tls = self
+            .tls
+            .connect(name, io)
+            .await
+            .map_err(|e| unavailable(format!("TLS handshake: {e}")))?;
+        let (sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+                .await
+                .map_err(|e| unavailable(format!("HTTP/2 handshake: {e}")))?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(sender)
+    }
+
+    async fn connect(&self) -> ApiResult<SendRequest<Full<Bytes>>> {
+        let mut last = unavailable("no API address configured");
+        for addr in &self.addresses {
+            let attempt = if let Some(path) = addr.strip_prefix("unix:") {
+                match tokio::net::UnixStream::connect(path).await {
+                    Ok(s) => self.handshake(s).await,
+                    Err(e) => Err(unavailable(format!("connecting to `{addr}`: {e}"))),
+                }
+            } else {
+                match tokio::net::TcpStream::connect(addr.as_str()).await {
+                    Ok(s) => {
+                        let _ = s.set_nodelay(true);
+                        self.handshake(s).await
+                    }
+                    Err(e) => Err(unavailable(format!("connecting to `{addr}`: {e}"))),
+                }
+            };
+            match attempt {
+                Ok(s) => return Ok(s),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    fn request(&self, path: &str, body: Vec<u8>) -> hyper::Request<Full<Bytes>> {
+        hyper::Request::post(format!("https://{SERVER_NAME}{path}"))
+            .header(TAG_HEADER, &self.tag_header)
+            .header(hyper::header::AUTHORIZATION, &self.bearer)
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .expect("a valid request")
+    }
+
+    /// Sends on the shared connection, reconnecting once if it broke.
+    async fn send(&self, path: &str, body: Vec<u8>) -> ApiResult<hyper::Response<Incoming>> {
+        for attempt in 0..2 {
+            let mut sender = {
+                let mut conn = self.conn.lock().await;
+                match conn.as_ref() {
+                    Some(s) if !s.is_closed() => s.clone(),
+                    _ => {
+                        let s = self.connect().await?;
+                        *conn = Some(s.clone());
+                        s
+                    }
+                }
+            };
+            let sent = async {
+                sender.ready().await?;
+                sender.send_request(self.request(path, body.clone())).await
+            }
+            .await;
+            match sent {
+                Ok(resp) => return Ok(resp),
+                Err(e) => {
+                    *self.conn.lock().await = None;
+                    if attempt == 1 {
+                        return Err(unavailable(e));
+                    }
+                }
+            }
+        }
+        unreachable!()
+    }
+
+    /// Opens a watch stream; a refusal is answered as a JSON [`Reply`] with a
+    /// non-200 status.
+    async fn open_watch(&self, target: &WatchTarget, since: u64) -> ApiResult<Incoming> {
+        let req = WatchRequest {
+            target: target.clone(),
+            since,
+        };
+        let resp = self
+            .send(WATCH_PATH, serde_json::to_vec(&req).expect("plain data"))
+            .await?;
+        if resp.status() == hyper::StatusCode::OK {
+            return Ok(resp.into_body());
+        }
+        let bytes = read_limited(resp.into_body()).await?;
+        match serde_json::from_slice::<Reply>(&bytes) {
+            Ok(Reply::Error(e)) => Err(e),
+            _ => Err(unavailable("malformed refusal of a watch")),
+        }
+    }
+}
+
+/// Reads newline-separated notices from a watch body into `tx`; returns
+/// when the body ends or fails, or nobody listens any more.
+async fn pump(
+    mut body: Incoming,
+    tx: &tokio::sync::watch::Sender<Option<Notice>>,
+    since: &mut u64,
+) {
+    let mut buf: Vec<u8> = Vec::new();
+    loop {
+        let frame = tokio::select! {
+            f = body.frame() => f,
+            _ = tx.closed() => return,
+        };
+        let Some(Ok(frame)) = frame else { return };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        buf.extend_from_slice(&data);
+        while let Some(pos) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=pos).collect();
+            if let Ok(n) = serde_json::from_slice::<Notice>(&line[..pos]) {
+                *since = (*since).max(n.revision);
+                if tx.send(Some(n)).is_err() {
+                    return;
+                }
+            }
+        }
+        if buf.len() > 64 << 10 {
+            return; // not notices: drop the stream and resubscribe
+        }
+    }
+}
+
+#[async_trait]
+impl Facade for Remote {
+    fn tag(&self) -> &Tag {
+        &self.tag
+    }
+
+    async fn watch(&self, target: WatchTarget) -> ApiResult<NoticeStream> {
+        // The first subscription is made before returning, so that a view
+        // read afterwards misses nothing; later ones resume from the last
+        // revision seen.
+        let first = self.inner.open_watch(&target, 0).await?;
+        let (tx, rx) = tokio::sync::watch::channel(None::<Notice>);
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            let mut since = 0u64;
+            let mut body = Some(first);
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                if let Some(b) = body.take() {
+                    pump(b, &tx, &mut since).await;
+                    backoff = Duration::from_millis(100);
+                }
+                if tx.is_closed() {
+                    return;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = tx.closed() => return,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                match inner.open_watch(&target, since).await {
+                    Ok(b) => body = Some(b),
+                    // The entity is gone or no longer ours: the watch ends.
+                    Err(e) if e.is_unauthorized() => return,
+                    Err(_) => {}
+                }
+            }
+        });
+        Ok(Box::pin(futures_util::stream::unfold(
+            rx,
+            |mut rx| async move {
+                loop {
+                    rx.changed().await.ok()?;
+                    let latest = *rx.borrow_and_update();
+                    if let Some(n) = latest {
+                        return Some((n, rx));
+                    }
+                }
+            },
+        )))
+    }
+
+    async fn machine(&self, id: i64) -> ApiResult<MachineView> {
+        self.call(Call::Machine { id }).await
+    }
+    async fn set_machine_status(&self, id: i64, status: AgentStatus, info: &str) -> ApiResult<()> {
+        self.call(Call::SetMachineStatus {
+            id,
+            status,
+            info: info.to_string(),
+        })
+        .await
+    }
+    async fn ensure_dead_machine(&self, id: i64) -> ApiResult<()> {
+        self.call(Call::EnsureDeadMachine { id }).await
+    }
+    async fn charm(&self, unit: &str) -> ApiResult<CharmRef> {
+        self.call(Call::Charm { unit: unit.into() }).await
+    }
+    async fn ensure_dead_unit(&self, unit: &str) -> ApiResult<()> {
+        self.call(Call::EnsureDeadUnit { unit: unit.into() }).await
+    }
+    async fn remove_unit(&self, unit: &str) -> ApiResult<()> {
+        self.call(Call::RemoveUnit { unit: unit.into() }).await
+    }
+    async fn set_unit_status(&self, unit: &str, status: AgentStatus, info: &str) -> ApiResult<()> {
+        self.call(Call::SetUnitStatus {
+            unit: unit.into(),
+            status,
+            info: info.into(),
+        })
+        .await
+    }
+    async fn unit(&self, name: &str) -> ApiResult<UnitView> {
+        self.call(Call::Unit { name: name.into() }).await
+    }
+    async fn ensure_dying_unit(&self, unit: &str) -> ApiResult<()> {
+        self.call(Call::EnsureDyingUnit { unit: unit.into() }).await
+    }
+    async fn enter_scope(&self, relation: i64, unit: &str) -> ApiResult<()> {
+        self.call(Call::EnterScope {
+            relation,
+            unit: unit.into(),
+        })
+        .await
+    }
+    async fn leave_scope(&self, relation: i64, unit: &str) -> ApiResult<()> {
+        self.call(Call::LeaveScope {
+            relation,
+            unit: unit.into(),
+        })
+        .await
+    }
+    async fn scope_units(&self, relation: i64, unit: &str) -> ApiResult<Vec<String>> {
+        self.call(Call::ScopeUnits {
+            relation,
+            unit: unit.into(),
+        })
+        .await
+    }
+    async fn service_config(
+        &self,
+        service: &str,
+    ) -> ApiResult<BTreeMap<String, serde_json::Value>> {
+        self.call(Call::ServiceConfig {
+            service: service.into(),
+        })
+        .await
+    }
+    async fn relation_settings(
+        &self,
+        relation: i64,
+        unit: &str,
+    ) -> ApiResult<BTreeMap<String, String>> {
+        self.call(Call::RelationSettings {
+            relation,
+            unit: unit.into(),
+        })
+        .await
+    }
+    async fn update_relation_settings(
+        &self,
+        relation: i64,
+        unit: &str,
+        changes: Vec<(String, Option<String>)>,
+    ) -> ApiResult<()> {
+        self.call(Call::UpdateRelationSettings {
+            relation,
+            unit: unit.into(),
+            changes,
+        })
+        .await
+    }
+}

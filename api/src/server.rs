@@ -1,0 +1,561 @@
+//! [`ApiServer`]: accepts agents' connections, authenticates every request,
+//! and runs it on the facade scoped to the caller.
+//!
+//! Bounded by construction ([`Limits`]): request bodies are read up to a
+//! size, a connection holds a bounded number of watches, a connection with
+//! no request and no watch for the idle time is closed, a TLS handshake must
+//! finish in time, and the number of connections is capped. A slow reader
+//! cannot make the server buffer: a watch's notices coalesce (only the
+//! latest revision is kept) and HTTP/2 flow control stops the server from
+//! producing more than the client reads.
+
+use crate::tls;
+use crate::{Error, Result};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use jujube_agent::api::{ApiError, ErrorCode, Facade, Notice, Tag};
+use jujube_agent::wire::{self, Call, Reply, WatchRequest, CALL_PATH, TAG_HEADER, WATCH_PATH};
+use jujube_agent_state::Facades;
+use jujube_state::Store;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{watch, Semaphore};
+use tokio::time::Instant;
+use tracing::{debug, info};
+
+/// The server's bounds.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// The largest request body read; larger is refused (413).
+    pub max_request_bytes: usize,
+    /// Watches open at once on one connection; more are refused (429).
+    pub max_watches_per_connection: usize,
+    /// A connection with no request in flight and no watch open for this
+    /// long is closed.
+    pub idle_timeout: Duration,
+    /// The TLS handshake must finish within this.
+    pub handshake_timeout: Duration,
+    /// Connections open at once; further ones wait to be accepted.
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_request_bytes: 1 << 20,
+            max_watches_per_connection: 256,
+            idle_timeout: Duration::from_secs(300),
+            handshake_timeout: Duration::from_secs(10),
+            max_connections: 20_000,
+        }
+    }
+}
+
+struct Shared {
+    store: Store,
+    facades: Arc<Facades>,
+    limits: Limits,
+    acceptor: tokio_rustls::TlsAcceptor,
+    connections: Arc<Semaphore>,
+}
+
+/// A running API server. Dropping it (or [`ApiServer::stop`]) stops
+/// accepting and closes every connection.
+pub struct ApiServer {
+    tcp: Option<SocketAddr>,
+    unix: Option<PathBuf>,
+    stop: watch::Sender<bool>,
+}
+
+impl ApiServer {
+    /// Listens on `tcp` (port 0 picks a free one) and/or the unix socket
+    /// `unix` (a stale socket file is replaced), serving the facades of
+    /// `store`. The TLS files must exist ([`tls::ensure`]).
+    pub async fn start(
+        env_dir: &Path,
+        store: Store,
+        facades: Arc<Facades>,
+        tcp: Option<&str>,
+        unix: Option<&Path>,
+        limits: Limits,
+    ) -> Result<ApiServer> {
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls::server_config(env_dir)?);
+        let shared = Arc::new(Shared {
+            store,
+            facades,
+            connections: Arc::new(Semaphore::new(limits.max_connections)),
+            limits,
+            acceptor,
+        });
+        let (stop, stopped) = watch::channel(false);
+        let mut tcp_addr = None;
+        if let Some(addr) = tcp {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| Error::Listen {
+                    address: addr.to_string(),
+                    source,
+                })?;
+            tcp_addr = Some(listener.local_addr().map_err(|source| Error::Listen {
+                address: addr.to_string(),
+                source,
+            })?);
+            let (shared, stopped) = (shared.clone(), stopped.clone());
+            tokio::spawn(async move {
+                accept_loop(shared, stopped, || async {
+                    let (s, _) = listener.accept().await?;
+                    let _ = s.set_nodelay(true);
+                    Ok(s)
+                })
+                .await
+            });
+        }
+        if let Some(path) = unix {
+            let _ = std::fs::remove_file(path);
+            let listener =
+                tokio::net::UnixListener::bind(path).map_err(|source| Error::Listen {
+                    address: path.display().to_string(),
+                    source,
+                })?;
+            let (shared, stopped) = (shared.clone(), stopped.clone());
+            tokio::spawn(async move {
+                accept_loop(shared, stopped, || async {
+                    let (s, _) = listener.accept().await?;
+                    Ok(s)
+                })
+                .await
+            });
+        }
+        info!(tcp = ?tcp_addr, unix = ?unix, "API server listening");
+        Ok(ApiServer {
+            tcp: tcp_addr,
+            unix: unix.map(Path::to_path_buf),
+            stop,
+        })
+    }
+
+    /// The TCP address it listens on (the port chosen when 0 was asked).
+    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+        self.tcp
+    }
+
+    pub fn unix_path(&self) -> Option<&Path> {
+        self.unix.as_deref()
+    }
+
+    /// The addresses to give agents, in the form `agent.conf` takes.
+    pub fn addresses(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(p) = &self.unix {
+            out.push(format!("unix:{}", p.display()));
+        }
+        if let Some(a) = self.tcp {
+            out.push(a.to_string());
+        }
+        out
+    }
+
+    pub fn stop(&self) {
+        self.stop.send_replace(true);
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.stop();
+        if let Some(p) = &self.unix {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+async fn accept_loop<IO, F, Fut>(shared: Arc<Shared>, mut stopped: watch::Receiver<bool>, accept: F)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = std::io::Result<IO>>,
+{
+    loop {
+        let permit = tokio::select! {
+            p = shared.connections.clone().acquire_owned() => p.expect("never closed"),
+            _ = stopped.changed() => return,
+        };
+        let io = tokio::select! {
+            io = accept() => io,
+            _ = stopped.changed() => return,
+        };
+        match io {
+            Ok(io) => {
+                let (shared, stopped) = (shared.clone(), stopped.clone());
+                tokio::spawn(async move {
+                    serve_connection(shared, io, stopped).await;
+                    drop(permit);
+                });
+            }
+            Err(e) => {
+                // Out of file descriptors and the like: do not spin.
+                debug!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// What the idle timer watches on one connection.
+struct Activity {
+    in_flight: AtomicUsize,
+    watches: AtomicUsize,
+    last: Mutex<Instant>,
+}
+
+impl Activity {
+    fn touch(&self) {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+    }
+
+    /// Resolves once the connection has been idle for `idle`.
+    async fn idle(&self, idle: Duration) {
+        loop {
+            let busy = self.in_flight.load(Ordering::Acquire) > 0
+                || self.watches.load(Ordering::Acquire) > 0;
+            let last = *self.last.lock().unwrap_or_else(|e| e.into_inner());
+            if !busy && last.elapsed() >= idle {
+                return;
+            }
+            let wait = if busy {
+                idle
+            } else {
+                idle.saturating_sub(last.elapsed())
+            };
+            tokio::time::sleep(wait.max(Duration::from_millis(10))).await;
+        }
+    }
+}
+
+/// Counts down on drop: a request in flight, or a watch held open by its
+/// response body.
+struct Held(Arc<Activity>, fn(&Activity) -> &AtomicUsize);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        (self.1)(&self.0).fetch_sub(1, Ordering::AcqRel);
+        self.0.touch();
+    }
+}
+
+async fn serve_connection<IO>(shared: Arc<Shared>, io: IO, mut stopped: watch::Receiver<bool>)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let tls =
+        match tokio::time::timeout(shared.limits.handshake_timeout, shared.acceptor.accept(io))
+            .await
+        {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(e)) => {
+                debug!("TLS handshake refused: {e}");
+                return;
+            }
+            Err(_) => {
+                debug!("TLS handshake timed out");
+                return;
+            }
+        };
+    let activity = Arc::new(Activity {
+        in_flight: AtomicUsize::new(0),
+        watches: AtomicUsize::new(0),
+        last: Mutex::new(Instant::now()),
+    });
+    let svc = {
+        let (shared, activity) = (shared.clone(), activity.clone());
+        hyper::service::service_fn(move |req| {
+            let (shared, activity) = (shared.clone(), activity.clone());
+            async move { Ok::<_, Infallible>(handle(shared, activity, req).await) }
+        })
+    };
+    let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(shared.limits.max_watches_per_connection as u32 + 64)
+        .max_header_list_size(16 << 10)
+        .serve_connection(TokioIo::new(tls), svc);
+    tokio::pin!(conn);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            _ = conn.as_mut() => return,
+            _ = activity.idle(shared.limits.idle_timeout), if !closing => {
+                debug!("closing an idle connection");
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            _ = stopped.changed(), if !closing => {
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}
+
+type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+fn reply(status: StatusCode, r: &Reply) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(serde_json::to_vec(r).expect("plain data"))).boxed_unsync())
+        .expect("a valid response")
+}
+
+fn refuse(e: ApiError) -> Response<Body> {
+    let status = match e.code {
+        ErrorCode::Unauthorized => StatusCode::FORBIDDEN,
+        ErrorCode::Refused => StatusCode::CONFLICT,
+        ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    reply(status, &Reply::Error(e))
+}
+
+/// Who is calling, proven: the tag and the secret checked against the
+/// stored hash. Every failure answers the same, so that it tells nothing
+/// about which agents exist.
+async fn authenticate(
+    shared: &Shared,
+    req: &Request<Incoming>,
+) -> std::result::Result<Tag, Response<Body>> {
+    let denied = |tag: &str| {
+        let e = ApiError::new(
+            ErrorCode::Unauthorized,
+            format!(
+                "invalid credentials for agent `{tag}`; check the `secret` in its `agent.conf`"
+            ),
+        );
+        reply(StatusCode::UNAUTHORIZED, &Reply::Error(e))
+    };
+    let tag_text = req
+        .headers()
+        .get(TAG_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let shown: String = tag_text.chars().take(64).collect();
+    let Ok(tag) = tag_text.parse::<Tag>() else {
+        return Err(denied(&shown));
+    };
+    let secret = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("")
+        .to_string();
+    let store = shared.store.clone();
+    let key = tag.to_string();
+    let hash = tokio::task::spawn_blocking(move || store.agent_credential(&key))
+        .await
+        .ok()
+        .and_then(|r| r.ok())
+        .flatten();
+    match hash {
+        Some(h) if !secret.is_empty() && wire::secret_matches(&secret, &h) => Ok(tag),
+        _ => Err(denied(&shown)),
+    }
+}
+
+async fn read_body(shared: &Shared, body: Incoming) -> std::result::Result<Bytes, Response<Body>> {
+    match http_body_util::Limited::new(body, shared.limits.max_request_bytes)
+        .collect()
+        .await
+    {
+        Ok(b) => Ok(b.to_bytes()),
+        Err(_) => Err(reply(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &Reply::Error(ApiError::new(
+                ErrorCode::Refused,
+                format!(
+                    "request larger than {} bytes, or cut short",
+                    shared.limits.max_request_bytes
+                ),
+            )),
+        )),
+    }
+}
+
+async fn handle(
+    shared: Arc<Shared>,
+    activity: Arc<Activity>,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    activity.in_flight.fetch_add(1, Ordering::AcqRel);
+    let _held = Held(activity.clone(), |a| &a.in_flight);
+    activity.touch();
+    if req.method() != hyper::Method::POST || ![CALL_PATH, WATCH_PATH].contains(&req.uri().path()) {
+        return reply(
+            StatusCode::NOT_FOUND,
+            &Reply::Error(ApiError::new(
+                ErrorCode::Refused,
+                format!("no such endpoint `{} {}`", req.method(), req.uri().path()),
+            )),
+        );
+    }
+    let tag = match authenticate(&shared, &req).await {
+        Ok(t) => t,
+        Err(resp) => return resp,
+    };
+    let watch = req.uri().path() == WATCH_PATH;
+    let body = match read_body(&shared, req.into_body()).await {
+        Ok(b) => b,
+        Err(resp) => return resp,
+    };
+    let facade = shared.facades.for_agent(tag.clone());
+    if watch {
+        let Ok(w) = serde_json::from_slice::<WatchRequest>(&body) else {
+            return refuse(ApiError::new(ErrorCode::Refused, "malformed watch request"));
+        };
+        return open_watch(&shared, &activity, &*facade, w).await;
+    }
+    let Ok(call) = serde_json::from_slice::<Call>(&body) else {
+        return refuse(ApiError::new(ErrorCode::Refused, "malformed call"));
+    };
+    debug!(agent = %tag, method = call.method(), "call");
+    let result = match call {
+        Call::SetUnitCredential { unit, secret } => {
+            set_unit_credential(&shared, &*facade, &tag, unit, secret).await
+        }
+        call => wire::dispatch(&*facade, call).await,
+    };
+    match result {
+        Ok(v) => reply(StatusCode::OK, &Reply::Ok(v)),
+        Err(e) => refuse(e),
+    }
+}
+
+/// A deployer sets the credential of a unit it deploys: a machine agent for
+/// the principals assigned to its machine, a unit agent for its own
+/// subordinates. Asked through the caller's facade, so it is confined the
+/// same way as everything else.
+async fn set_unit_credential(
+    shared: &Shared,
+    facade: &dyn Facade,
+    caller: &Tag,
+    unit: String,
+    secret: String,
+) -> Result<serde_json::Value, ApiError> {
+    let deploys = match caller {
+        Tag::Machine(id) => facade
+            .machine(*id)
+            .await?
+            .units
+            .iter()
+            .any(|u| u.name == unit),
+        Tag::Unit(name) => facade
+            .unit(name)
+            .await?
+            .subordinates
+            .iter()
+            .any(|u| u.name == unit),
+    };
+    if !deploys {
+        return Err(ApiError::unauthorized(
+            caller,
+            format_args!("set the credential of unit `{unit}`"),
+        ));
+    }
+    if secret.len() < 32 {
+        return Err(ApiError::new(
+            ErrorCode::Refused,
+            "an agent secret must be at least 32 characters (use 32 random bytes)",
+        ));
+    }
+    let (store, hash, tag) = (
+        shared.store.clone(),
+        wire::secret_hash(&secret),
+        Tag::Unit(unit.clone()).to_string(),
+    );
+    tokio::task::spawn_blocking(move || store.set_unit_credential(&unit, &tag, &hash))
+        .await
+        .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?
+        .map_err(|e| ApiError::new(ErrorCode::Unavailable, e.to_string()))?;
+    Ok(serde_json::Value::Null)
+}
+
+async fn open_watch(
+    shared: &Shared,
+    activity: &Arc<Activity>,
+    facade: &dyn Facade,
+    w: WatchRequest,
+) -> Response<Body> {
+    let max = shared.limits.max_watches_per_connection;
+    if activity.watches.fetch_add(1, Ordering::AcqRel) >= max {
+        activity.watches.fetch_sub(1, Ordering::AcqRel);
+        return reply(
+            StatusCode::TOO_MANY_REQUESTS,
+            &Reply::Error(ApiError::new(
+                ErrorCode::Unavailable,
+                format!("too many watches on one connection (at most {max})"),
+            )),
+        );
+    }
+    let held = Held(activity.clone(), |a| &a.watches);
+    // Subscribe first, then look at what happened since the client's last
+    // revision: nothing falls between the two.
+    let stream = match facade.watch(w.target).await {
+        Ok(s) => s,
+        Err(e) => return refuse(e),
+    };
+    let mut first = None;
+    if w.since > 0 {
+        let store = shared.store.clone();
+        let since = w.since;
+        let missed = tokio::task::spawn_blocking(move || {
+            let head = store.head_revision()?;
+            let changes = store.changes_since(since, 1)?;
+            Ok::<_, jujube_state::Error>((head, changes))
+        })
+        .await;
+        match missed {
+            Ok(Ok((head, changes))) if changes.truncated => {
+                first = Some(Notice {
+                    revision: head,
+                    resync: true,
+                })
+            }
+            // Notices say "re-read": one covers every change missed.
+            Ok(Ok((head, changes))) if !changes.changes.is_empty() => {
+                first = Some(Notice {
+                    revision: head,
+                    resync: false,
+                })
+            }
+            Ok(Ok(_)) => {}
+            _ => {
+                return refuse(ApiError::new(
+                    ErrorCode::Unavailable,
+                    "cannot read the change feed; try again",
+                ))
+            }
+        }
+    }
+    let notices = futures_util::stream::iter(first).chain(stream);
+    let frames = notices.map(move |n| {
+        let _ = &held; // the watch counts until its body is dropped
+        let mut line = serde_json::to_vec(&n).expect("plain data");
+        line.push(b'\n');
+        Ok::<_, Infallible>(Frame::data(Bytes::from(line)))
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(hyper::header::CONTENT_TYPE, "application/x-ndjson")
+        .body(BodyExt::boxed_unsync(StreamBody::new(frames)))
+        .expect("a valid response")
+}

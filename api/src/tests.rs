@@ -1,0 +1,589 @@
+//! The API server through real sockets and real TLS, against a real store:
+//! authentication, confinement (every facade method tried out of scope),
+//! trust in exactly the environment's CA, credentials that die with their
+//! entity, watches that survive a server restart, and the limits.
+
+use crate::{tls, ApiServer, Limits};
+use jujube_agent::api::{AgentStatus, ErrorCode, Facade, Tag, WatchTarget};
+use jujube_agent::remote::Remote;
+use jujube_agent::wire::{new_secret, secret_hash, AgentConf};
+use jujube_agent_state::Facades;
+use jujube_core::charm::{CharmConfig, CharmMeta};
+use jujube_core::Constraints;
+use jujube_state::environment::EnvironmentSpec;
+use jujube_state::provisioning::Started;
+use jujube_state::services::DeployArgs;
+use jujube_state::{Charm, Durability, Store};
+use std::sync::Arc;
+use std::time::Duration;
+
+const UUID: &str = "6f1e0f4c-3d7e-4b53-9d3b-1a2b3c4d5e6f";
+const OTHER_UUID: &str = "0a1b2c3d-4e5f-4a6b-8c7d-8e9f0a1b2c3d";
+const WORDPRESS: &str = "name: wordpress\nsummary: blog\nrequires:\n  db:\n    interface: mysql\n";
+const MYSQL: &str = "name: mysql\nsummary: db\nprovides:\n  db:\n    interface: mysql\n";
+const LOGGING: &str = "name: logging\nsummary: logs\nsubordinate: true\nrequires:\n  juju-info:\n    interface: juju-info\n    scope: container\n";
+
+struct World {
+    dir: tempfile::TempDir,
+    store: Store,
+    facades: Arc<Facades>,
+    server: Option<ApiServer>,
+}
+
+impl World {
+    /// wordpress/0 on machine 1, wordpress/1 on machine 2, mysql/0 on
+    /// machine 3, logging related to wordpress, wordpress to mysql; every
+    /// machine provisioned.
+    async fn new() -> World {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_with(dir.path().join("state.db"), Durability::Relaxed).unwrap();
+        store
+            .initialize(&EnvironmentSpec {
+                name: "test".into(),
+                uuid: UUID.into(),
+                provider: "dummy".into(),
+                default_series: "jammy".into(),
+                constraints: Constraints::default(),
+                config: Default::default(),
+            })
+            .unwrap();
+        for (meta, units) in [(WORDPRESS, 2), (MYSQL, 1), (LOGGING, 0)] {
+            let meta = CharmMeta::parse(meta).unwrap();
+            let path = dir.path().join("charms").join(&meta.name);
+            std::fs::create_dir_all(&path).unwrap();
+            store
+                .deploy(&DeployArgs {
+                    service: meta.name.clone(),
+                    charm: Charm {
+                        url: format!("local:jammy/{}-1", meta.name),
+                        meta,
+                        config: CharmConfig::default(),
+                        path: path.to_string_lossy().into_owned(),
+                    },
+                    series: "jammy".into(),
+                    constraints: Constraints::default(),
+                    units,
+                    to: None,
+                    settings: vec![],
+                })
+                .unwrap();
+        }
+        store.add_relation("wordpress", "mysql").unwrap();
+        store.add_relation("logging", "wordpress").unwrap();
+        let ids: Vec<i64> = store
+            .machines()
+            .unwrap()
+            .iter()
+            .map(|m| m.id)
+            .filter(|&id| id != 0)
+            .collect();
+        let prepared = store.prepare_provisioning(&ids, UUID).unwrap();
+        let started: Vec<Started> = prepared
+            .into_iter()
+            .map(|p| Started {
+                instance_id: format!("i-{}", p.machine),
+                machine: p.machine,
+                nonce: p.nonce,
+                zone: None,
+                hardware: String::new(),
+            })
+            .collect();
+        store.record_instances(&started).unwrap();
+        tls::ensure(dir.path(), UUID).unwrap();
+        let facades = Arc::new(Facades::new(store.clone()).unwrap());
+        facades.ready().await;
+        let mut w = World {
+            dir,
+            store,
+            facades,
+            server: None,
+        };
+        w.start(Limits::default()).await;
+        w
+    }
+
+    async fn start(&mut self, limits: Limits) {
+        self.server = None;
+        let sock = self.dir.path().join("api.socket");
+        self.server = Some(
+            ApiServer::start(
+                self.dir.path(),
+                self.store.clone(),
+                self.facades.clone(),
+                Some("127.0.0.1:0"),
+                Some(&sock),
+                limits,
+            )
+            .await
+            .unwrap(),
+        );
+    }
+
+    fn machine_of(&self, unit: &str) -> i64 {
+        self.store.unit(unit).unwrap().machine_id.unwrap()
+    }
+
+    /// A credential for machine `id`, as the provisioner makes it.
+    fn machine_conf(&self, id: i64) -> AgentConf {
+        let secret = new_secret();
+        let tag = Tag::Machine(id);
+        self.store
+            .set_machine_credential(id, &tag.to_string(), &secret_hash(&secret))
+            .unwrap();
+        self.conf(tag, secret)
+    }
+
+    fn conf(&self, tag: Tag, secret: String) -> AgentConf {
+        AgentConf {
+            api_addresses: self.server.as_ref().unwrap().addresses(),
+            ca_cert: tls::ca_cert(self.dir.path()).unwrap(),
+            tag,
+            secret,
+            env_name: "test".into(),
+        }
+    }
+
+    fn remote(&self, conf: &AgentConf) -> Remote {
+        Remote::new(conf).unwrap()
+    }
+}
+
+fn assert_unauthorized<T: std::fmt::Debug>(what: &str, r: Result<T, jujube_agent::api::ApiError>) {
+    match r {
+        Err(e) if e.code == ErrorCode::Unauthorized => {}
+        other => panic!("{what}: expected a refusal, got {other:?}"),
+    }
+}
+
+/// Every facade method, about entities outside `api`'s scope.
+async fn try_everything_out_of_scope(api: &dyn Facade, machine: i64, unit: &str, relation: i64) {
+    assert_unauthorized(
+        "watch machine",
+        api.watch(WatchTarget::Machine(machine)).await.map(|_| ()),
+    );
+    assert_unauthorized(
+        "watch unit",
+        api.watch(WatchTarget::Unit(unit.into())).await.map(|_| ()),
+    );
+    assert_unauthorized(
+        "watch scope",
+        api.watch(WatchTarget::Scope {
+            relation,
+            unit: unit.into(),
+        })
+        .await
+        .map(|_| ()),
+    );
+    assert_unauthorized("machine", api.machine(machine).await);
+    assert_unauthorized(
+        "set_machine_status",
+        api.set_machine_status(machine, AgentStatus::Started, "")
+            .await,
+    );
+    assert_unauthorized(
+        "ensure_dead_machine",
+        api.ensure_dead_machine(machine).await,
+    );
+    assert_unauthorized("charm", api.charm(unit).await);
+    assert_unauthorized("ensure_dead_unit", api.ensure_dead_unit(unit).await);
+    assert_unauthorized("remove_unit", api.remove_unit(unit).await);
+    assert_unauthorized(
+        "set_unit_status",
+        api.set_unit_status(unit, AgentStatus::Started, "").await,
+    );
+    assert_unauthorized("unit", api.unit(unit).await);
+    assert_unauthorized("ensure_dying_unit", api.ensure_dying_unit(unit).await);
+    assert_unauthorized("enter_scope", api.enter_scope(relation, unit).await);
+    assert_unauthorized("leave_scope", api.leave_scope(relation, unit).await);
+    assert_unauthorized("scope_units", api.scope_units(relation, unit).await);
+    assert_unauthorized(
+        "relation_settings",
+        api.relation_settings(relation, unit).await,
+    );
+    assert_unauthorized(
+        "update_relation_settings",
+        api.update_relation_settings(relation, unit, vec![("k".into(), Some("v".into()))])
+            .await,
+    );
+}
+
+fn relation(w: &World, key: &str) -> i64 {
+    w.store
+        .relations()
+        .unwrap()
+        .into_iter()
+        .find(|r| r.key.contains(key))
+        .unwrap_or_else(|| panic!("no relation like `{key}`"))
+        .id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_agent_reaches_its_machine_and_units_and_nothing_else() {
+    let w = World::new().await;
+    let m1 = w.machine_of("wordpress/0");
+    let m2 = w.machine_of("wordpress/1");
+    let conf = w.machine_conf(m1);
+    let api = w.remote(&conf);
+    let view = api.machine(m1).await.unwrap();
+    assert_eq!(
+        view.units
+            .iter()
+            .map(|u| u.name.as_str())
+            .collect::<Vec<_>>(),
+        ["wordpress/0"]
+    );
+    api.set_machine_status(m1, AgentStatus::Started, "")
+        .await
+        .unwrap();
+    assert_eq!(
+        api.charm("wordpress/0").await.unwrap().url,
+        "local:jammy/wordpress-1"
+    );
+
+    let before = w.store.head_revision().unwrap();
+    let db = relation(&w, "mysql");
+    try_everything_out_of_scope(&api, m2, "wordpress/1", db).await;
+    try_everything_out_of_scope(&api, m2, "mysql/0", db).await;
+    // A machine agent is not its units' agent either.
+    assert_unauthorized("unit of its own machine", api.unit("wordpress/0").await);
+    assert_eq!(
+        w.store.head_revision().unwrap(),
+        before,
+        "a refusal changed something"
+    );
+
+    // It sets the credential of the unit it deploys, and only that one.
+    let secret = api.new_unit_credential("wordpress/0").await.unwrap();
+    assert_unauthorized(
+        "credential of another machine's unit",
+        api.new_unit_credential("wordpress/1").await,
+    );
+    assert_unauthorized(
+        "credential of a unit of nobody's",
+        api.new_unit_credential("mysql/7").await,
+    );
+    let stored = w
+        .store
+        .agent_credential("unit-wordpress-0")
+        .unwrap()
+        .unwrap();
+    assert_ne!(stored, secret, "the store keeps the hash, never the secret");
+    assert_eq!(stored, secret_hash(&secret));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unit_agent_sees_its_unit_its_relations_and_its_container_only() {
+    let w = World::new().await;
+    let m1 = w.machine_of("wordpress/0");
+    let machine = w.remote(&w.machine_conf(m1));
+    let secret = machine.new_unit_credential("wordpress/0").await.unwrap();
+    let conf = w.conf(Tag::unit("wordpress/0"), secret);
+    let api = w.remote(&conf);
+
+    let view = api.unit("wordpress/0").await.unwrap();
+    assert_eq!(view.service, "wordpress");
+    let db = relation(&w, "mysql");
+    let logging = relation(&w, "logging");
+    api.enter_scope(db, "wordpress/0").await.unwrap();
+    api.update_relation_settings(
+        db,
+        "wordpress/0",
+        vec![("host".into(), Some("10.0.0.1".into()))],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        api.relation_settings(db, "wordpress/0")
+            .await
+            .unwrap()
+            .get("host")
+            .map(String::as_str),
+        Some("10.0.0.1")
+    );
+    // Entering the container scope creates its subordinate, which it may
+    // give a credential to, and whose agent then sees only its container.
+    api.enter_scope(logging, "wordpress/0").await.unwrap();
+    let subs = api.unit("wordpress/0").await.unwrap().subordinates;
+    assert_eq!(subs.len(), 1);
+    let sub = subs[0].name.clone();
+    let sub_secret = api.new_unit_credential(&sub).await.unwrap();
+    let sub_api = w.remote(&w.conf(Tag::unit(&sub), sub_secret));
+    assert_eq!(
+        sub_api.unit(&sub).await.unwrap().principal.as_deref(),
+        Some("wordpress/0")
+    );
+
+    // wordpress/1 enters the logging scope too: its subordinate is not
+    // visible to wordpress/0's subordinate.
+    let m2 = w.machine_of("wordpress/1");
+    let machine2 = w.remote(&w.machine_conf(m2));
+    let wp1 = w.remote(&w.conf(
+        Tag::unit("wordpress/1"),
+        machine2.new_unit_credential("wordpress/1").await.unwrap(),
+    ));
+    wp1.enter_scope(logging, "wordpress/1").await.unwrap();
+    let other_sub = wp1.unit("wordpress/1").await.unwrap().subordinates[0]
+        .name
+        .clone();
+    assert_eq!(
+        sub_api.scope_units(logging, &sub).await.unwrap(),
+        ["wordpress/0"]
+    );
+    assert_unauthorized(
+        "settings of another container",
+        sub_api.relation_settings(logging, &other_sub).await,
+    );
+    assert_unauthorized(
+        "settings of another container",
+        sub_api.relation_settings(logging, "wordpress/1").await,
+    );
+
+    let before = w.store.head_revision().unwrap();
+    let m3 = w.machine_of("mysql/0");
+    try_everything_out_of_scope(&api, m3, "wordpress/1", db).await;
+    try_everything_out_of_scope(&api, m3, "mysql/0", logging).await;
+    try_everything_out_of_scope(&sub_api, m2, &other_sub, logging).await;
+    assert_unauthorized(
+        "another service's settings",
+        api.service_config("mysql").await,
+    );
+    assert_unauthorized("its machine", api.machine(m1).await);
+    assert_unauthorized(
+        "a credential for a unit it does not deploy",
+        api.new_unit_credential("wordpress/1").await,
+    );
+    assert_eq!(
+        w.store.head_revision().unwrap(),
+        before,
+        "a refusal changed something"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_or_wrong_credentials_are_refused_alike() {
+    let w = World::new().await;
+    let m1 = w.machine_of("wordpress/0");
+    let good = w.machine_conf(m1);
+    let cases = [
+        ("wrong secret", w.conf(Tag::Machine(m1), new_secret())),
+        ("no secret", w.conf(Tag::Machine(m1), String::new())),
+        (
+            "the hash as the secret",
+            w.conf(Tag::Machine(m1), secret_hash(&good.secret)),
+        ),
+        (
+            "another machine's tag",
+            w.conf(Tag::Machine(w.machine_of("mysql/0")), good.secret.clone()),
+        ),
+        (
+            "a machine that does not exist",
+            w.conf(Tag::Machine(99), good.secret.clone()),
+        ),
+        (
+            "a unit without a credential",
+            w.conf(Tag::unit("wordpress/0"), good.secret.clone()),
+        ),
+    ];
+    for (what, conf) in cases {
+        let e = w.remote(&conf).machine(m1).await.unwrap_err();
+        assert_eq!(e.code, ErrorCode::Unauthorized, "{what}: {e:?}");
+        assert!(
+            !e.message.contains(&good.secret),
+            "{what}: the secret leaked: {e}"
+        );
+        assert!(e.message.contains("invalid credentials"), "{what}: {e}");
+    }
+    w.remote(&good).machine(m1).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_trust_exactly_their_environments_ca() {
+    let w = World::new().await;
+    let m1 = w.machine_of("wordpress/0");
+    let good = w.machine_conf(m1);
+    // Another environment's CA: its server certificate is not ours.
+    let other = tempfile::tempdir().unwrap();
+    tls::ensure(other.path(), OTHER_UUID).unwrap();
+    let mut wrong_ca = good.clone();
+    wrong_ca.ca_cert = tls::ca_cert(other.path()).unwrap();
+    let e = w.remote(&wrong_ca).machine(m1).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::Unavailable, "{e:?}");
+    assert!(e.message.contains("TLS handshake"), "{e}");
+    // A server presenting another environment's certificate is refused
+    // by an agent of ours.
+    let other_store = Store::open_with(other.path().join("state.db"), Durability::Relaxed).unwrap();
+    other_store
+        .initialize(&EnvironmentSpec {
+            name: "other".into(),
+            uuid: OTHER_UUID.into(),
+            provider: "dummy".into(),
+            default_series: "jammy".into(),
+            constraints: Constraints::default(),
+            config: Default::default(),
+        })
+        .unwrap();
+    let other_server = ApiServer::start(
+        other.path(),
+        other_store.clone(),
+        Arc::new(Facades::new(other_store).unwrap()),
+        Some("127.0.0.1:0"),
+        None,
+        Limits::default(),
+    )
+    .await
+    .unwrap();
+    let mut wrong_server = good.clone();
+    wrong_server.api_addresses = other_server.addresses();
+    let e = w.remote(&wrong_server).machine(m1).await.unwrap_err();
+    assert!(e.message.contains("TLS handshake"), "{e}");
+    // Over both transports, the right CA works.
+    for addr in w.server.as_ref().unwrap().addresses() {
+        let mut conf = good.clone();
+        conf.api_addresses = vec![addr.clone()];
+        w.remote(&conf)
+            .machine(m1)
+            .await
+            .unwrap_or_else(|e| panic!("{addr}: {e}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_units_credential_stops_working() {
+    let w = World::new().await;
+    let m1 = w.machine_of("wordpress/0");
+    let machine = w.remote(&w.machine_conf(m1));
+    let secret = machine.new_unit_credential("wordpress/0").await.unwrap();
+    let unit = w.remote(&w.conf(Tag::unit("wordpress/0"), secret));
+    unit.unit("wordpress/0").await.unwrap();
+    // No agent has started for it, so destroying it removes it at once.
+    w.store.destroy_units(&["wordpress/0".to_string()]).unwrap();
+    assert!(w.store.unit("wordpress/0").is_err());
+    assert_eq!(w.store.agent_credential("unit-wordpress-0").unwrap(), None);
+    let e = unit.unit("wordpress/0").await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::Unauthorized, "{e:?}");
+    assert!(e.message.contains("invalid credentials"), "{e}");
+}
+
+async fn next(n: &mut jujube_agent::api::NoticeStream) -> jujube_agent::api::Notice {
+    use futures_util::StreamExt;
+    tokio::time::timeout(Duration::from_secs(20), n.next())
+        .await
+        .expect("a notice in time")
+        .expect("the stream goes on")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_notices_changes_and_resumes_across_a_server_restart() {
+    let mut w = World::new().await;
+    let m1 = w.machine_of("wordpress/0");
+    let conf = w.machine_conf(m1);
+    let api = w.remote(&conf);
+    let mut notices = api.watch(WatchTarget::Machine(m1)).await.unwrap();
+    // A unit assigned to the machine is something its agent sees.
+    w.store.add_units("wordpress", 1, Some(m1)).unwrap();
+    let first = next(&mut notices).await;
+    assert!(first.revision > 0);
+
+    // The server goes away; a change happens while it is down; a new
+    // server comes up on the same socket: the watch resumes by itself and
+    // announces what was missed.
+    w.server = None;
+    let head = w.store.head_revision().unwrap();
+    w.store.add_units("wordpress", 1, Some(m1)).unwrap();
+    assert!(w.store.head_revision().unwrap() > head);
+    let mut only_unix = Limits::default();
+    only_unix.idle_timeout = Duration::from_secs(300);
+    w.start(only_unix).await;
+    let missed = next(&mut notices).await;
+    assert!(
+        missed.revision > first.revision,
+        "{missed:?} after {first:?}"
+    );
+    assert_eq!(api.machine(m1).await.unwrap().units.len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_per_connection_and_request_sizes_are_bounded() {
+    let mut w = World::new().await;
+    w.start(Limits {
+        max_watches_per_connection: 2,
+        max_request_bytes: 4096,
+        ..Limits::default()
+    })
+    .await;
+    let m1 = w.machine_of("wordpress/0");
+    let api = w.remote(&w.machine_conf(m1));
+    let a = api.watch(WatchTarget::Machine(m1)).await.unwrap();
+    let _b = api.watch(WatchTarget::Machine(m1)).await.unwrap();
+    let e = api
+        .watch(WatchTarget::Machine(m1))
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert!(
+        e.message
+            .contains("too many watches on one connection (at most 2)"),
+        "{e}"
+    );
+    // A watch given up frees its place.
+    drop(a);
+    let mut again = None;
+    for _ in 0..100 {
+        match api.watch(WatchTarget::Machine(m1)).await {
+            Ok(s) => {
+                again = Some(s);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+    assert!(again.is_some(), "a dropped watch never freed its place");
+
+    let big = "x".repeat(8192);
+    let e = api
+        .update_relation_settings(relation(&w, "mysql"), "wordpress/0", vec![(big, None)])
+        .await
+        .unwrap_err();
+    assert!(e.message.contains("request larger than 4096 bytes"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_is_closed_and_the_client_reconnects() {
+    let mut w = World::new().await;
+    w.start(Limits {
+        idle_timeout: Duration::from_millis(200),
+        ..Limits::default()
+    })
+    .await;
+    let m1 = w.machine_of("wordpress/0");
+    let api = w.remote(&w.machine_conf(m1));
+    api.machine(m1).await.unwrap();
+    // Count the server's connections through the OS: ours closes once idle.
+    let port = w.server.as_ref().unwrap().tcp_addr().unwrap().port();
+    let established = || {
+        std::fs::read_to_string("/proc/net/tcp")
+            .unwrap()
+            .lines()
+            .filter(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() > 3 && f[1].ends_with(&format!(":{port:04X}")) && f[3] == "01"
+            })
+            .count()
+    };
+    // The client dials the unix socket first; use TCP only for this test.
+    let mut conf = w.machine_conf(m1);
+    conf.api_addresses.retain(|a| !a.starts_with("unix:"));
+    let api = w.remote(&conf);
+    api.machine(m1).await.unwrap();
+    assert_eq!(established(), 1);
+    let mut closed = false;
+    for _ in 0..200 {
+        if established() == 0 {
+            closed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(closed, "the idle connection stayed open");
+    api.machine(m1).await.unwrap();
+}

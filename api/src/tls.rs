@@ -1,0 +1,137 @@
+//! The environment's certificate authority and the API server's
+//! certificate.
+//!
+//! Made once (at bootstrap, or by the first controller of an environment
+//! made before the API existed) and kept in `DIR/tls/` of the environment's
+//! data dir: `ca.crt`, `ca.key`, `server.crt`, `server.key`, the keys
+//! readable by their owner only. Agents are given `ca.crt` and trust nothing
+//! else; the server certificate names [`SERVER_NAME`] (and `localhost`,
+//! `127.0.0.1`, `::1`), so the address an agent dials does not matter, but
+//! a certificate from another environment's CA is refused.
+
+use crate::{Error, Result};
+use jujube_agent::wire::SERVER_NAME;
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+const CA_CERT: &str = "ca.crt";
+const CA_KEY: &str = "ca.key";
+const SERVER_CERT: &str = "server.crt";
+const SERVER_KEY: &str = "server.key";
+
+/// Where an environment's TLS files are.
+pub fn dir(env_dir: &Path) -> PathBuf {
+    env_dir.join("tls")
+}
+
+fn tls_err(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Tls(format!("{what}: {e}"))
+}
+
+fn write_file(path: &Path, text: &str, mode: u32) -> Result<()> {
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&tmp)
+        .map_err(io)?;
+    f.write_all(text.as_bytes())
+        .and_then(|_| f.sync_all())
+        .map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+fn read_file(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Makes the CA and the server certificate for the environment `env_uuid`
+/// unless they exist. Idempotent; the server certificate is written last, so
+/// a crash part-way makes them again next time.
+pub fn ensure(env_dir: &Path, env_uuid: &str) -> Result<()> {
+    let dir = dir(env_dir);
+    if dir.join(SERVER_KEY).exists() && dir.join(CA_CERT).exists() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+        path: dir.clone(),
+        source,
+    })?;
+    let now = time::OffsetDateTime::now_utc();
+    let ca_key = KeyPair::generate().map_err(|e| tls_err("cannot make the CA key", e))?;
+    let mut ca = CertificateParams::default();
+    ca.distinguished_name.push(
+        DnType::CommonName,
+        format!("jujube CA for environment {env_uuid}"),
+    );
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    ca.not_before = now - time::Duration::days(1);
+    ca.not_after = now + time::Duration::days(3650);
+    let ca_cert = ca
+        .self_signed(&ca_key)
+        .map_err(|e| tls_err("cannot make the CA certificate", e))?;
+
+    let server_key = KeyPair::generate().map_err(|e| tls_err("cannot make the server key", e))?;
+    let mut server = CertificateParams::new(vec![SERVER_NAME.to_string(), "localhost".to_string()])
+        .map_err(|e| tls_err("cannot make the server certificate", e))?;
+    server.subject_alt_names.extend([
+        SanType::IpAddress(std::net::Ipv4Addr::LOCALHOST.into()),
+        SanType::IpAddress(std::net::Ipv6Addr::LOCALHOST.into()),
+    ]);
+    server
+        .distinguished_name
+        .push(DnType::CommonName, SERVER_NAME);
+    server.not_before = ca.not_before;
+    server.not_after = ca.not_after;
+    let issuer = Issuer::new(ca, &ca_key);
+    let server_cert = server
+        .signed_by(&server_key, &issuer)
+        .map_err(|e| tls_err("cannot sign the server certificate", e))?;
+
+    write_file(&dir.join(CA_KEY), &ca_key.serialize_pem(), 0o600)?;
+    write_file(&dir.join(CA_CERT), &ca_cert.pem(), 0o644)?;
+    write_file(&dir.join(SERVER_CERT), &server_cert.pem(), 0o644)?;
+    write_file(&dir.join(SERVER_KEY), &server_key.serialize_pem(), 0o600)?;
+    Ok(())
+}
+
+/// The CA certificate (PEM) agents are given.
+pub fn ca_cert(env_dir: &Path) -> Result<String> {
+    read_file(&dir(env_dir).join(CA_CERT))
+}
+
+/// The server's TLS configuration: its certificate, HTTP/2 only.
+pub fn server_config(env_dir: &Path) -> Result<Arc<rustls::ServerConfig>> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let dir = dir(env_dir);
+    let certs = CertificateDer::pem_slice_iter(read_file(&dir.join(SERVER_CERT))?.as_bytes())
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| tls_err("cannot read the server certificate", e))?;
+    let key = PrivateKeyDer::from_pem_slice(read_file(&dir.join(SERVER_KEY))?.as_bytes())
+        .map_err(|e| tls_err("cannot read the server key", e))?;
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls_err("cannot configure TLS", e))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| tls_err("cannot use the server certificate", e))?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
