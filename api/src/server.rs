@@ -216,6 +216,11 @@ struct Activity {
     in_flight: AtomicUsize,
     watches: AtomicUsize,
     last: Mutex<Instant>,
+    /// The tag and secret this connection last proved, so that the store
+    /// is asked once per connection and credential (as a Juju agent logs in
+    /// once per connection). A removed entity still loses everything at
+    /// once: its facade refuses every call about it.
+    proven: Mutex<Option<(String, String)>>,
 }
 
 impl Activity {
@@ -275,6 +280,7 @@ where
         in_flight: AtomicUsize::new(0),
         watches: AtomicUsize::new(0),
         last: Mutex::new(Instant::now()),
+        proven: Mutex::new(None),
     });
     let svc = {
         let (shared, activity) = (shared.clone(), activity.clone());
@@ -331,6 +337,7 @@ fn refuse(e: ApiError) -> Response<Body> {
 /// about which agents exist.
 async fn authenticate(
     shared: &Shared,
+    activity: &Activity,
     req: &Request<Incoming>,
 ) -> std::result::Result<Tag, Response<Body>> {
     let denied = |tag: &str| {
@@ -359,6 +366,17 @@ async fn authenticate(
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("")
         .to_string();
+    let proven = activity
+        .proven
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .is_some_and(|(t, s)| {
+            *t == tag_text && wire::secret_matches(&secret, &wire::secret_hash(s))
+        });
+    if proven {
+        return Ok(tag);
+    }
     let store = shared.store.clone();
     let key = tag.to_string();
     let hash = tokio::task::spawn_blocking(move || store.agent_credential(&key))
@@ -367,7 +385,10 @@ async fn authenticate(
         .and_then(|r| r.ok())
         .flatten();
     match hash {
-        Some(h) if !secret.is_empty() && wire::secret_matches(&secret, &h) => Ok(tag),
+        Some(h) if !secret.is_empty() && wire::secret_matches(&secret, &h) => {
+            *activity.proven.lock().unwrap_or_else(|e| e.into_inner()) = Some((tag_text, secret));
+            Ok(tag)
+        }
         _ => Err(denied(&shown)),
     }
 }
@@ -408,7 +429,7 @@ async fn handle(
             )),
         );
     }
-    let tag = match authenticate(&shared, &req).await {
+    let tag = match authenticate(&shared, &activity, &req).await {
         Ok(t) => t,
         Err(resp) => return resp,
     };
