@@ -25,6 +25,7 @@ use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -44,8 +45,19 @@ struct Inner {
     addresses: Vec<String>,
     tls: tokio_rustls::TlsConnector,
     tag_header: String,
-    bearer: String,
+    /// `Bearer SECRET`; `None` until a deferred credential is obtained.
+    bearer: Mutex<Option<String>>,
+    deferred: Option<Deferred>,
     conn: Mutex<Option<SendRequest<Full<Bytes>>>>,
+}
+
+/// A unit agent's credential, obtained on its first call: read from its
+/// `agent.conf` if its deployer made one before (a restarted agent), else
+/// made by the deployer through the API and written there.
+struct Deferred {
+    deployer: Arc<Remote>,
+    conf: AgentConf,
+    path: PathBuf,
 }
 
 fn unavailable(what: impl std::fmt::Display) -> ApiError {
@@ -87,10 +99,38 @@ impl Remote {
                 addresses: conf.api_addresses.clone(),
                 tls: tokio_rustls::TlsConnector::from(Arc::new(config)),
                 tag_header: conf.tag.to_string(),
-                bearer: format!("Bearer {}", conf.secret),
+                bearer: Mutex::new(Some(format!("Bearer {}", conf.secret))),
+                deferred: None,
                 conn: Mutex::new(None),
             }),
         })
+    }
+
+    /// A client for `tag` whose credential its deployer `deployer` makes on
+    /// first use and keeps in `conf_path` (mode 0600).
+    pub fn deferred(deployer: Arc<Remote>, tag: Tag, conf_path: PathBuf) -> Remote {
+        let conf = AgentConf {
+            api_addresses: deployer.inner.addresses.clone(),
+            ca_cert: String::new(),
+            tag: tag.clone(),
+            secret: String::new(),
+            env_name: String::new(),
+        };
+        Remote {
+            tag: tag.clone(),
+            inner: Arc::new(Inner {
+                addresses: deployer.inner.addresses.clone(),
+                tls: deployer.inner.tls.clone(),
+                tag_header: tag.to_string(),
+                bearer: Mutex::new(None),
+                deferred: Some(Deferred {
+                    deployer,
+                    conf,
+                    path: conf_path,
+                }),
+                conn: Mutex::new(None),
+            }),
+        }
     }
 
     /// Sets the credential `unit`'s agent will log in with (the caller must
@@ -180,10 +220,41 @@ impl Inner {
         Err(last)
     }
 
-    fn request(&self, path: &str, body: Vec<u8>) -> hyper::Request<Full<Bytes>> {
+    async fn bearer(&self) -> ApiResult<String> {
+        let mut bearer = self.bearer.lock().await;
+        if let Some(b) = bearer.as_ref() {
+            return Ok(b.clone());
+        }
+        let d = self
+            .deferred
+            .as_ref()
+            .expect("a credential or a way to get one");
+        let secret = match AgentConf::read(&d.path) {
+            Ok(conf) if conf.tag == d.conf.tag && !conf.secret.is_empty() => conf.secret,
+            _ => {
+                let Tag::Unit(unit) = &d.conf.tag else {
+                    return Err(ApiError::new(
+                        ErrorCode::Internal,
+                        "only unit credentials are made by a deployer",
+                    ));
+                };
+                let secret = Box::pin(d.deployer.new_unit_credential(unit)).await?;
+                let mut conf = d.conf.clone();
+                conf.secret = secret.clone();
+                conf.write(&d.path)
+                    .map_err(|e| ApiError::new(ErrorCode::Unavailable, e.to_string()))?;
+                secret
+            }
+        };
+        let b = format!("Bearer {secret}");
+        *bearer = Some(b.clone());
+        Ok(b)
+    }
+
+    fn request(&self, path: &str, body: Vec<u8>, bearer: &str) -> hyper::Request<Full<Bytes>> {
         hyper::Request::post(format!("https://{SERVER_NAME}{path}"))
             .header(TAG_HEADER, &self.tag_header)
-            .header(hyper::header::AUTHORIZATION, &self.bearer)
+            .header(hyper::header::AUTHORIZATION, bearer)
             .header(hyper::header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(body)))
             .expect("a valid request")
@@ -191,6 +262,7 @@ impl Inner {
 
     /// Sends on the shared connection, reconnecting once if it broke.
     async fn send(&self, path: &str, body: Vec<u8>) -> ApiResult<hyper::Response<Incoming>> {
+        let bearer = self.bearer().await?;
         for attempt in 0..2 {
             let mut sender = {
                 let mut conn = self.conn.lock().await;
@@ -205,11 +277,23 @@ impl Inner {
             };
             let sent = async {
                 sender.ready().await?;
-                sender.send_request(self.request(path, body.clone())).await
+                sender
+                    .send_request(self.request(path, body.clone(), &bearer))
+                    .await
             }
             .await;
             match sent {
-                Ok(resp) => return Ok(resp),
+                Ok(resp) => {
+                    // A deferred credential refused (its file is stale):
+                    // made afresh by the deployer on the next call.
+                    if resp.status() == hyper::StatusCode::UNAUTHORIZED {
+                        if let Some(d) = &self.deferred {
+                            *self.bearer.lock().await = None;
+                            let _ = std::fs::remove_file(&d.path);
+                        }
+                    }
+                    return Ok(resp);
+                }
                 Err(e) => {
                     *self.conn.lock().await = None;
                     if attempt == 1 {
@@ -417,5 +501,28 @@ impl Facade for Remote {
             changes,
         })
         .await
+    }
+}
+
+/// Facades for the agents a remote deployer starts: each a [`Remote`] whose
+/// credential the deployer makes on first use, kept as `TAG.conf` in `dir`.
+pub struct RemoteConnector {
+    deployer: Arc<Remote>,
+    dir: PathBuf,
+}
+
+impl RemoteConnector {
+    pub fn new(deployer: Arc<Remote>, dir: PathBuf) -> RemoteConnector {
+        RemoteConnector { deployer, dir }
+    }
+}
+
+impl Connector for RemoteConnector {
+    fn connect(&self, tag: &Tag) -> Arc<dyn Facade> {
+        Arc::new(Remote::deferred(
+            self.deployer.clone(),
+            tag.clone(),
+            self.dir.join(format!("{tag}.conf")),
+        ))
     }
 }

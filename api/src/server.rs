@@ -451,7 +451,7 @@ async fn handle(
     debug!(agent = %tag, method = call.method(), "call");
     let result = match call {
         Call::SetUnitCredential { unit, secret } => {
-            set_unit_credential(&shared, &*facade, &tag, unit, secret).await
+            set_unit_credential(&shared, &tag, unit, secret).await
         }
         call => wire::dispatch(&*facade, call).await,
     };
@@ -462,51 +462,51 @@ async fn handle(
 }
 
 /// A deployer sets the credential of a unit it deploys: a machine agent for
-/// the principals assigned to its machine, a unit agent for its own
-/// subordinates. Asked through the caller's facade, so it is confined the
-/// same way as everything else.
+/// the units on its machine (its principals and their subordinates, which
+/// run there too), a unit agent for its own subordinates. Nothing else: the
+/// answer for any other unit, or one that does not exist, is the same
+/// refusal.
 async fn set_unit_credential(
     shared: &Shared,
-    facade: &dyn Facade,
     caller: &Tag,
     unit: String,
     secret: String,
 ) -> Result<serde_json::Value, ApiError> {
-    let deploys = match caller {
-        Tag::Machine(id) => facade
-            .machine(*id)
-            .await?
-            .units
-            .iter()
-            .any(|u| u.name == unit),
-        Tag::Unit(name) => facade
-            .unit(name)
-            .await?
-            .subordinates
-            .iter()
-            .any(|u| u.name == unit),
-    };
-    if !deploys {
-        return Err(ApiError::unauthorized(
-            caller,
-            format_args!("set the credential of unit `{unit}`"),
-        ));
-    }
     if secret.len() < 32 {
         return Err(ApiError::new(
             ErrorCode::Refused,
             "an agent secret must be at least 32 characters (use 32 random bytes)",
         ));
     }
-    let (store, hash, tag) = (
-        shared.store.clone(),
-        wire::secret_hash(&secret),
-        Tag::Unit(unit.clone()).to_string(),
-    );
-    tokio::task::spawn_blocking(move || store.set_unit_credential(&unit, &tag, &hash))
-        .await
-        .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?
-        .map_err(|e| ApiError::new(ErrorCode::Unavailable, e.to_string()))?;
+    let (store, caller_, unit_) = (shared.store.clone(), caller.clone(), unit.clone());
+    let hash = wire::secret_hash(&secret);
+    let done = tokio::task::spawn_blocking(move || -> jujube_state::Result<bool> {
+        let Ok(u) = store.unit(&unit_) else {
+            return Ok(false);
+        };
+        let deploys = match (&caller_, &u.principal) {
+            (Tag::Unit(me), Some(p)) => p == me,
+            (Tag::Unit(_), None) => false,
+            (Tag::Machine(m), None) => u.machine_id == Some(*m),
+            (Tag::Machine(m), Some(p)) => store
+                .unit(p)
+                .map(|p| p.machine_id == Some(*m))
+                .unwrap_or(false),
+        };
+        if deploys {
+            store.set_unit_credential(&unit_, &Tag::Unit(unit_.clone()).to_string(), &hash)?;
+        }
+        Ok(deploys)
+    })
+    .await
+    .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?
+    .map_err(|e| ApiError::new(ErrorCode::Unavailable, e.to_string()))?;
+    if !done {
+        return Err(ApiError::unauthorized(
+            caller,
+            format_args!("set the credential of unit `{unit}`"),
+        ));
+    }
     Ok(serde_json::Value::Null)
 }
 

@@ -306,6 +306,9 @@ async fn a_unit_agent_sees_its_unit_its_relations_and_its_container_only() {
     let subs = api.unit("wordpress/0").await.unwrap().subordinates;
     assert_eq!(subs.len(), 1);
     let sub = subs[0].name.clone();
+    // Its machine agent may set it too (it runs on that machine); the
+    // principal of another machine may not.
+    machine.new_unit_credential(&sub).await.unwrap();
     let sub_secret = api.new_unit_credential(&sub).await.unwrap();
     let sub_api = w.remote(&w.conf(Tag::unit(&sub), sub_secret));
     assert_eq!(
@@ -453,13 +456,19 @@ async fn a_removed_units_credential_stops_working() {
     let m1 = w.machine_of("wordpress/0");
     let machine = w.remote(&w.machine_conf(m1));
     let secret = machine.new_unit_credential("wordpress/0").await.unwrap();
-    let unit = w.remote(&w.conf(Tag::unit("wordpress/0"), secret));
+    let conf = w.conf(Tag::unit("wordpress/0"), secret);
+    let unit = w.remote(&conf);
     unit.unit("wordpress/0").await.unwrap();
     // No agent has started for it, so destroying it removes it at once.
     w.store.destroy_units(&["wordpress/0".to_string()]).unwrap();
     assert!(w.store.unit("wordpress/0").is_err());
     assert_eq!(w.store.agent_credential("unit-wordpress-0").unwrap(), None);
+    // On the connection it logged in on, everything is refused: the facade
+    // finds no such unit.
     let e = unit.unit("wordpress/0").await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::Unauthorized, "{e:?}");
+    // A new connection cannot log in at all.
+    let e = w.remote(&conf).unit("wordpress/0").await.unwrap_err();
     assert_eq!(e.code, ErrorCode::Unauthorized, "{e:?}");
     assert!(e.message.contains("invalid credentials"), "{e}");
 }
@@ -586,4 +595,33 @@ async fn an_idle_connection_is_closed_and_the_client_reconnects() {
     }
     assert!(closed, "the idle connection stayed open");
     api.machine(m1).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_deployer_gives_its_units_credentials_that_survive_a_restart() {
+    use jujube_agent::api::Connector;
+    use jujube_agent::remote::RemoteConnector;
+    use std::os::unix::fs::PermissionsExt;
+    let w = World::new().await;
+    let m1 = w.machine_of("wordpress/0");
+    let machine = Arc::new(w.remote(&w.machine_conf(m1)));
+    let dir = w.dir.path().join("machine-dir");
+    std::fs::create_dir_all(&dir).unwrap();
+    let connector = RemoteConnector::new(machine.clone(), dir.clone());
+    let unit = connector.connect(&Tag::unit("wordpress/0"));
+    assert_eq!(unit.unit("wordpress/0").await.unwrap().name, "wordpress/0");
+    let path = dir.join("unit-wordpress-0.conf");
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o077, 0, "agent.conf readable by others: {mode:o}");
+    let hash = w.store.agent_credential("unit-wordpress-0").unwrap().unwrap();
+    // A restarted deployer's agent logs in with the kept credential.
+    let again = RemoteConnector::new(machine.clone(), dir.clone()).connect(&Tag::unit("wordpress/0"));
+    again.unit("wordpress/0").await.unwrap();
+    assert_eq!(w.store.agent_credential("unit-wordpress-0").unwrap().unwrap(), hash);
+    // A unit not on the deployer's machine gets no credential, and its
+    // agent nothing.
+    let stranger = connector.connect(&Tag::unit("mysql/0"));
+    let e = stranger.unit("mysql/0").await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::Unauthorized, "{e:?}");
+    assert!(!dir.join("unit-mysql-0.conf").exists());
 }
