@@ -19,6 +19,16 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+/// How the host runs machine agents.
+pub enum Mode {
+    /// As tasks of this process, on the in-process facade (the default:
+    /// 100,000 units stay cheap).
+    InProcess,
+    /// As `jujube agent` processes, one per machine, reaching the controller
+    /// only through its API (see [`crate::process`]).
+    Process(crate::process::ProcessAgents),
+}
+
 struct Running {
     stop: watch::Sender<bool>,
     handle: JoinHandle<()>,
@@ -43,13 +53,18 @@ impl Host {
     /// Starts the change router, the writer and the machine agents. Must be
     /// called inside a tokio runtime.
     pub fn start(store: Store, agents_dir: PathBuf) -> jujube_state::Result<Host> {
+        Host::start_with(store, agents_dir, Mode::InProcess)
+    }
+
+    /// As [`Host::start`], running the machine agents as `mode` says.
+    pub fn start_with(store: Store, agents_dir: PathBuf, mode: Mode) -> jujube_state::Result<Host> {
         // Before any agent subscribes: see `Hub::run`.
         let from = store.head_revision()?;
         let hub = Arc::new(Hub::default());
         let shared = Shared::new(store.clone(), hub.clone());
         let (stop, stop_rx) = watch::channel(false);
         let hub_task = tokio::spawn(hub.clone().run(store.clone(), from, stop_rx.clone()));
-        let runner = tokio::spawn(run(shared, hub, agents_dir, stop_rx));
+        let runner = tokio::spawn(run(shared, hub, agents_dir, Arc::new(mode), stop_rx));
         Ok(Host {
             stop,
             runner,
@@ -65,7 +80,13 @@ impl Host {
     }
 }
 
-async fn run(shared: Arc<Shared>, hub: Arc<Hub>, dir: PathBuf, mut stop: watch::Receiver<bool>) {
+async fn run(
+    shared: Arc<Shared>,
+    hub: Arc<Hub>,
+    dir: PathBuf,
+    mode: Arc<Mode>,
+    mut stop: watch::Receiver<bool>,
+) {
     let connector: Arc<dyn jujube_agent::api::Connector> =
         Arc::new(InProcessConnector(shared.clone()));
     let store = shared.store.clone();
@@ -75,15 +96,21 @@ async fn run(shared: Arc<Shared>, hub: Arc<Hub>, dir: PathBuf, mut stop: watch::
             return;
         }
         let (stop, stop_rx) = watch::channel(false);
-        let api = Arc::new(InProcess::new(shared.clone(), Tag::Machine(id)));
-        let agent = MachineAgent::new(api, connector.clone(), id, &machine_dir(&dir, id));
-        running.insert(
-            id,
-            Running {
-                stop,
-                handle: tokio::spawn(agent.run(stop_rx)),
-            },
-        );
+        let handle = match &*mode {
+            Mode::InProcess => {
+                let api = Arc::new(InProcess::new(shared.clone(), Tag::Machine(id)));
+                let agent = MachineAgent::new(api, connector.clone(), id, &machine_dir(&dir, id));
+                tokio::spawn(agent.run(stop_rx))
+            }
+            Mode::Process(p) => tokio::spawn(crate::process::supervise(
+                shared.store.clone(),
+                p.clone(),
+                id,
+                machine_dir(&dir, id),
+                stop_rx,
+            )),
+        };
+        running.insert(id, Running { stop, handle });
     };
     // Everything once; then only what the hub says changed.
     loop {

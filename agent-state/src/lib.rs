@@ -9,6 +9,8 @@
 //!   notices to exactly the agents concerned.
 //! - [`host`]: [`Host`], one machine agent per machine that hosts units and
 //!   has an instance, in this process; their unit agents run under them.
+//! - [`process`]: the same agents as `jujube agent` processes talking to
+//!   the API server (`dummy-agents=process`).
 //!
 //! The layering rule: agents (`jujube-agent`) never import the store, and
 //! the store knows nothing of agents' code; this crate is the only one that
@@ -17,8 +19,9 @@
 pub mod facade;
 pub mod host;
 mod hub;
+pub mod process;
 
-pub use host::Host;
+pub use host::{Host, Mode};
 
 use std::sync::Arc;
 

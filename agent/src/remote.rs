@@ -307,7 +307,8 @@ impl Inner {
 
     /// Opens a watch stream; a refusal is answered as a JSON [`Reply`] with a
     /// non-200 status.
-    async fn open_watch(&self, target: &WatchTarget, since: u64) -> ApiResult<Incoming> {
+    /// Answers the stream and the revision the subscription starts at.
+    async fn open_watch(&self, target: &WatchTarget, since: u64) -> ApiResult<(Incoming, u64)> {
         let req = WatchRequest {
             target: target.clone(),
             since,
@@ -316,7 +317,13 @@ impl Inner {
             .send(WATCH_PATH, serde_json::to_vec(&req).expect("plain data"))
             .await?;
         if resp.status() == hyper::StatusCode::OK {
-            return Ok(resp.into_body());
+            let at = resp
+                .headers()
+                .get(crate::wire::REVISION_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            return Ok((resp.into_body(), at));
         }
         let bytes = read_limited(resp.into_body()).await?;
         match serde_json::from_slice::<Reply>(&bytes) {
@@ -369,16 +376,17 @@ impl Facade for Remote {
         // The first subscription is made before returning, so that a view
         // read afterwards misses nothing; later ones resume from the last
         // revision seen.
-        let first = self.inner.open_watch(&target, 0).await?;
+        let (first, at) = self.inner.open_watch(&target, 0).await?;
         let (tx, rx) = tokio::sync::watch::channel(None::<Notice>);
         let inner = self.inner.clone();
         tokio::spawn(async move {
-            let mut since = 0u64;
+            let mut since = at;
             let mut body = Some(first);
             let mut backoff = Duration::from_millis(100);
             loop {
                 if let Some(b) = body.take() {
                     pump(b, &tx, &mut since).await;
+                    tracing::debug!(agent = %inner.tag_header, ?target, since, "watch stream ended");
                     backoff = Duration::from_millis(100);
                 }
                 if tx.is_closed() {
@@ -390,10 +398,18 @@ impl Facade for Remote {
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(5));
                 match inner.open_watch(&target, since).await {
-                    Ok(b) => body = Some(b),
+                    Ok((b, _)) => {
+                        tracing::debug!(agent = %inner.tag_header, ?target, since, "watch resumed");
+                        body = Some(b)
+                    }
                     // The entity is gone or no longer ours: the watch ends.
-                    Err(e) if e.is_unauthorized() => return,
-                    Err(_) => {}
+                    Err(e) if e.is_unauthorized() => {
+                        tracing::debug!(agent = %inner.tag_header, ?target, error = %e, "watch refused; it ends");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::debug!(agent = %inner.tag_header, ?target, error = %e, "cannot resume a watch yet")
+                    }
                 }
             }
         });

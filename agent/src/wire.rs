@@ -10,7 +10,8 @@
 //! Paths and headers:
 //! - `POST /v1/call` — a JSON [`Call`]; answers a JSON [`Reply`];
 //! - `POST /v1/watch` — a JSON [`WatchRequest`]; answers a stream of
-//!   [`Notice`]s, one JSON object per line, for as long as the client reads;
+//!   [`Notice`](crate::api::Notice)s, one JSON object per line, for as long as the client reads,
+//!   with [`REVISION_HEADER`] saying where the subscription starts;
 //! - every request carries [`TAG_HEADER`] (who) and `authorization: Bearer
 //!   SECRET` (proof).
 
@@ -21,6 +22,9 @@ use std::path::Path;
 pub const CALL_PATH: &str = "/v1/call";
 pub const WATCH_PATH: &str = "/v1/watch";
 pub const TAG_HEADER: &str = "x-jujube-tag";
+/// On a watch's answer: the head revision when the subscription was made.
+/// A client resumes from it (or from a later notice's revision).
+pub const REVISION_HEADER: &str = "x-jujube-revision";
 /// The name the API server's certificate is issued for, whatever address it
 /// listens on (Juju does the same with `juju-apiserver`): agents check that
 /// name against the environment's CA, never a DNS name.

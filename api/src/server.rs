@@ -534,39 +534,45 @@ async fn open_watch(
         Ok(s) => s,
         Err(e) => return refuse(e),
     };
-    let mut first = None;
-    if w.since > 0 {
-        let store = shared.store.clone();
-        let since = w.since;
-        let missed = tokio::task::spawn_blocking(move || {
-            let head = store.head_revision()?;
-            let changes = store.changes_since(since, 1)?;
-            Ok::<_, jujube_state::Error>((head, changes))
-        })
-        .await;
-        match missed {
-            Ok(Ok((head, changes))) if changes.truncated => {
-                first = Some(Notice {
-                    revision: head,
-                    resync: true,
-                })
-            }
-            // Notices say "re-read": one covers every change missed.
-            Ok(Ok((head, changes))) if !changes.changes.is_empty() => {
-                first = Some(Notice {
-                    revision: head,
-                    resync: false,
-                })
-            }
-            Ok(Ok(_)) => {}
-            _ => {
-                return refuse(ApiError::new(
-                    ErrorCode::Unavailable,
-                    "cannot read the change feed; try again",
-                ))
-            }
+    // The head revision at subscription goes back as a header: a client
+    // resuming later names it (or a later notice's), and is told of anything
+    // it missed in between.
+    let store = shared.store.clone();
+    let since = w.since;
+    let looked = tokio::task::spawn_blocking(move || {
+        let head = store.head_revision()?;
+        let missed = if since > 0 {
+            Some(store.changes_since(since, 1)?)
+        } else {
+            None
+        };
+        Ok::<_, jujube_state::Error>((head, missed))
+    })
+    .await;
+    let (head, first) = match looked {
+        Ok(Ok((head, Some(changes)))) if changes.truncated => (
+            head,
+            Some(Notice {
+                revision: head,
+                resync: true,
+            }),
+        ),
+        // Notices say "re-read": one covers every change missed.
+        Ok(Ok((head, Some(changes)))) if !changes.changes.is_empty() => (
+            head,
+            Some(Notice {
+                revision: head,
+                resync: false,
+            }),
+        ),
+        Ok(Ok((head, _))) => (head, None),
+        _ => {
+            return refuse(ApiError::new(
+                ErrorCode::Unavailable,
+                "cannot read the change feed; try again",
+            ))
         }
-    }
+    };
     let notices = futures_util::stream::iter(first).chain(stream);
     let frames = notices.map(move |n| {
         let _ = &held; // the watch counts until its body is dropped
@@ -577,6 +583,7 @@ async fn open_watch(
     Response::builder()
         .status(StatusCode::OK)
         .header(hyper::header::CONTENT_TYPE, "application/x-ndjson")
+        .header(wire::REVISION_HEADER, head.to_string())
         .body(BodyExt::boxed_unsync(StreamBody::new(frames)))
         .expect("a valid response")
 }

@@ -613,15 +613,42 @@ async fn a_remote_deployer_gives_its_units_credentials_that_survive_a_restart() 
     let path = dir.join("unit-wordpress-0.conf");
     let mode = std::fs::metadata(&path).unwrap().permissions().mode();
     assert_eq!(mode & 0o077, 0, "agent.conf readable by others: {mode:o}");
-    let hash = w.store.agent_credential("unit-wordpress-0").unwrap().unwrap();
+    let hash = w
+        .store
+        .agent_credential("unit-wordpress-0")
+        .unwrap()
+        .unwrap();
     // A restarted deployer's agent logs in with the kept credential.
-    let again = RemoteConnector::new(machine.clone(), dir.clone()).connect(&Tag::unit("wordpress/0"));
+    let again =
+        RemoteConnector::new(machine.clone(), dir.clone()).connect(&Tag::unit("wordpress/0"));
     again.unit("wordpress/0").await.unwrap();
-    assert_eq!(w.store.agent_credential("unit-wordpress-0").unwrap().unwrap(), hash);
+    assert_eq!(
+        w.store
+            .agent_credential("unit-wordpress-0")
+            .unwrap()
+            .unwrap(),
+        hash
+    );
     // A unit not on the deployer's machine gets no credential, and its
     // agent nothing.
     let stranger = connector.connect(&Tag::unit("mysql/0"));
     let e = stranger.unit("mysql/0").await.unwrap_err();
     assert_eq!(e.code, ErrorCode::Unauthorized, "{e:?}");
     assert!(!dir.join("unit-mysql-0.conf").exists());
+}
+
+/// A change made after a watch was opened but before any notice reached the
+/// client, with the server gone meanwhile: the resumed watch still tells.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_resumed_before_its_first_notice_misses_nothing() {
+    let mut w = World::new().await;
+    let m1 = w.machine_of("wordpress/0");
+    let api = w.remote(&w.machine_conf(m1));
+    let mut notices = api.watch(WatchTarget::Machine(m1)).await.unwrap();
+    w.server = None;
+    w.store.add_units("wordpress", 1, Some(m1)).unwrap();
+    w.start(Limits::default()).await;
+    let n = next(&mut notices).await;
+    assert!(!n.resync);
+    assert_eq!(api.machine(m1).await.unwrap().units.len(), 2);
 }

@@ -83,8 +83,77 @@ pub fn try_lock(home: &Home, env_name: &str) -> Result<Option<ControllerLock>> {
     }
 }
 
-/// `jujube controller`: the provisioner, the cleaner and the machine agents,
-/// until SIGINT/SIGTERM.
+/// The API server agents reach the controller through: TLS with the
+/// environment's CA (made now if the environment predates it), on
+/// `api-address` (default `127.0.0.1:0`, a free port) and on the unix socket
+/// `api.socket` in the environment's directory. The addresses it really
+/// listens on are written to `api-addresses` there.
+pub async fn start_api(
+    home: &Home,
+    env_name: &str,
+    store: &Store,
+) -> Result<jujube_api::ApiServer> {
+    let env = store.environment()?;
+    let dir = home.env_dir(env_name);
+    jujube_api::tls::ensure(&dir, &env.uuid)?;
+    let address = store
+        .environment_config()?
+        .get("api-address")
+        .cloned()
+        .unwrap_or_else(|| "127.0.0.1:0".to_string());
+    let facades = std::sync::Arc::new(jujube_agent_state::Facades::new(store.clone())?);
+    let socket = dir.join("api.socket");
+    // A unix socket path is limited to 107 bytes: without one, agents use
+    // the TCP address.
+    let socket = (socket.as_os_str().len() < 100).then_some(socket);
+    let api = jujube_api::ApiServer::start(
+        &dir,
+        store.clone(),
+        facades,
+        Some(&address),
+        socket.as_deref(),
+        jujube_api::Limits::default(),
+    )
+    .await?;
+    let list = dir.join("api-addresses");
+    std::fs::write(&list, api.addresses().join("\n") + "\n")
+        .with_context(|| format!("cannot write `{}`", list.display()))?;
+    info!(addresses = ?api.addresses(), "API server started");
+    Ok(api)
+}
+
+/// `dummy-agents`: `in-process` (the default) or `process` (one `jujube
+/// agent` process per machine, through the API only; dummy provider only).
+fn agent_mode(
+    home: &Home,
+    env_name: &str,
+    store: &Store,
+    api: &jujube_api::ApiServer,
+) -> Result<jujube_agent_state::Mode> {
+    let config = store.environment_config()?;
+    match config.get("dummy-agents").map(String::as_str) {
+        None | Some("in-process") => Ok(jujube_agent_state::Mode::InProcess),
+        Some("process") if store.environment()?.provider == "dummy" => {
+            Ok(jujube_agent_state::Mode::Process(
+                jujube_agent_state::process::ProcessAgents {
+                    exe: std::env::current_exe().context("cannot find the `jujube` binary")?,
+                    api_addresses: api.addresses(),
+                    ca_cert: jujube_api::tls::ca_cert(&home.env_dir(env_name))?,
+                    env_name: env_name.to_string(),
+                },
+            ))
+        }
+        Some("process") => bail!(
+            "`dummy-agents=process` is for the dummy provider; remove it with `jujube set-environment dummy-agents=`"
+        ),
+        Some(other) => bail!(
+            "unknown `dummy-agents` value `{other}`; use `in-process` or `process`"
+        ),
+    }
+}
+
+/// `jujube controller`: the provisioner, the cleaner, the machine agents and
+/// the API server, until SIGINT/SIGTERM.
 pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
     let _lock = try_lock(home, env_name)?.ok_or_else(|| {
         anyhow!("a controller is already running for environment `{env_name}`; stop it first")
@@ -123,8 +192,13 @@ pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
     // The machine agents (and their unit agents) of every machine with an
     // instance, in this process, deploying under the environment's data
     // dir, until agents run on the machines themselves.
-    let agents =
-        jujube_agent_state::Host::start(store.clone(), home.env_dir(env_name).join("agents"))?;
+    let api = start_api(home, env_name, &store).await?;
+    let mode = agent_mode(home, env_name, &store, &api)?;
+    let agents = jujube_agent_state::Host::start_with(
+        store.clone(),
+        home.env_dir(env_name).join("agents"),
+        mode,
+    )?;
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
@@ -135,6 +209,7 @@ pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
     run.await??;
     cleaner.await?;
     agents.shutdown().await;
+    drop(api);
     let stats = store.stats();
     info!(
         transactions = stats.transactions,
@@ -227,6 +302,8 @@ pub async fn destroy(home: &Home, name: &str, yes: bool, out: &mut impl Write) -
     let _lock = try_lock(home, name)?.ok_or_else(|| {
         anyhow!("a controller is running for environment `{name}`; stop it first")
     })?;
+    // Agent processes a controller killed with -9 left running.
+    jujube_agent_state::process::stop_all(&home.env_dir(name).join("agents")).await;
     let provider = provider(home, name, &store).await?;
     // Everything the state knows of, and everything tagged as ours.
     let mut ids: Vec<String> = store

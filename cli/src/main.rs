@@ -9,6 +9,7 @@
 //! Exit codes: 0 success, 1 an operation was refused or failed (the message
 //! says why, and nothing was changed), 2 the command line was wrong.
 
+mod agent;
 mod charm;
 mod controller;
 mod home;
@@ -205,6 +206,11 @@ enum Command {
     },
     /// Run the provisioner and the cleaner in the foreground (logs: RUST_LOG).
     Controller,
+    /// Run a machine agent from DIR/agent.conf, talking to the controller's API only.
+    Agent {
+        #[arg(long)]
+        data_dir: PathBuf,
+    },
     /// Wait until nothing can make progress; fail after the timeout, listing what is stuck.
     Wait {
         #[arg(long, default_value = "10m")]
@@ -331,6 +337,8 @@ fn run(cli: Cli) -> Result<()> {
             let result = (|| {
                 let store = home.open(&name)?;
                 store.initialize(&spec)?;
+                // The environment's CA and the API server's certificate.
+                jujube_api::tls::ensure(&dir, &spec.uuid)?;
                 bootstrap_machine_0(&home, &name, &store)?;
                 home.set_current(&name)
             })();
@@ -371,6 +379,17 @@ fn run(cli: Cli) -> Result<()> {
                 .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .init();
             runtime()?.block_on(controller::run(&home, &name, store))?;
+        }
+        Command::Agent { data_dir } => {
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env()
+                        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                )
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .init();
+            runtime()?.block_on(agent::run(&data_dir))?;
         }
         Command::DummyCloud { action } => {
             let name = home.select(env_flag)?;
@@ -582,6 +601,7 @@ fn model_command(
         | Command::Switch { .. }
         | Command::DestroyEnvironment { .. }
         | Command::Controller
+        | Command::Agent { .. }
         | Command::DummyCloud { .. } => unreachable!("handled by run"),
     }
     Ok(())

@@ -23,6 +23,7 @@
 //! | `dummy-listing-delay` | how long starts and stops take to show in listings | `0` |
 //! | `dummy-max-instances` | quota of live instances | unlimited |
 //! | `dummy-seed` | seed for the random failures | `1` |
+//! | `dummy-agents` | machine agents `in-process` or as `process`es through the API (read by the controller) | `in-process` |
 //!
 //! The catalogue offers `d1.*` (amd64) and `d1a.*` (arm64) types from 1 core
 //! / 1G to 64 cores / 256G; constraints no type satisfies are an
@@ -223,6 +224,9 @@ impl Config {
                         .parse()
                         .map_err(|_| Error::Config(format!("`{k}={v}`: use a whole number")))?
                 }
+                // Read by the controller, not the cloud: how the agents of
+                // the dummy's machines run (`in-process` or `process`).
+                "dummy-agents" => {}
                 k if k.starts_with("dummy-") => {
                     return Err(Error::Config(format!(
                         "unknown dummy provider key `{k}`; README.md lists the keys"

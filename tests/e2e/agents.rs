@@ -15,8 +15,37 @@ fn instances(j: &Jujube) -> Vec<Value> {
 
 #[test]
 fn the_agents_story_end_to_end() {
+    story(false);
+}
+
+/// The same story with every machine agent a `jujube agent` process that
+/// reaches the controller only through its API; the agents outlive the
+/// controller killed with -9 and reconnect to the next one.
+#[test]
+fn the_agents_story_end_to_end_with_agent_processes() {
+    story(true);
+}
+
+fn agent_pid(j: &Jujube, machine: &str) -> Option<u32> {
+    let dir = j
+        .home
+        .path()
+        .join(format!("environments/t/agents/machine-{machine}"));
+    let pid: u32 = std::fs::read_to_string(dir.join("agent.pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).ok()?;
+    cmdline.contains("agent").then_some(pid)
+}
+
+fn story(process: bool) {
     let j = Jujube::new();
     j.run(&["bootstrap", "t"]).ok();
+    if process {
+        j.run(&["set-environment", "dummy-agents=process"]).ok();
+    }
     j.run(&["deploy", &j.charm("wordpress"), "-n", "2"]).ok();
     j.run(&["deploy", &j.charm("mysql")]).ok();
     j.run(&["deploy", &j.charm("logging")]).ok();
@@ -53,6 +82,24 @@ fn the_agents_story_end_to_end() {
     assert!(agents
         .join("machine-3/unit-mysql-0/charm/metadata.yaml")
         .is_file());
+    let pids: Vec<Option<u32>> = ["1", "2", "3"].iter().map(|m| agent_pid(&j, m)).collect();
+    if process {
+        use std::os::unix::fs::PermissionsExt;
+        assert!(
+            pids.iter().all(Option::is_some),
+            "an agent process per machine: {pids:?}"
+        );
+        let conf = agents.join("machine-1/agent.conf");
+        let mode = std::fs::metadata(&conf).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "agent.conf is the agent's alone: {mode:o}");
+        // The unit agents' credentials, made through the API by the
+        // machine agent.
+        assert!(agents
+            .join("machine-1/credentials/unit-wordpress-0.conf")
+            .is_file());
+    } else {
+        assert!(pids.iter().all(Option::is_none), "{pids:?}");
+    }
     let db = st["relations"]
         .as_array()
         .unwrap()
@@ -116,6 +163,11 @@ fn the_agents_story_end_to_end() {
     ctl.kill9();
     let st = j.status();
     assert_eq!(st["services"]["wordpress"]["life"], "dying", "{st:#}");
+    if process {
+        // The agents outlived the controller; the next one adopts them
+        // rather than starting second ones.
+        assert_eq!(agent_pid(&j, "3"), pids[2], "machine 3's agent still runs");
+    }
     let ctl = j.controller();
     j.run(&["wait", "--timeout", "60s"]).ok();
     let st = j.status();
@@ -147,7 +199,17 @@ fn the_agents_story_end_to_end() {
         instances(&j).iter().all(|i| i["id"] != inst1.as_str()),
         "instance stopped"
     );
+    if process {
+        assert_eq!(agent_pid(&j, "3"), pids[2], "adopted, not replaced");
+    }
     assert_eq!(ctl.terminate().code(), Some(0));
+    if process {
+        assert_eq!(
+            agent_pid(&j, "3"),
+            None,
+            "a controller stopping stops its agents"
+        );
+    }
 }
 
 #[test]

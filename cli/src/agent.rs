@@ -1,0 +1,72 @@
+//! `jujube agent --data-dir DIR`: a machine agent (and, under it, its unit
+//! agents) in a process of its own, reaching the controller only through its
+//! API with the credential in `DIR/agent.conf`.
+//!
+//! Everything it deploys lives under `DIR`; its unit agents' credentials,
+//! made through the API on first use, under `DIR/credentials/`. When the
+//! controller restarts, calls fail as unavailable and are retried with
+//! backoff, and watches resume from the last revision they saw; a restarted
+//! agent resumes from its directories.
+
+use anyhow::{anyhow, Context, Result};
+use jujube_agent::api::Tag;
+use jujube_agent::machine::MachineAgent;
+use jujube_agent::remote::{Remote, RemoteConnector};
+use jujube_agent::wire::AgentConf;
+use std::path::Path;
+use std::sync::Arc;
+use tokio::sync::watch;
+use tracing::info;
+
+pub const CONF: &str = "agent.conf";
+
+pub async fn run(data_dir: &Path) -> Result<()> {
+    let path = data_dir.join(CONF);
+    let conf = AgentConf::read(&path).map_err(|e| {
+        anyhow!("{e}; `jujube agent` needs the `{CONF}` its controller wrote in `--data-dir`")
+    })?;
+    let Tag::Machine(id) = conf.tag else {
+        return Err(anyhow!(
+            "`{}` is for `{}`; `jujube agent` runs machine agents (unit agents run under them)",
+            path.display(),
+            conf.tag
+        ));
+    };
+    // One agent per directory: a second one would deploy the same units.
+    let lock_path = data_dir.join("agent.lock");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .with_context(|| format!("cannot open `{}`", lock_path.display()))?;
+    if lock.try_lock().is_err() {
+        return Err(anyhow!(
+            "another agent runs in `{}`; stop it first",
+            data_dir.display()
+        ));
+    }
+    let api = Arc::new(Remote::new(&conf).map_err(|e| anyhow!("{e}"))?);
+    let creds = data_dir.join("credentials");
+    std::fs::create_dir_all(&creds)
+        .with_context(|| format!("cannot create `{}`", creds.display()))?;
+    let connector = Arc::new(RemoteConnector::new(api.clone(), creds));
+    let agent = MachineAgent::new(api, connector, id, data_dir);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut task = tokio::spawn(agent.run(stop_rx));
+    info!(agent = %conf.tag, addresses = ?conf.api_addresses, "agent started");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+        _ = &mut task => {
+            info!(agent = %conf.tag, "machine is dead; agent stopped");
+            return Ok(());
+        }
+    }
+    stop_tx.send_replace(true);
+    let _ = task.await;
+    info!(agent = %conf.tag, "agent stopped");
+    drop(lock);
+    Ok(())
+}
