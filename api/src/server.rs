@@ -296,7 +296,17 @@ where
         .serve_connection(TokioIo::new(tls), svc);
     tokio::pin!(conn);
     let mut closing = false;
+    // When the server stops, requests in flight get a moment to finish;
+    // then the connection is dropped, watches included (they never finish
+    // by themselves, and their clients resume them on the next server).
+    let mut cut_at: Option<Instant> = None;
     loop {
+        let cut = async {
+            match cut_at {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = conn.as_mut() => return,
             _ = activity.idle(shared.limits.idle_timeout), if !closing => {
@@ -304,10 +314,14 @@ where
                 closing = true;
                 conn.as_mut().graceful_shutdown();
             }
-            _ = stopped.changed(), if !closing => {
-                closing = true;
-                conn.as_mut().graceful_shutdown();
+            _ = stopped.changed(), if cut_at.is_none() => {
+                if !closing {
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+                cut_at = Some(Instant::now() + Duration::from_secs(1));
             }
+            _ = cut => return,
         }
     }
 }

@@ -102,8 +102,12 @@ impl World {
         w
     }
 
+    /// A server as a restarted controller makes it: its own facades, whose
+    /// change router starts at the store's head.
     async fn start(&mut self, limits: Limits) {
         self.server = None;
+        self.facades = Arc::new(Facades::new(self.store.clone()).unwrap());
+        self.facades.ready().await;
         let sock = self.dir.path().join("api.socket");
         self.server = Some(
             ApiServer::start(
