@@ -455,6 +455,46 @@ mod tests {
     }
 
     #[test]
+    fn values_with_spaces_use_jujus_backslash_escape_and_read_back_unchanged() {
+        let v = c(r"zones=Availability\ zone\ 1,zone\ 2 instance-type=with\ spaces mem=2G");
+        assert_eq!(v.zones(), ["Availability zone 1", "zone 2"]);
+        assert_eq!(v.instance_type(), Some("with spaces"));
+        assert_eq!(v.mem(), Some(2048));
+        let shown = v.to_string();
+        assert_eq!(
+            shown,
+            r"instance-type=with\ spaces mem=2G zones=Availability\ zone\ 1,zone\ 2"
+        );
+        assert_eq!(c(&shown), v);
+        // As a command line gives them: one word per argument.
+        assert_eq!(
+            Constraints::parse_words([
+                r"zones=Availability\ zone\ 1,zone\ 2",
+                r"instance-type=with\ spaces mem=2G"
+            ])
+            .unwrap(),
+            v
+        );
+        // Any other backslash is an ordinary character.
+        assert_eq!(c(r"instance-type=a\b").instance_type(), Some(r"a\b"));
+        assert_eq!(c(r"tags=a\\ b").tags(), [r"a\ b"]);
+        assert_eq!(c(&c(r"tags=a\\ b").to_string()), c(r"tags=a\\ b"));
+        // ... but a value cannot end with one: it would swallow the space
+        // that separates it from the next constraint.
+        assert!(matches!(
+            Constraints::parse(r"tags=a\"),
+            Err(Error::InvalidConstraint { key, .. }) if key == "tags"
+        ));
+        // A fragment without `=` says how to write spaces.
+        assert_eq!(
+            Constraints::parse("zones=Availability zone")
+                .unwrap_err()
+                .to_string(),
+            r"malformed constraint `zone`: write constraints as key=value, e.g. `mem=4G`; a space inside a value is written `\ `, e.g. `zones=Availability\ zone\ 1`"
+        );
+    }
+
+    #[test]
     fn service_wins_per_key_and_empty_clears_the_environment() {
         let env = c("mem=4G cores=2 arch=amd64");
         let svc = c("mem=8G arch=");

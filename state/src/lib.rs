@@ -127,11 +127,42 @@ pub enum Error {
     Database(#[from] rusqlite::Error),
     #[error("state database error: stored {what} `{value}` is invalid")]
     Corrupt { what: &'static str, value: String },
+    #[error("cannot add {asked} {what} at once: at most {max} per command; add them in several commands")]
+    TooMany {
+        what: &'static str,
+        asked: usize,
+        max: usize,
+    },
+    /// A request done in several transactions failed part-way: `added` were
+    /// added (whole batches), the rest were not.
+    #[error(
+        "{cause}; {} of the {asked} {what} were added ({}): add the other {} (`-n {}`)",
+        .added.len(),
+        span(.added),
+        asked - .added.len(),
+        asked - .added.len()
+    )]
+    Incomplete {
+        what: &'static str,
+        asked: usize,
+        added: Vec<String>,
+        cause: Box<Error>,
+    },
+}
+
+/// "`first` to `last`" of a non-empty list.
+fn span(names: &[String]) -> String {
+    match names {
+        [] => String::new(),
+        [one] => format!("`{one}`"),
+        [first, .., last] => format!("`{first}` to `{last}`"),
+    }
 }
 
 impl Error {
     /// True when a model rule refused the operation (as opposed to the
-    /// database failing); the store is unchanged either way.
+    /// database failing); the store is unchanged either way, except after
+    /// [`Error::Incomplete`], which is never a refusal.
     pub fn is_refusal(&self) -> bool {
         !matches!(
             self,
@@ -139,6 +170,7 @@ impl Error {
                 | Error::SchemaTooNew { .. }
                 | Error::Database(_)
                 | Error::Corrupt { .. }
+                | Error::Incomplete { .. }
         )
     }
 
@@ -151,6 +183,11 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The most units or machines one command may add (`deploy -n`, `add-unit
+/// -n`, `add-machine -n`). Larger counts are refused before anything is
+/// allocated or written; they would only be a typo or a runaway script.
+pub const MAX_PER_COMMAND: usize = 100_000;
 
 /// Refuses with [`Error::NotAlive`] unless `life` is Alive.
 pub(crate) fn require_alive(

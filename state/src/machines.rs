@@ -12,6 +12,10 @@ use crate::{require_alive, Entity, Error, Result};
 use jujube_core::{series, Constraints, Life};
 use rusqlite::Connection;
 
+/// Machines are added in transactions of at most this many (each writes
+/// three rows: the machine, its sequence step and its feed entry).
+pub const MACHINE_BATCH: usize = 256;
+
 /// Inserts an Alive machine with the next id. Ids are never reused.
 pub(crate) fn insert_machine(
     tx: &mut Tx<'_>,

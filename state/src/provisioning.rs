@@ -149,6 +149,14 @@ impl Store {
         })
     }
 
+    /// `retry-provisioning --all`: makes every machine in error eligible
+    /// again; returns them.
+    pub fn retry_all_provisioning(&self) -> Result<Vec<i64>> {
+        let ids = self.machines_in_error()?;
+        self.retry_provisioning(&ids)?;
+        Ok(ids)
+    }
+
     /// Machines in error, for `retry-provisioning --all`.
     pub fn machines_in_error(&self) -> Result<Vec<i64>> {
         self.read(|c| {

@@ -3,6 +3,7 @@
 //! codes — and that a refused command left the environment unchanged.
 
 mod ec2;
+mod input;
 mod lxd;
 mod lxd_direct;
 mod model;

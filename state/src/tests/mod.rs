@@ -3,6 +3,7 @@
 //! sequences of operations (`prop`).
 
 mod feed;
+mod limits;
 mod prop;
 mod rules;
 
