@@ -93,7 +93,7 @@ enum Command {
         charm: String,
         /// The service's name (default: the charm's).
         service: Option<String>,
-        /// Number of units (default 1; subordinates get none).
+        /// Number of units (default 1; subordinates get none; at most 100000).
         #[arg(short = 'n', long = "num-units")]
         num_units: Option<usize>,
         #[arg(long)]
@@ -113,6 +113,7 @@ enum Command {
     /// Add units to a service, each on a new machine unless `--to` is given.
     AddUnit {
         service: String,
+        /// Number of units (at most 100000).
         #[arg(short = 'n', long = "num-units", default_value_t = 1)]
         num_units: usize,
         #[arg(long)]
@@ -120,10 +121,12 @@ enum Command {
     },
     /// Add machines that host units.
     AddMachine {
+        /// Number of machines (at most 100000).
         #[arg(short = 'n', default_value_t = 1)]
         n: usize,
         #[arg(long)]
         series: Option<String>,
+        /// Constraints over the environment's (`key=` hides its value).
         #[arg(long)]
         constraints: Option<String>,
     },
@@ -475,6 +478,9 @@ fn model_command(
             series,
             constraints,
         } => {
+            if n == 0 {
+                return Err(usage("`-n` must be at least 1"));
+            }
             let cons = constraints_for(&store.environment()?.provider, constraints.as_deref())?;
             for m in store.add_machines(n, series.as_deref(), cons.as_ref())? {
                 writeln!(out, "added machine `{m}`")?;
@@ -554,16 +560,19 @@ fn model_command(
         Command::Status { format } => render::status(&store.status()?, format, out)?,
         Command::RetryProvisioning { machines, all } => {
             let ids = if all {
-                store.machines_in_error()?
+                // Found and resolved in the same transactions, batch by
+                // batch: a machine resolved meanwhile is no error.
+                store.retry_all_provisioning()?
             } else if machines.is_empty() {
                 return Err(usage("name the machines to retry, or use `--all`"));
             } else {
-                machines
+                let ids = machines
                     .iter()
                     .map(|m| machine_id(m))
-                    .collect::<Result<Vec<_>>>()?
+                    .collect::<Result<Vec<_>>>()?;
+                store.retry_provisioning(&ids)?;
+                ids
             };
-            store.retry_provisioning(&ids)?;
             for id in ids {
                 writeln!(out, "machine `{id}` will be provisioned again")?;
             }

@@ -47,7 +47,7 @@ fn structured<T: Serialize>(value: &T, format: Format, out: &mut impl Write) -> 
             serde_json::to_writer_pretty(&mut *out, value)?;
             writeln!(out)?;
         }
-        Format::Yaml => serde_yaml::to_writer(&mut *out, value)?,
+        Format::Yaml => yaml_serde::to_writer(&mut *out, value)?,
         Format::Tabular => return Ok(false),
     }
     Ok(true)

@@ -150,6 +150,50 @@ pub enum Error {
     },
 }
 
+/// Refuses a count above [`MAX_PER_COMMAND`], before anything proportional
+/// to it is allocated or written.
+pub(crate) fn check_count(what: &'static str, asked: usize) -> Result<()> {
+    if asked > MAX_PER_COMMAND {
+        return Err(Error::TooMany {
+            what,
+            asked,
+            max: MAX_PER_COMMAND,
+        });
+    }
+    Ok(())
+}
+
+/// Adds `asked` things (`done` already added) by calling `step(n)` for
+/// batches of at most `batch`, each of which is one whole transaction. A
+/// failure after some batches committed is [`Error::Incomplete`], naming
+/// what was added: nothing is half-done, and asking again for the rest
+/// finishes the request.
+pub(crate) fn in_batches<T: ToString>(
+    what: &'static str,
+    asked: usize,
+    batch: usize,
+    mut done: Vec<T>,
+    mut step: impl FnMut(usize) -> Result<Vec<T>>,
+) -> Result<Vec<T>> {
+    while done.len() < asked {
+        let n = (asked - done.len()).min(batch);
+        match step(n) {
+            Ok(more) if more.is_empty() => break,
+            Ok(more) => done.extend(more),
+            Err(e) if done.is_empty() => return Err(e),
+            Err(e) => {
+                return Err(Error::Incomplete {
+                    what,
+                    asked,
+                    added: done.iter().map(ToString::to_string).collect(),
+                    cause: Box::new(e),
+                })
+            }
+        }
+    }
+    Ok(done)
+}
+
 /// "`first` to `last`" of a non-empty list.
 fn span(names: &[String]) -> String {
     match names {

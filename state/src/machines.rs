@@ -2,7 +2,7 @@
 //! provisioning status the provisioner and `resolved` work with.
 
 use crate::db::{Store, Tx};
-use crate::environment::get_environment;
+use crate::environment::{check_series, get_environment};
 use crate::feed::ChangeKind;
 use crate::model::{
     finish_machine, get_machine, machine_row, machine_status, quote_list, Machine, JOB_HOST_UNITS,
@@ -97,25 +97,37 @@ pub(crate) fn resolve_in(tx: &mut Tx<'_>, id: i64, cons: Option<&Constraints>) -
 }
 
 impl Store {
-    /// Adds `n` machines with job `host-units` and the environment's
-    /// constraints (or `cons`, when given). `series` defaults to the
-    /// environment's.
+    /// `add-machine -n N`: adds `n` machines with job `host-units`, in
+    /// transactions of [`MACHINE_BATCH`]. `series` defaults to the
+    /// environment's and must be one jujube knows (or the environment's
+    /// `extra-series` adds). `cons` is merged over the environment's
+    /// constraints as Juju does (keys it does not set come from the
+    /// environment; `key=` hides the environment's value), and each machine
+    /// keeps what that gave at its creation.
+    ///
+    /// More than [`crate::MAX_PER_COMMAND`] is refused before anything is
+    /// written. A failure after some batches is [`Error::Incomplete`].
     pub fn add_machines(
         &self,
         n: usize,
         series_: Option<&str>,
         cons: Option<&Constraints>,
     ) -> Result<Vec<i64>> {
+        crate::check_count("machines", n)?;
         if let Some(s) = series_ {
             series::validate(s)?;
         }
-        self.write(|tx| {
-            let env = get_environment(tx)?;
-            let series_ = series_.unwrap_or(&env.default_series);
-            let cons = cons.unwrap_or(&env.constraints);
-            (0..n)
-                .map(|_| insert_machine(tx, series_, &[JOB_HOST_UNITS], cons))
-                .collect()
+        let cons = cons.cloned().unwrap_or_default();
+        crate::in_batches("machines", n, MACHINE_BATCH, Vec::new(), |k| {
+            self.write(|tx| {
+                let env = get_environment(tx)?;
+                let series_ = series_.unwrap_or(&env.default_series);
+                check_series(tx, series_)?;
+                let cons = cons.with_fallbacks(&env.constraints);
+                (0..k)
+                    .map(|_| insert_machine(tx, series_, &[JOB_HOST_UNITS], &cons))
+                    .collect()
+            })
         })
     }
 

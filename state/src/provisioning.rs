@@ -1,14 +1,21 @@
 //! What the provisioner records: nonces before starts, instances after,
-//! provisioning errors, and the strays it sees. Each is one transaction, and
-//! batched operations take a batch per transaction so that a thousand starts
-//! cost a handful of commits.
+//! provisioning errors, and the strays it sees. Operations on many machines
+//! work in transactions of at most [`PROVISIONING_BATCH`] machines, so that a
+//! thousand starts cost a handful of commits and no transaction grows with
+//! the model; each batch is whole, and calling again finishes what a failure
+//! part-way left.
 
-use crate::db::Store;
+use crate::db::{Store, Tx};
 use crate::feed::ChangeKind;
 use crate::model::{get_machine, machine_status};
 use crate::{Entity, Error, Result};
 use jujube_core::Life;
 use rusqlite::OptionalExtension;
+
+/// Machines per transaction in [`Store::prepare_provisioning`],
+/// [`Store::record_instances`] and [`Store::retry_all_provisioning`] (at most
+/// three rows each).
+pub const PROVISIONING_BATCH: usize = 256;
 
 /// A machine made ready to start: the nonce to start it with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,68 +65,32 @@ impl Store {
     /// committed before any start, so a crash after it never yields a second
     /// instance: the next start reuses it, and providers are idempotent per
     /// nonce.
+    ///
+    /// One transaction per [`PROVISIONING_BATCH`] machines, however many the
+    /// caller passes (a first pass after `deploy -n 100000` passes them
+    /// all). A failure part-way leaves earlier batches prepared, which is
+    /// harmless: calling again reuses their nonces.
     pub fn prepare_provisioning(&self, ids: &[i64], env_uuid: &str) -> Result<Vec<Prepared>> {
-        self.write(|tx| {
-            let mut out = Vec::new();
-            for &id in ids {
-                let Ok(m) = get_machine(tx, id) else { continue };
-                if m.life != Life::Alive
-                    || m.instance_id.is_some()
-                    || m.status == machine_status::ERROR
-                {
-                    continue;
-                }
-                let nonce = match m.nonce {
-                    Some(n) => n,
-                    None => {
-                        let n = format!(
-                            "{}:{id}:{}",
-                            &env_uuid[..8.min(env_uuid.len())],
-                            uuid::Uuid::new_v4().simple()
-                        );
-                        tx.execute("UPDATE machines SET nonce = ?1 WHERE id = ?2", (&n, id))?;
-                        n
-                    }
-                };
-                if m.status != machine_status::PROVISIONING {
-                    tx.execute(
-                        "UPDATE machines SET status = ?1, status_info = '' WHERE id = ?2",
-                        (machine_status::PROVISIONING, id),
-                    )?;
-                    tx.changed(ChangeKind::Machine, id.to_string())?;
-                }
-                out.push(Prepared { machine: id, nonce });
-            }
-            Ok(out)
-        })
+        let mut out = Vec::new();
+        for chunk in ids.chunks(PROVISIONING_BATCH) {
+            out.extend(self.write(|tx| prepare_in(tx, chunk, env_uuid))?);
+        }
+        Ok(out)
     }
 
-    /// Records started instances, one transaction for the batch. A machine
-    /// that no longer exists or carries another nonce does not own its
-    /// instance ([`Recorded::Orphaned`]); a Dying or Dead machine still does,
-    /// so that the provisioner stops it through the normal path.
+    /// Records started instances, one transaction per
+    /// [`PROVISIONING_BATCH`]. A machine that no longer exists or carries
+    /// another nonce does not own its instance ([`Recorded::Orphaned`]); a
+    /// Dying or Dead machine still does, so that the provisioner stops it
+    /// through the normal path. A failure part-way leaves earlier batches
+    /// recorded; recording again is harmless, and a restarted start with the
+    /// same nonce gets the same instance.
     pub fn record_instances(&self, started: &[Started]) -> Result<Vec<Recorded>> {
-        self.write(|tx| {
-            let mut out = Vec::with_capacity(started.len());
-            for s in started {
-                let nonce: Option<Option<String>> = tx
-                    .prepare_cached("SELECT nonce FROM machines WHERE id = ?1")?
-                    .query_row([s.machine], |r| r.get(0))
-                    .optional()?;
-                if nonce.flatten().as_deref() != Some(s.nonce.as_str()) {
-                    out.push(Recorded::Orphaned);
-                    continue;
-                }
-                tx.prepare_cached(
-                    "UPDATE machines SET instance_id = ?1, zone = ?2, hardware = ?3, status = ?4, status_info = ''
-                     WHERE id = ?5",
-                )?
-                .execute((&s.instance_id, &s.zone, &s.hardware, machine_status::STARTED, s.machine))?;
-                tx.changed(ChangeKind::Machine, s.machine.to_string())?;
-                out.push(Recorded::Recorded);
-            }
-            Ok(out)
-        })
+        let mut out = Vec::with_capacity(started.len());
+        for chunk in started.chunks(PROVISIONING_BATCH) {
+            out.extend(self.write(|tx| record_in(tx, chunk))?);
+        }
+        Ok(out)
     }
 
     /// Marks a machine's start as failed: no instance id, status `error`, and
@@ -151,10 +122,39 @@ impl Store {
 
     /// `retry-provisioning --all`: makes every machine in error eligible
     /// again; returns them.
+    ///
+    /// Each transaction finds the next [`PROVISIONING_BATCH`] machines in
+    /// error (after the last one done) and resolves them, reading and
+    /// writing in one transaction: a machine resolved or destroyed by
+    /// someone else meanwhile is simply no longer found, where a list read
+    /// first and written later would fail the whole command. A failure
+    /// part-way leaves earlier batches resolved; running it again finishes.
     pub fn retry_all_provisioning(&self) -> Result<Vec<i64>> {
-        let ids = self.machines_in_error()?;
-        self.retry_provisioning(&ids)?;
-        Ok(ids)
+        let mut out = Vec::new();
+        let mut after = -1i64;
+        loop {
+            let batch = self.write(|tx| {
+                let ids = tx
+                    .prepare_cached(
+                        "SELECT id FROM machines WHERE status = ?1 AND life = 0 AND id > ?2
+                         ORDER BY id LIMIT ?3",
+                    )?
+                    .query_map(
+                        (machine_status::ERROR, after, PROVISIONING_BATCH as i64),
+                        |r| r.get(0),
+                    )?
+                    .collect::<rusqlite::Result<Vec<i64>>>()?;
+                for &id in &ids {
+                    crate::machines::resolve_in(tx, id, None)?;
+                }
+                Ok(ids)
+            })?;
+            let Some(&last) = batch.last() else {
+                return Ok(out);
+            };
+            after = last;
+            out.extend(batch);
+        }
     }
 
     /// Machines in error, for `retry-provisioning --all`.
@@ -220,6 +220,59 @@ impl Store {
             tx.changed(ChangeKind::Machine, id.to_string())
         })
     }
+}
+
+fn prepare_in(tx: &mut Tx<'_>, ids: &[i64], env_uuid: &str) -> Result<Vec<Prepared>> {
+    let mut out = Vec::new();
+    for &id in ids {
+        let Ok(m) = get_machine(tx, id) else { continue };
+        if m.life != Life::Alive || m.instance_id.is_some() || m.status == machine_status::ERROR {
+            continue;
+        }
+        let nonce = match m.nonce {
+            Some(n) => n,
+            None => {
+                let n = format!(
+                    "{}:{id}:{}",
+                    &env_uuid[..8.min(env_uuid.len())],
+                    uuid::Uuid::new_v4().simple()
+                );
+                tx.execute("UPDATE machines SET nonce = ?1 WHERE id = ?2", (&n, id))?;
+                n
+            }
+        };
+        if m.status != machine_status::PROVISIONING {
+            tx.execute(
+                "UPDATE machines SET status = ?1, status_info = '' WHERE id = ?2",
+                (machine_status::PROVISIONING, id),
+            )?;
+            tx.changed(ChangeKind::Machine, id.to_string())?;
+        }
+        out.push(Prepared { machine: id, nonce });
+    }
+    Ok(out)
+}
+
+fn record_in(tx: &mut Tx<'_>, started: &[Started]) -> Result<Vec<Recorded>> {
+    let mut out = Vec::with_capacity(started.len());
+    for s in started {
+        let nonce: Option<Option<String>> = tx
+            .prepare_cached("SELECT nonce FROM machines WHERE id = ?1")?
+            .query_row([s.machine], |r| r.get(0))
+            .optional()?;
+        if nonce.flatten().as_deref() != Some(s.nonce.as_str()) {
+            out.push(Recorded::Orphaned);
+            continue;
+        }
+        tx.prepare_cached(
+            "UPDATE machines SET instance_id = ?1, zone = ?2, hardware = ?3, status = ?4, status_info = ''
+             WHERE id = ?5",
+        )?
+        .execute((&s.instance_id, &s.zone, &s.hardware, machine_status::STARTED, s.machine))?;
+        tx.changed(ChangeKind::Machine, s.machine.to_string())?;
+        out.push(Recorded::Recorded);
+    }
+    Ok(out)
 }
 
 pub(crate) fn strays_in(c: &rusqlite::Connection) -> Result<Vec<Stray>> {

@@ -1,7 +1,7 @@
 //! Services: deploy, add-unit, destroy, constraints and settings.
 
 use crate::db::{Store, Tx};
-use crate::environment::get_environment;
+use crate::environment::{check_series, get_environment};
 use crate::feed::ChangeKind;
 use crate::model::{
     find_service, finish_service, get_charm, get_service, service_row, Charm, Service, SERVICE_COLS,
@@ -170,12 +170,15 @@ impl Store {
     }
 
     /// `deploy`: creates a service with its peer relations and its first
-    /// units. Everything is checked before anything is written, and the
-    /// service with its first batch of units is one transaction, so a refused
-    /// deploy changes nothing. Further units follow in batches of
-    /// [`UNIT_BATCH`]. Returns the new units' names.
+    /// units. Everything is checked before anything is written (the series
+    /// must be one jujube knows, or the environment's `extra-series` adds;
+    /// at most [`crate::MAX_PER_COMMAND`] units), and the service with its
+    /// first batch of units is one transaction, so a refused deploy changes
+    /// nothing. Further units follow in batches of [`UNIT_BATCH`]; a failure
+    /// among them is [`Error::Incomplete`]. Returns the new units' names.
     pub fn deploy(&self, args: &DeployArgs) -> Result<Vec<String>> {
         names::validate_service(&args.service)?;
+        crate::check_count("units", args.units)?;
         series::validate(&args.series)?;
         let meta = &args.charm.meta;
         if !meta.series.is_empty() && !meta.series.contains(&args.series) {
@@ -207,7 +210,7 @@ impl Store {
         }
         let settings = validate_settings(&args.charm, &args.settings)?;
         let first = args.units.min(UNIT_BATCH);
-        let mut units = self.write(|tx| {
+        let units = self.write(|tx| {
             if let Some(existing) = find_service(tx, &args.service)? {
                 return Err(if existing.life == Life::Alive {
                     Error::AlreadyExists {
@@ -221,6 +224,7 @@ impl Store {
                     }
                 });
             }
+            check_series(tx, &args.series)?;
             let url = store_charm(tx, &args.charm)?;
             tx.execute(
                 "INSERT INTO services (name, charm_url, series, subordinate, constraints)
@@ -249,24 +253,23 @@ impl Store {
                 Ok(Vec::new())
             }
         })?;
-        if args.units > first {
-            units.extend(self.add_units(&args.service, args.units - first, args.to)?);
-        }
-        Ok(units)
+        crate::in_batches("units", args.units, UNIT_BATCH, units, |n| {
+            self.write(|tx| add_units_in(tx, &args.service, n, args.to))
+        })
     }
 
     /// `add-unit`: adds `n` principal units, each on a new machine that
     /// copies its constraints, or all on machine `to`. Each unit captures the
     /// environment and service constraints as they are at its creation.
+    ///
+    /// More than [`crate::MAX_PER_COMMAND`] is refused before anything is
+    /// written. Units are added in transactions of [`UNIT_BATCH`]; a failure
+    /// after some batches is [`Error::Incomplete`].
     pub fn add_units(&self, service: &str, n: usize, to: Option<i64>) -> Result<Vec<String>> {
-        let mut out = Vec::with_capacity(n);
-        let mut left = n;
-        while left > 0 {
-            let batch = left.min(UNIT_BATCH);
-            out.extend(self.write(|tx| add_units_in(tx, service, batch, to))?);
-            left -= batch;
-        }
-        Ok(out)
+        crate::check_count("units", n)?;
+        crate::in_batches("units", n, UNIT_BATCH, Vec::new(), |k| {
+            self.write(|tx| add_units_in(tx, service, k, to))
+        })
     }
 
     /// `destroy-service`, as one transaction:
