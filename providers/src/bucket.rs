@@ -35,6 +35,11 @@ impl TokenBucket {
         self.last = now;
     }
 
+    /// Tokens added per second.
+    pub fn per_second(&self) -> f64 {
+        self.per_second
+    }
+
     /// Takes `n` tokens if there are that many.
     pub fn try_take(&mut self, n: u32) -> bool {
         self.refill();

@@ -23,6 +23,7 @@
 //! | `dummy-listing-delay` | how long starts and stops take to show in listings | `0` |
 //! | `dummy-max-instances` | quota of live instances | unlimited |
 //! | `dummy-seed` | seed for the random failures | `1` |
+//! | `dummy-unreachable` | `true`: every API call fails as if the cloud could not be reached | `false` |
 //!
 //! The catalogue offers `d1.*` (amd64) and `d1a.*` (arm64) types from 1 core
 //! / 1G to 64 cores / 256G; constraints no type satisfies are an
@@ -132,6 +133,7 @@ struct Config {
     listing_delay: Duration,
     max_instances: Option<usize>,
     seed: u64,
+    unreachable: bool,
 }
 
 fn list(s: &str) -> Vec<String> {
@@ -164,6 +166,7 @@ impl Config {
             listing_delay: Duration::ZERO,
             max_instances: None,
             seed: 1,
+            unreachable: false,
         };
         let dur = |k: &str, v: &str| {
             jujube_core::duration::parse(v).ok_or_else(|| {
@@ -217,6 +220,15 @@ impl Config {
                         v.parse()
                             .map_err(|_| Error::Config(format!("`{k}={v}`: use a whole number")))?,
                     )
+                }
+                "dummy-unreachable" => {
+                    c.unreachable = match v.as_str() {
+                        "true" => true,
+                        "false" => false,
+                        _ => {
+                            return Err(Error::Config(format!("`{k}={v}`: use `true` or `false`")))
+                        }
+                    }
                 }
                 "dummy-seed" => {
                     c.seed = v
@@ -477,6 +489,38 @@ impl DummyProvider {
         Ok(id)
     }
 
+    /// Stops instances whoever owns them, as someone working behind
+    /// jujube's back would. Refuses ids of no live instance, stopping none.
+    pub fn stop_raw(&self, ids: &[String]) -> Result<()> {
+        self.with_log(|st| {
+            let unknown: Vec<String> = ids
+                .iter()
+                .filter(|id| st.instances.get(*id).is_none_or(|e| e.stopped))
+                .map(|id| format!("`{id}`"))
+                .collect();
+            if !unknown.is_empty() {
+                return Err(Error::NotFound(format!(
+                    "no live instance {} in the dummy cloud; `jujube dummy-cloud list` shows them",
+                    unknown.join(", ")
+                )));
+            }
+            Ok((
+                (),
+                ids.iter().map(|id| LogEntry::Stop(id.clone())).collect(),
+            ))
+        })
+    }
+
+    /// The injected "cannot be reached" failure, if configured.
+    fn unreachable(&self) -> Result<()> {
+        if self.lock_state().cfg.unreachable {
+            return Err(Error::Transient(
+                "the dummy cloud cannot be reached (`dummy-unreachable`)".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Every live instance in the cloud, whoever owns it (for operators and
     /// tests; [`Provider::instances`] lists only this environment's).
     pub fn all_instances(&self) -> Result<Vec<Instance>> {
@@ -561,6 +605,9 @@ impl Provider for DummyProvider {
     /// One request for the whole batch (one request token), one instance
     /// token per new instance.
     async fn start_instances(&self, specs: &[StartSpec]) -> Vec<Result<Instance>> {
+        if let Err(e) = self.unreachable() {
+            return specs.iter().map(|_| Err(e.clone())).collect();
+        }
         let latency = {
             let mut st = self.lock_state();
             if let Some(b) = st.request_bucket.as_mut() {
@@ -651,6 +698,7 @@ impl Provider for DummyProvider {
         if ids.is_empty() {
             return Ok(());
         }
+        self.unreachable()?;
         let uuid = self.env_uuid.clone();
         self.with_log(|st| {
             if let Some(b) = st.request_bucket.as_mut() {
@@ -674,6 +722,7 @@ impl Provider for DummyProvider {
     }
 
     async fn instances(&self) -> Result<Vec<Instance>> {
+        self.unreachable()?;
         let uuid = self.env_uuid.clone();
         self.with_log(|st| {
             if let Some(b) = st.request_bucket.as_mut() {
@@ -696,6 +745,7 @@ impl Provider for DummyProvider {
     }
 
     async fn instances_by_id(&self, ids: &[String]) -> Result<Vec<Instance>> {
+        self.unreachable()?;
         let uuid = self.env_uuid.clone();
         self.with_log(|st| {
             Ok((
@@ -710,6 +760,7 @@ impl Provider for DummyProvider {
     }
 
     async fn zones(&self) -> Result<Vec<String>> {
+        self.unreachable()?;
         Ok(self.lock_state().cfg.zones.clone())
     }
 

@@ -235,6 +235,18 @@ pub trait Provider: Send + Sync + 'static {
     /// carry this environment's UUID.
     async fn stop_instances(&self, ids: &[String]) -> Result<()>;
 
+    /// Stops stray instances as they were listed: like
+    /// [`Provider::stop_instances`], but each only while it is still the
+    /// instance that was listed (same nonce). Where an id is never reused
+    /// (EC2, the dummy) the id says so and this is `stop_instances`; a
+    /// provider whose ids are names that a new start reuses (LXD names a
+    /// container after its machine) checks the nonce right before deleting,
+    /// so that a retry's new instance is never taken for the old stray.
+    async fn reap_instances(&self, listed: &[Instance]) -> Result<()> {
+        let ids: Vec<String> = listed.iter().map(|i| i.id.clone()).collect();
+        self.stop_instances(&ids).await
+    }
+
     /// This environment's live instances: only those whose tags prove
     /// ownership. May lag behind starts and stops on eventually consistent
     /// clouds.

@@ -99,8 +99,17 @@ impl Config {
                 "provisioner-concurrency" => c.concurrency = count(k, v)?,
                 "provisioner-batch" => c.batch = count(k, v)?,
                 "provisioner-rate" => {
-                    jujube_providers::bucket::TokenBucket::parse(v)
+                    let bucket = jujube_providers::bucket::TokenBucket::parse(v)
                         .ok_or_else(|| bad(k, v, "use BURST/PER_SECOND, e.g. `5/2`"))?;
+                    // A bucket that never refills would stop provisioning for
+                    // good once its burst is spent.
+                    if bucket.per_second() <= 0.0 {
+                        return Err(bad(
+                            k,
+                            v,
+                            "the refill rate must be above 0 (a bucket that never refills stops provisioning for good); use e.g. `5/2`, or remove the key for no limit",
+                        ));
+                    }
                     c.rate = Some(v.clone());
                 }
                 "provisioner-retry-for" => c.retry_for = dur(k, v)?,

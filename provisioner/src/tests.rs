@@ -993,3 +993,5 @@ async fn an_instance_of_a_machine_being_started_is_never_reaped() {
     w.settle().await;
     assert!(!w.instance_ids().contains(&leftover), "reaped afterwards");
 }
+
+mod restart;

@@ -147,4 +147,19 @@ CREATE TABLE strays (
     reap_at     INTEGER
 ) WITHOUT ROWID;
 "#,
+    // 3 (provisioner): what the provisioner learns of the cloud outside a
+    // start. `machines.instance_status`: `running` once an instance is
+    // recorded, `gone` when the instance poller finds that the cloud no
+    // longer has it (the machine is then in `error`, its message naming the
+    // instance). `provider_status`: one row while the provider cannot be
+    // reached (listing zones or instances fails), saying why and since when
+    // (unix seconds); no row while it answers.
+    r#"
+ALTER TABLE machines ADD COLUMN instance_status TEXT;
+CREATE TABLE provider_status (
+    id      INTEGER PRIMARY KEY CHECK (id = 1),
+    message TEXT NOT NULL,
+    since   INTEGER NOT NULL
+);
+"#,
 ];

@@ -469,8 +469,9 @@ fn sigterm_abandons_queued_starts_and_the_next_controller_resumes_them() {
     j.run(&["set-environment", "dummy-start-latency=2s"]).ok();
     j.run(&["add-machine", "-n", "8"]).ok();
     let ctl = j.controller();
-    until("machine 1 is being started", || {
-        j.status()["machines"]["1"]["status"] == "provisioning"
+    until("a machine is being started", || {
+        let st = j.status();
+        (1..=8).any(|m| st["machines"][m.to_string()]["status"] == "provisioning")
     });
     let t0 = std::time::Instant::now();
     assert_eq!(ctl.terminate().code(), Some(0));
@@ -481,9 +482,10 @@ fn sigterm_abandons_queued_starts_and_the_next_controller_resumes_them() {
     assert!(started <= 3, "{started} instances after SIGTERM");
     assert!(took < std::time::Duration::from_secs(8), "{took:?}");
     let st = j.status();
-    for m in 3..=8 {
-        assert_eq!(st["machines"][m.to_string()]["status"], "pending", "{st:#}");
-    }
+    let pending = (1..=8)
+        .filter(|m| st["machines"][m.to_string()]["status"] == "pending")
+        .count();
+    assert!(pending >= 6, "abandoned starts are pending again: {st:#}");
     let _next = j.controller();
     j.run(&["wait", "--timeout", "120s"]).ok();
     let listed = instances(&j);
@@ -565,13 +567,14 @@ fn an_instance_stopped_behind_our_back_shows_and_resolved_replaces_it() {
         .as_str()
         .unwrap()
         .to_string();
-    let r = j.run(&["dummy-cloud", "stop", &gone]).ok();
-    assert_eq!(r.stdout, format!("stopped instance `{gone}`\n"));
     j.refused(
-        &["dummy-cloud", "stop", "i-nosuch"],
+        &["dummy-cloud", "stop", "i-nosuch", &gone],
         1,
         "not found: no live instance `i-nosuch` in the dummy cloud; `jujube dummy-cloud list` shows them",
     );
+    assert_eq!(instances(&j).len(), 2, "all or nothing");
+    let r = j.run(&["dummy-cloud", "stop", &gone]).ok();
+    assert_eq!(r.stdout, format!("stopped instance `{gone}`\n"));
     until("machine 1 is in error", || {
         j.status()["machines"]["1"]["status"] == "error"
     });

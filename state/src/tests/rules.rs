@@ -841,6 +841,110 @@ fn resolved_clears_a_provisioning_error_and_can_replace_constraints() {
     assert_eq!(mm.constraints, cons);
 }
 
+#[test]
+fn a_machine_is_provisioning_only_once_marked_and_abandoned_starts_go_back_to_pending() {
+    use crate::provisioning::Prepared;
+    let e = env();
+    let ms = e.st.add_machines(2, None, None).unwrap();
+    let prepared = e.st.prepare_provisioning(&ms, "6f1e0f4c").unwrap();
+    assert_eq!(prepared.len(), 2);
+    for m in &ms {
+        let mm = e.st.machine(*m).unwrap();
+        assert_eq!(mm.status, machine_status::PENDING, "a nonce is not a start");
+        assert!(mm.nonce.is_some());
+    }
+    // A machine destroyed meanwhile, and a nonce that is no longer the
+    // machine's, are not started.
+    e.st.destroy_machine(ms[1]).unwrap();
+    let stale = Prepared {
+        machine: ms[0],
+        nonce: "other".into(),
+    };
+    assert_eq!(e.st.mark_provisioning(&[stale]).unwrap(), Vec::<i64>::new());
+    assert_eq!(e.st.mark_provisioning(&prepared).unwrap(), vec![ms[0]]);
+    assert_eq!(
+        e.st.machine(ms[0]).unwrap().status,
+        machine_status::PROVISIONING
+    );
+    e.st.abandon_provisioning(&[ms[0]]).unwrap();
+    let mm = e.st.machine(ms[0]).unwrap();
+    assert_eq!(mm.status, machine_status::PENDING);
+    assert_eq!(mm.nonce, Some(prepared[0].nonce.clone()), "the nonce stays");
+}
+
+#[test]
+fn a_gone_instance_puts_the_machine_in_error_and_resolved_forgets_it() {
+    use crate::provisioning::{Prepared, Started};
+    let e = env();
+    let m = e.st.add_machines(1, None, None).unwrap()[0];
+    let Prepared { nonce, .. } = e.st.prepare_provisioning(&[m], "6f1e0f4c").unwrap()[0].clone();
+    e.st.record_instances(&[Started {
+        machine: m,
+        nonce: nonce.clone(),
+        instance_id: "i-1".into(),
+        zone: Some("z".into()),
+        hardware: "mem=1G".into(),
+    }])
+    .unwrap();
+    let view = |e: &Env| {
+        e.st.status()
+            .unwrap()
+            .machines
+            .get(&m.to_string())
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(view(&e).instance_status.as_deref(), Some("running"));
+    assert!(
+        !e.st.set_instance_gone(m, "i-other", "gone").unwrap(),
+        "another instance"
+    );
+    assert!(e
+        .st
+        .set_instance_gone(m, "i-1", "instance `i-1` is gone")
+        .unwrap());
+    assert!(!e.st.set_instance_gone(m, "i-1", "again").unwrap(), "once");
+    let v = view(&e);
+    assert_eq!(
+        (
+            v.status.as_str(),
+            v.status_info.as_str(),
+            v.instance_status.as_deref()
+        ),
+        ("error", "instance `i-1` is gone", Some("gone"))
+    );
+    assert_eq!(v.instance_id.as_deref(), Some("i-1"));
+    e.st.resolve_machine(m, None).unwrap();
+    let mm = e.st.machine(m).unwrap();
+    assert_eq!(
+        (mm.instance_id, mm.zone, mm.hardware, mm.nonce),
+        (None, None, None, None)
+    );
+    assert_eq!(mm.status, machine_status::PENDING);
+}
+
+#[test]
+fn the_provider_status_keeps_its_first_failure_time_and_clears() {
+    let e = env();
+    assert_eq!(e.st.provider_status().unwrap(), None);
+    e.st.set_provider_status(Some("listing zones: refused"), 100)
+        .unwrap();
+    e.st.set_provider_status(Some("listing instances: refused"), 160)
+        .unwrap();
+    let p = e.st.provider_status().unwrap().unwrap();
+    assert_eq!(
+        (p.message.as_str(), p.since),
+        ("listing instances: refused", 100)
+    );
+    let rev = e.st.head_revision().unwrap();
+    e.st.set_provider_status(Some("listing instances: refused"), 200)
+        .unwrap();
+    assert_eq!(e.st.head_revision().unwrap(), rev, "no change, no write");
+    e.st.set_provider_status(None, 300).unwrap();
+    assert_eq!(e.st.provider_status().unwrap(), None);
+    assert_eq!(e.st.status().unwrap().environment.provider_status, None);
+}
+
 // ---- transactions ----------------------------------------------------
 
 #[test]
