@@ -51,7 +51,7 @@ async fn provision_all(p: &Provisioner, st: &Store, n: usize) {
             .iter()
             .filter(|m| m.instance_id.is_some() || m.status == "error")
             .count();
-        if done >= n + 1 {
+        if done > n {
             return;
         }
     }

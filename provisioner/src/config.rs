@@ -3,14 +3,14 @@
 //!
 //! | key | meaning | default |
 //! |---|---|---|
-//! | `provisioner-concurrency` | start requests in flight at once | `8` |
+//! | `provisioner-concurrency` | start requests in flight at once, for the whole controller | `8` |
 //! | `provisioner-batch` | machines per start request | the provider's preference: `64`, `1` on LXD |
-//! | `provisioner-rate` | client-side request limit, `BURST/PER_SECOND` | none |
+//! | `provisioner-rate` | client-side request limit, `BURST/PER_SECOND`, the rate above 0 | none |
 //! | `provisioner-retry-for` | how long transient errors are retried before a machine is marked in error | `5m` |
 //! | `harvest-mode` | which stray instances are reaped: `none`, `destroyed`, `unknown`, `all` | `unknown` |
-//! | `harvest-grace` | how long a stray is left alone after it is first seen (an adoption window) | `5m` |
+//! | `harvest-grace` | how long a stray is left alone after it is first seen (an adoption window; kept across restarts, restarted on a change of class) | `5m` |
 //! | `harvest-max-per-pass` | strays reaped per pass at most | `10` |
-//! | `harvest-interval` | how often instances are listed to find strays | `30s` |
+//! | `harvest-interval` | how often instances are listed to find strays and instances that are gone | `30s` |
 
 use crate::Error;
 use jujube_core::duration;

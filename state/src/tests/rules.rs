@@ -36,10 +36,10 @@ fn no_entity_ever_changes_to_an_earlier_state() {
     let units = e.deploy(WORDPRESS, "wordpress", 1);
     let u = &units[0];
     started(&e, u);
-    e.st.destroy_units(&[u.clone()]).unwrap();
+    e.st.destroy_units(std::slice::from_ref(u)).unwrap();
     e.st.ensure_dead_unit(u).unwrap();
     // Destroying a Dead unit is a no-op, never a step back to Dying.
-    e.st.destroy_units(&[u.clone()]).unwrap();
+    e.st.destroy_units(std::slice::from_ref(u)).unwrap();
     assert_eq!(e.st.unit(u).unwrap().life, Life::Dead);
     let m = e.st.add_machines(1, None, None).unwrap()[0];
     e.st.ensure_dead_machine(m).unwrap();
@@ -131,7 +131,7 @@ fn machine_with_dying_units_may_become_dying_but_not_dead_until_they_are_removed
     let u = &units[0];
     started(&e, u);
     let m = e.st.unit(u).unwrap().machine_id.unwrap();
-    e.st.destroy_units(&[u.clone()]).unwrap();
+    e.st.destroy_units(std::slice::from_ref(u)).unwrap();
     e.st.destroy_machine(m).unwrap();
     assert_eq!(e.st.machine(m).unwrap().life, Life::Dying);
     let err = e.refused(|s| s.ensure_dead_machine(m));
@@ -177,10 +177,10 @@ fn destroy_unit_sets_it_dying_and_is_a_noop_when_not_alive() {
     let e = env();
     let u = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
     started(&e, &u);
-    e.st.destroy_units(&[u.clone()]).unwrap();
+    e.st.destroy_units(std::slice::from_ref(&u)).unwrap();
     assert_eq!(e.st.unit(&u).unwrap().life, Life::Dying);
     let before = e.digest();
-    e.st.destroy_units(&[u.clone()]).unwrap();
+    e.st.destroy_units(std::slice::from_ref(&u)).unwrap();
     assert_eq!(before, e.digest());
 }
 
@@ -192,7 +192,7 @@ fn destroy_unit_does_not_work_on_subordinates() {
     let rel = e.st.add_relation("logging", "wordpress").unwrap();
     e.st.enter_scope(rel.id, &u).unwrap();
     let sub = e.st.subordinates(&u).unwrap().remove(0);
-    let err = e.refused(|s| s.destroy_units(&[sub.clone()]));
+    let err = e.refused(|s| s.destroy_units(std::slice::from_ref(&sub)));
     assert!(matches!(err, Error::Subordinate { .. }), "{err}");
 }
 
@@ -221,7 +221,7 @@ fn subordinate_becomes_dying_when_its_principal_is_destroyed() {
     e.st.enter_scope(rel.id, &u).unwrap();
     let sub = e.st.subordinates(&u).unwrap().remove(0);
     e.st.enter_scope(rel.id, &sub).unwrap();
-    e.st.destroy_units(&[u.clone()]).unwrap();
+    e.st.destroy_units(std::slice::from_ref(&u)).unwrap();
     assert_eq!(e.st.unit(&u).unwrap().life, Life::Dying);
     assert_eq!(e.st.unit(&sub).unwrap().life, Life::Dying);
 }
@@ -270,7 +270,7 @@ fn removing_a_unit_requires_it_to_be_dead_and_unassigns_it() {
         e.refused(|s| s.remove_unit(&u)),
         Error::NotDead { .. }
     ));
-    e.st.destroy_units(&[u.clone()]).unwrap();
+    e.st.destroy_units(std::slice::from_ref(&u)).unwrap();
     assert!(matches!(
         e.refused(|s| s.remove_unit(&u)),
         Error::NotDead { .. }
@@ -290,7 +290,7 @@ fn destroying_a_unit_no_agent_has_acted_on_removes_it_at_once() {
     let e = env();
     let u = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
     assert_eq!(e.st.unit(&u).unwrap().status, UNIT_PENDING);
-    e.st.destroy_units(&[u.clone()]).unwrap();
+    e.st.destroy_units(std::slice::from_ref(&u)).unwrap();
     assert!(matches!(e.st.unit(&u), Err(Error::NotFound { .. })));
     assert_eq!(e.st.service("wordpress").unwrap().unit_count, 0);
 }
