@@ -34,7 +34,7 @@ use backon::BackoffBuilder;
 pub use config::{Config, HarvestMode};
 use jujube_core::Life;
 use jujube_providers::bucket::TokenBucket;
-use jujube_providers::{ErrorClass, Instance, Provider, StartSpec};
+use jujube_providers::{launch_batch, ErrorClass, Instance, Provider, StartSpec};
 use jujube_state::model::machine_status;
 use jujube_state::provisioning::{Prepared, Recorded, Started, Stray};
 use jujube_state::{Machine, Store};
@@ -342,39 +342,91 @@ impl Provisioner {
         }
     }
 
-    /// Commits nonces for the candidates, then starts them in background
-    /// batches.
+    /// Forms launch batches of the candidates, commits their nonces (each
+    /// machine's names its batch and place in it), then starts each batch in
+    /// a background task.
     async fn launch(&self, ids: &[i64], machines: &[Machine]) -> Result<()> {
-        let prepared = self
-            .inner
-            .store
-            .prepare_provisioning(ids, &self.inner.env_uuid)?;
-        if prepared.is_empty() {
-            return Ok(());
-        }
         let cfg = self.cfg();
         let zones = self.inner.provider.zones().await?;
         let by_id: HashMap<i64, &Machine> = machines.iter().map(|m| (m.id, m)).collect();
+        // Spread machines over zones; constraints may name some.
+        let zone_of = |m: &Machine| -> Option<String> {
+            let allowed: Vec<&String> = if m.constraints.zones().is_empty() {
+                zones.iter().collect()
+            } else {
+                zones
+                    .iter()
+                    .filter(|z| m.constraints.zones().contains(z))
+                    .collect()
+            };
+            allowed
+                .get(m.id as usize % allowed.len().max(1))
+                .map(|z| z.to_string())
+        };
+        // A launch batch is one provider request: machines that share series,
+        // constraints (hence instance type, image and disk) and zone, up to
+        // `provisioner-batch` of them. A machine that has a nonce already
+        // keeps it, and with it the batch a crashed controller committed.
+        let mut batches: Vec<Vec<i64>> = Vec::new();
+        let mut open: HashMap<(String, String, Option<String>, bool), usize> = HashMap::new();
+        for id in ids {
+            let Some(m) = by_id.get(id) else { continue };
+            if m.nonce.is_some() {
+                batches.push(vec![m.id]);
+                continue;
+            }
+            let key = (
+                m.series.clone(),
+                m.constraints.to_string(),
+                zone_of(m),
+                m.manages_environ(),
+            );
+            match open.get(&key) {
+                Some(&b) if batches[b].len() < cfg.batch => batches[b].push(m.id),
+                _ => {
+                    open.insert(key, batches.len());
+                    batches.push(vec![m.id]);
+                }
+            }
+        }
+        let prepared = self
+            .inner
+            .store
+            .prepare_batches(&batches, &self.inner.env_uuid)?;
+        if prepared.is_empty() {
+            return Ok(());
+        }
+        // Regroup by the committed batch: a batch re-formed after a crash
+        // launches (or adopts) together again.
+        let mut launches: Vec<Vec<&Prepared>> = Vec::new();
+        let mut of_batch: HashMap<&str, usize> = HashMap::new();
+        for p in &prepared {
+            match launch_batch(&p.nonce) {
+                Some((b, _)) => match of_batch.get(b) {
+                    Some(&i) => launches[i].push(p),
+                    None => {
+                        of_batch.insert(b, launches.len());
+                        launches.push(vec![p]);
+                    }
+                },
+                None => launches.push(vec![p]),
+            }
+        }
         let sem = Arc::new(tokio::sync::Semaphore::new(cfg.concurrency));
         lock(&self.inner.inflight).extend(prepared.iter().map(|p| p.machine));
-        for chunk in prepared.chunks(cfg.batch) {
-            let attempts: Vec<Attempt> = chunk
+        for mut launch in launches {
+            launch.sort_by_key(|p| launch_batch(&p.nonce).map_or(0, |(_, k)| k));
+            // One zone for the whole batch: its first member's.
+            let zone = launch
+                .first()
+                .and_then(|p| by_id.get(&p.machine))
+                .and_then(|m| zone_of(m));
+            let attempts: Vec<Attempt> = launch
                 .iter()
                 .filter_map(|Prepared { machine, nonce }| {
                     let m = by_id.get(machine)?;
                     let mut spec = self.spec_for(m, nonce);
-                    // Spread machines over zones; constraints may name some.
-                    let allowed: Vec<&String> = if m.constraints.zones().is_empty() {
-                        zones.iter().collect()
-                    } else {
-                        zones
-                            .iter()
-                            .filter(|z| m.constraints.zones().contains(z))
-                            .collect()
-                    };
-                    spec.zone = allowed
-                        .get(*machine as usize % allowed.len().max(1))
-                        .map(|z| z.to_string());
+                    spec.zone = zone.clone();
                     Some(Attempt {
                         spec,
                         machine: *machine,

@@ -57,38 +57,65 @@ impl Store {
     /// not in error; returns those machines with their nonces. The nonce is
     /// committed before any start, so a crash after it never yields a second
     /// instance: the next start reuses it, and providers are idempotent per
-    /// nonce.
+    /// nonce. Each machine is a launch of its own; see
+    /// [`Store::prepare_batches`].
     pub fn prepare_provisioning(&self, ids: &[i64], env_uuid: &str) -> Result<Vec<Prepared>> {
+        let singles: Vec<Vec<i64>> = ids.iter().map(|&id| vec![id]).collect();
+        self.prepare_batches(&singles, env_uuid)
+    }
+
+    /// As [`Store::prepare_provisioning`], for machines grouped into launch
+    /// batches (one provider request each). The machines of a batch that have
+    /// no nonce yet get `<batch>/<index>` (`jujube_providers::launch_batch`
+    /// reads it back), the index counting from 0 in the given order; a batch
+    /// with one such machine gets a plain nonce. Machines that already have a
+    /// nonce keep it, and with it the batch a crashed controller committed.
+    pub fn prepare_batches(&self, batches: &[Vec<i64>], env_uuid: &str) -> Result<Vec<Prepared>> {
+        let short = &env_uuid[..8.min(env_uuid.len())];
         self.write(|tx| {
             let mut out = Vec::new();
-            for &id in ids {
-                let Ok(m) = get_machine(tx, id) else { continue };
-                if m.life != Life::Alive
-                    || m.instance_id.is_some()
-                    || m.status == machine_status::ERROR
-                {
-                    continue;
-                }
-                let nonce = match m.nonce {
-                    Some(n) => n,
-                    None => {
-                        let n = format!(
-                            "{}:{id}:{}",
-                            &env_uuid[..8.min(env_uuid.len())],
-                            uuid::Uuid::new_v4().simple()
-                        );
-                        tx.execute("UPDATE machines SET nonce = ?1 WHERE id = ?2", (&n, id))?;
-                        n
+            for batch in batches {
+                let mut eligible = Vec::with_capacity(batch.len());
+                for &id in batch {
+                    let Ok(m) = get_machine(tx, id) else { continue };
+                    if m.life != Life::Alive
+                        || m.instance_id.is_some()
+                        || m.status == machine_status::ERROR
+                    {
+                        continue;
                     }
-                };
-                if m.status != machine_status::PROVISIONING {
-                    tx.execute(
-                        "UPDATE machines SET status = ?1, status_info = '' WHERE id = ?2",
-                        (machine_status::PROVISIONING, id),
-                    )?;
-                    tx.changed(ChangeKind::Machine, id.to_string())?;
+                    eligible.push(m);
                 }
-                out.push(Prepared { machine: id, nonce });
+                let fresh = eligible.iter().filter(|m| m.nonce.is_none()).count();
+                let batch_id =
+                    (fresh > 1).then(|| format!("{short}-{}", uuid::Uuid::new_v4().simple()));
+                let mut index = 0u32;
+                for m in eligible {
+                    let id = m.id;
+                    let nonce = match m.nonce {
+                        Some(n) => n,
+                        None => {
+                            let n = match &batch_id {
+                                Some(b) => {
+                                    index += 1;
+                                    format!("{b}/{}", index - 1)
+                                }
+                                None => format!("{short}:{id}:{}", uuid::Uuid::new_v4().simple()),
+                            };
+                            tx.prepare_cached("UPDATE machines SET nonce = ?1 WHERE id = ?2")?
+                                .execute((&n, id))?;
+                            n
+                        }
+                    };
+                    if m.status != machine_status::PROVISIONING {
+                        tx.prepare_cached(
+                            "UPDATE machines SET status = ?1, status_info = '' WHERE id = ?2",
+                        )?
+                        .execute((machine_status::PROVISIONING, id))?;
+                        tx.changed(ChangeKind::Machine, id.to_string())?;
+                    }
+                    out.push(Prepared { machine: id, nonce });
+                }
             }
             Ok(out)
         })
