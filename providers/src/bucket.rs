@@ -125,7 +125,9 @@ impl LaunchPacer {
             p.0.reserve(1).max(p.1.reserve(count))
         };
         if !wait.is_zero() {
-            tokio::time::sleep(wait).await;
+            // A millisecond more: the cloud's bucket, refilled at the same
+            // rate, must hold the tokens when the request arrives.
+            tokio::time::sleep(wait + Duration::from_millis(1)).await;
         }
     }
 }

@@ -687,14 +687,14 @@ impl Ec2Provider {
     /// for the batch launched. `specs` are the batch's members still to be
     /// started (a member removed since the batch was formed leaves a gap,
     /// whose instance becomes a stray and is reaped).
-    async fn launch_batch(&self, batch: &str, specs: &[&StartSpec]) -> Vec<Result<Instance>> {
-        match self.launch_batch_inner(batch, specs).await {
+    async fn launch_many(&self, batch: &str, specs: &[&StartSpec]) -> Vec<Result<Instance>> {
+        match self.launch_many_inner(batch, specs).await {
             Ok(v) => v,
             Err(e) => specs.iter().map(|_| Err(e.clone())).collect(),
         }
     }
 
-    async fn launch_batch_inner(
+    async fn launch_many_inner(
         &self,
         batch: &str,
         specs: &[&StartSpec],
@@ -897,7 +897,7 @@ impl Provider for Ec2Provider {
             let group: Vec<&StartSpec> = members.iter().map(|&i| &specs[i]).collect();
             for (i, r) in members
                 .into_iter()
-                .zip(self.launch_batch(batch, &group).await)
+                .zip(self.launch_many(batch, &group).await)
             {
                 out[i] = Some(r);
             }

@@ -284,7 +284,7 @@ fn baseline_vs_ec2(n: usize) -> Outcome {
     })
 }
 
-fn report(who: &str, n: usize, o: &Outcome) {
+fn report(who: &str, o: &Outcome) {
     println!(
         "  {who}: {:.1} s; {} RunInstances, {} API calls in all; {} throttling errors from EC2, {} shown to the user; {} machines failed{}",
         o.secs,
@@ -297,7 +297,6 @@ fn report(who: &str, n: usize, o: &Outcome) {
             .map(|t| format!("; per-machine tags all applied at {t:.1} s"))
             .unwrap_or_default()
     );
-    let _ = n;
 }
 
 fn main() {
@@ -313,10 +312,9 @@ fn main() {
         let ours = jujube_vs_ec2(machines);
         let theirs = baseline_vs_ec2(machines);
         println!("{machines} machines:");
-        report("jujube", machines, &ours);
+        report("jujube", &ours);
         report(
             "Juju-style baseline (16 workers, 1 instance per call, SDK standard retries, 10 x 10 s)",
-            machines,
             &theirs,
         );
         let floor = if machines > 1000 {
