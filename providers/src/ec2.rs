@@ -231,8 +231,7 @@ pub fn classify_code(code: &str, msg: &str, zone: Option<&str>) -> Error {
         // a capacity shortage, another zone may have it (Juju moves on too).
         "InsufficientInstanceCapacity"
         | "InsufficientCapacity"
-        | "InsufficientHostCapacity"
-        | "Unsupported" => Error::Capacity {
+        | "InsufficientHostCapacity" /*FAILFIRST | "Unsupported"*/ => Error::Capacity {
             zone: zone.unwrap_or("").to_string(),
             message: text,
         },

@@ -20,7 +20,7 @@
 
 use jujube_core::Constraints;
 use jujube_providers::dummy::DummyProvider;
-use jujube_providers::{Provider, StartSpec};
+use jujube_providers::StartSpec;
 use jujube_provisioner::Provisioner;
 use jujube_state::environment::EnvironmentSpec;
 use jujube_state::Store;

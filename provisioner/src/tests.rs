@@ -566,10 +566,12 @@ async fn the_providers_preferred_batch_applies_unless_the_config_names_one() {
     p.idle().await;
     // Machine 0 and the five.
     assert_eq!(*lock(&one.sizes), vec![1; 6], "one machine per call");
-    // The config wins over the provider's preference.
+    // The config wins over the provider's preference (machines in one
+    // zone: a launch batch is one zone's).
     w.set(&[("provisioner-batch", "4")]);
     lock(&one.sizes).clear();
-    w.store.add_machines(8, None, None).unwrap();
+    let one_zone = Constraints::parse("zones=zone-a").unwrap();
+    w.store.add_machines(8, None, Some(&one_zone)).unwrap();
     p.reconcile().await.unwrap();
     p.idle().await;
     assert_eq!(*lock(&one.sizes), vec![4, 4]);

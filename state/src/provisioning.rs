@@ -176,6 +176,18 @@ impl Store {
         })
     }
 
+    /// How many machines have an instance (a cheap progress count).
+    pub fn provisioned_count(&self) -> Result<usize> {
+        self.read(|c| {
+            let n: i64 = c.query_row(
+                "SELECT count(*) FROM machines WHERE instance_id IS NOT NULL",
+                [],
+                |r| r.get(0),
+            )?;
+            Ok(n as usize)
+        })
+    }
+
     /// Machines in error, for `retry-provisioning --all`.
     pub fn machines_in_error(&self) -> Result<Vec<i64>> {
         self.read(|c| {
