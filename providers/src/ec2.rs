@@ -231,7 +231,8 @@ pub fn classify_code(code: &str, msg: &str, zone: Option<&str>) -> Error {
         // a capacity shortage, another zone may have it (Juju moves on too).
         "InsufficientInstanceCapacity"
         | "InsufficientCapacity"
-        | "InsufficientHostCapacity" /*FAILFIRST | "Unsupported"*/ => Error::Capacity {
+        | "InsufficientHostCapacity"
+        | "Unsupported" => Error::Capacity {
             zone: zone.unwrap_or("").to_string(),
             message: text,
         },
