@@ -36,7 +36,7 @@ use jujube_core::Life;
 use jujube_providers::bucket::TokenBucket;
 use jujube_providers::{launch_batch, ErrorClass, Instance, Provider, StartSpec};
 use jujube_state::model::machine_status;
-use jujube_state::provisioning::{Prepared, Recorded, Started, Stray};
+use jujube_state::provisioning::{Owner, Prepared, Recorded, Started, Stray};
 use jujube_state::{Machine, Store};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -230,9 +230,9 @@ impl Provisioner {
         let soon = |d: Duration, r: &mut Option<Duration>| *r = Some(r.map_or(d, |x| x.min(d)));
 
         // 1. Stop before start.
-        let machines = store.machines()?;
         let inflight = lock(&self.inner.inflight).clone();
-        for m in machines
+        for m in store
+            .machines()?
             .iter()
             .filter(|m| m.life == Life::Dying && !m.manages_environ())
         {
@@ -305,6 +305,10 @@ impl Provisioner {
         if !candidates.is_empty() {
             self.launch(&candidates, &machines).await?;
         }
+
+        // The pass's machine list is done with: with 100,000 machines it is
+        // tens of megabytes, not to be held beside the listing below.
+        drop(machines);
 
         // 3. Strays.
         let due = lock(&self.inner.last_listing).is_none_or(|t| t.elapsed() >= cfg.list_interval);
@@ -601,19 +605,19 @@ impl Provisioner {
     /// stray becomes eligible.
     async fn harvest(&self, instances: &[Instance], cfg: &Config) -> Result<Option<Duration>> {
         let store = &self.inner.store;
-        let machines = store.machines()?;
+        // Only what ownership needs of each machine (see `Store::owners`).
+        let owners = store.owners()?;
         let next_id = store.next_machine_id()?;
         let inflight = lock(&self.inner.inflight).clone();
-        let by_instance: HashSet<&str> = machines
+        let by_instance: HashSet<&str> = owners
             .iter()
             .filter_map(|m| m.instance_id.as_deref())
             .collect();
-        let by_nonce: HashMap<&str, &Machine> = machines
+        let by_nonce: HashMap<&str, &Owner> = owners
             .iter()
-            .filter(|m| m.instance_id.is_none())
             .filter_map(|m| m.nonce.as_deref().map(|n| (n, m)))
             .collect();
-        let existing: HashSet<i64> = machines.iter().map(|m| m.id).collect();
+        let existing: HashSet<i64> = owners.iter().map(|m| m.machine).collect();
         let now = Instant::now();
         let wall = SystemTime::now();
         let mut first_seen = lock(&self.inner.first_seen).clone();
@@ -627,9 +631,7 @@ impl Provisioner {
             }
             let class = match inst.nonce().and_then(|n| by_nonce.get(n)) {
                 // Being started, or about to be recorded: it is owned.
-                Some(m) if inflight.contains(&m.id) || m.status != machine_status::ERROR => {
-                    continue
-                }
+                Some(m) if inflight.contains(&m.machine) || !m.in_error => continue,
                 Some(_) => "errored",
                 None => match inst.machine_id().and_then(|t| t.parse::<i64>().ok()) {
                     Some(id) if id < next_id && !existing.contains(&id) => "destroyed",

@@ -37,6 +37,18 @@ pub enum Recorded {
     Orphaned,
 }
 
+/// What the stray harvest needs to know of a machine, without the rest of
+/// its row: with 100,000 machines a full [`crate::Machine`] list costs tens
+/// of megabytes on every pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    pub machine: i64,
+    pub instance_id: Option<String>,
+    /// Only while the machine has no instance: the start it is waiting for.
+    pub nonce: Option<String>,
+    pub in_error: bool,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct Stray {
@@ -185,6 +197,27 @@ impl Store {
                 |r| r.get(0),
             )?;
             Ok(n as usize)
+        })
+    }
+
+    /// Every machine as the stray harvest sees it ([`Owner`]), in id order.
+    pub fn owners(&self) -> Result<Vec<Owner>> {
+        self.read(|c| {
+            let rows = c
+                .prepare_cached(
+                    "SELECT id, instance_id, CASE WHEN instance_id IS NULL THEN nonce END, status = ?1
+                     FROM machines ORDER BY id",
+                )?
+                .query_map([machine_status::ERROR], |r| {
+                    Ok(Owner {
+                        machine: r.get(0)?,
+                        instance_id: r.get(1)?,
+                        nonce: r.get(2)?,
+                        in_error: r.get(3)?,
+                    })
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
         })
     }
 
