@@ -9,7 +9,8 @@
 //! file, the dummy cloud persisted in the environment's directory, and the
 //! provisioner's run loop on a two-thread runtime (as `jujube controller`),
 //! until every machine is provisioned and a few harvest passes have listed
-//! every instance.
+//! every instance. `JUJUBE_BENCH_MALLOC_ARENAS=default` leaves glibc's
+//! arenas as they are (to measure what `jujube`'s one-arena setting saves).
 
 use jujube_core::Constraints;
 use jujube_providers::dummy::DummyProvider;
@@ -39,7 +40,26 @@ fn config() -> BTreeMap<String, String> {
         .collect()
 }
 
+/// As `jujube`'s `main` does (see `limit_malloc_arenas` there): one glibc
+/// arena.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn limit_malloc_arenas() {
+    extern "C" {
+        fn mallopt(param: i32, value: i32) -> i32;
+    }
+    // SAFETY: sets an allocator parameter before any other thread exists.
+    unsafe {
+        mallopt(-8, 1);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn limit_malloc_arenas() {}
+
 fn child(dir: &str) {
+    if std::env::var_os("JUJUBE_BENCH_MALLOC_ARENAS").is_none() {
+        limit_malloc_arenas();
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
