@@ -23,7 +23,7 @@ use crate::{lock, Provisioner, Result};
 use jujube_core::Life;
 use jujube_providers::Instance;
 use jujube_state::model::machine_status;
-use jujube_state::provisioning::Stray;
+use jujube_state::provisioning::{Owner, Stray};
 use jujube_state::Machine;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -37,17 +37,27 @@ pub(crate) struct Seen {
     pub since_ms: i64,
 }
 
+/// What the instance poller watches: the Alive machines not in error that
+/// have an instance, as (machine, instance id). Only this is kept of a
+/// pass's machine list while the instances are listed.
+pub(crate) fn watched(machines: &[Machine]) -> Vec<(i64, String)> {
+    machines
+        .iter()
+        .filter(|m| m.life == Life::Alive && m.status != machine_status::ERROR)
+        .filter_map(|m| m.instance_id.as_ref().map(|i| (m.id, i.clone())))
+        .collect()
+}
+
 impl Provisioner {
-    /// The instance poller. `machines` must have been read before
-    /// `listed` was asked for, so that every instance they record existed
-    /// when the listing was made.
-    pub(crate) async fn poll(&self, listed: &[Instance], machines: &[Machine]) -> Result<()> {
+    /// The instance poller. `watched` ([`watched`]) must have been read
+    /// before `listed` was asked for, so that every instance it records
+    /// existed when the listing was made.
+    pub(crate) async fn poll(&self, listed: &[Instance], watched: &[(i64, String)]) -> Result<()> {
         let listed: HashSet<&str> = listed.iter().map(|i| i.id.as_str()).collect();
-        let missing: Vec<(i64, String)> = machines
+        let missing: Vec<(i64, String)> = watched
             .iter()
-            .filter(|m| m.life == Life::Alive && m.status != machine_status::ERROR)
-            .filter_map(|m| m.instance_id.as_ref().map(|i| (m.id, i.clone())))
             .filter(|(_, i)| !listed.contains(i.as_str()))
+            .cloned()
             .collect();
         let before = std::mem::take(&mut *lock(&self.inner.suspects));
         if missing.is_empty() {
@@ -119,30 +129,26 @@ impl Provisioner {
         cfg: &crate::Config,
     ) -> Result<Option<Duration>> {
         let store = &self.inner.store;
-        let machines = store.machines()?;
+        // Only what ownership needs of each machine (see `Store::owners`).
+        let owners = store.owners()?;
         let next_id = store.next_machine_id()?;
         // Machines being started: in flight here, or marked by a start
         // under way.
         let starting: HashSet<i64> = lock(&self.inner.inflight)
             .keys()
             .copied()
-            .chain(
-                machines
-                    .iter()
-                    .filter(|m| m.status == machine_status::PROVISIONING)
-                    .map(|m| m.id),
-            )
+            .chain(owners.iter().filter(|m| m.provisioning).map(|m| m.machine))
             .collect();
-        let by_instance: HashSet<&str> = machines
+        let by_instance: HashSet<&str> = owners
             .iter()
             .filter_map(|m| m.instance_id.as_deref())
             .collect();
-        let by_nonce: HashMap<&str, &Machine> = machines
+        // `Owner::nonce` is there only while the machine has no instance.
+        let by_nonce: HashMap<&str, &Owner> = owners
             .iter()
-            .filter(|m| m.instance_id.is_none())
             .filter_map(|m| m.nonce.as_deref().map(|n| (n, m)))
             .collect();
-        let existing: HashSet<i64> = machines.iter().map(|m| m.id).collect();
+        let existing: HashSet<i64> = owners.iter().map(|m| m.machine).collect();
         let now = self.inner.clock.unix_ms();
         let grace = cfg.grace.as_millis() as i64;
         let mut seen = self.seen()?;
@@ -164,7 +170,7 @@ impl Provisioner {
             }
             let class = match inst.nonce().and_then(|n| by_nonce.get(n)) {
                 // About to be recorded: it is owned.
-                Some(m) if m.status != machine_status::ERROR => continue,
+                Some(m) if !m.in_error => continue,
                 Some(_) => "errored",
                 None => match machine {
                     Some(id) if id < next_id && !existing.contains(&id) => "destroyed",

@@ -55,7 +55,7 @@ use backon::BackoffBuilder;
 pub use config::{Config, HarvestMode};
 use jujube_core::Life;
 use jujube_providers::bucket::TokenBucket;
-use jujube_providers::{ErrorClass, Instance, Provider, StartSpec};
+use jujube_providers::{launch_batch, ErrorClass, Instance, Provider, StartSpec};
 use jujube_state::model::machine_status;
 use jujube_state::provisioning::{Prepared, Recorded, Started};
 use jujube_state::{Machine, Store};
@@ -341,9 +341,9 @@ impl Provisioner {
         while lock(&self.inner.tasks).try_join_next().is_some() {}
 
         // 1. Stop before start.
-        let machines = store.machines()?;
         let inflight: HashSet<i64> = lock(&self.inner.inflight).keys().copied().collect();
-        for m in machines
+        for m in store
+            .machines()?
             .iter()
             .filter(|m| m.life == Life::Dying && !m.manages_environ())
         {
@@ -427,15 +427,19 @@ impl Provisioner {
             self.launch(&candidates, &machines).await?;
         }
 
-        // 3. The cloud behind our back. `machines` was read before the
-        // listing, as the poller needs.
+        // 3. The cloud behind our back. What the poller needs of the
+        // machines (read before the listing, as it needs) is kept; the rest
+        // of the pass's machine list is done with: with 100,000 machines it
+        // is tens of megabytes, not to be held beside the listing below.
+        let watched = harvest::watched(&machines);
+        drop(machines);
         let due = lock(&self.inner.last_listing).is_none_or(|t| t.elapsed() >= cfg.list_interval);
         if due || listing.is_some() {
             let instances = match listing {
                 Some(l) => l,
                 None => self.list().await?,
             };
-            self.poll(&instances, &machines).await?;
+            self.poll(&instances, &watched).await?;
             if let Some(next) = self.harvest(&instances, &cfg).await? {
                 soon(next, &mut requeue);
             }
@@ -470,26 +474,25 @@ impl Provisioner {
         }
     }
 
-    /// Lists the zones, commits nonces for the candidates, places them in
-    /// zones, then starts them in background batches.
+    /// Lists the zones, places the candidates in zones, forms launch batches
+    /// of them, commits their nonces (each machine's names its batch and
+    /// place in it), then starts each batch in a background task.
     async fn launch(&self, ids: &[i64], machines: &[Machine]) -> Result<()> {
         // Asked first: a provider that cannot be reached leaves the
         // machines as they are (and is shown in `status`).
         let zones = self
             .provider_call("listing zones", self.inner.provider.zones())
             .await?;
-        let prepared = self
-            .inner
-            .store
-            .prepare_provisioning(ids, &self.inner.env_uuid)?;
-        if prepared.is_empty() {
-            return Ok(());
-        }
         let cfg = self.cfg();
         let by_id: HashMap<i64, &Machine> = machines.iter().map(|m| (m.id, m)).collect();
+        let ids: Vec<i64> = ids
+            .iter()
+            .copied()
+            .filter(|id| by_id.contains_key(id))
+            .collect();
         let mut spread = {
             let inflight = lock(&self.inner.inflight).clone();
-            let mut grouped: Vec<i64> = prepared.iter().map(|p| p.machine).collect();
+            let mut grouped = ids.clone();
             grouped.extend(inflight.keys());
             let mut spread = zones::Spread::new(
                 self.inner.store.service_zone_counts()?,
@@ -504,34 +507,99 @@ impl Provisioner {
             }
             spread
         };
-        let mut attempts = Vec::with_capacity(prepared.len());
-        for Prepared { machine, nonce } in prepared {
-            let Some(m) = by_id.get(&machine) else {
-                continue;
-            };
+        // Each machine's zones, in the spread's order of preference.
+        let mut placed: HashMap<i64, Vec<String>> = HashMap::with_capacity(ids.len());
+        // A launch batch is one provider request: machines that share series,
+        // constraints (hence instance type, image and disk), chosen zone and
+        // whether they manage the environment, up to `provisioner-batch` of
+        // them. A machine that has a nonce already keeps it, and with it the
+        // batch a crashed controller committed (regrouped below).
+        let mut batches: Vec<Vec<i64>> = Vec::new();
+        let mut open: HashMap<(String, String, Option<String>, bool), usize> = HashMap::new();
+        for id in ids {
+            let m = by_id[&id];
             let allowed = match zones::allowed(m, &zones) {
                 Ok(z) => z,
                 Err(message) => {
-                    self.fail(machine, &message)?;
+                    self.fail(id, &message)?;
                     continue;
                 }
             };
-            let order = spread.choose(machine, &allowed);
-            let mut spec = self.spec_for(m, &nonce);
-            spec.zone = order.first().cloned();
-            attempts.push(Attempt {
-                spec,
-                machine,
-                zones: order,
-                tried: vec![],
-                last_error: String::new(),
-            });
+            let order = spread.choose(id, &allowed);
+            let zone = order.first().cloned();
+            placed.insert(id, order);
+            if m.nonce.is_some() {
+                batches.push(vec![id]);
+                continue;
+            }
+            let key = (
+                m.series.clone(),
+                m.constraints.to_string(),
+                zone,
+                m.manages_environ(),
+            );
+            match open.get(&key) {
+                Some(&b) if batches[b].len() < cfg.batch => batches[b].push(id),
+                _ => {
+                    open.insert(key, batches.len());
+                    batches.push(vec![id]);
+                }
+            }
         }
-        lock(&self.inner.inflight)
-            .extend(attempts.iter().map(|a| (a.machine, a.spec.zone.clone())));
-        let mut attempts = attempts.into_iter().peekable();
-        while attempts.peek().is_some() {
-            let batch: Vec<Attempt> = attempts.by_ref().take(cfg.batch).collect();
+        // Nonces only: status stays as it is until a start is sent
+        // (`Store::mark_provisioning` in `start_batch`).
+        let prepared = self
+            .inner
+            .store
+            .prepare_batches(&batches, &self.inner.env_uuid)?;
+        if prepared.is_empty() {
+            return Ok(());
+        }
+        // Regroup by the committed batch: a batch re-formed after a crash
+        // launches (or adopts) together again.
+        let mut launches: Vec<Vec<&Prepared>> = Vec::new();
+        let mut of_batch: HashMap<&str, usize> = HashMap::new();
+        for p in &prepared {
+            match launch_batch(&p.nonce) {
+                Some((b, _)) => match of_batch.get(b) {
+                    Some(&i) => launches[i].push(p),
+                    None => {
+                        of_batch.insert(b, launches.len());
+                        launches.push(vec![p]);
+                    }
+                },
+                None => launches.push(vec![p]),
+            }
+        }
+        for mut launch in launches {
+            launch.sort_by_key(|p| launch_batch(&p.nonce).map_or(0, |(_, k)| k));
+            // One zone order for the whole batch, its first member's, so
+            // that a capacity error moves the batch on together.
+            let order = launch
+                .first()
+                .and_then(|p| placed.get(&p.machine))
+                .cloned()
+                .unwrap_or_default();
+            let batch: Vec<Attempt> = launch
+                .iter()
+                .filter_map(|Prepared { machine, nonce }| {
+                    let m = by_id.get(machine)?;
+                    let mut spec = self.spec_for(m, nonce);
+                    spec.zone = order.first().cloned();
+                    Some(Attempt {
+                        spec,
+                        machine: *machine,
+                        zones: order.clone(),
+                        tried: vec![],
+                        last_error: String::new(),
+                    })
+                })
+                .collect();
+            if batch.is_empty() {
+                continue;
+            }
+            lock(&self.inner.inflight)
+                .extend(batch.iter().map(|a| (a.machine, a.spec.zone.clone())));
             let this = self.clone();
             lock(&self.inner.tasks).spawn(async move {
                 let machines: Vec<i64> = batch.iter().map(|a| a.machine).collect();

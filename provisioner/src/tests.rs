@@ -566,10 +566,12 @@ async fn the_providers_preferred_batch_applies_unless_the_config_names_one() {
     p.idle().await;
     // Machine 0 and the five.
     assert_eq!(*lock(&one.sizes), vec![1; 6], "one machine per call");
-    // The config wins over the provider's preference.
+    // The config wins over the provider's preference (machines in one
+    // zone: a launch batch is one zone's).
     w.set(&[("provisioner-batch", "4")]);
     lock(&one.sizes).clear();
-    w.store.add_machines(8, None, None).unwrap();
+    let one_zone = Constraints::parse("zones=zone-a").unwrap();
+    w.store.add_machines(8, None, Some(&one_zone)).unwrap();
     p.reconcile().await.unwrap();
     p.idle().await;
     assert_eq!(*lock(&one.sizes), vec![4, 4]);
@@ -688,6 +690,89 @@ async fn starts_waiting_on_the_limiter_follow_a_rate_change_at_once() {
     );
     for id in 0..3 {
         assert_eq!(w.instances_of(id), 1, "machine {id}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn machines_sharing_type_image_and_zone_launch_in_one_request_per_batch() {
+    let w = world(&[("provisioner-batch", "8")]);
+    let one_zone = Constraints::parse("zones=zone-b").unwrap();
+    let ids = w.store.add_machines(20, None, Some(&one_zone)).unwrap();
+    w.settle().await;
+    // Machine 0 alone, then the 20 in batches of 8, 8 and 4.
+    assert_eq!(w.cloud.api_stats().run_instances, 4);
+    let mut batches = BTreeMap::new();
+    for id in &ids {
+        let m = w.store.machine(*id).unwrap();
+        assert_eq!(m.zone.as_deref(), Some("zone-b"));
+        assert_eq!(w.instances_of(*id), 1, "machine {id}");
+        let (batch, index) = jujube_providers::launch_batch(m.nonce.as_deref().unwrap())
+            .unwrap_or_else(|| panic!("machine {id} has a batch nonce: {:?}", m.nonce));
+        batches
+            .entry(batch.to_string())
+            .or_insert_with(Vec::new)
+            .push(index);
+    }
+    let mut sizes: Vec<Vec<u32>> = batches.into_values().collect();
+    sizes.sort_by_key(|v| std::cmp::Reverse(v.len()));
+    assert_eq!(
+        sizes,
+        vec![
+            (0..8).collect::<Vec<u32>>(),
+            (0..8).collect(),
+            (0..4).collect()
+        ]
+    );
+    // Machines spread over zones (`zones::Spread`: the emptiest first) are
+    // batched per chosen zone: one request per zone used.
+    let spread = w.store.add_machines(6, None, None).unwrap();
+    w.settle().await;
+    let mut used = std::collections::BTreeSet::new();
+    for id in spread {
+        assert_eq!(w.instances_of(id), 1);
+        used.insert(w.store.machine(id).unwrap().zone.unwrap());
+    }
+    assert!(used.len() > 1, "{used:?}");
+    assert_eq!(w.cloud.api_stats().run_instances, 4 + used.len() as u64);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_provisioner_re_forms_a_lost_batch_and_adopts_its_instances() {
+    let w = world(&[]);
+    let ids = w
+        .store
+        .add_machines(5, None, Some(&Constraints::parse("zones=zone-a").unwrap()))
+        .unwrap();
+    // The batch is committed and launched, then the process died before
+    // recording anything.
+    let prepared = w.store.prepare_batches(&[ids.clone()], UUID).unwrap();
+    let specs: Vec<StartSpec> = prepared
+        .iter()
+        .map(|p| {
+            let mut s = w.p.spec_for(&w.store.machine(p.machine).unwrap(), &p.nonce);
+            s.zone = Some("zone-a".into());
+            s
+        })
+        .collect();
+    let launched: Vec<Instance> = w
+        .cloud
+        .start_instances(&specs)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    assert_eq!(w.cloud.api_stats().run_instances, 1);
+    let fresh = Provisioner::new(w.store.clone(), w.cloud.clone()).unwrap();
+    fresh.reconcile().await.unwrap();
+    fresh.idle().await;
+    // Machine 0 is launched; the batch is adopted, not launched again.
+    assert_eq!(w.cloud.api_stats().run_instances, 2);
+    for (id, inst) in ids.iter().zip(&launched) {
+        assert_eq!(
+            w.store.machine(*id).unwrap().instance_id.as_ref(),
+            Some(&inst.id)
+        );
+        assert_eq!(w.instances_of(*id), 1);
     }
 }
 
@@ -992,6 +1077,36 @@ async fn an_instance_of_a_machine_being_started_is_never_reaped() {
     tokio::time::advance(Duration::from_secs(2)).await;
     w.settle().await;
     assert!(!w.instance_ids().contains(&leftover), "reaped afterwards");
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_ec2_mode_the_dummy_charges_documented_buckets_and_launches_are_paced_not_throttled() {
+    // 1,100 machines in batches of 100: past the 1,000-instance burst the
+    // last launches wait for the refill (2 instances/s) instead of failing.
+    let w = world(&[
+        ("dummy-throttling", "ec2"),
+        ("provisioner-batch", "100"),
+        ("dummy-zones", "zone-a"),
+        ("harvest-interval", "1h"),
+    ]);
+    let t0 = tokio::time::Instant::now();
+    let ids = w.store.add_machines(1_100, None, None).unwrap();
+    w.settle().await;
+    let took = t0.elapsed();
+    for id in [ids[0], ids[1_099]] {
+        assert!(w.store.machine(id).unwrap().instance_id.is_some());
+    }
+    let s = w.cloud.api_stats();
+    assert_eq!(s.throttled, 0, "{s:?}");
+    // Machine 0 and 11 batches.
+    assert_eq!(s.run_instances, 12);
+    // 1,101 instances: 101 past the burst at 2/s.
+    assert!(took >= Duration::from_secs(50), "{took:?}");
+    assert!(took < Duration::from_secs(120), "{took:?}");
+    // One CreateTags per batch member, paced at 5/s past a burst of 50.
+    assert_eq!(s.create_tags, 1_100);
+    let tags = s.tags_done_at.unwrap().duration_since(t0);
+    assert!(tags >= Duration::from_secs(200), "{tags:?}");
 }
 
 mod restart;

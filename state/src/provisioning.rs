@@ -37,6 +37,20 @@ pub enum Recorded {
     Orphaned,
 }
 
+/// What the stray harvest needs to know of a machine, without the rest of
+/// its row: with 100,000 machines a full [`crate::Machine`] list costs tens
+/// of megabytes on every pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    pub machine: i64,
+    pub instance_id: Option<String>,
+    /// Only while the machine has no instance: the start it is waiting for.
+    pub nonce: Option<String>,
+    pub in_error: bool,
+    /// A start for it is under way (status `provisioning`).
+    pub provisioning: bool,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct Stray {
@@ -62,30 +76,60 @@ impl Store {
     /// once its start request is really under way
     /// ([`Store::mark_provisioning`]), not while it waits for a slot or for
     /// the rate limiter, or when the provider cannot even be reached.
+    ///
+    /// Each machine is a launch of its own; see [`Store::prepare_batches`].
     pub fn prepare_provisioning(&self, ids: &[i64], env_uuid: &str) -> Result<Vec<Prepared>> {
+        let singles: Vec<Vec<i64>> = ids.iter().map(|&id| vec![id]).collect();
+        self.prepare_batches(&singles, env_uuid)
+    }
+
+    /// As [`Store::prepare_provisioning`], for machines grouped into launch
+    /// batches (one provider request each). The machines of a batch that have
+    /// no nonce yet get `<batch>/<index>` (`jujube_providers::launch_batch`
+    /// reads it back), the index counting from 0 in the given order; a batch
+    /// with one such machine gets a plain nonce. Machines that already have a
+    /// nonce keep it, and with it the batch a crashed controller committed.
+    /// Like `prepare_provisioning`, it leaves the status alone
+    /// ([`Store::mark_provisioning`] sets it when the batch is sent).
+    pub fn prepare_batches(&self, batches: &[Vec<i64>], env_uuid: &str) -> Result<Vec<Prepared>> {
+        let short = &env_uuid[..8.min(env_uuid.len())];
         self.write(|tx| {
             let mut out = Vec::new();
-            for &id in ids {
-                let Ok(m) = get_machine(tx, id) else { continue };
-                if m.life != Life::Alive
-                    || m.instance_id.is_some()
-                    || m.status == machine_status::ERROR
-                {
-                    continue;
-                }
-                let nonce = match m.nonce {
-                    Some(n) => n,
-                    None => {
-                        let n = format!(
-                            "{}:{id}:{}",
-                            &env_uuid[..8.min(env_uuid.len())],
-                            uuid::Uuid::new_v4().simple()
-                        );
-                        tx.execute("UPDATE machines SET nonce = ?1 WHERE id = ?2", (&n, id))?;
-                        n
+            for batch in batches {
+                let mut eligible = Vec::with_capacity(batch.len());
+                for &id in batch {
+                    let Ok(m) = get_machine(tx, id) else { continue };
+                    if m.life != Life::Alive
+                        || m.instance_id.is_some()
+                        || m.status == machine_status::ERROR
+                    {
+                        continue;
                     }
-                };
-                out.push(Prepared { machine: id, nonce });
+                    eligible.push(m);
+                }
+                let fresh = eligible.iter().filter(|m| m.nonce.is_none()).count();
+                let batch_id =
+                    (fresh > 1).then(|| format!("{short}-{}", uuid::Uuid::new_v4().simple()));
+                let mut index = 0u32;
+                for m in eligible {
+                    let id = m.id;
+                    let nonce = match m.nonce {
+                        Some(n) => n,
+                        None => {
+                            let n = match &batch_id {
+                                Some(b) => {
+                                    index += 1;
+                                    format!("{b}/{}", index - 1)
+                                }
+                                None => format!("{short}:{id}:{}", uuid::Uuid::new_v4().simple()),
+                            };
+                            tx.prepare_cached("UPDATE machines SET nonce = ?1 WHERE id = ?2")?
+                                .execute((&n, id))?;
+                            n
+                        }
+                    };
+                    out.push(Prepared { machine: id, nonce });
+                }
             }
             Ok(out)
         })
@@ -299,6 +343,41 @@ impl Store {
                 crate::machines::resolve_in(tx, id, None)?;
             }
             Ok(())
+        })
+    }
+
+    /// How many machines have an instance (a cheap progress count).
+    pub fn provisioned_count(&self) -> Result<usize> {
+        self.read(|c| {
+            let n: i64 = c.query_row(
+                "SELECT count(*) FROM machines WHERE instance_id IS NOT NULL",
+                [],
+                |r| r.get(0),
+            )?;
+            Ok(n as usize)
+        })
+    }
+
+    /// Every machine as the stray harvest sees it ([`Owner`]), in id order.
+    pub fn owners(&self) -> Result<Vec<Owner>> {
+        self.read(|c| {
+            let rows = c
+                .prepare_cached(
+                    "SELECT id, instance_id, CASE WHEN instance_id IS NULL THEN nonce END, status = ?1,
+                            status = ?2
+                     FROM machines ORDER BY id",
+                )?
+                .query_map([machine_status::ERROR, machine_status::PROVISIONING], |r| {
+                    Ok(Owner {
+                        machine: r.get(0)?,
+                        instance_id: r.get(1)?,
+                        nonce: r.get(2)?,
+                        in_error: r.get(3)?,
+                        provisioning: r.get(4)?,
+                    })
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
         })
     }
 

@@ -1020,3 +1020,36 @@ fn a_database_from_a_newer_jujube_is_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn launch_batches_commit_batch_nonces_before_the_start_and_keep_them() {
+    let e = env();
+    let ids = e.st.add_machines(4, None, None).unwrap();
+    let uuid = "6f1e0f4c-3d7e-4b53-9d3b-1a2b3c4d5e6f";
+    let p =
+        e.st.prepare_batches(&[ids[..3].to_vec(), vec![ids[3]]], uuid)
+            .unwrap();
+    let nonces: Vec<String> = p.iter().map(|p| p.nonce.clone()).collect();
+    // Three machines in one batch: `<batch>/<index>`; one alone: plain.
+    let (batch, _) = nonces[0].rsplit_once('/').unwrap();
+    assert!(batch.starts_with("6f1e0f4c-"), "{batch}");
+    for (k, n) in nonces[..3].iter().enumerate() {
+        assert_eq!(n, &format!("{batch}/{k}"));
+    }
+    assert!(!nonces[3].contains('/'), "{}", nonces[3]);
+    for (id, n) in ids.iter().zip(&nonces) {
+        let m = e.st.machine(*id).unwrap();
+        assert_eq!(m.nonce.as_ref(), Some(n));
+        // Provisioning only once the start is sent (`mark_provisioning`).
+        assert_eq!(m.status, "pending");
+    }
+    assert_eq!(e.st.mark_provisioning(&p[..3]).unwrap(), ids[..3].to_vec());
+    assert_eq!(e.st.machine(ids[0]).unwrap().status, "provisioning");
+    // A restarted controller re-forms nothing new: the nonces stay, even
+    // when it groups the machines differently.
+    let again = e.st.prepare_batches(&[ids.clone()], uuid).unwrap();
+    assert_eq!(
+        again.iter().map(|p| p.nonce.clone()).collect::<Vec<_>>(),
+        nonces
+    );
+}
