@@ -858,10 +858,10 @@ fn launch_count(st: &State, batch: bool, specs: &[&StartSpec]) -> u32 {
     let missing = specs
         .iter()
         .filter(|s| {
-            !st.by_nonce
+            st.by_nonce
                 .get(&s.nonce)
                 .and_then(|id| st.instances.get(id))
-                .is_some_and(|e| !e.stopped)
+                .is_none_or(|e| e.stopped)
         })
         .count();
     if batch && missing == specs.len() {

@@ -745,7 +745,10 @@ async fn a_restarted_provisioner_re_forms_a_lost_batch_and_adopts_its_instances(
         .unwrap();
     // The batch is committed and launched, then the process died before
     // recording anything.
-    let prepared = w.store.prepare_batches(&[ids.clone()], UUID).unwrap();
+    let prepared = w
+        .store
+        .prepare_batches(std::slice::from_ref(&ids), UUID)
+        .unwrap();
     let specs: Vec<StartSpec> = prepared
         .iter()
         .map(|p| {

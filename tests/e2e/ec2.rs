@@ -538,7 +538,9 @@ async fn a_restarted_controller_adopts_a_batch_a_crash_left_unrecorded() {
         .unwrap();
     // The first controller commits the batch and launches it, then dies
     // before recording (or tagging) anything.
-    let prepared = store.prepare_batches(&[ids.clone()], &env_uuid).unwrap();
+    let prepared = store
+        .prepare_batches(std::slice::from_ref(&ids), &env_uuid)
+        .unwrap();
     let first = provider(&acct, &env_uuid, None).await;
     let specs: Vec<jujube_providers::StartSpec> = prepared
         .iter()

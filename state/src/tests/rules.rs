@@ -1047,7 +1047,9 @@ fn launch_batches_commit_batch_nonces_before_the_start_and_keep_them() {
     assert_eq!(e.st.machine(ids[0]).unwrap().status, "provisioning");
     // A restarted controller re-forms nothing new: the nonces stay, even
     // when it groups the machines differently.
-    let again = e.st.prepare_batches(&[ids.clone()], uuid).unwrap();
+    let again =
+        e.st.prepare_batches(std::slice::from_ref(&ids), uuid)
+            .unwrap();
     assert_eq!(
         again.iter().map(|p| p.nonce.clone()).collect::<Vec<_>>(),
         nonces
