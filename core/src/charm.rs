@@ -420,6 +420,18 @@ mod tests {
     }
 
     #[test]
+    fn container_scoped_peer_relations_are_refused() {
+        let err = CharmMeta::parse(
+            "name: ring\npeers:\n  cluster:\n    interface: ring\n    scope: container\n",
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid charm `ring`: peer relation `cluster` is container-scoped; a peer relation joins the units of one service, which never share a container: remove `scope: container` from it"
+        );
+    }
+
+    #[test]
     fn reserved_and_duplicate_relations_are_refused() {
         assert!(CharmMeta::parse("name: x\nprovides:\n  juju-foo: bar\n").is_err());
         assert!(CharmMeta::parse("name: x\nprovides:\n  a: b\nrequires:\n  a: c\n").is_err());

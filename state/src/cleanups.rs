@@ -23,7 +23,20 @@ pub const SETTINGS_BATCH: usize = 500;
 /// many again for each subordinate it takes with it.
 pub const UNITS_BATCH: usize = 64;
 
+/// A queued cleanup, as [`Store::skipped_cleanups`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cleanup {
+    pub id: i64,
+    pub kind: String,
+    pub target: String,
+}
+
 impl Store {
+    /// Cleanups of kinds this version does not know (not yet).
+    pub fn skipped_cleanups(&self) -> Result<Vec<Cleanup>> {
+        Ok(Vec::new())
+    }
+
     /// Cleanups not yet finished.
     pub fn pending_cleanups(&self) -> Result<usize> {
         self.read(|c| {

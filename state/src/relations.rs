@@ -438,7 +438,7 @@ impl Store {
     }
 
     /// Units in a relation's scope, in order.
-    pub fn scope_units(&self, relation_id: i64) -> Result<Vec<String>> {
+    pub fn scope_units(&self, relation_id: i64, _unit: &str) -> Result<Vec<String>> {
         self.read(|c| {
             let names = c
                 .prepare_cached(
