@@ -163,11 +163,26 @@ pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
             let mut watcher = store.watch(0).with_poll_interval(Duration::from_secs(1));
+            // Cleanups of kinds this version does not know, reported once.
+            let mut reported = std::collections::HashSet::new();
             loop {
                 match store.run_cleanups(usize::MAX) {
                     Ok(n) if n > 0 => info!(steps = n, "cleanups done"),
                     Ok(_) => {}
                     Err(e) => warn!(error = %e, "cleanup failed; will retry"),
+                }
+                match store.skipped_cleanups() {
+                    Ok(skipped) => {
+                        for c in skipped.into_iter().filter(|c| reported.insert(c.id)) {
+                            warn!(
+                                id = c.id,
+                                kind = %c.kind,
+                                target = %c.target,
+                                "skipping a cleanup of a kind this jujube does not know (queued by a newer version); it stays queued for a version that knows it"
+                            );
+                        }
+                    }
+                    Err(e) => warn!(error = %e, "listing skipped cleanups failed"),
                 }
                 if let Err(e) = store.prune_changes(100_000, 1000) {
                     warn!(error = %e, "pruning the change feed failed");

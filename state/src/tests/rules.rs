@@ -704,6 +704,104 @@ fn subordinate_relations_are_only_between_services_of_equal_series() {
     );
 }
 
+#[test]
+fn a_charm_with_a_container_scoped_peer_relation_is_refused_at_deploy() {
+    let e = env();
+    // Parsing refuses such metadata already; a charm built in code must not
+    // get past deploy either.
+    let mut args = deploy_args(WORDPRESS, "wordpress", 1);
+    args.charm.meta.peers.get_mut("loadbalancer").unwrap().scope =
+        jujube_core::charm::Scope::Container;
+    let err = e.refused(|s| s.deploy(&args));
+    assert_eq!(
+        err.to_string(),
+        "invalid charm `wordpress`: peer relation `loadbalancer` is container-scoped; a peer relation joins the units of one service, which never share a container: remove `scope: container` from it"
+    );
+}
+
+#[test]
+fn peer_relations_cannot_be_destroyed_alone() {
+    let e = env();
+    e.deploy(WORDPRESS, "wordpress", 1);
+    let peer = e.st.relations().unwrap().remove(0);
+    assert_eq!(peer.key, "wordpress:loadbalancer");
+    let msg = "relation `wordpress:loadbalancer` is a peer relation of service `wordpress` and lives as long as it; destroy the service to remove it";
+    let err = e.refused(|s| s.destroy_relation_id(peer.id));
+    assert_eq!(err.to_string(), msg);
+    let err = e.refused(|s| s.destroy_relation("wordpress:loadbalancer", "wordpress"));
+    assert_eq!(err.to_string(), msg);
+}
+
+#[test]
+fn a_principal_cannot_enter_container_scope_until_its_old_subordinate_is_removed() {
+    let e = env();
+    let w = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
+    started(&e, &w);
+    e.deploy(LOGGING, "logging", 0);
+    let rel = e.st.add_relation("logging", "wordpress").unwrap();
+    e.st.enter_scope(rel.id, &w).unwrap();
+    let sub = e.st.subordinates(&w).unwrap().remove(0);
+    e.st.enter_scope(rel.id, &sub).unwrap();
+    // The relation goes; its units leave; the subordinate's agent sets it
+    // Dead but has not removed it yet when the relation is added again.
+    e.st.destroy_relation("logging", "wordpress").unwrap();
+    e.st.leave_scope(rel.id, &sub).unwrap();
+    e.st.leave_scope(rel.id, &w).unwrap();
+    e.st.ensure_dead_unit(&sub).unwrap();
+    let again = e.st.add_relation("logging", "wordpress").unwrap();
+    let err = e.refused(|s| s.enter_scope(again.id, &w));
+    assert!(matches!(err, Error::CannotEnterScopeYet { .. }), "{err}");
+    assert_eq!(
+        err.to_string(),
+        format!("unit `{w}` cannot enter scope yet: its subordinate `{sub}` of service `logging` is dead and has not been removed; try again once it is removed")
+    );
+    e.st.remove_unit(&sub).unwrap();
+    e.st.enter_scope(again.id, &w).unwrap();
+    assert_eq!(e.st.subordinates(&w).unwrap(), vec!["logging/1"]);
+}
+
+#[test]
+fn a_unit_sees_only_its_counterparts_in_scope_and_in_a_container_only_its_own_container() {
+    let e = env();
+    let ws = e.deploy(WORDPRESS, "wordpress", 2);
+    let ms = e.deploy(MYSQL, "mysql", 1);
+    e.deploy(LOGGING, "logging", 0);
+    let db = e.st.add_relation("wordpress", "mysql").unwrap();
+    let logs = e.st.add_relation("logging", "wordpress").unwrap();
+    let peer =
+        e.st.relations_of("wordpress")
+            .unwrap()
+            .into_iter()
+            .find(|r| r.key == "wordpress:loadbalancer")
+            .unwrap();
+    for w in &ws {
+        e.st.enter_scope(db.id, w).unwrap();
+        e.st.enter_scope(logs.id, w).unwrap();
+        e.st.enter_scope(peer.id, w).unwrap();
+    }
+    e.st.enter_scope(db.id, &ms[0]).unwrap();
+    let subs: Vec<String> = ws
+        .iter()
+        .map(|w| e.st.subordinates(w).unwrap().remove(0))
+        .collect();
+    for s in &subs {
+        e.st.enter_scope(logs.id, s).unwrap();
+    }
+    for (w, s) in ws.iter().zip(&subs) {
+        assert_eq!(e.st.scope_units(logs.id, w).unwrap(), vec![s.clone()]);
+        assert_eq!(e.st.scope_units(logs.id, s).unwrap(), vec![w.clone()]);
+    }
+    // Global: the other side's units; peers: the others of its service.
+    assert_eq!(e.st.scope_units(db.id, &ws[0]).unwrap(), ms);
+    assert_eq!(e.st.scope_units(db.id, &ms[0]).unwrap(), ws);
+    assert_eq!(
+        e.st.scope_units(peer.id, &ws[0]).unwrap(),
+        vec![ws[1].clone()]
+    );
+    let err = e.refused(|s| s.scope_units(db.id, &subs[0]));
+    assert!(matches!(err, Error::Relation(_)), "{err}");
+}
+
 // ---- series ----------------------------------------------------------
 
 #[test]
