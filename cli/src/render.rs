@@ -69,6 +69,18 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
             dash(&e.constraints),
         ]],
     )?;
+    if let Some(p) = &e.provider_status {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_secs() as i64;
+        writeln!(
+            out,
+            "Provider `{}` cannot be reached (for {}s): {}",
+            e.provider,
+            (now - p.since).max(0),
+            p.message
+        )?;
+    }
     writeln!(out)?;
     let rows: Vec<Vec<String>> = st
         .machines
@@ -79,7 +91,11 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
                 id.clone(),
                 m.life.to_string(),
                 m.status.clone(),
-                m.instance_id.clone().unwrap_or_else(|| "-".into()),
+                match (&m.instance_id, m.instance_status.as_deref()) {
+                    (Some(i), Some("gone")) => format!("{i} (gone)"),
+                    (Some(i), _) => i.clone(),
+                    (None, _) => "-".into(),
+                },
                 m.series.clone(),
                 dash(&m.constraints),
                 m.status_info.clone(),

@@ -148,7 +148,9 @@ impl CharmMeta {
         Ok(meta)
     }
 
-    fn validate(&self) -> Result<()> {
+    /// Checks the rules every charm must keep. [`CharmMeta::parse`] calls
+    /// it; callers that build metadata in code call it themselves.
+    pub fn validate(&self) -> Result<()> {
         let bad = |why: String| {
             Err(Error::InvalidCharm {
                 charm: self.name.clone(),
@@ -182,6 +184,13 @@ impl CharmMeta {
                 if rel.interface == JUJU_INFO && role == Role::Provider {
                     return bad(format!(
                         "relation `{name}` provides the reserved interface `juju-info`; every charm provides it already"
+                    ));
+                }
+                if role == Role::Peer && rel.scope == Scope::Container {
+                    // A principal entering such a scope would get a
+                    // "subordinate" of its own service.
+                    return bad(format!(
+                        "peer relation `{name}` is container-scoped; a peer relation joins the units of one service, which never share a container: remove `scope: container` from it"
                     ));
                 }
                 if let Some(prev) = seen.insert(name.clone(), role) {
@@ -444,6 +453,18 @@ mod tests {
             .any(|e| e.role == Role::Provider));
         let err = CharmMeta::parse("name: x\nsubordinate: true\nrequires:\n  a: b\n").unwrap_err();
         assert!(err.to_string().contains("scope: container"), "{err}");
+    }
+
+    #[test]
+    fn container_scoped_peer_relations_are_refused() {
+        let err = CharmMeta::parse(
+            "name: ring\npeers:\n  cluster:\n    interface: ring\n    scope: container\n",
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid charm `ring`: peer relation `cluster` is container-scoped; a peer relation joins the units of one service, which never share a container: remove `scope: container` from it"
+        );
     }
 
     #[test]

@@ -115,6 +115,17 @@ pub enum Error {
     },
     #[error("{0}")]
     Relation(String),
+    /// Entering a container scope needs the principal's subordinate of the
+    /// other service to be Alive or absent; an old one that is Dying or Dead
+    /// must be removed first. Juju's `ErrCannotEnterScopeYet`: the agent
+    /// retries once the subordinate is gone.
+    #[error("unit `{unit}` cannot enter scope yet: its subordinate `{subordinate}` of service `{service}` is {life} and has not been removed; try again once it is removed")]
+    CannotEnterScopeYet {
+        unit: String,
+        subordinate: String,
+        service: String,
+        life: Life,
+    },
     #[error("machine `{0}` has no provisioning error; `jujube resolved` only applies to machines in error")]
     NoProvisioningError(i64),
     #[error(transparent)]

@@ -71,7 +71,9 @@ fn destroy_machine_in(tx: &mut Tx<'_>, id: i64) -> Result<()> {
 
 /// Clears a machine's provisioning error (and its nonce: an instance a
 /// failed start may have left behind is then nobody's, and is reaped as a
-/// stray), optionally replacing its constraints.
+/// stray), optionally replacing its constraints. A machine in error because
+/// its instance is gone (the instance poller's finding) also forgets that
+/// instance, so that a replacement is started under a new nonce.
 pub(crate) fn resolve_in(tx: &mut Tx<'_>, id: i64, cons: Option<&Constraints>) -> Result<()> {
     let m = get_machine(tx, id)?;
     require_alive(
@@ -92,6 +94,11 @@ pub(crate) fn resolve_in(tx: &mut Tx<'_>, id: i64, cons: Option<&Constraints>) -
     tx.execute(
         "UPDATE machines SET status = ?1, status_info = '', nonce = NULL WHERE id = ?2",
         (machine_status::PENDING, id),
+    )?;
+    tx.execute(
+        "UPDATE machines SET instance_id = NULL, zone = NULL, hardware = NULL, instance_status = NULL
+         WHERE id = ?1 AND instance_status = ?2",
+        (id, crate::model::instance_status::GONE),
     )?;
     tx.changed(ChangeKind::Machine, id.to_string())
 }

@@ -181,6 +181,8 @@ impl Store {
         crate::check_count("units", args.units)?;
         series::validate(&args.series)?;
         let meta = &args.charm.meta;
+        // Parsing validated it already; a charm built in code is checked too.
+        meta.validate()?;
         if !meta.series.is_empty() && !meta.series.contains(&args.series) {
             return Err(Error::UnsupportedSeries {
                 charm: meta.name.clone(),
@@ -226,15 +228,20 @@ impl Store {
             }
             check_series(tx, &args.series)?;
             let url = store_charm(tx, &args.charm)?;
+            // Names are reused once a service is removed; its incarnation
+            // never is, so work queued for this service can tell it apart
+            // from a later one of the same name.
+            let incarnation = tx.next_in_sequence("service")?;
             tx.execute(
-                "INSERT INTO services (name, charm_url, series, subordinate, constraints)
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                "INSERT INTO services (name, charm_url, series, subordinate, constraints, incarnation)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 (
                     &args.service,
                     &url,
                     &args.series,
                     meta.subordinate,
                     args.constraints.to_string(),
+                    incarnation,
                 ),
             )?;
             write_settings(tx, &args.service, &settings)?;
@@ -281,7 +288,8 @@ impl Store {
     /// - if units remain, or some relations survive, the service becomes
     ///   Dying with its relation count reduced by the removals, and a cleanup
     ///   is queued that destroys its units in batches (no transaction grows
-    ///   with the number of units);
+    ///   with the number of units); the cleanup names this incarnation of
+    ///   the service, so it never touches a later service of the same name;
     /// - otherwise the service is removed at once.
     pub fn destroy_service(&self, name: &str) -> Result<()> {
         self.write(|tx| {
@@ -305,11 +313,17 @@ impl Store {
                 )?;
                 tx.changed(ChangeKind::Service, name)?;
                 if svc.unit_count > 0 {
+                    let incarnation: i64 = tx.query_row(
+                        "SELECT incarnation FROM services WHERE name = ?1",
+                        [name],
+                        |r| r.get(0),
+                    )?;
+                    let target = incarnation.to_string();
                     tx.execute(
                         "INSERT INTO cleanups (kind, target) VALUES (?1, ?2)",
-                        (crate::cleanups::SERVICE_UNITS, name),
+                        (crate::cleanups::SERVICE_UNITS, &target),
                     )?;
-                    tx.changed(ChangeKind::Cleanup, name)?;
+                    tx.changed(ChangeKind::Cleanup, &target)?;
                 }
                 Ok(())
             } else {

@@ -86,6 +86,10 @@ fn unknown_series_are_refused_unless_the_environment_adds_them() {
 #[test]
 fn constraint_values_with_escaped_spaces_read_back_unchanged() {
     let j = bootstrapped();
+    // Zones are checked against the provider's: give the dummy a zone whose
+    // name has spaces, as EC2-compatible clouds and OpenStack do.
+    j.run(&["set-environment", "dummy-zones=Availability zone 1,zone-b"])
+        .ok();
     j.run(&[
         "set-constraints",
         r"zones=Availability\ zone\ 1",

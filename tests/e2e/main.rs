@@ -36,6 +36,12 @@ pub fn charms() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/charms")
 }
 
+impl Default for Jujube {
+    fn default() -> Jujube {
+        Jujube::new()
+    }
+}
+
 impl Jujube {
     pub fn new() -> Jujube {
         Jujube {
