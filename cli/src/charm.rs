@@ -49,11 +49,13 @@ pub fn resolve(reference: &str, repository: Option<&Path>) -> Result<(PathBuf, O
 /// Reads a charm directory; `series` completes its URL.
 pub fn load(reference: &str, repository: Option<&Path>) -> Result<Loaded> {
     let (dir, url_series) = resolve(reference, repository)?;
-    let meta_text = std::fs::read_to_string(dir.join("metadata.yaml"))
-        .with_context(|| format!("cannot read `{}`", dir.join("metadata.yaml").display()))?;
-    let meta = CharmMeta::parse(&meta_text)?;
-    let config = match std::fs::read_to_string(dir.join("config.yaml")) {
-        Ok(text) => CharmConfig::parse(&meta.name, &text)?,
+    let meta_path = dir.join("metadata.yaml");
+    let meta_text = std::fs::read_to_string(&meta_path)
+        .with_context(|| format!("cannot read `{}`", meta_path.display()))?;
+    let meta = CharmMeta::parse_file(&meta_path.to_string_lossy(), &meta_text)?;
+    let config_path = dir.join("config.yaml");
+    let config = match std::fs::read_to_string(&config_path) {
+        Ok(text) => CharmConfig::parse_file(&config_path.to_string_lossy(), &meta.name, &text)?,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => CharmConfig::default(),
         Err(e) => {
             return Err(e)

@@ -1,7 +1,12 @@
 //! The controller and what it shares with other commands: building an
 //! environment's provider, validating config, `wait`, `destroy-environment`.
+//!
+//! One controller runs per environment: it holds `controller.lock` (an
+//! exclusive `flock`) for its lifetime and writes its pid into it, so that
+//! `destroy-environment` can ask it to stop (SIGTERM) and wait for the lock.
 
 use crate::home::Home;
+use crate::progress::Reporter;
 use anyhow::{anyhow, bail, Context, Result};
 use jujube_core::Life;
 use jujube_providers::dummy::DummyProvider;
@@ -64,10 +69,24 @@ pub fn dummy(home: &Home, env_name: &str, store: &Store) -> Result<DummyProvider
 }
 
 /// Holds the environment's controller lock for as long as it lives.
-pub struct ControllerLock(#[allow(dead_code)] File);
+pub struct ControllerLock(File);
+
+impl ControllerLock {
+    /// Writes our pid into the lock file, for `destroy-environment`.
+    fn write_pid(&mut self) -> Result<()> {
+        self.0.set_len(0)?;
+        writeln!(self.0, "{}", std::process::id())?;
+        self.0.flush()?;
+        Ok(())
+    }
+}
+
+fn lock_path(home: &Home, env_name: &str) -> std::path::PathBuf {
+    home.env_dir(env_name).join(LOCK)
+}
 
 pub fn try_lock(home: &Home, env_name: &str) -> Result<Option<ControllerLock>> {
-    let path = home.env_dir(env_name).join(LOCK);
+    let path = lock_path(home, env_name);
     let f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -80,6 +99,51 @@ pub fn try_lock(home: &Home, env_name: &str) -> Result<Option<ControllerLock>> {
         Err(std::fs::TryLockError::Error(e)) => {
             Err(e).with_context(|| format!("cannot lock `{}`", path.display()))
         }
+    }
+}
+
+/// How long `destroy-environment` waits for a running controller to stop.
+const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Asks the controller that holds the lock to stop (SIGTERM to the pid it
+/// wrote) and waits until it has released the lock, which is then ours.
+async fn stop_controller(home: &Home, name: &str, out: &mut impl Write) -> Result<ControllerLock> {
+    let deadline = tokio::time::Instant::now() + STOP_TIMEOUT;
+    let mut signalled: Option<i32> = None;
+    loop {
+        if let Some(lock) = try_lock(home, name)? {
+            if let Some(pid) = signalled {
+                writeln!(out, "stopped the controller of `{name}` (pid {pid})")?;
+            }
+            return Ok(lock);
+        }
+        if signalled.is_none() {
+            // Empty while the holder has not written it yet: look again.
+            let pid = std::fs::read_to_string(lock_path(home, name))
+                .ok()
+                .and_then(|s| s.trim().parse::<i32>().ok())
+                .filter(|p| *p > 0);
+            if let Some(pid) = pid {
+                // SAFETY: kill(2) has no memory effects; the pid is the one
+                // the live holder of the controller lock wrote.
+                if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
+                    let err = std::io::Error::last_os_error();
+                    // ESRCH: it has just exited; the lock tells.
+                    if err.raw_os_error() != Some(libc::ESRCH) {
+                        bail!("cannot stop the controller of environment `{name}` (pid {pid}): {err}; stop it yourself and try again");
+                    }
+                }
+                info!(pid, "asked the controller to stop");
+                signalled = Some(pid);
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            match signalled {
+                Some(pid) => bail!("the controller of environment `{name}` (pid {pid}) did not stop within {}s; stop it (`kill {pid}`) and try again", STOP_TIMEOUT.as_secs()),
+                None => bail!("a controller is running for environment `{name}` and did not say its pid; stop it first"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -155,9 +219,10 @@ fn agent_mode(
 /// `jujube controller`: the provisioner, the cleaner, the machine agents and
 /// the API server, until SIGINT/SIGTERM.
 pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
-    let _lock = try_lock(home, env_name)?.ok_or_else(|| {
+    let mut lock = try_lock(home, env_name)?.ok_or_else(|| {
         anyhow!("a controller is already running for environment `{env_name}`; stop it first")
     })?;
+    lock.write_pid()?;
     let provider = provider(home, env_name, &store).await?;
     let provisioner = Provisioner::new(store.clone(), provider)?;
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -168,11 +233,26 @@ pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
             let mut watcher = store.watch(0).with_poll_interval(Duration::from_secs(1));
+            // Cleanups of kinds this version does not know, reported once.
+            let mut reported = std::collections::HashSet::new();
             loop {
                 match store.run_cleanups(usize::MAX) {
                     Ok(n) if n > 0 => info!(steps = n, "cleanups done"),
                     Ok(_) => {}
                     Err(e) => warn!(error = %e, "cleanup failed; will retry"),
+                }
+                match store.skipped_cleanups() {
+                    Ok(skipped) => {
+                        for c in skipped.into_iter().filter(|c| reported.insert(c.id)) {
+                            warn!(
+                                id = c.id,
+                                kind = %c.kind,
+                                target = %c.target,
+                                "skipping a cleanup of a kind this jujube does not know (queued by a newer version); it stays queued for a version that knows it"
+                            );
+                        }
+                    }
+                    Err(e) => warn!(error = %e, "listing skipped cleanups failed"),
                 }
                 if let Err(e) = store.prune_changes(100_000, 1000) {
                     warn!(error = %e, "pruning the change feed failed");
@@ -222,6 +302,16 @@ pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
 /// What keeps an environment from being settled, in words.
 pub fn stuck(store: &Store) -> Result<Vec<String>> {
     let mut out = Vec::new();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs() as i64;
+    if let Some(p) = store.provider_status()? {
+        out.push(format!(
+            "the provider cannot be reached (for {}s): {}",
+            (now - p.since).max(0),
+            p.message
+        ));
+    }
     for m in store.machines()? {
         match m.life {
             Life::Alive if m.instance_id.is_none() && m.status != machine_status::ERROR => out
@@ -246,9 +336,6 @@ pub fn stuck(store: &Store) -> Result<Vec<String>> {
     if cleanups > 0 {
         out.push(format!("{cleanups} cleanup(s) pending"));
     }
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_secs() as i64;
     for s in store.strays()? {
         if let Some(at) = s.reap_at {
             out.push(format!(
@@ -261,19 +348,77 @@ pub fn stuck(store: &Store) -> Result<Vec<String>> {
     Ok(out)
 }
 
-/// `jujube wait`: until nothing can make progress, or the timeout.
+/// Alive machines in error, each with its message.
+fn in_error(store: &Store) -> Result<Vec<String>> {
+    Ok(store
+        .machines()?
+        .into_iter()
+        .filter(|m| m.life == Life::Alive && m.status == machine_status::ERROR)
+        .map(|m| format!("machine {}: {}", m.id, m.status_info))
+        .collect())
+}
+
+/// The progress line of `wait`.
+fn progress_line(p: &jujube_state::status::Progress, stuck: &[String]) -> (String, String) {
+    let mut msg = format!(
+        "units {}/{} on started machines",
+        p.units_on_started_machines, p.units
+    );
+    if p.machines_in_error > 0 {
+        msg.push_str(&format!(", {} machine(s) in error", p.machines_in_error));
+    }
+    if let Some(first) = stuck.first() {
+        msg.push_str(&format!("; waiting for: {first}"));
+        if stuck.len() > 1 {
+            msg.push_str(&format!(" (and {} more)", stuck.len() - 1));
+        }
+    }
+    let line = format!(
+        "{}/{} machines started, {msg}",
+        p.machines_started, p.machines
+    );
+    (msg, line)
+}
+
+/// `jujube wait`: until nothing can make progress, or the timeout. Succeeds
+/// only when everything converged without error; otherwise the error lists
+/// every machine in error (and, on timeout, what is still stuck).
 pub async fn wait(store: &Store, timeout: Duration) -> Result<()> {
     let deadline = tokio::time::Instant::now() + timeout;
+    let mut progress = Reporter::new("wait", true);
     loop {
         let s = stuck(store)?;
-        if s.is_empty() {
+        let p = store.progress()?;
+        let (msg, line) = progress_line(&p, &s);
+        progress.update(
+            Some((p.machines_started as u64, p.machines as u64)),
+            &msg,
+            &line,
+        );
+        let timed_out = tokio::time::Instant::now() >= deadline;
+        if s.is_empty() || timed_out {
+            progress.finish(&line);
+            let errors = in_error(store)?;
+            let listed = if errors.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "{} machine(s) in error:\n  {}\n",
+                    errors.len(),
+                    errors.join("\n  ")
+                )
+            };
+            if timed_out && !s.is_empty() {
+                bail!(
+                    "timed out after {timeout:?}; still waiting: {}; is `jujube controller` running?{}",
+                    s.join("; "),
+                    if listed.is_empty() { String::new() } else { format!("\n{listed}fix the causes, then `jujube resolved MACHINE` or `jujube retry-provisioning --all`") }
+                );
+            }
+            if !errors.is_empty() {
+                bail!("{listed}fix the causes, then `jujube resolved MACHINE` or `jujube retry-provisioning --all`");
+            }
             return Ok(());
-        }
-        if tokio::time::Instant::now() >= deadline {
-            bail!(
-                "timed out after {timeout:?}; still waiting: {}; is `jujube controller` running?",
-                s.join("; ")
-            );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -299,9 +444,12 @@ pub async fn destroy(home: &Home, name: &str, yes: bool, out: &mut impl Write) -
             bail!("not confirmed; environment `{name}` is unchanged");
         }
     }
-    let _lock = try_lock(home, name)?.ok_or_else(|| {
-        anyhow!("a controller is running for environment `{name}`; stop it first")
-    })?;
+    // A running controller is asked to stop first; its lock is then ours,
+    // so that no controller starts while the environment is destroyed.
+    let _lock = match try_lock(home, name)? {
+        Some(lock) => lock,
+        None => stop_controller(home, name, out).await?,
+    };
     // Agent processes a controller killed with -9 left running.
     jujube_agent_state::process::stop_all(&home.env_dir(name).join("agents")).await;
     let provider = provider(home, name, &store).await?;

@@ -47,7 +47,7 @@ fn structured<T: Serialize>(value: &T, format: Format, out: &mut impl Write) -> 
             serde_json::to_writer_pretty(&mut *out, value)?;
             writeln!(out)?;
         }
-        Format::Yaml => serde_yaml::to_writer(&mut *out, value)?,
+        Format::Yaml => yaml_serde::to_writer(&mut *out, value)?,
         Format::Tabular => return Ok(false),
     }
     Ok(true)
@@ -69,6 +69,18 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
             dash(&e.constraints),
         ]],
     )?;
+    if let Some(p) = &e.provider_status {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_secs() as i64;
+        writeln!(
+            out,
+            "Provider `{}` cannot be reached (for {}s): {}",
+            e.provider,
+            (now - p.since).max(0),
+            p.message
+        )?;
+    }
     writeln!(out)?;
     let rows: Vec<Vec<String>> = st
         .machines
@@ -86,7 +98,11 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
                 m.life.to_string(),
                 m.status.clone(),
                 m.agent_status.clone(),
-                m.instance_id.clone().unwrap_or_else(|| "-".into()),
+                match (&m.instance_id, m.instance_status.as_deref()) {
+                    (Some(i), Some("gone")) => format!("{i} (gone)"),
+                    (Some(i), _) => i.clone(),
+                    (None, _) => "-".into(),
+                },
                 m.series.clone(),
                 dash(&m.constraints),
                 message,

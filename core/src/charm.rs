@@ -1,7 +1,9 @@
 //! Charm metadata (`metadata.yaml`), config (`config.yaml`), endpoints, and
 //! the rules that decide which endpoints may be related.
 //!
-//! Parsing takes YAML text; reading a charm directory is the caller's job.
+//! Parsing takes YAML text (with `yaml_serde`, the YAML organization's
+//! maintained continuation of `serde_yaml`); reading a charm directory is the
+//! caller's job, which names the file for errors.
 
 use crate::names;
 use crate::{Error, Result};
@@ -135,15 +137,20 @@ pub struct CharmMeta {
 impl CharmMeta {
     /// Parses and validates `metadata.yaml` text.
     pub fn parse(yaml: &str) -> Result<CharmMeta> {
-        let meta: CharmMeta = serde_yaml::from_str(yaml).map_err(|e| Error::InvalidCharm {
-            charm: "metadata.yaml".into(),
-            why: format!("cannot parse metadata.yaml: {e}"),
-        })?;
+        CharmMeta::parse_file("metadata.yaml", yaml)
+    }
+
+    /// [`CharmMeta::parse`], naming `file` (and the line) when the YAML is
+    /// malformed.
+    pub fn parse_file(file: &str, yaml: &str) -> Result<CharmMeta> {
+        let meta: CharmMeta = yaml_serde::from_str(yaml).map_err(|e| yaml_error(file, &e))?;
         meta.validate()?;
         Ok(meta)
     }
 
-    fn validate(&self) -> Result<()> {
+    /// Checks the rules every charm must keep. [`CharmMeta::parse`] calls
+    /// it; callers that build metadata in code call it themselves.
+    pub fn validate(&self) -> Result<()> {
         let bad = |why: String| {
             Err(Error::InvalidCharm {
                 charm: self.name.clone(),
@@ -177,6 +184,13 @@ impl CharmMeta {
                 if rel.interface == JUJU_INFO && role == Role::Provider {
                     return bad(format!(
                         "relation `{name}` provides the reserved interface `juju-info`; every charm provides it already"
+                    ));
+                }
+                if role == Role::Peer && rel.scope == Scope::Container {
+                    // A principal entering such a scope would get a
+                    // "subordinate" of its own service.
+                    return bad(format!(
+                        "peer relation `{name}` is container-scoped; a peer relation joins the units of one service, which never share a container: remove `scope: container` from it"
                     ));
                 }
                 if let Some(prev) = seen.insert(name.clone(), role) {
@@ -226,6 +240,24 @@ impl CharmMeta {
             }
         }
         out
+    }
+}
+
+/// A YAML error in `file`: the line it is on, and the parser's message
+/// without its own location (which the error shows once, as the line).
+fn yaml_error(file: &str, e: &yaml_serde::Error) -> Error {
+    let mut why = e.to_string();
+    let line = e.location().map(|l| {
+        let at = format!(" at line {} column {}", l.line(), l.column());
+        if let Some(i) = why.find(&at) {
+            why.replace_range(i..i + at.len(), "");
+        }
+        l.line()
+    });
+    Error::CharmFile {
+        file: file.to_string(),
+        line,
+        why,
     }
 }
 
@@ -319,11 +351,15 @@ pub struct CharmConfig {
 }
 
 impl CharmConfig {
+    /// Parses and validates the `config.yaml` text of charm `charm`.
     pub fn parse(charm: &str, yaml: &str) -> Result<CharmConfig> {
-        let cfg: CharmConfig = serde_yaml::from_str(yaml).map_err(|e| Error::InvalidCharm {
-            charm: charm.to_string(),
-            why: format!("cannot parse config.yaml: {e}"),
-        })?;
+        CharmConfig::parse_file("config.yaml", charm, yaml)
+    }
+
+    /// [`CharmConfig::parse`], naming `file` (and the line) when the YAML is
+    /// malformed.
+    pub fn parse_file(file: &str, charm: &str, yaml: &str) -> Result<CharmConfig> {
+        let cfg: CharmConfig = yaml_serde::from_str(yaml).map_err(|e| yaml_error(file, &e))?;
         for (name, opt) in &cfg.options {
             if !["string", "int", "float", "boolean"].contains(&opt.kind.as_str()) {
                 return Err(Error::InvalidCharm {
@@ -420,10 +456,171 @@ mod tests {
     }
 
     #[test]
+    fn container_scoped_peer_relations_are_refused() {
+        let err = CharmMeta::parse(
+            "name: ring\npeers:\n  cluster:\n    interface: ring\n    scope: container\n",
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid charm `ring`: peer relation `cluster` is container-scoped; a peer relation joins the units of one service, which never share a container: remove `scope: container` from it"
+        );
+    }
+
+    #[test]
     fn reserved_and_duplicate_relations_are_refused() {
         assert!(CharmMeta::parse("name: x\nprovides:\n  juju-foo: bar\n").is_err());
         assert!(CharmMeta::parse("name: x\nprovides:\n  a: b\nrequires:\n  a: c\n").is_err());
         assert!(CharmMeta::parse("name: X\n").is_err());
+    }
+
+    const EXAMPLES: [(&str, &str); 3] = [
+        (
+            "wordpress",
+            include_str!("../../examples/charms/wordpress/metadata.yaml"),
+        ),
+        (
+            "mysql",
+            include_str!("../../examples/charms/mysql/metadata.yaml"),
+        ),
+        (
+            "logging",
+            include_str!("../../examples/charms/logging/metadata.yaml"),
+        ),
+    ];
+
+    #[test]
+    fn the_example_charms_parse() {
+        for (name, text) in EXAMPLES {
+            let m = CharmMeta::parse_file(&format!("{name}/metadata.yaml"), text).unwrap();
+            assert_eq!(m.name, name);
+            assert_eq!(m.series, ["jammy", "noble"]);
+        }
+        let wp = CharmMeta::parse(EXAMPLES[0].1).unwrap();
+        assert_eq!(wp.requires["db"].interface, "mysql");
+        assert_eq!(wp.provides["website"].interface, "http");
+        assert_eq!(wp.peers["loadbalancer"].interface, "reversenginx");
+        assert!(wp
+            .description
+            .starts_with("WordPress, as a jujube example charm."));
+        let logging = CharmMeta::parse(EXAMPLES[2].1).unwrap();
+        assert!(logging.subordinate);
+        assert_eq!(logging.requires["juju-info"].scope, Scope::Container);
+        let cfg = CharmConfig::parse_file(
+            "wordpress/config.yaml",
+            "wordpress",
+            include_str!("../../examples/charms/wordpress/config.yaml"),
+        )
+        .unwrap();
+        assert_eq!(
+            cfg.options.keys().collect::<Vec<_>>(),
+            ["debug", "port", "title"]
+        );
+        assert_eq!(cfg.options["port"].default, Some(SettingValue::Int(80)));
+    }
+
+    /// YAML output is byte for byte what `serde_yaml` 0.9.34 wrote before
+    /// the move to `yaml_serde` (captured from it).
+    #[test]
+    fn yaml_output_is_unchanged_from_serde_yaml() {
+        let wp = CharmMeta::parse(EXAMPLES[0].1).unwrap();
+        assert_eq!(
+            yaml_serde::to_string(&wp).unwrap(),
+            r#"name: wordpress
+summary: A blog, requiring a MySQL database
+description: |
+  WordPress, as a jujube example charm. Relate it to `mysql` for its
+  database; it offers `website` (http) to load balancers and proxies.
+subordinate: false
+series:
+- jammy
+- noble
+provides:
+  website:
+    interface: http
+    scope: global
+requires:
+  db:
+    interface: mysql
+    scope: global
+peers:
+  loadbalancer:
+    interface: reversenginx
+    scope: global
+"#
+        );
+        let cfg = CharmConfig::parse(
+            "wordpress",
+            include_str!("../../examples/charms/wordpress/config.yaml"),
+        )
+        .unwrap();
+        assert_eq!(
+            yaml_serde::to_string(&cfg).unwrap(),
+            r#"options:
+  debug:
+    type: boolean
+    default: false
+    description: Turn on WordPress debug logging.
+  port:
+    type: int
+    default: 80
+    description: Port the site listens on.
+  title:
+    type: string
+    default: My Blog
+    description: The blog's title.
+"#
+        );
+        // And reads back to the same value.
+        assert_eq!(
+            yaml_serde::from_str::<CharmMeta>(&yaml_serde::to_string(&wp).unwrap()).unwrap(),
+            wp
+        );
+    }
+
+    #[test]
+    fn malformed_yaml_names_the_file_and_the_line() {
+        let err = CharmMeta::parse_file(
+            "charms/x/metadata.yaml",
+            "name: x\nsummary: y\nprovides:\n\tdb: mysql\n",
+        )
+        .unwrap_err();
+        let Error::CharmFile { file, line, why } = &err else {
+            panic!("{err}");
+        };
+        assert_eq!((file.as_str(), *line), ("charms/x/metadata.yaml", Some(4)));
+        assert!(why.contains("cannot start any token"), "{why}");
+        assert!(
+            err.to_string()
+                .starts_with("cannot parse `charms/x/metadata.yaml` at line 4: "),
+            "{err}"
+        );
+        assert!(
+            err.to_string().ends_with("; fix it and deploy again"),
+            "{err}"
+        );
+        // A value of the wrong type: the line of the value.
+        let err = CharmMeta::parse_file("m.yaml", "name: x\nsubordinate: maybe\n").unwrap_err();
+        assert!(
+            matches!(&err, Error::CharmFile { line: Some(2), why, .. } if why.starts_with("subordinate: invalid type")),
+            "{err}"
+        );
+        // The location is said once, as the line.
+        assert!(!err.to_string().contains("column"), "{err}");
+        let err = CharmConfig::parse_file(
+            "c.yaml",
+            "x",
+            "options:\n  port:\n    type: int\n    default: [80\n",
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, Error::CharmFile { file, line: Some(_), .. } if file == "c.yaml"),
+            "{err}"
+        );
+        // Nothing a charm holds makes the parser panic.
+        for text in ["", "[", "name: &a [*a]\n", "\u{0}"] {
+            assert!(CharmMeta::parse(text).is_err(), "{text:?}");
+        }
     }
 
     #[test]

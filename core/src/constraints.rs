@@ -5,9 +5,15 @@
 //! environment's value for that key when the two are collapsed into a unit's
 //! constraints (see [`Constraints::with_fallbacks`]).
 //!
+//! A value may hold spaces, written as Juju writes them: a backslash before
+//! the space (`zones=Availability\ zone\ 1`, `instance-type=with\ spaces`).
+//! Any other backslash is an ordinary character, but a value may not end
+//! with one (it would escape the space after it).
+//!
 //! The canonical form lists keys in alphabetical order, sizes in the largest
-//! binary unit that represents them exactly (`2G`, `1536M`), and lists joined
-//! by commas; parsing the canonical form gives back an equal value.
+//! binary unit that represents them exactly (`2G`, `1536M`), lists joined by
+//! commas, and spaces escaped; parsing the canonical form gives back an equal
+//! value.
 
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -211,26 +217,58 @@ impl fmt::Display for Value {
     }
 }
 
+/// Splits constraint text into words at whitespace, except that a backslash
+/// followed by a space stands for a space inside the word (Juju's escape).
+fn split_words(s: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\\' && chars.peek() == Some(&' ') {
+            chars.next();
+            word.push(' ');
+        } else if c.is_whitespace() {
+            if !word.is_empty() {
+                words.push(std::mem::take(&mut word));
+            }
+        } else {
+            word.push(c);
+        }
+    }
+    if !word.is_empty() {
+        words.push(word);
+    }
+    words
+}
+
 impl Constraints {
     pub fn new() -> Constraints {
         Constraints::default()
     }
 
-    /// Parses space-separated `key=value` words. An empty string is the empty
-    /// set. Each key may appear once.
+    /// Parses space-separated `key=value` words (`\ ` is a space inside a
+    /// value). An empty string is the empty set. Each key may appear once.
     pub fn parse(s: &str) -> Result<Constraints> {
-        Constraints::parse_words(s.split_whitespace())
+        Constraints::parse_words([s])
     }
 
     /// Parses words already split, as a command line gives them; each word
     /// may itself hold several space-separated constraints.
     pub fn parse_words<'a>(words: impl IntoIterator<Item = &'a str>) -> Result<Constraints> {
         let mut entries = BTreeMap::new();
-        for word in words.into_iter().flat_map(str::split_whitespace) {
+        for word in words.into_iter().flat_map(split_words) {
             let (k, v) = word
                 .split_once('=')
                 .ok_or_else(|| Error::MalformedConstraint(word.to_string()))?;
             let key: Key = k.parse()?;
+            if v.ends_with('\\') {
+                return Err(Error::InvalidConstraint {
+                    key: k.to_string(),
+                    value: v.to_string(),
+                    why: "a value cannot end with `\\` (a backslash escapes the space after it)"
+                        .to_string(),
+                });
+            }
             let value = if v.is_empty() {
                 None
             } else {
@@ -343,7 +381,9 @@ impl Constraints {
 }
 
 impl fmt::Display for Constraints {
-    /// The canonical form: sorted keys, canonical values, single spaces.
+    /// The canonical form: sorted keys, canonical values with their spaces
+    /// escaped (`\ `), single spaces between words. It parses back to an
+    /// equal value.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut first = true;
         for (k, v) in &self.entries {
@@ -353,7 +393,7 @@ impl fmt::Display for Constraints {
             first = false;
             write!(f, "{}=", k.as_str())?;
             if let Some(v) = v {
-                write!(f, "{v}")?;
+                f.write_str(&v.to_string().replace(' ', "\\ "))?;
             }
         }
         Ok(())
@@ -452,6 +492,67 @@ mod tests {
              `container`, `cores`, `cpu-power`, `instance-type`, `mem`, `root-disk`, `tags`, \
              `virt-type` and `zones`"
         );
+    }
+
+    #[test]
+    fn values_with_spaces_use_jujus_backslash_escape_and_read_back_unchanged() {
+        let v = c(r"zones=Availability\ zone\ 1,zone\ 2 instance-type=with\ spaces mem=2G");
+        assert_eq!(v.zones(), ["Availability zone 1", "zone 2"]);
+        assert_eq!(v.instance_type(), Some("with spaces"));
+        assert_eq!(v.mem(), Some(2048));
+        let shown = v.to_string();
+        assert_eq!(
+            shown,
+            r"instance-type=with\ spaces mem=2G zones=Availability\ zone\ 1,zone\ 2"
+        );
+        assert_eq!(c(&shown), v);
+        // As a command line gives them: one word per argument.
+        assert_eq!(
+            Constraints::parse_words([
+                r"zones=Availability\ zone\ 1,zone\ 2",
+                r"instance-type=with\ spaces mem=2G"
+            ])
+            .unwrap(),
+            v
+        );
+        // Any other backslash is an ordinary character.
+        assert_eq!(c(r"instance-type=a\b").instance_type(), Some(r"a\b"));
+        assert_eq!(c(r"tags=a\\ b").tags(), [r"a\ b"]);
+        assert_eq!(c(&c(r"tags=a\\ b").to_string()), c(r"tags=a\\ b"));
+        // ... but a value cannot end with one: it would swallow the space
+        // that separates it from the next constraint.
+        assert!(matches!(
+            Constraints::parse(r"tags=a\"),
+            Err(Error::InvalidConstraint { key, .. }) if key == "tags"
+        ));
+        // A fragment without `=` says how to write spaces.
+        assert_eq!(
+            Constraints::parse("zones=Availability zone")
+                .unwrap_err()
+                .to_string(),
+            r"malformed constraint `zone`: write constraints as key=value, e.g. `mem=4G`; a space inside a value is written `\ `, e.g. `zones=Availability\ zone\ 1`"
+        );
+    }
+
+    proptest::proptest! {
+        /// Whatever parses, its canonical form parses back to an equal value.
+        #[test]
+        fn the_canonical_form_reads_back_unchanged(
+            words in proptest::collection::vec(
+                (proptest::sample::select(KEYS.to_vec()), "[a-c1-2 ,.=\\\\]{0,8}"),
+                0..5,
+            )
+        ) {
+            let text = words
+                .iter()
+                .map(|(k, v)| format!("{}={v}", k.as_str()))
+                .collect::<Vec<_>>()
+                .join(" ");
+            if let Ok(parsed) = Constraints::parse(&text) {
+                let shown = parsed.to_string();
+                proptest::prop_assert_eq!(Constraints::parse(&shown), Ok(parsed), "{} -> {}", text, shown);
+            }
+        }
     }
 
     #[test]

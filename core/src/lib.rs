@@ -38,7 +38,19 @@ pub enum Error {
     },
     #[error("invalid series `{0}`: a series is a lowercase word such as `jammy` or `noble`")]
     InvalidSeries(String),
-    #[error("malformed constraint `{0}`: write constraints as key=value, e.g. `mem=4G`")]
+    #[error(
+        "unknown series `{0}`: jujube knows Ubuntu's series from `{first}` ({first_v}) to \
+         `{last}` ({last_v}), e.g. `jammy` or `noble`; to use another, add it to the \
+         environment's `{key}` config (`jujube set-environment {key}={0}`, or \
+         `--config {key}={0}` when bootstrapping)",
+        first = series::KNOWN[0].0,
+        first_v = series::KNOWN[0].1,
+        last = series::KNOWN[series::KNOWN.len() - 1].0,
+        last_v = series::KNOWN[series::KNOWN.len() - 1].1,
+        key = series::EXTRA_SERIES_KEY
+    )]
+    UnknownSeries(String),
+    #[error("malformed constraint `{0}`: write constraints as key=value, e.g. `mem=4G`; a space inside a value is written `\\ `, e.g. `zones=Availability\\ zone\\ 1`")]
     MalformedConstraint(String),
     #[error(
         "unknown constraint `{key}`: valid constraints are {}",
@@ -55,6 +67,15 @@ pub enum Error {
     },
     #[error("invalid charm `{charm}`: {why}")]
     InvalidCharm { charm: String, why: String },
+    #[error(
+        "cannot parse `{file}`{}: {why}; fix it and deploy again",
+        .line.map(|l| format!(" at line {l}")).unwrap_or_default()
+    )]
+    CharmFile {
+        file: String,
+        line: Option<usize>,
+        why: String,
+    },
     #[error("invalid value `{value}` for option `{key}`: {why}")]
     InvalidSetting {
         key: String,

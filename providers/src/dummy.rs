@@ -18,19 +18,31 @@
 //! | `dummy-fail-class` | how they fail: `transient`, `capacity`, `quota`, `invalid-spec`, `credentials` | `invalid-spec` |
 //! | `dummy-failure-rate` | random failures per class, `transient:0.2,capacity:0.05` | none |
 //! | `dummy-lost-response-rate` | share of starts that succeed but report a transient failure | `0` |
-//! | `dummy-instance-bucket` | EC2-like instance token bucket, `BURST/PER_SECOND` | unlimited |
-//! | `dummy-request-bucket` | EC2-like request token bucket, `BURST/PER_SECOND` | unlimited |
+//! | `dummy-throttling` | `ec2`: charge every call as EC2 does, with AWS's documented buckets ([`crate::bucket::ec2_limits`]); `none` | `none` |
+//! | `dummy-instance-bucket` | RunInstances' resource bucket (instances), `BURST/PER_SECOND` | unlimited, or EC2's |
+//! | `dummy-request-bucket` | RunInstances' request bucket, `BURST/PER_SECOND` | unlimited, or EC2's |
 //! | `dummy-listing-delay` | how long starts and stops take to show in listings | `0` |
 //! | `dummy-max-instances` | quota of live instances | unlimited |
 //! | `dummy-seed` | seed for the random failures | `1` |
 //! | `dummy-agents` | machine agents `in-process` or as `process`es through the API (read by the controller) | `in-process` |
+//! | `dummy-unreachable` | `true`: every API call fails as if the cloud could not be reached | `false` |
+//!
+//! Starts are charged as the EC2 provider makes them: per launch (a launch
+//! batch, `<batch>/<index>` nonces, or a plain nonce alone) one
+//! DescribeInstances (the look-up before launching), one RunInstances
+//! request and one resource token per instance (all or nothing, as EC2's
+//! MinCount = MaxCount launch), and for a batch one CreateTags per machine,
+//! paced in the background as the EC2 provider paces them. Stops cost a
+//! DescribeInstances and a TerminateInstances (plus one resource token per
+//! instance), listings a DescribeInstances. [`DummyProvider::api_stats`]
+//! counts the calls and the throttling errors.
 //!
 //! The catalogue offers `d1.*` (amd64) and `d1a.*` (arm64) types from 1 core
 //! / 1G to 64 cores / 256G; constraints no type satisfies are an
 //! [`Error::InvalidSpec`].
 
-use crate::bucket::TokenBucket;
-use crate::{Error, ErrorClass, Instance, Provider, Result, StartSpec};
+use crate::bucket::{ec2_limits, LaunchPacer, TokenBucket};
+use crate::{launch_batch, Error, ErrorClass, Instance, Provider, Result, StartSpec};
 use async_trait::async_trait;
 use jujube_core::constraints::Key;
 use jujube_core::Constraints;
@@ -128,11 +140,13 @@ struct Config {
     fail_class: ErrorClass,
     failure_rates: Vec<(ErrorClass, f64)>,
     lost_response_rate: f64,
+    ec2_throttling: bool,
     instance_bucket: Option<String>,
     request_bucket: Option<String>,
     listing_delay: Duration,
     max_instances: Option<usize>,
     seed: u64,
+    unreachable: bool,
 }
 
 fn list(s: &str) -> Vec<String> {
@@ -160,11 +174,13 @@ impl Config {
             fail_class: ErrorClass::InvalidSpec,
             failure_rates: vec![],
             lost_response_rate: 0.0,
+            ec2_throttling: false,
             instance_bucket: None,
             request_bucket: None,
             listing_delay: Duration::ZERO,
             max_instances: None,
             seed: 1,
+            unreachable: false,
         };
         let dur = |k: &str, v: &str| {
             jujube_core::duration::parse(v).ok_or_else(|| {
@@ -210,6 +226,13 @@ impl Config {
                     }
                 }
                 "dummy-lost-response-rate" => c.lost_response_rate = rate(k, v)?,
+                "dummy-throttling" => {
+                    c.ec2_throttling = match v.as_str() {
+                        "ec2" => true,
+                        "none" => false,
+                        _ => return Err(Error::Config(format!("`{k}={v}`: use `ec2` or `none`"))),
+                    }
+                }
                 "dummy-instance-bucket" => c.instance_bucket = Some(bucket(k, v)?),
                 "dummy-request-bucket" => c.request_bucket = Some(bucket(k, v)?),
                 "dummy-listing-delay" => c.listing_delay = dur(k, v)?,
@@ -218,6 +241,15 @@ impl Config {
                         v.parse()
                             .map_err(|_| Error::Config(format!("`{k}={v}`: use a whole number")))?,
                     )
+                }
+                "dummy-unreachable" => {
+                    c.unreachable = match v.as_str() {
+                        "true" => true,
+                        "false" => false,
+                        _ => {
+                            return Err(Error::Config(format!("`{k}={v}`: use `true` or `false`")))
+                        }
+                    }
                 }
                 "dummy-seed" => {
                     c.seed = v
@@ -246,9 +278,62 @@ enum LogEntry {
     Stop(String),
 }
 
+/// An instance as the dummy keeps it: its tags in one string rather than a
+/// map, a fraction of the memory with 100,000 instances (the dummy cloud
+/// lives in the controller's process).
+#[derive(Debug, Clone)]
+struct Stored {
+    id: String,
+    zone: Option<String>,
+    hardware: String,
+    /// `key \x1f value \x1e` for each tag.
+    tags: Box<str>,
+}
+
+impl Stored {
+    fn of(i: Instance) -> Stored {
+        let mut tags = String::new();
+        for (k, v) in &i.tags {
+            tags.push_str(k);
+            tags.push('\x1f');
+            tags.push_str(v);
+            tags.push('\x1e');
+        }
+        Stored {
+            id: i.id,
+            zone: i.zone,
+            hardware: i.hardware,
+            tags: tags.into_boxed_str(),
+        }
+    }
+
+    fn tags(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.tags
+            .split('\x1e')
+            .filter_map(|kv| kv.split_once('\x1f'))
+    }
+
+    fn owned_by(&self, env_uuid: &str) -> bool {
+        self.tags()
+            .any(|(k, v)| k == crate::TAG_ENV_UUID && v == env_uuid)
+    }
+
+    fn instance(&self) -> Instance {
+        Instance {
+            id: self.id.clone(),
+            zone: self.zone.clone(),
+            hardware: self.hardware.clone(),
+            tags: self
+                .tags()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Entry {
-    instance: Instance,
+    instance: Stored,
     stopped: bool,
     /// When listings start (or stop) showing it: the eventual consistency.
     listed_from: Instant,
@@ -261,9 +346,70 @@ struct State {
     by_nonce: HashMap<String, String>,
     log_offset: u64,
     partial: Vec<u8>,
-    instance_bucket: Option<TokenBucket>,
-    request_bucket: Option<TokenBucket>,
+    buckets: Buckets,
+    /// In EC2 mode, the EC2 provider's client-side launch pacing.
+    pacer: Option<std::sync::Arc<LaunchPacer>>,
+    stats: ApiStats,
     rng: u64,
+}
+
+/// The dummy's API buckets, one per EC2 API it stands for (`None`:
+/// unlimited).
+#[derive(Debug, Default)]
+struct Buckets {
+    run: Option<TokenBucket>,
+    run_resource: Option<TokenBucket>,
+    describe: Option<TokenBucket>,
+    create_tags: Option<TokenBucket>,
+    terminate: Option<TokenBucket>,
+    terminate_resource: Option<TokenBucket>,
+}
+
+impl Buckets {
+    fn of(cfg: &Config) -> Buckets {
+        let ec2 =
+            |(burst, rate): (u32, f64)| cfg.ec2_throttling.then(|| TokenBucket::new(burst, rate));
+        Buckets {
+            run: cfg
+                .request_bucket
+                .as_deref()
+                .and_then(TokenBucket::parse)
+                .or_else(|| ec2(ec2_limits::RUN_INSTANCES)),
+            run_resource: cfg
+                .instance_bucket
+                .as_deref()
+                .and_then(TokenBucket::parse)
+                .or_else(|| ec2(ec2_limits::RUN_INSTANCES_RESOURCE)),
+            describe: ec2(ec2_limits::DESCRIBE_INSTANCES),
+            create_tags: ec2(ec2_limits::CREATE_TAGS),
+            terminate: ec2(ec2_limits::TERMINATE_INSTANCES),
+            terminate_resource: ec2(ec2_limits::TERMINATE_INSTANCES_RESOURCE),
+        }
+    }
+}
+
+/// Takes `n` tokens from an optional bucket; `false` when it is throttled.
+fn charge(bucket: &mut Option<TokenBucket>, n: u32) -> bool {
+    bucket.as_mut().is_none_or(|b| b.try_take(n))
+}
+
+/// The calls the dummy was charged for, as EC2 API calls, and the
+/// throttling errors it answered.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ApiStats {
+    pub run_instances: u64,
+    pub describe_instances: u64,
+    pub create_tags: u64,
+    pub terminate_instances: u64,
+    /// `RequestLimitExceeded` answers, of every API.
+    pub throttled: u64,
+    /// When the last per-machine CreateTags will have been made, paced as
+    /// the EC2 provider paces them.
+    pub tags_done_at: Option<Instant>,
+}
+
+fn throttled(api: &str) -> Error {
+    Error::Transient(format!("RequestLimitExceeded: {api} request rate exceeded"))
 }
 
 impl State {
@@ -276,7 +422,7 @@ impl State {
                 self.instances.insert(
                     inst.id.clone(),
                     Entry {
-                        instance: inst,
+                        instance: Stored::of(inst),
                         stopped: false,
                         listed_from: now + delay,
                         listed_until: None,
@@ -353,8 +499,11 @@ impl DummyProvider {
     ) -> Result<DummyProvider> {
         let cfg = Config::parse(config)?;
         let state = State {
-            instance_bucket: cfg.instance_bucket.as_deref().and_then(TokenBucket::parse),
-            request_bucket: cfg.request_bucket.as_deref().and_then(TokenBucket::parse),
+            buckets: Buckets::of(&cfg),
+            pacer: cfg
+                .ec2_throttling
+                .then(|| std::sync::Arc::new(LaunchPacer::ec2())),
+            stats: ApiStats::default(),
             rng: cfg.seed.max(1),
             cfg,
             instances: BTreeMap::new(),
@@ -481,6 +630,43 @@ impl DummyProvider {
         Ok(id)
     }
 
+    /// Stops instances whoever owns them, as someone working behind
+    /// jujube's back would. Refuses ids of no live instance, stopping none.
+    pub fn stop_raw(&self, ids: &[String]) -> Result<()> {
+        self.with_log(|st| {
+            let unknown: Vec<String> = ids
+                .iter()
+                .filter(|id| st.instances.get(*id).is_none_or(|e| e.stopped))
+                .map(|id| format!("`{id}`"))
+                .collect();
+            if !unknown.is_empty() {
+                return Err(Error::NotFound(format!(
+                    "no live instance {} in the dummy cloud; `jujube dummy-cloud list` shows them",
+                    unknown.join(", ")
+                )));
+            }
+            Ok((
+                (),
+                ids.iter().map(|id| LogEntry::Stop(id.clone())).collect(),
+            ))
+        })
+    }
+
+    /// The injected "cannot be reached" failure, if configured.
+    fn unreachable(&self) -> Result<()> {
+        if self.lock_state().cfg.unreachable {
+            return Err(Error::Transient(
+                "the dummy cloud cannot be reached (`dummy-unreachable`)".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The API calls charged so far and the throttling errors answered.
+    pub fn api_stats(&self) -> ApiStats {
+        self.lock_state().stats.clone()
+    }
+
     /// Every live instance in the cloud, whoever owns it (for operators and
     /// tests; [`Provider::instances`] lists only this environment's).
     pub fn all_instances(&self) -> Result<Vec<Instance>> {
@@ -489,7 +675,7 @@ impl DummyProvider {
                 st.instances
                     .values()
                     .filter(|e| !e.stopped)
-                    .map(|e| e.instance.clone())
+                    .map(|e| e.instance.instance())
                     .collect(),
                 vec![],
             ))
@@ -535,6 +721,165 @@ impl DummyProvider {
     }
 }
 
+impl DummyProvider {
+    /// One launch as the EC2 provider makes it: the look-up, the client-side
+    /// pacing (in EC2 mode), then one request for what was not found.
+    async fn start_group(
+        &self,
+        batch: bool,
+        specs: &[&StartSpec],
+    ) -> Result<Vec<Result<Instance>>> {
+        let count = self.with_log(|st| {
+            st.stats.describe_instances += 1;
+            if !charge(&mut st.buckets.describe, 1) {
+                st.stats.throttled += 1;
+                return Err(throttled("DescribeInstances"));
+            }
+            Ok((launch_count(st, batch, specs), vec![]))
+        })?;
+        let pacer = self.lock_state().pacer.clone();
+        if let (Some(p), true) = (pacer, count > 0) {
+            p.pace(count).await;
+        }
+        self.with_log(|st| Ok(self.launch(st, batch, specs)))
+    }
+
+    /// RunInstances for one machine with no look-up and no pacing, as a
+    /// client that relies on retries alone would call it (the Juju-style
+    /// baseline of the provisioning benchmark).
+    pub async fn run_instance(&self, spec: &StartSpec) -> Result<Instance> {
+        let latency = self.lock_state().cfg.latency;
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        self.with_log(|st| {
+            let (mut out, log) = self.launch(st, false, &[spec]);
+            Ok((out.pop().expect("one result"), log))
+        })?
+    }
+
+    /// One RunInstances for the members not found (see [`launch_count`]).
+    /// Returns the results and the log entries to append.
+    fn launch(
+        &self,
+        st: &mut State,
+        batch: bool,
+        specs: &[&StartSpec],
+    ) -> (Vec<Result<Instance>>, Vec<LogEntry>) {
+        // Idempotency first: a known nonce gets its instance back.
+        let existing: Vec<Option<Instance>> = specs
+            .iter()
+            .map(|s| {
+                st.by_nonce
+                    .get(&s.nonce)
+                    .and_then(|id| st.instances.get(id))
+                    .filter(|e| !e.stopped)
+                    .map(|e| e.instance.instance())
+            })
+            .collect();
+        let count = launch_count(st, batch, specs);
+        if count > 0 {
+            st.stats.run_instances += 1;
+            if !charge(&mut st.buckets.run, 1) || !charge(&mut st.buckets.run_resource, count) {
+                st.stats.throttled += 1;
+                let e = throttled("RunInstances");
+                return (
+                    existing
+                        .into_iter()
+                        .map(|x| x.ok_or_else(|| e.clone()))
+                        .collect(),
+                    vec![],
+                );
+            }
+        }
+        let mut out = Vec::with_capacity(specs.len());
+        let mut log = Vec::new();
+        let mut started: HashMap<&str, Instance> = HashMap::new();
+        for (spec, found) in specs.iter().zip(existing) {
+            if let Some(i) = found {
+                out.push(Ok(i));
+                continue;
+            }
+            if let Some(i) = started.get(spec.nonce.as_str()) {
+                out.push(Ok(i.clone()));
+                continue;
+            }
+            let zone = spec.zone.clone().unwrap_or_else(|| st.cfg.zones[0].clone());
+            if !st.cfg.zones.contains(&zone) {
+                out.push(Err(Error::InvalidSpec(format!(
+                    "unknown zone `{zone}`; zones are {}",
+                    st.cfg.zones.join(", ")
+                ))));
+                continue;
+            }
+            let hw = match choose_type(&spec.constraints) {
+                Ok(hw) => hw,
+                Err(e) => {
+                    out.push(Err(e));
+                    continue;
+                }
+            };
+            if let Some(e) = DummyProvider::injected(st, spec, &zone) {
+                out.push(Err(e));
+                continue;
+            }
+            let inst = self.new_instance(
+                spec.tags(&self.env_name, &self.env_uuid),
+                Some(zone),
+                hw.to_string(),
+            );
+            let lost = st.random() < st.cfg.lost_response_rate;
+            started.insert(spec.nonce.as_str(), inst.clone());
+            log.push(LogEntry::Start(inst.clone()));
+            out.push(if lost {
+                Err(Error::Transient(
+                    "lost response: the request timed out".into(),
+                ))
+            } else {
+                Ok(inst)
+            });
+        }
+        if batch && !started.is_empty() {
+            // The per-machine tags: one CreateTags each, paced in the
+            // background at the bucket's rate, as the EC2 provider does.
+            let n = started.len() as u32;
+            st.stats.create_tags += n as u64;
+            let done = Instant::now()
+                + st.buckets
+                    .create_tags
+                    .as_mut()
+                    .map_or(Duration::ZERO, |b| b.reserve(n));
+            st.stats.tags_done_at = Some(st.stats.tags_done_at.map_or(done, |t| t.max(done)));
+        }
+        (out, log)
+    }
+}
+
+/// How many instances the launch of `specs` asks for: none when all exist;
+/// as EC2, a batch launches its size (up to its highest launch index) in one
+/// request, all or nothing.
+fn launch_count(st: &State, batch: bool, specs: &[&StartSpec]) -> u32 {
+    let missing = specs
+        .iter()
+        .filter(|s| {
+            st.by_nonce
+                .get(&s.nonce)
+                .and_then(|id| st.instances.get(id))
+                .is_none_or(|e| e.stopped)
+        })
+        .count();
+    if batch && missing == specs.len() {
+        specs
+            .iter()
+            .filter_map(|s| launch_batch(&s.nonce))
+            .map(|(_, k)| k + 1)
+            .max()
+            .unwrap_or(1)
+    } else {
+        missing as u32
+    }
+}
+
 fn error_of(class: ErrorClass, msg: &str, zone: &str) -> Error {
     match class {
         ErrorClass::Transient => Error::Transient(msg.to_string()),
@@ -562,107 +907,61 @@ impl Provider for DummyProvider {
             .expect("one result per spec")
     }
 
-    /// One request for the whole batch (one request token), one instance
-    /// token per new instance.
+    /// One launch per launch batch (or plain nonce), charged as the EC2
+    /// provider's calls are (see the module docs).
     async fn start_instances(&self, specs: &[StartSpec]) -> Vec<Result<Instance>> {
-        let latency = {
-            let mut st = self.lock_state();
-            if let Some(b) = st.request_bucket.as_mut() {
-                if !b.try_take(1) {
-                    return specs
-                        .iter()
-                        .map(|_| {
-                            Err(Error::Transient(
-                                "RequestLimitExceeded: request rate exceeded".into(),
-                            ))
-                        })
-                        .collect();
-                }
-            }
-            st.cfg.latency
-        };
+        if let Err(e) = self.unreachable() {
+            return specs.iter().map(|_| Err(e.clone())).collect();
+        }
+        let latency = self.lock_state().cfg.latency;
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
-        let result = self.with_log(|st| {
-            let mut out = Vec::with_capacity(specs.len());
-            let mut log = Vec::new();
-            let mut started: HashMap<String, Instance> = HashMap::new();
-            for spec in specs {
-                // Idempotency first: a known nonce gets its instance back.
-                if let Some(id) = st.by_nonce.get(&spec.nonce) {
-                    if let Some(e) = st.instances.get(id).filter(|e| !e.stopped) {
-                        out.push(Ok(e.instance.clone()));
-                        continue;
-                    }
-                }
-                if let Some(i) = started.get(&spec.nonce) {
-                    out.push(Ok(i.clone()));
-                    continue;
-                }
-                let zone = spec.zone.clone().unwrap_or_else(|| st.cfg.zones[0].clone());
-                if !st.cfg.zones.contains(&zone) {
-                    out.push(Err(Error::InvalidSpec(format!(
-                        "unknown zone `{zone}`; zones are {}",
-                        st.cfg.zones.join(", ")
-                    ))));
-                    continue;
-                }
-                let hw = match choose_type(&spec.constraints) {
-                    Ok(hw) => hw,
-                    Err(e) => {
-                        out.push(Err(e));
-                        continue;
-                    }
-                };
-                if let Some(e) = DummyProvider::injected(st, spec, &zone) {
-                    out.push(Err(e));
-                    continue;
-                }
-                if let Some(b) = st.instance_bucket.as_mut() {
-                    if !b.try_take(1) {
-                        out.push(Err(Error::Transient(
-                            "RequestLimitExceeded: instance launch rate exceeded".into(),
-                        )));
-                        continue;
-                    }
-                }
-                let inst = self.new_instance(
-                    spec.tags(&self.env_name, &self.env_uuid),
-                    Some(zone),
-                    hw.to_string(),
-                );
-                let lost = st.random() < st.cfg.lost_response_rate;
-                started.insert(spec.nonce.clone(), inst.clone());
-                log.push(LogEntry::Start(inst.clone()));
-                out.push(if lost {
-                    Err(Error::Transient(
-                        "lost response: the request timed out".into(),
-                    ))
-                } else {
-                    Ok(inst)
-                });
+        let mut groups: Vec<(Option<&str>, Vec<usize>)> = Vec::new();
+        for (i, s) in specs.iter().enumerate() {
+            match launch_batch(&s.nonce) {
+                Some((b, _)) => match groups.iter_mut().find(|(id, _)| *id == Some(b)) {
+                    Some((_, members)) => members.push(i),
+                    None => groups.push((Some(b), vec![i])),
+                },
+                None => groups.push((None, vec![i])),
             }
-            Ok((out, log))
-        });
-        match result {
-            Ok(v) => v,
-            Err(e) => specs.iter().map(|_| Err(e.clone())).collect(),
         }
+        let mut out: Vec<Option<Result<Instance>>> = specs.iter().map(|_| None).collect();
+        for (batch, members) in groups {
+            let group: Vec<&StartSpec> = members.iter().map(|&i| &specs[i]).collect();
+            let results = match self.start_group(batch.is_some(), &group).await {
+                Ok(v) => v,
+                Err(e) => group.iter().map(|_| Err(e.clone())).collect(),
+            };
+            for (i, r) in members.into_iter().zip(results) {
+                out[i] = Some(r);
+            }
+        }
+        out.into_iter()
+            .map(|r| r.expect("every spec has a result"))
+            .collect()
     }
 
     async fn stop_instances(&self, ids: &[String]) -> Result<()> {
         if ids.is_empty() {
             return Ok(());
         }
+        self.unreachable()?;
         let uuid = self.env_uuid.clone();
         self.with_log(|st| {
-            if let Some(b) = st.request_bucket.as_mut() {
-                if !b.try_take(1) {
-                    return Err(Error::Transient(
-                        "RequestLimitExceeded: request rate exceeded".into(),
-                    ));
-                }
+            // The ownership look-up, then the termination.
+            st.stats.describe_instances += 1;
+            st.stats.terminate_instances += 1;
+            if !charge(&mut st.buckets.describe, 1) {
+                st.stats.throttled += 1;
+                return Err(throttled("DescribeInstances"));
+            }
+            if !charge(&mut st.buckets.terminate, 1)
+                || !charge(&mut st.buckets.terminate_resource, ids.len() as u32)
+            {
+                st.stats.throttled += 1;
+                return Err(throttled("TerminateInstances"));
             }
             let log = ids
                 .iter()
@@ -678,14 +977,13 @@ impl Provider for DummyProvider {
     }
 
     async fn instances(&self) -> Result<Vec<Instance>> {
+        self.unreachable()?;
         let uuid = self.env_uuid.clone();
         self.with_log(|st| {
-            if let Some(b) = st.request_bucket.as_mut() {
-                if !b.try_take(1) {
-                    return Err(Error::Transient(
-                        "RequestLimitExceeded: request rate exceeded".into(),
-                    ));
-                }
+            st.stats.describe_instances += 1;
+            if !charge(&mut st.buckets.describe, 1) {
+                st.stats.throttled += 1;
+                return Err(throttled("DescribeInstances"));
             }
             let now = Instant::now();
             let listed = st
@@ -693,20 +991,21 @@ impl Provider for DummyProvider {
                 .values()
                 .filter(|e| e.instance.owned_by(&uuid))
                 .filter(|e| e.listed_from <= now && e.listed_until.is_none_or(|u| now < u))
-                .map(|e| e.instance.clone())
+                .map(|e| e.instance.instance())
                 .collect();
             Ok((listed, vec![]))
         })
     }
 
     async fn instances_by_id(&self, ids: &[String]) -> Result<Vec<Instance>> {
+        self.unreachable()?;
         let uuid = self.env_uuid.clone();
         self.with_log(|st| {
             Ok((
                 ids.iter()
                     .filter_map(|id| st.instances.get(id))
                     .filter(|e| !e.stopped && e.instance.owned_by(&uuid))
-                    .map(|e| e.instance.clone())
+                    .map(|e| e.instance.instance())
                     .collect(),
                 vec![],
             ))
@@ -714,6 +1013,7 @@ impl Provider for DummyProvider {
     }
 
     async fn zones(&self) -> Result<Vec<String>> {
+        self.unreachable()?;
         Ok(self.lock_state().cfg.zones.clone())
     }
 
@@ -724,11 +1024,19 @@ impl Provider for DummyProvider {
     async fn update_config(&self, config: &BTreeMap<String, String>) -> Result<()> {
         let cfg = Config::parse(config)?;
         let mut st = self.lock_state();
-        if cfg.instance_bucket != st.cfg.instance_bucket {
-            st.instance_bucket = cfg.instance_bucket.as_deref().and_then(TokenBucket::parse);
-        }
-        if cfg.request_bucket != st.cfg.request_bucket {
-            st.request_bucket = cfg.request_bucket.as_deref().and_then(TokenBucket::parse);
+        if (
+            &cfg.instance_bucket,
+            &cfg.request_bucket,
+            cfg.ec2_throttling,
+        ) != (
+            &st.cfg.instance_bucket,
+            &st.cfg.request_bucket,
+            st.cfg.ec2_throttling,
+        ) {
+            st.buckets = Buckets::of(&cfg);
+            st.pacer = cfg
+                .ec2_throttling
+                .then(|| std::sync::Arc::new(LaunchPacer::ec2()));
         }
         if cfg.seed != st.cfg.seed {
             st.rng = cfg.seed.max(1);

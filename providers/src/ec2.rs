@@ -3,13 +3,31 @@
 //! (`region`) or AWS conventions, and an `endpoint` for LocalStack or another
 //! EC2 API.
 //!
-//! - **Launch** with `TagSpecifications` on RunInstances, so the tags proving
-//!   ownership are applied atomically with the launch, and `ClientToken` = the
-//!   nonce. Before launching, instances already carrying the nonce are looked
-//!   up and returned: that keeps the per-nonce guarantee on EC2 emulators
-//!   that ignore ClientToken, while on EC2 ClientToken also covers the
-//!   window in which a fresh launch is not yet listed. RunInstances is never
-//!   retried inside the SDK: the provisioner retries it, with the same nonce.
+//! - **Launch** a batch in one RunInstances: the machines whose nonces name
+//!   one launch batch (`<batch>/<index>`, committed before the call; see
+//!   [`crate::launch_batch`]) share series, constraints and zone, so one
+//!   request with MinCount = MaxCount = the batch's size launches them all or
+//!   none. `TagSpecifications` applies the ownership tags (the environment's
+//!   full UUID and the batch id) atomically with the launch, and `ClientToken`
+//!   is the batch id. Instance `k` of the request (`AmiLaunchIndex`) is the
+//!   machine whose nonce is `<batch>/k`; the per-machine tags (machine id,
+//!   nonce, name) follow with CreateTags, one call per instance, in the
+//!   background and paced at CreateTags' documented rate: the machine does not
+//!   wait for them, because its instance is already proven its by the batch
+//!   tag and the launch index (listings report the nonce of an untagged
+//!   batch instance as `<batch>/<launch index>`). A plain nonce is a launch of
+//!   one, with every tag in `TagSpecifications` and the nonce as ClientToken.
+//! - **Never two launches for one batch or nonce.** Before launching, the
+//!   batch (or nonce) is looked up by tag in every state: that keeps the
+//!   guarantee on EC2 emulators that ignore ClientToken (LocalStack does),
+//!   while on EC2 ClientToken also covers the window in which a fresh launch
+//!   is not yet listed (a retry with the same token, even in another zone,
+//!   returns the first launch). A batch that launched is never launched
+//!   again: its listed instances are adopted by launch index; a member whose
+//!   instance is missing from the listing is retried (eventual consistency),
+//!   one whose instance was terminated is an error (`jujube resolved` starts a
+//!   new one). RunInstances is never retried inside the SDK: the provisioner
+//!   retries it, with the same batch.
 //! - **Instance type** from constraints via DescribeInstanceTypes (cached):
 //!   the cheapest type that satisfies them by an embedded price table, or the
 //!   smallest match when none is priced; `instance-type` is honoured and
@@ -22,7 +40,11 @@
 //!   shutting-down instances; termination in batches, only of instances whose
 //!   tags carry the environment's UUID.
 
-use crate::{Error, Instance, Provider, Result, StartSpec, TAG_ENV_UUID, TAG_NONCE};
+use crate::bucket::{ec2_limits, LaunchPacer, TokenBucket};
+use crate::{
+    batch_nonce, launch_batch, Error, Instance, Provider, Result, StartSpec, TAG_BATCH,
+    TAG_ENV_UUID, TAG_NONCE,
+};
 use async_trait::async_trait;
 use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_ec2::types::{
@@ -33,8 +55,9 @@ use aws_sdk_ec2::Client;
 use base64::Engine;
 use jujube_core::Constraints;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use tokio::sync::OnceCell;
+use tracing::warn;
 
 /// Canonical's account: the only owner whose Ubuntu images are used.
 pub const CANONICAL: &str = "099720109477";
@@ -199,13 +222,20 @@ pub fn classify_code(code: &str, msg: &str, zone: Option<&str>) -> Error {
         | "InternalFailure"
         | "ServiceUnavailable"
         | "Unavailable"
-        | "RequestTimeout" => Error::Transient(text),
-        "InsufficientInstanceCapacity" | "InsufficientCapacity" | "InsufficientHostCapacity" => {
-            Error::Capacity {
-                zone: zone.unwrap_or("").to_string(),
-                message: text,
-            }
-        }
+        | "RequestTimeout"
+        // A launch with this ClientToken (the batch id) already succeeded
+        // with other parameters (a member left the batch since): it is found
+        // by its tag on the next look.
+        | "IdempotentParameterMismatch" => Error::Transient(text),
+        // `Unsupported`: the instance type is not offered in this zone. Like
+        // a capacity shortage, another zone may have it (Juju moves on too).
+        "InsufficientInstanceCapacity"
+        | "InsufficientCapacity"
+        | "InsufficientHostCapacity"
+        | "Unsupported" => Error::Capacity {
+            zone: zone.unwrap_or("").to_string(),
+            message: text,
+        },
         "InstanceLimitExceeded"
         | "VcpuLimitExceeded"
         | "MaxSpotInstanceCountExceeded"
@@ -245,6 +275,28 @@ pub struct Ec2Provider {
     types: OnceCell<Vec<TypeInfo>>,
     images: Mutex<HashMap<(String, String), (String, String)>>,
     group: OnceCell<String>,
+    /// Paces the per-machine CreateTags calls of batch launches.
+    tagger: Arc<tokio::sync::Mutex<TokenBucket>>,
+    /// Paces launches at RunInstances' documented request and resource
+    /// rates, so that past the burst a launch waits for its tokens instead
+    /// of being throttled (and retried, and counted against the
+    /// provisioner's patience). Another client of the account can still
+    /// make EC2 throttle us; the provisioner retries that.
+    launch_pacer: LaunchPacer,
+}
+
+/// User data shared by a batch's instances: which launch index is which
+/// machine (an agent reads its `ami-launch-index` from instance metadata).
+fn batch_user_data(batch: &str, specs: &[&StartSpec], count: u32) -> String {
+    let mut s = format!("#cloud-config\n# jujube launch batch {batch}, {count} instance(s)\n");
+    for sp in specs {
+        let k = launch_batch(&sp.nonce).map_or(0, |(_, k)| k);
+        s.push_str(&format!(
+            "# instance {k}: machine {} nonce {}\n",
+            sp.machine_id, sp.nonce
+        ));
+    }
+    s
 }
 
 impl Ec2Provider {
@@ -281,6 +333,11 @@ impl Ec2Provider {
             types: OnceCell::new(),
             images: Mutex::new(HashMap::new()),
             group: OnceCell::new(),
+            tagger: Arc::new(tokio::sync::Mutex::new(TokenBucket::new(
+                ec2_limits::CREATE_TAGS.0,
+                ec2_limits::CREATE_TAGS.1,
+            ))),
+            launch_pacer: LaunchPacer::ec2(),
         })
     }
 
@@ -467,12 +524,30 @@ impl Ec2Provider {
     }
 
     /// Instances matching filters (plus ownership and liveness), all pages.
-    async fn describe(&self, mut filters: Vec<Filter>) -> Result<Vec<Instance>> {
+    async fn describe(&self, filters: Vec<Filter>) -> Result<Vec<Instance>> {
+        Ok(self
+            .describe_raw(filters, true)
+            .await?
+            .into_iter()
+            .map(|(_, _, i)| i)
+            .collect())
+    }
+
+    /// Instances matching filters and proven ours, all pages, with their
+    /// launch index and whether they are live; only live ones unless
+    /// `live_only` is false.
+    async fn describe_raw(
+        &self,
+        mut filters: Vec<Filter>,
+        live_only: bool,
+    ) -> Result<Vec<(u32, bool, Instance)>> {
         filters.push(filter(
             &format!("tag:{TAG_ENV_UUID}"),
             [self.env_uuid.clone()],
         ));
-        filters.push(filter("instance-state-name", LIVE_STATES));
+        if live_only {
+            filters.push(filter("instance-state-name", LIVE_STATES));
+        }
         let mut out = Vec::new();
         let mut token: Option<String> = None;
         loop {
@@ -494,10 +569,11 @@ impl Ec2Provider {
                     });
                     let tags = tags_of(i);
                     // Never trust a filter alone with ownership.
-                    if !live || tags.get(TAG_ENV_UUID) != Some(&self.env_uuid) {
+                    if (live_only && !live) || tags.get(TAG_ENV_UUID) != Some(&self.env_uuid) {
                         continue;
                     }
-                    out.push(self.convert(i, tags, None));
+                    let index = i.ami_launch_index().unwrap_or(0).max(0) as u32;
+                    out.push((index, live, self.convert(i, tags, None)));
                 }
             }
             token = r.next_token().map(str::to_string);
@@ -505,6 +581,240 @@ impl Ec2Provider {
                 return Ok(out);
             }
         }
+    }
+
+    /// The launch request shared by single and batch launches: image, type,
+    /// group, zone, root disk, user data and the tags applied atomically.
+    async fn run_request(
+        &self,
+        spec: &StartSpec,
+        count: i32,
+        token: &str,
+        tags: Vec<Tag>,
+        user_data: &str,
+    ) -> Result<aws_sdk_ec2::operation::run_instances::builders::RunInstancesFluentBuilder> {
+        let types = self.instance_types().await?;
+        let itype = choose(types, &spec.constraints, &self.region)?;
+        let arch = spec.constraints.arch().unwrap_or("amd64");
+        let (image, root_device) = self.image(&spec.series, arch).await?;
+        let group = self.security_group().await?.clone();
+        let mut req = self
+            .client
+            .run_instances()
+            .image_id(image)
+            .instance_type(InstanceType::from(itype.name.as_str()))
+            .min_count(count)
+            .max_count(count)
+            .client_token(token)
+            .security_group_ids(group)
+            .user_data(base64::engine::general_purpose::STANDARD.encode(user_data))
+            .tag_specifications(
+                TagSpecification::builder()
+                    .resource_type(ResourceType::Instance)
+                    .set_tags(Some(tags.clone()))
+                    .build(),
+            )
+            .tag_specifications(
+                TagSpecification::builder()
+                    .resource_type(ResourceType::Volume)
+                    .set_tags(Some(tags))
+                    .build(),
+            );
+        if let Some(z) = &spec.zone {
+            req = req.placement(Placement::builder().availability_zone(z).build());
+        }
+        if let Some(mib) = spec.constraints.root_disk() {
+            req = req.block_device_mappings(
+                BlockDeviceMapping::builder()
+                    .device_name(root_device)
+                    .ebs(
+                        EbsBlockDevice::builder()
+                            .volume_size(mib.div_ceil(1024) as i32)
+                            .delete_on_termination(true)
+                            .build(),
+                    )
+                    .build(),
+            );
+        }
+        Ok(req)
+    }
+
+    async fn send_run(
+        &self,
+        req: aws_sdk_ec2::operation::run_instances::builders::RunInstancesFluentBuilder,
+        zone: Option<&str>,
+    ) -> Result<aws_sdk_ec2::operation::run_instances::RunInstancesOutput> {
+        req.customize()
+            .config_override(
+                aws_sdk_ec2::config::Builder::default()
+                    .retry_config(aws_config::retry::RetryConfig::disabled()),
+            )
+            .send()
+            .await
+            .map_err(|e| classify(e, zone))
+    }
+
+    /// A launch of one: every tag atomically, the nonce as ClientToken.
+    async fn launch_one(&self, spec: &StartSpec) -> Result<Instance> {
+        // The nonce first: a launch that already happened is returned.
+        let existing = self
+            .describe(vec![filter(
+                &format!("tag:{TAG_NONCE}"),
+                [spec.nonce.clone()],
+            )])
+            .await?;
+        if let Some(i) = existing.into_iter().next() {
+            return Ok(i);
+        }
+        let tags: Vec<Tag> = spec
+            .tags(&self.env_name, &self.env_uuid)
+            .into_iter()
+            .map(|(k, v)| Tag::builder().key(k).value(v).build())
+            .collect();
+        let req = self
+            .run_request(spec, 1, &spec.nonce, tags, &spec.user_data)
+            .await?;
+        self.launch_pacer.pace(1).await;
+        let r = self.send_run(req, spec.zone.as_deref()).await?;
+        let i = r
+            .instances()
+            .first()
+            .ok_or_else(|| Error::Transient("RunInstances returned no instance".into()))?;
+        Ok(self.convert(i, tags_of(i), spec.constraints.root_disk()))
+    }
+
+    /// A launch batch in one RunInstances, adopting what an earlier request
+    /// for the batch launched. `specs` are the batch's members still to be
+    /// started (a member removed since the batch was formed leaves a gap,
+    /// whose instance becomes a stray and is reaped).
+    async fn launch_many(&self, batch: &str, specs: &[&StartSpec]) -> Vec<Result<Instance>> {
+        match self.launch_many_inner(batch, specs).await {
+            Ok(v) => v,
+            Err(e) => specs.iter().map(|_| Err(e.clone())).collect(),
+        }
+    }
+
+    async fn launch_many_inner(
+        &self,
+        batch: &str,
+        specs: &[&StartSpec],
+    ) -> Result<Vec<Result<Instance>>> {
+        let index_of = |s: &StartSpec| launch_batch(&s.nonce).map_or(0, |(_, k)| k);
+        let root_disk = specs[0].constraints.root_disk();
+        // Every state: a terminated instance of the batch still proves the
+        // batch launched, and must not be launched again.
+        let listed = self
+            .describe_raw(
+                vec![filter(&format!("tag:{TAG_BATCH}"), [batch.to_string()])],
+                false,
+            )
+            .await?;
+        let launched: Vec<(u32, bool, Instance)> = if listed.is_empty() {
+            let count = specs.iter().map(|s| index_of(s)).max().unwrap_or(0) + 1;
+            let tags = vec![
+                Tag::builder()
+                    .key(TAG_ENV_UUID)
+                    .value(&self.env_uuid)
+                    .build(),
+                Tag::builder().key(TAG_BATCH).value(batch).build(),
+            ];
+            let req = self
+                .run_request(
+                    specs[0],
+                    count as i32,
+                    batch,
+                    tags,
+                    &batch_user_data(batch, specs, count),
+                )
+                .await?;
+            self.launch_pacer.pace(count).await;
+            let r = self.send_run(req, specs[0].zone.as_deref()).await?;
+            let mut out = Vec::new();
+            for i in r.instances() {
+                let tags = tags_of(i);
+                out.push((
+                    i.ami_launch_index().unwrap_or(-1) as u32,
+                    true,
+                    self.convert(i, tags, root_disk),
+                ));
+            }
+            out
+        } else {
+            listed
+        };
+        let mut results = Vec::with_capacity(specs.len());
+        let mut to_tag = Vec::new();
+        for spec in specs {
+            let k = index_of(spec);
+            match launched.iter().find(|(i, _, _)| *i == k) {
+                Some((_, true, inst)) => {
+                    let mut inst = inst.clone();
+                    let want = spec.tags(&self.env_name, &self.env_uuid);
+                    if want.iter().any(|(k, v)| inst.tags.get(k) != Some(v)) {
+                        to_tag.push((inst.id.clone(), want.clone()));
+                    }
+                    inst.tags = want;
+                    results.push(Ok(inst));
+                }
+                Some((_, false, inst)) => results.push(Err(Error::NotFound(format!(
+                    "instance `{}` launched for machine {} (batch `{batch}`, index {k}) was terminated before it was recorded; `jujube resolved {}` starts a new one",
+                    inst.id, spec.machine_id, spec.machine_id
+                )))),
+                None => results.push(Err(Error::Transient(format!(
+                    "launch batch `{batch}` is listed without its instance {k} yet"
+                )))),
+            }
+        }
+        if !to_tag.is_empty() {
+            self.tag_later(to_tag);
+        }
+        Ok(results)
+    }
+
+    /// Applies per-machine tags in the background, one CreateTags per
+    /// instance (their values differ), paced at CreateTags' documented
+    /// request rate so that a large batch is not throttled. Nothing depends
+    /// on these tags for correctness (see the module docs); a failure is
+    /// logged.
+    fn tag_later(&self, work: Vec<(String, BTreeMap<String, String>)>) {
+        let client = self.client.clone();
+        let pacer = self.tagger.clone();
+        tokio::spawn(async move {
+            for (id, tags) in work {
+                let tags: Vec<Tag> = tags
+                    .into_iter()
+                    .map(|(k, v)| Tag::builder().key(k).value(v).build())
+                    .collect();
+                let mut attempt = 0;
+                loop {
+                    loop {
+                        let wait = pacer.lock().await.take_or_wait(1);
+                        if wait.is_zero() {
+                            break;
+                        }
+                        tokio::time::sleep(wait).await;
+                    }
+                    let r = client
+                        .create_tags()
+                        .resources(&id)
+                        .set_tags(Some(tags.clone()))
+                        .send()
+                        .await;
+                    match r {
+                        Ok(_) => break,
+                        Err(e) if attempt < 5 => {
+                            attempt += 1;
+                            warn!(instance = %id, error = %aws_smithy_types::error::display::DisplayErrorContext(&e), "tagging failed; retrying");
+                            tokio::time::sleep(std::time::Duration::from_secs(1 << attempt)).await;
+                        }
+                        Err(e) => {
+                            warn!(instance = %id, error = %aws_smithy_types::error::display::DisplayErrorContext(&e), "giving up tagging the instance with its machine");
+                            break;
+                        }
+                    }
+                }
+            }
+        });
     }
 
     fn convert(
@@ -535,6 +845,15 @@ impl Ec2Provider {
             hw.push_str(&format!(" root-disk={d}M"));
         }
         let hardware = Constraints::parse(&hw).map(|c| c.to_string()).unwrap_or(hw);
+        let mut tags = tags;
+        // A batch instance not yet tagged with its machine: its nonce is
+        // its batch and launch index, which is what the machine committed.
+        if !tags.contains_key(TAG_NONCE) {
+            if let (Some(b), Some(k)) = (tags.get(TAG_BATCH), i.ami_launch_index()) {
+                let nonce = batch_nonce(b, k.max(0) as u32);
+                tags.insert(TAG_NONCE.to_string(), nonce);
+            }
+        }
         Instance {
             id: i.instance_id().unwrap_or_default().to_string(),
             zone: i
@@ -554,79 +873,38 @@ impl Provider for Ec2Provider {
     }
 
     async fn start_instance(&self, spec: &StartSpec) -> Result<Instance> {
-        // The nonce first: a launch that already happened is returned.
-        let existing = self
-            .describe(vec![filter(
-                &format!("tag:{TAG_NONCE}"),
-                [spec.nonce.clone()],
-            )])
-            .await?;
-        if let Some(i) = existing.into_iter().next() {
-            return Ok(i);
-        }
-        let types = self.instance_types().await?;
-        let itype = choose(types, &spec.constraints, &self.region)?;
-        let arch = spec.constraints.arch().unwrap_or("amd64");
-        let (image, root_device) = self.image(&spec.series, arch).await?;
-        let group = self.security_group().await?.clone();
-        let tags: Vec<Tag> = spec
-            .tags(&self.env_name, &self.env_uuid)
-            .into_iter()
-            .map(|(k, v)| Tag::builder().key(k).value(v).build())
-            .collect();
-        let mut req = self
-            .client
-            .run_instances()
-            .image_id(image)
-            .instance_type(InstanceType::from(itype.name.as_str()))
-            .min_count(1)
-            .max_count(1)
-            .client_token(&spec.nonce)
-            .security_group_ids(group)
-            .user_data(base64::engine::general_purpose::STANDARD.encode(&spec.user_data))
-            .tag_specifications(
-                TagSpecification::builder()
-                    .resource_type(ResourceType::Instance)
-                    .set_tags(Some(tags.clone()))
-                    .build(),
-            )
-            .tag_specifications(
-                TagSpecification::builder()
-                    .resource_type(ResourceType::Volume)
-                    .set_tags(Some(tags))
-                    .build(),
-            );
-        if let Some(z) = &spec.zone {
-            req = req.placement(Placement::builder().availability_zone(z).build());
-        }
-        let root_disk = spec.constraints.root_disk();
-        if let Some(mib) = root_disk {
-            req = req.block_device_mappings(
-                BlockDeviceMapping::builder()
-                    .device_name(root_device)
-                    .ebs(
-                        EbsBlockDevice::builder()
-                            .volume_size(mib.div_ceil(1024) as i32)
-                            .delete_on_termination(true)
-                            .build(),
-                    )
-                    .build(),
-            );
-        }
-        let r = req
-            .customize()
-            .config_override(
-                aws_sdk_ec2::config::Builder::default()
-                    .retry_config(aws_config::retry::RetryConfig::disabled()),
-            )
-            .send()
+        self.start_instances(std::slice::from_ref(spec))
             .await
-            .map_err(|e| classify(e, spec.zone.as_deref()))?;
-        let i = r
-            .instances()
-            .first()
-            .ok_or_else(|| Error::Transient("RunInstances returned no instance".into()))?;
-        Ok(self.convert(i, tags_of(i), root_disk))
+            .pop()
+            .expect("one result per spec")
+    }
+
+    /// One RunInstances per launch batch (see the module docs); specs with
+    /// plain nonces are launched one by one.
+    async fn start_instances(&self, specs: &[StartSpec]) -> Vec<Result<Instance>> {
+        let mut out: Vec<Option<Result<Instance>>> = specs.iter().map(|_| None).collect();
+        let mut batches: Vec<(&str, Vec<usize>)> = Vec::new();
+        for (i, s) in specs.iter().enumerate() {
+            match launch_batch(&s.nonce) {
+                Some((b, _)) => match batches.iter_mut().find(|(id, _)| *id == b) {
+                    Some((_, members)) => members.push(i),
+                    None => batches.push((b, vec![i])),
+                },
+                None => out[i] = Some(self.launch_one(s).await),
+            }
+        }
+        for (batch, members) in batches {
+            let group: Vec<&StartSpec> = members.iter().map(|&i| &specs[i]).collect();
+            for (i, r) in members
+                .into_iter()
+                .zip(self.launch_many(batch, &group).await)
+            {
+                out[i] = Some(r);
+            }
+        }
+        out.into_iter()
+            .map(|r| r.expect("every spec has a result"))
+            .collect()
     }
 
     async fn stop_instances(&self, ids: &[String]) -> Result<()> {
@@ -812,6 +1090,8 @@ mod tests {
             ("RequestLimitExceeded", Transient),
             ("InternalError", Transient),
             ("InsufficientInstanceCapacity", Capacity),
+            ("Unsupported", Capacity),
+            ("IdempotentParameterMismatch", Transient),
             ("InstanceLimitExceeded", Quota),
             ("VcpuLimitExceeded", Quota),
             ("AuthFailure", Credentials),

@@ -43,6 +43,26 @@ pub const TAG_NONCE: &str = "jujube-nonce";
 pub const TAG_CONTROLLER: &str = "jujube-controller";
 /// Human-readable instance name, `jujube-<env>-<machine>`.
 pub const TAG_NAME: &str = "Name";
+/// Tag holding the launch batch of instances started by one request (EC2's
+/// RunInstances with a count), applied atomically with the launch.
+pub const TAG_BATCH: &str = "jujube-batch";
+
+/// The launch batch and index a nonce names. Machines started by one request
+/// get nonces `<batch>/<index>`, committed before the request: the index is
+/// the instance's place in the request (EC2's `AmiLaunchIndex`), so a
+/// restarted controller re-forms the same batch and matches what a lost
+/// request launched to machines deterministically. Any other nonce is a
+/// launch of its own.
+pub fn launch_batch(nonce: &str) -> Option<(&str, u32)> {
+    let (batch, index) = nonce.rsplit_once('/')?;
+    let index = index.parse().ok()?;
+    (!batch.is_empty()).then_some((batch, index))
+}
+
+/// The nonce of the instance at `index` in launch batch `batch`.
+pub fn batch_nonce(batch: &str, index: u32) -> String {
+    format!("{batch}/{index}")
+}
 
 /// What to start: everything comes from the machine entity.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,6 +84,9 @@ impl StartSpec {
     pub fn tags(&self, env_name: &str, env_uuid: &str) -> BTreeMap<String, String> {
         let mut t = BTreeMap::new();
         t.insert(TAG_ENV_UUID.to_string(), env_uuid.to_string());
+        if let Some((batch, _)) = launch_batch(&self.nonce) {
+            t.insert(TAG_BATCH.to_string(), batch.to_string());
+        }
         t.insert(TAG_MACHINE_ID.to_string(), self.machine_id.clone());
         t.insert(TAG_NONCE.to_string(), self.nonce.clone());
         t.insert(
@@ -94,6 +117,9 @@ impl Instance {
     pub fn machine_id(&self) -> Option<&str> {
         self.tag(TAG_MACHINE_ID)
     }
+    /// The start's nonce. Providers report it for a batch-launched instance
+    /// (as `<batch>/<launch index>`) even before its per-machine tags are
+    /// applied.
     pub fn nonce(&self) -> Option<&str> {
         self.tag(TAG_NONCE)
     }
@@ -210,9 +236,12 @@ pub trait Provider: Send + Sync + 'static {
     async fn start_instance(&self, spec: &StartSpec) -> Result<Instance>;
 
     /// Starts several instances, one result per spec in order. The same
-    /// guarantees as [`Provider::start_instance`] per spec. Providers whose
-    /// API launches several instances per request override this; the default
-    /// makes one call per spec.
+    /// guarantees as [`Provider::start_instance`] per spec. Specs whose
+    /// nonces name one launch batch ([`launch_batch`]) share series,
+    /// constraints and zone: providers whose API launches several instances
+    /// per request override this to launch each batch in one request (and to
+    /// adopt, by launch index, what an earlier request for the batch
+    /// launched); the default makes one call per spec.
     async fn start_instances(&self, specs: &[StartSpec]) -> Vec<Result<Instance>> {
         let mut out = Vec::with_capacity(specs.len());
         for s in specs {
@@ -234,6 +263,18 @@ pub trait Provider: Send + Sync + 'static {
     /// already stopped are fine. Never stops an instance whose tags do not
     /// carry this environment's UUID.
     async fn stop_instances(&self, ids: &[String]) -> Result<()>;
+
+    /// Stops stray instances as they were listed: like
+    /// [`Provider::stop_instances`], but each only while it is still the
+    /// instance that was listed (same nonce). Where an id is never reused
+    /// (EC2, the dummy) the id says so and this is `stop_instances`; a
+    /// provider whose ids are names that a new start reuses (LXD names a
+    /// container after its machine) checks the nonce right before deleting,
+    /// so that a retry's new instance is never taken for the old stray.
+    async fn reap_instances(&self, listed: &[Instance]) -> Result<()> {
+        let ids: Vec<String> = listed.iter().map(|i| i.id.clone()).collect();
+        self.stop_instances(&ids).await
+    }
 
     /// This environment's live instances: only those whose tags prove
     /// ownership. May lag behind starts and stops on eventually consistent

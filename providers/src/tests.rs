@@ -188,14 +188,48 @@ async fn token_buckets_throttle_like_ec2() {
     let results = p.start_instances(&specs[3..]).await;
     assert!(results.iter().all(|r| r.is_ok()));
 
-    let p = DummyProvider::in_memory("t", UUID, &cfg(&[("dummy-request-bucket", "2/1")])).unwrap();
-    p.instances().await.unwrap();
-    p.instances().await.unwrap();
+    // The request bucket is RunInstances': one token per launch, whatever
+    // its size; a launch batch takes its instances all or none.
+    let p = DummyProvider::in_memory(
+        "t",
+        UUID,
+        &cfg(&[
+            ("dummy-request-bucket", "2/1"),
+            ("dummy-instance-bucket", "8/1"),
+        ]),
+    )
+    .unwrap();
+    let batch: Vec<StartSpec> = (0..5)
+        .map(|i| spec(&i.to_string(), &format!("b1/{i}")))
+        .collect();
+    assert!(p.start_instances(&batch).await.iter().all(|r| r.is_ok()));
+    let second: Vec<StartSpec> = (0..5)
+        .map(|i| spec(&(10 + i).to_string(), &format!("b2/{i}")))
+        .collect();
+    // 3 instance tokens left: the batch of 5 is refused whole.
+    assert!(p
+        .start_instances(&second)
+        .await
+        .iter()
+        .all(|r| r.as_ref().unwrap_err().class() == ErrorClass::Transient));
+    assert_eq!(p.api_stats().run_instances, 2);
+    assert_eq!(p.api_stats().throttled, 1);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert!(p.start_instances(&second).await.iter().all(|r| r.is_ok()));
+    assert_eq!(p.instances().await.unwrap().len(), 10);
+    assert_eq!(p.api_stats().create_tags, 10, "one per batch member");
+
+    // EC2 mode: every API has its documented bucket; DescribeInstances
+    // holds 100 and refills 20 a second.
+    let p = DummyProvider::in_memory("t", UUID, &cfg(&[("dummy-throttling", "ec2")])).unwrap();
+    for _ in 0..100 {
+        p.instances().await.unwrap();
+    }
     assert_eq!(
         p.instances().await.unwrap_err().class(),
         ErrorClass::Transient
     );
-    tokio::time::advance(Duration::from_secs(1)).await;
+    tokio::time::advance(Duration::from_millis(50)).await;
     p.instances().await.unwrap();
 }
 

@@ -3,14 +3,14 @@
 //!
 //! | key | meaning | default |
 //! |---|---|---|
-//! | `provisioner-concurrency` | start requests in flight at once | `8` |
+//! | `provisioner-concurrency` | start requests in flight at once, for the whole controller | `8` |
 //! | `provisioner-batch` | machines per start request | the provider's preference: `64`, `1` on LXD |
-//! | `provisioner-rate` | client-side request limit, `BURST/PER_SECOND` | none |
+//! | `provisioner-rate` | client-side request limit, `BURST/PER_SECOND`, the rate above 0 | none |
 //! | `provisioner-retry-for` | how long transient errors are retried before a machine is marked in error | `5m` |
 //! | `harvest-mode` | which stray instances are reaped: `none`, `destroyed`, `unknown`, `all` | `unknown` |
-//! | `harvest-grace` | how long a stray is left alone after it is first seen (an adoption window) | `5m` |
+//! | `harvest-grace` | how long a stray is left alone after it is first seen (an adoption window; kept across restarts, restarted on a change of class) | `5m` |
 //! | `harvest-max-per-pass` | strays reaped per pass at most | `10` |
-//! | `harvest-interval` | how often instances are listed to find strays | `30s` |
+//! | `harvest-interval` | how often instances are listed to find strays and instances that are gone | `30s` |
 
 use crate::Error;
 use jujube_core::duration;
@@ -99,8 +99,17 @@ impl Config {
                 "provisioner-concurrency" => c.concurrency = count(k, v)?,
                 "provisioner-batch" => c.batch = count(k, v)?,
                 "provisioner-rate" => {
-                    jujube_providers::bucket::TokenBucket::parse(v)
+                    let bucket = jujube_providers::bucket::TokenBucket::parse(v)
                         .ok_or_else(|| bad(k, v, "use BURST/PER_SECOND, e.g. `5/2`"))?;
+                    // A bucket that never refills would stop provisioning for
+                    // good once its burst is spent.
+                    if bucket.per_second() <= 0.0 {
+                        return Err(bad(
+                            k,
+                            v,
+                            "the refill rate must be above 0 (a bucket that never refills stops provisioning for good); use e.g. `5/2`, or remove the key for no limit",
+                        ));
+                    }
                     c.rate = Some(v.clone());
                 }
                 "provisioner-retry-for" => c.retry_for = dur(k, v)?,

@@ -3,6 +3,13 @@
 //!
 //! # Layout
 //! - [`config`]: settings from environment config, reloaded live.
+//! - `limits.rs`: the controller-wide limit on start requests in flight
+//!   (`provisioner-concurrency`) and the [`Clock`] grace periods run on.
+//! - `zones.rs`: which zones a machine may start in (its `zones=`
+//!   constraint), and spreading a service's units over them (Juju's
+//!   distribution groups).
+//! - `harvest.rs`: the instance poller (recorded instances that are gone)
+//!   and stray instances (reported, reaped after a persisted grace period).
 //! - this file: [`Provisioner::reconcile`], one idempotent pass shaped like
 //!   kube-runtime's reconciler — it reads the whole desired state, acts, and
 //!   returns an [`Action`] saying when to look again — and
@@ -13,33 +20,50 @@
 //! 1. **Stop before start.** Dead machines' instances are stopped (their
 //!    agents set them Dead), then the machines removed. Non-Alive machines without an instance are removed —
 //!    after stopping anything a half-finished start left under their nonce.
-//! 2. **Start.** Alive machines without an instance and not in error get a
-//!    nonce *committed before the start*, then are started in batches, a
-//!    bounded number of requests at a time, paced by a client-side token
-//!    bucket. Transient errors are retried with jittered exponential backoff
-//!    for a bounded time; capacity errors move to the next zone; anything
-//!    else, or giving up, leaves the machine with no instance id and an
-//!    `error` status saying what failed and why. Starts are idempotent per
-//!    nonce, so a crash anywhere yields at most one instance per machine: the
-//!    next start with the same nonce returns the instance the lost one made.
-//! 3. **Strays.** Instances tagged with this environment's UUID that no
-//!    machine owns are reported, and reaped after a grace period according to
-//!    `harvest-mode`, a few per pass. Instances without the tag are never
-//!    listed, so never touched.
+//! 2. **Start.** The provider's zones are listed first (a provider that
+//!    cannot be reached is shown in `status` and changes no machine). Alive
+//!    machines without an instance and not in error get a nonce *committed
+//!    before the start*, a zone their constraints allow, then are started in
+//!    batches in background tasks. A batch waits for one of the controller's
+//!    `provisioner-concurrency` slots and for the client-side token bucket —
+//!    waits that give way to shutdown and to config changes — and only then
+//!    marks its machines `provisioning` and sends the request. Transient
+//!    errors are retried with jittered exponential backoff for a bounded
+//!    time; capacity errors move to the next allowed zone; anything else, or
+//!    giving up, leaves the machine with no instance id and an `error`
+//!    status saying what failed and why. Starts are idempotent per nonce, so
+//!    a crash anywhere yields at most one instance per machine: the next
+//!    start with the same nonce returns the instance the lost one made.
+//! 3. **The cloud behind our back** (every `harvest-interval`): recorded
+//!    instances that are gone put their machines in error; instances tagged
+//!    with this environment's UUID that no machine owns are reported, and
+//!    reaped after a grace period according to `harvest-mode`, a few per
+//!    pass. Instances without the tag are never listed, so never touched.
+//!
+//! A provider call outside a start that fails (listing zones or instances)
+//! is recorded as the provider's status in state (`status` shows it at the
+//! environment level, `wait` lists it as what is stuck) until a call
+//! succeeds again.
 
 pub mod config;
+mod harvest;
+mod limits;
+mod zones;
 
 use backon::BackoffBuilder;
 pub use config::{Config, HarvestMode};
 use jujube_core::Life;
 use jujube_providers::bucket::TokenBucket;
-use jujube_providers::{ErrorClass, Instance, Provider, StartSpec};
+use jujube_providers::{launch_batch, ErrorClass, Instance, Provider, StartSpec};
 use jujube_state::model::machine_status;
-use jujube_state::provisioning::{Prepared, Recorded, Started, Stray};
+use jujube_state::provisioning::{Prepared, Recorded, Started};
 use jujube_state::{AgentOp, Caller, Machine, Store};
+pub use limits::Clock;
+use limits::{stopped, Slots};
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -69,11 +93,23 @@ struct Inner {
     store: Store,
     provider: Arc<dyn Provider>,
     env_uuid: String,
+    clock: Clock,
     cfg: Mutex<Config>,
+    /// Bumped whenever new config is applied: wakes waits on the limiter.
+    cfg_version: watch::Sender<u64>,
     applied: Mutex<Option<BTreeMap<String, String>>>,
-    limiter: tokio::sync::Mutex<Option<(String, TokenBucket)>>,
-    inflight: Mutex<HashSet<i64>>,
-    first_seen: Mutex<HashMap<String, (Instant, SystemTime)>>,
+    /// The client-side token bucket and the `provisioner-rate` it was made
+    /// from.
+    limiter: Mutex<Option<(String, TokenBucket)>>,
+    slots: Slots,
+    /// Machines being started by this provisioner, with the zone chosen.
+    inflight: Mutex<HashMap<i64, Option<String>>>,
+    /// Strays' first-seen times; `None` until seeded from state.
+    seen: Mutex<Option<HashMap<String, harvest::Seen>>>,
+    /// Machines whose instance was missing from the last listing.
+    suspects: Mutex<HashMap<i64, String>>,
+    /// The provider status last written to state (`None`: not yet).
+    reach: Mutex<Option<Option<String>>>,
     last_listing: Mutex<Option<Instant>>,
     tasks: Mutex<tokio::task::JoinSet<()>>,
     stopping: watch::Sender<bool>,
@@ -85,26 +121,41 @@ pub struct Provisioner {
     inner: Arc<Inner>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn unix(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
-}
-
-/// One machine being started: its spec and the zones it has tried.
+/// One machine being started: its spec, the zones it may use (in order of
+/// preference) and those it has tried.
 struct Attempt {
     spec: StartSpec,
     machine: i64,
+    zones: Vec<String>,
     tried: Vec<String>,
     last_error: String,
 }
 
+impl Attempt {
+    fn prepared(&self) -> Prepared {
+        Prepared {
+            machine: self.machine,
+            nonce: self.spec.nonce.clone(),
+        }
+    }
+}
+
 impl Provisioner {
     pub fn new(store: Store, provider: Arc<dyn Provider>) -> Result<Provisioner> {
+        Provisioner::with_clock(store, provider, Clock::system())
+    }
+
+    /// A provisioner whose stray grace periods run on `clock` (tests share
+    /// one between provisioners to play a restart on tokio's paused clock).
+    pub fn with_clock(
+        store: Store,
+        provider: Arc<dyn Provider>,
+        clock: Clock,
+    ) -> Result<Provisioner> {
         let env = store.environment()?;
         let cfg = config_for(provider.as_ref(), &store.environment_config()?)?;
         Ok(Provisioner {
@@ -112,11 +163,16 @@ impl Provisioner {
                 store,
                 provider,
                 env_uuid: env.uuid,
+                clock,
+                slots: Slots::new(cfg.concurrency),
                 cfg: Mutex::new(cfg),
+                cfg_version: watch::channel(0).0,
                 applied: Mutex::new(None),
-                limiter: tokio::sync::Mutex::new(None),
-                inflight: Mutex::new(HashSet::new()),
-                first_seen: Mutex::new(HashMap::new()),
+                limiter: Mutex::new(None),
+                inflight: Mutex::new(HashMap::new()),
+                seen: Mutex::new(None),
+                suspects: Mutex::new(HashMap::new()),
+                reach: Mutex::new(None),
                 last_listing: Mutex::new(None),
                 tasks: Mutex::new(tokio::task::JoinSet::new()),
                 stopping: watch::channel(false).0,
@@ -129,7 +185,7 @@ impl Provisioner {
     }
 
     /// Re-reads environment config; applies it to the provider and to the
-    /// provisioner when it changed.
+    /// provisioner when it changed, waking whatever waits on the old limits.
     async fn reload_config(&self) -> Result<()> {
         let current = self.inner.store.environment_config()?;
         if lock(&self.inner.applied).as_ref() == Some(&current) {
@@ -137,43 +193,63 @@ impl Provisioner {
         }
         let cfg = config_for(self.inner.provider.as_ref(), &current)?;
         self.inner.provider.update_config(&current).await?;
+        self.inner.slots.set_limit(cfg.concurrency);
         *lock(&self.inner.cfg) = cfg;
         *lock(&self.inner.applied) = Some(current);
+        self.inner.cfg_version.send_modify(|v| *v += 1);
         Ok(())
     }
 
-    /// Waits for a request token from the client-side limiter.
-    async fn pace(&self) {
-        let rate = self.cfg().rate;
-        let mut guard = self.inner.limiter.lock().await;
-        match (&rate, guard.as_ref()) {
-            (None, _) => {
-                *guard = None;
-                return;
-            }
-            (Some(r), Some((cur, _))) if r == cur => {}
-            (Some(r), _) => *guard = TokenBucket::parse(r).map(|b| (r.clone(), b)),
-        }
-        if let Some((_, bucket)) = guard.as_mut() {
-            loop {
-                let wait = bucket.wait_for(1);
-                if wait.is_zero() && bucket.try_take(1) {
-                    return;
+    /// Waits for a request token from the client-side limiter. Returns
+    /// false when the provisioner stops first. A config change re-reads
+    /// `provisioner-rate` at once: a waiting start never keeps an old bucket.
+    async fn pace(&self, stopping: &mut watch::Receiver<bool>) -> bool {
+        let mut changed = self.inner.cfg_version.subscribe();
+        loop {
+            let wait = {
+                let rate = self.cfg().rate;
+                let mut limiter = lock(&self.inner.limiter);
+                let Some(rate) = rate else {
+                    *limiter = None;
+                    return true;
+                };
+                if limiter.as_ref().is_none_or(|(cur, _)| *cur != rate) {
+                    *limiter = TokenBucket::parse(&rate).map(|b| (rate, b));
                 }
-                tokio::time::sleep(wait.max(Duration::from_millis(1))).await;
+                let Some((_, bucket)) = limiter.as_mut() else {
+                    return true;
+                };
+                if bucket.try_take(1) {
+                    return true;
+                }
+                bucket
+                    .wait_for(1)
+                    .clamp(Duration::from_millis(1), Duration::from_secs(3600))
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = changed.changed() => {}
+                _ = stopped(stopping) => return false,
             }
         }
     }
 
     /// Runs until `stop` turns true: a pass whenever the state changes or
     /// the last pass asked to be requeued. Failed passes are retried with
-    /// backoff. On stop, waits for in-flight starts to finish their current
-    /// request (their machines keep their nonces, so nothing is lost).
+    /// backoff. On stop, starts not yet sent are abandoned (their machines
+    /// keep their nonces, so the next controller resumes them safely) and
+    /// this returns once the requests in flight have been answered and
+    /// recorded.
     pub async fn run(&self, mut stop: watch::Receiver<bool>) -> Result<()> {
         let mut watcher = self.inner.store.watch(self.inner.store.head_revision()?);
         let mut failures = 0u32;
         loop {
-            let action = match self.reconcile().await {
+            let pass = tokio::select! {
+                r = self.reconcile() => Some(r),
+                _ = stopped(&mut stop) => None,
+            };
+            let Some(pass) = pass else { break };
+            let action = match pass {
                 Ok(a) => {
                     failures = 0;
                     a
@@ -192,7 +268,7 @@ impl Provisioner {
             tokio::select! {
                 r = watcher.next() => { r?; }
                 _ = tokio::time::sleep(sleep) => {}
-                _ = stop.changed() => {}
+                _ = stopped(&mut stop) => {}
             }
             if *stop.borrow() {
                 break;
@@ -203,7 +279,7 @@ impl Provisioner {
         Ok(())
     }
 
-    /// Waits until no start is in flight.
+    /// Waits until no start task is left.
     pub async fn idle(&self) {
         loop {
             let next = {
@@ -219,6 +295,39 @@ impl Provisioner {
         }
     }
 
+    /// Records whether the provider answers, in state for `status` and
+    /// `wait`; writes only on a change.
+    fn reachable(&self, problem: Option<String>) -> Result<()> {
+        let mut reach = lock(&self.inner.reach);
+        if reach.as_ref() == Some(&problem) {
+            return Ok(());
+        }
+        self.inner
+            .store
+            .set_provider_status(problem.as_deref(), self.inner.clock.unix())?;
+        *reach = Some(problem);
+        Ok(())
+    }
+
+    /// A provider call outside a start: its failure is the provider's
+    /// status until a call succeeds.
+    async fn provider_call<T>(
+        &self,
+        what: &str,
+        call: impl Future<Output = jujube_providers::Result<T>>,
+    ) -> Result<T> {
+        match call.await {
+            Ok(v) => {
+                self.reachable(None)?;
+                Ok(v)
+            }
+            Err(e) => {
+                self.reachable(Some(format!("{what}: {e}")))?;
+                Err(e.into())
+            }
+        }
+    }
+
     /// One pass. Idempotent: running it again with nothing changed does
     /// nothing but look.
     pub async fn reconcile(&self) -> Result<Action> {
@@ -227,11 +336,13 @@ impl Provisioner {
         let store = &self.inner.store;
         let mut requeue: Option<Duration> = None;
         let soon = |d: Duration, r: &mut Option<Duration>| *r = Some(r.map_or(d, |x| x.min(d)));
+        // Forget finished start tasks.
+        while lock(&self.inner.tasks).try_join_next().is_some() {}
 
         // 1. Stop before start.
         // Dying machines are their agents' to set Dead (the agent runs on
         // the machine's instance); the controller only stops Dead ones.
-        let inflight = lock(&self.inner.inflight).clone();
+        let inflight: HashSet<i64> = lock(&self.inner.inflight).keys().copied().collect();
         let machines = store.machines()?;
         let dead: Vec<&Machine> = machines
             .iter()
@@ -242,7 +353,13 @@ impl Provisioner {
                 store.set_stopping(m.id)?;
             }
             let ids: Vec<String> = chunk.iter().filter_map(|m| m.instance_id.clone()).collect();
-            match self.inner.provider.stop_instances(&ids).await {
+            match self
+                .provider_call(
+                    "stopping instances",
+                    self.inner.provider.stop_instances(&ids),
+                )
+                .await
+            {
                 Ok(()) => {
                     for m in chunk {
                         store.apply(
@@ -277,7 +394,11 @@ impl Provisioner {
                     .filter(|i| i.nonce() == Some(nonce.as_str()))
                     .map(|i| i.id.clone())
                     .collect();
-                self.inner.provider.stop_instances(&orphans).await?;
+                self.provider_call(
+                    "stopping instances",
+                    self.inner.provider.stop_instances(&orphans),
+                )
+                .await?;
             }
             // No instance: no agent can exist, so the controller may set it
             // Dead itself (the store checks that).
@@ -311,13 +432,19 @@ impl Provisioner {
             self.launch(&candidates, &machines).await?;
         }
 
-        // 3. Strays.
+        // 3. The cloud behind our back. What the poller needs of the
+        // machines (read before the listing, as it needs) is kept; the rest
+        // of the pass's machine list is done with: with 100,000 machines it
+        // is tens of megabytes, not to be held beside the listing below.
+        let watched = harvest::watched(&machines);
+        drop(machines);
         let due = lock(&self.inner.last_listing).is_none_or(|t| t.elapsed() >= cfg.list_interval);
         if due || listing.is_some() {
             let instances = match listing {
                 Some(l) => l,
                 None => self.list().await?,
             };
+            self.poll(&instances, &watched).await?;
             if let Some(next) = self.harvest(&instances, &cfg).await? {
                 soon(next, &mut requeue);
             }
@@ -326,11 +453,16 @@ impl Provisioner {
             cfg.list_interval.saturating_sub(t.elapsed())
         });
         soon(until_listing.max(Duration::from_millis(100)), &mut requeue);
+        if self.has_suspects() {
+            debug!("an instance is missing from the listing; confirming at the next one");
+        }
         Ok(requeue.map_or(Action::AwaitChange, Action::Requeue))
     }
 
     async fn list(&self) -> Result<Vec<Instance>> {
-        let instances = self.inner.provider.instances().await?;
+        let instances = self
+            .provider_call("listing instances", self.inner.provider.instances())
+            .await?;
         *lock(&self.inner.last_listing) = Some(Instant::now());
         Ok(instances)
     }
@@ -347,54 +479,136 @@ impl Provisioner {
         }
     }
 
-    /// Commits nonces for the candidates, then starts them in background
-    /// batches.
+    /// Lists the zones, places the candidates in zones, forms launch batches
+    /// of them, commits their nonces (each machine's names its batch and
+    /// place in it), then starts each batch in a background task.
     async fn launch(&self, ids: &[i64], machines: &[Machine]) -> Result<()> {
+        // Asked first: a provider that cannot be reached leaves the
+        // machines as they are (and is shown in `status`).
+        let zones = self
+            .provider_call("listing zones", self.inner.provider.zones())
+            .await?;
+        let cfg = self.cfg();
+        let by_id: HashMap<i64, &Machine> = machines.iter().map(|m| (m.id, m)).collect();
+        let ids: Vec<i64> = ids
+            .iter()
+            .copied()
+            .filter(|id| by_id.contains_key(id))
+            .collect();
+        let mut spread = {
+            let inflight = lock(&self.inner.inflight).clone();
+            let mut grouped = ids.clone();
+            grouped.extend(inflight.keys());
+            let mut spread = zones::Spread::new(
+                self.inner.store.service_zone_counts()?,
+                self.inner.store.services_on_machines(&grouped)?,
+            );
+            for m in machines.iter().filter(|m| m.life != Life::Dead) {
+                if let Some(z) = &m.zone {
+                    spread.count_recorded(z);
+                } else if let Some(Some(z)) = inflight.get(&m.id) {
+                    spread.count_placed(m.id, z);
+                }
+            }
+            spread
+        };
+        // Each machine's zones, in the spread's order of preference.
+        let mut placed: HashMap<i64, Vec<String>> = HashMap::with_capacity(ids.len());
+        // A launch batch is one provider request: machines that share series,
+        // constraints (hence instance type, image and disk), chosen zone and
+        // whether they manage the environment, up to `provisioner-batch` of
+        // them. A machine that has a nonce already keeps it, and with it the
+        // batch a crashed controller committed (regrouped below).
+        let mut batches: Vec<Vec<i64>> = Vec::new();
+        let mut open: HashMap<(String, String, Option<String>, bool), usize> = HashMap::new();
+        for id in ids {
+            let m = by_id[&id];
+            let allowed = match zones::allowed(m, &zones) {
+                Ok(z) => z,
+                Err(message) => {
+                    self.fail(id, &message)?;
+                    continue;
+                }
+            };
+            let order = spread.choose(id, &allowed);
+            let zone = order.first().cloned();
+            placed.insert(id, order);
+            if m.nonce.is_some() {
+                batches.push(vec![id]);
+                continue;
+            }
+            let key = (
+                m.series.clone(),
+                m.constraints.to_string(),
+                zone,
+                m.manages_environ(),
+            );
+            match open.get(&key) {
+                Some(&b) if batches[b].len() < cfg.batch => batches[b].push(id),
+                _ => {
+                    open.insert(key, batches.len());
+                    batches.push(vec![id]);
+                }
+            }
+        }
+        // Nonces only: status stays as it is until a start is sent
+        // (`Store::mark_provisioning` in `start_batch`).
         let prepared = self
             .inner
             .store
-            .prepare_provisioning(ids, &self.inner.env_uuid)?;
+            .prepare_batches(&batches, &self.inner.env_uuid)?;
         if prepared.is_empty() {
             return Ok(());
         }
-        let cfg = self.cfg();
-        let zones = self.inner.provider.zones().await?;
-        let by_id: HashMap<i64, &Machine> = machines.iter().map(|m| (m.id, m)).collect();
-        let sem = Arc::new(tokio::sync::Semaphore::new(cfg.concurrency));
-        lock(&self.inner.inflight).extend(prepared.iter().map(|p| p.machine));
-        for chunk in prepared.chunks(cfg.batch) {
-            let attempts: Vec<Attempt> = chunk
+        // Regroup by the committed batch: a batch re-formed after a crash
+        // launches (or adopts) together again.
+        let mut launches: Vec<Vec<&Prepared>> = Vec::new();
+        let mut of_batch: HashMap<&str, usize> = HashMap::new();
+        for p in &prepared {
+            match launch_batch(&p.nonce) {
+                Some((b, _)) => match of_batch.get(b) {
+                    Some(&i) => launches[i].push(p),
+                    None => {
+                        of_batch.insert(b, launches.len());
+                        launches.push(vec![p]);
+                    }
+                },
+                None => launches.push(vec![p]),
+            }
+        }
+        for mut launch in launches {
+            launch.sort_by_key(|p| launch_batch(&p.nonce).map_or(0, |(_, k)| k));
+            // One zone order for the whole batch, its first member's, so
+            // that a capacity error moves the batch on together.
+            let order = launch
+                .first()
+                .and_then(|p| placed.get(&p.machine))
+                .cloned()
+                .unwrap_or_default();
+            let batch: Vec<Attempt> = launch
                 .iter()
                 .filter_map(|Prepared { machine, nonce }| {
                     let m = by_id.get(machine)?;
                     let mut spec = self.spec_for(m, nonce);
-                    // Spread machines over zones; constraints may name some.
-                    let allowed: Vec<&String> = if m.constraints.zones().is_empty() {
-                        zones.iter().collect()
-                    } else {
-                        zones
-                            .iter()
-                            .filter(|z| m.constraints.zones().contains(z))
-                            .collect()
-                    };
-                    spec.zone = allowed
-                        .get(*machine as usize % allowed.len().max(1))
-                        .map(|z| z.to_string());
+                    spec.zone = order.first().cloned();
                     Some(Attempt {
                         spec,
                         machine: *machine,
+                        zones: order.clone(),
                         tried: vec![],
                         last_error: String::new(),
                     })
                 })
                 .collect();
+            if batch.is_empty() {
+                continue;
+            }
+            lock(&self.inner.inflight)
+                .extend(batch.iter().map(|a| (a.machine, a.spec.zone.clone())));
             let this = self.clone();
-            let sem = sem.clone();
-            let zones = zones.clone();
             lock(&self.inner.tasks).spawn(async move {
-                let _permit = sem.acquire_owned().await;
-                let machines: Vec<i64> = attempts.iter().map(|a| a.machine).collect();
-                if let Err(e) = this.start_batch(attempts, &zones).await {
+                let machines: Vec<i64> = batch.iter().map(|a| a.machine).collect();
+                if let Err(e) = this.start_batch(batch).await {
                     warn!(error = %e, "start batch failed; its machines will be tried again");
                 }
                 let mut inflight = lock(&this.inner.inflight);
@@ -423,7 +637,15 @@ impl Provisioner {
         Ok(failed)
     }
 
-    async fn start_batch(&self, mut pending: Vec<Attempt>, zones: &[String]) -> Result<()> {
+    /// Machines whose start is given up because the provisioner stops:
+    /// back to `pending`, nonces kept.
+    fn abandon(&self, pending: &[Attempt]) -> Result<()> {
+        let ids: Vec<i64> = pending.iter().map(|a| a.machine).collect();
+        debug!(machines = ?ids, "shutting down: abandoning starts not yet sent");
+        Ok(self.inner.store.abandon_provisioning(&ids)?)
+    }
+
+    async fn start_batch(&self, mut pending: Vec<Attempt>) -> Result<()> {
         let cfg = self.cfg();
         let mut backoff = backon::ExponentialBuilder::new()
             .with_jitter()
@@ -434,9 +656,29 @@ impl Provisioner {
             .build();
         let mut stopping = self.inner.stopping.subscribe();
         loop {
-            self.pace().await;
+            // A slot of the controller's concurrency, then a token: both
+            // waits give way to shutdown.
+            let Some(slot) = self.inner.slots.acquire(&mut stopping).await else {
+                return self.abandon(&pending);
+            };
+            if !self.pace(&mut stopping).await {
+                return self.abandon(&pending);
+            }
+            // Now the start is really under way.
+            let prepared: Vec<Prepared> = pending.iter().map(Attempt::prepared).collect();
+            let go: HashSet<i64> = self
+                .inner
+                .store
+                .mark_provisioning(&prepared)?
+                .into_iter()
+                .collect();
+            pending.retain(|a| go.contains(&a.machine));
+            if pending.is_empty() {
+                return Ok(());
+            }
             let specs: Vec<StartSpec> = pending.iter().map(|a| a.spec.clone()).collect();
             let results = self.inner.provider.start_instances(&specs).await;
+            drop(slot);
             let mut started = Vec::new();
             let mut retry = Vec::new();
             let mut moved_zone = false;
@@ -459,7 +701,9 @@ impl Provisioner {
                             if let Some(z) = a.spec.zone.take() {
                                 a.tried.push(z);
                             }
-                            let next = zones.iter().find(|z| !a.tried.contains(z)).cloned();
+                            // Only zones the constraints allow, in the
+                            // spread's order.
+                            let next = a.zones.iter().find(|z| !a.tried.contains(z)).cloned();
                             if let Some(z) = next {
                                 info!(machine = a.machine, zone = %z, error = %e, "no capacity; trying the next zone");
                                 a.spec.zone = Some(z);
@@ -467,11 +711,23 @@ impl Provisioner {
                                 moved_zone = true;
                                 retry.push(a);
                             } else {
-                                self.fail(a.machine, &format!(
-                                    "cannot start machine {}: no capacity in any zone (tried {}): {e}",
+                                let wanted = a.spec.constraints.zones();
+                                let tried = a.tried.join(", ");
+                                let scope = if wanted.is_empty() {
+                                    format!("any zone (tried {tried})")
+                                } else {
+                                    format!(
+                                        "the zones its constraints allow (`zones={}`; tried {tried})",
+                                        wanted.join(",")
+                                    )
+                                };
+                                self.fail(
                                     a.machine,
-                                    a.tried.join(", ")
-                                ))?;
+                                    &format!(
+                                        "cannot start machine {}: no capacity in {scope}: {e}",
+                                        a.machine
+                                    ),
+                                )?;
                             }
                         }
                         _ => self.fail(
@@ -486,7 +742,7 @@ impl Provisioner {
                 return Ok(());
             }
             if *stopping.borrow() {
-                return Ok(());
+                return self.abandon(&retry);
             }
             let wait = if moved_zone && retry.iter().all(|a| !a.tried.is_empty()) {
                 Some(Duration::ZERO)
@@ -507,7 +763,7 @@ impl Provisioner {
             };
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
-                _ = stopping.changed() => return Ok(()),
+                _ = stopped(&mut stopping) => return self.abandon(&retry),
             }
             pending = retry;
         }
@@ -547,85 +803,6 @@ impl Provisioner {
             debug!(machine = s.0.machine, instance = %s.0.instance_id, "machine started");
         }
         Ok(())
-    }
-
-    /// Classifies unowned instances, reaps the eligible ones whose grace has
-    /// passed (up to the cap), and records the view. Returns when the next
-    /// stray becomes eligible.
-    async fn harvest(&self, instances: &[Instance], cfg: &Config) -> Result<Option<Duration>> {
-        let store = &self.inner.store;
-        let machines = store.machines()?;
-        let next_id = store.next_machine_id()?;
-        let inflight = lock(&self.inner.inflight).clone();
-        let by_instance: HashSet<&str> = machines
-            .iter()
-            .filter_map(|m| m.instance_id.as_deref())
-            .collect();
-        let by_nonce: HashMap<&str, &Machine> = machines
-            .iter()
-            .filter(|m| m.instance_id.is_none())
-            .filter_map(|m| m.nonce.as_deref().map(|n| (n, m)))
-            .collect();
-        let existing: HashSet<i64> = machines.iter().map(|m| m.id).collect();
-        let now = Instant::now();
-        let wall = SystemTime::now();
-        let mut first_seen = lock(&self.inner.first_seen).clone();
-        let mut view = Vec::new();
-        let mut reap = Vec::new();
-        let mut next: Option<Duration> = None;
-        let mut seen_now = HashSet::new();
-        for inst in instances {
-            if by_instance.contains(inst.id.as_str()) {
-                continue;
-            }
-            let class = match inst.nonce().and_then(|n| by_nonce.get(n)) {
-                // Being started, or about to be recorded: it is owned.
-                Some(m) if inflight.contains(&m.id) || m.status != machine_status::ERROR => {
-                    continue
-                }
-                Some(_) => "errored",
-                None => match inst.machine_id().and_then(|t| t.parse::<i64>().ok()) {
-                    Some(id) if id < next_id && !existing.contains(&id) => "destroyed",
-                    _ => "unknown",
-                },
-            };
-            seen_now.insert(inst.id.clone());
-            let (t0, w0) = *first_seen.entry(inst.id.clone()).or_insert((now, wall));
-            let eligible = cfg.harvest.reaps(class);
-            let reap_at = t0 + cfg.grace;
-            if eligible {
-                if now >= reap_at && reap.len() < cfg.harvest_cap {
-                    reap.push(inst.id.clone());
-                } else {
-                    let wait = reap_at
-                        .saturating_duration_since(now)
-                        .max(Duration::from_millis(100));
-                    next = Some(next.map_or(wait, |n: Duration| n.min(wait)));
-                }
-            }
-            view.push(Stray {
-                instance_id: inst.id.clone(),
-                machine_tag: inst.machine_id().unwrap_or("").to_string(),
-                class: class.to_string(),
-                first_seen: unix(w0),
-                reap_at: eligible.then(|| unix(w0 + cfg.grace)),
-            });
-        }
-        first_seen.retain(|id, _| seen_now.contains(id));
-        if !reap.is_empty() {
-            info!(instances = ?reap, mode = ?cfg.harvest, "reaping stray instances");
-            self.inner.provider.stop_instances(&reap).await?;
-            view.retain(|s| !reap.contains(&s.instance_id));
-            for id in &reap {
-                first_seen.remove(id);
-            }
-            // More may be due (the cap), and the listing must catch up.
-            *lock(&self.inner.last_listing) = None;
-            next = Some(Duration::from_millis(100));
-        }
-        *lock(&self.inner.first_seen) = first_seen;
-        store.set_strays(&view)?;
-        Ok(next)
     }
 }
 

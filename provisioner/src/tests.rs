@@ -610,12 +610,550 @@ async fn the_providers_preferred_batch_applies_unless_the_config_names_one() {
     p.idle().await;
     // Machine 0 and the five.
     assert_eq!(*lock(&one.sizes), vec![1; 6], "one machine per call");
-    // The config wins over the provider's preference.
+    // The config wins over the provider's preference (machines in one
+    // zone: a launch batch is one zone's).
     w.set(&[("provisioner-batch", "4")]);
     lock(&one.sizes).clear();
-    w.store.add_machines(8, None, None).unwrap();
+    let one_zone = Constraints::parse("zones=zone-a").unwrap();
+    w.store.add_machines(8, None, Some(&one_zone)).unwrap();
     p.reconcile().await.unwrap();
     p.idle().await;
     assert_eq!(*lock(&one.sizes), vec![4, 4]);
     assert_eq!(w.cloud.all_instances().unwrap().len(), 14);
 }
+
+// ---- limits and shutdown (issue: machines silently stuck, shutdown that hangs)
+
+/// The dummy cloud behind a provider that counts start requests in flight
+/// (keeping the peak) and can be made to fail its zone listing.
+struct Counting {
+    cloud: Arc<DummyProvider>,
+    in_flight: std::sync::atomic::AtomicUsize,
+    peak: std::sync::atomic::AtomicUsize,
+    zones_fail: std::sync::atomic::AtomicBool,
+}
+
+impl Counting {
+    fn new(cloud: Arc<DummyProvider>) -> Arc<Counting> {
+        Arc::new(Counting {
+            cloud,
+            in_flight: Default::default(),
+            peak: Default::default(),
+            zones_fail: Default::default(),
+        })
+    }
+    fn peak(&self) -> usize {
+        self.peak.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider for Counting {
+    fn kind(&self) -> &'static str {
+        "dummy"
+    }
+    async fn start_instance(&self, spec: &StartSpec) -> jujube_providers::Result<Instance> {
+        self.start_instances(std::slice::from_ref(spec))
+            .await
+            .pop()
+            .unwrap()
+    }
+    async fn start_instances(
+        &self,
+        specs: &[StartSpec],
+    ) -> Vec<jujube_providers::Result<Instance>> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.in_flight.fetch_add(1, SeqCst) + 1;
+        self.peak.fetch_max(now, SeqCst);
+        let r = self.cloud.start_instances(specs).await;
+        self.in_flight.fetch_sub(1, SeqCst);
+        r
+    }
+    async fn stop_instances(&self, ids: &[String]) -> jujube_providers::Result<()> {
+        self.cloud.stop_instances(ids).await
+    }
+    async fn instances(&self) -> jujube_providers::Result<Vec<Instance>> {
+        self.cloud.instances().await
+    }
+    async fn instances_by_id(&self, ids: &[String]) -> jujube_providers::Result<Vec<Instance>> {
+        self.cloud.instances_by_id(ids).await
+    }
+    async fn zones(&self) -> jujube_providers::Result<Vec<String>> {
+        if self.zones_fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(jujube_providers::Error::Transient(
+                "connection refused".into(),
+            ));
+        }
+        self.cloud.zones().await
+    }
+    async fn validate_constraints(&self, cons: &Constraints) -> jujube_providers::Result<()> {
+        self.cloud.validate_constraints(cons).await
+    }
+    async fn update_config(
+        &self,
+        config: &BTreeMap<String, String>,
+    ) -> jujube_providers::Result<()> {
+        self.cloud.update_config(config).await
+    }
+}
+
+#[test]
+fn a_rate_that_never_refills_is_refused() {
+    let c = |v: &str| {
+        Config::from_env(
+            &[("provisioner-rate".to_string(), v.to_string())]
+                .into_iter()
+                .collect(),
+        )
+    };
+    assert_eq!(
+        c("1/0").unwrap_err().to_string(),
+        "invalid provisioner config: `provisioner-rate=1/0`: the refill rate must be above 0 (a bucket that never refills stops provisioning for good); use e.g. `5/2`, or remove the key for no limit"
+    );
+    assert!(c("5/0.0").is_err());
+    assert_eq!(c("5/0.5").unwrap().rate.as_deref(), Some("5/0.5"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn starts_waiting_on_the_limiter_follow_a_rate_change_at_once() {
+    // One token, then one every 1,000 s: two of the three starts wait.
+    let w = world(&[("provisioner-rate", "1/0.001"), ("provisioner-batch", "1")]);
+    w.store.add_machines(2, None, None).unwrap();
+    let t0 = Instant::now();
+    w.p.reconcile().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(w.cloud.all_instances().unwrap().len(), 1);
+    // The waiting starts must not keep the old bucket.
+    w.set(&[("provisioner-rate", "100/10")]);
+    w.p.reconcile().await.unwrap();
+    w.p.idle().await;
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "the waiting starts kept the old rate: {:?}",
+        t0.elapsed()
+    );
+    for id in 0..3 {
+        assert_eq!(w.instances_of(id), 1, "machine {id}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn machines_sharing_type_image_and_zone_launch_in_one_request_per_batch() {
+    let w = world(&[("provisioner-batch", "8")]);
+    let one_zone = Constraints::parse("zones=zone-b").unwrap();
+    let ids = w.store.add_machines(20, None, Some(&one_zone)).unwrap();
+    w.settle().await;
+    // Machine 0 alone, then the 20 in batches of 8, 8 and 4.
+    assert_eq!(w.cloud.api_stats().run_instances, 4);
+    let mut batches = BTreeMap::new();
+    for id in &ids {
+        let m = w.store.machine(*id).unwrap();
+        assert_eq!(m.zone.as_deref(), Some("zone-b"));
+        assert_eq!(w.instances_of(*id), 1, "machine {id}");
+        let (batch, index) = jujube_providers::launch_batch(m.nonce.as_deref().unwrap())
+            .unwrap_or_else(|| panic!("machine {id} has a batch nonce: {:?}", m.nonce));
+        batches
+            .entry(batch.to_string())
+            .or_insert_with(Vec::new)
+            .push(index);
+    }
+    let mut sizes: Vec<Vec<u32>> = batches.into_values().collect();
+    sizes.sort_by_key(|v| std::cmp::Reverse(v.len()));
+    assert_eq!(
+        sizes,
+        vec![
+            (0..8).collect::<Vec<u32>>(),
+            (0..8).collect(),
+            (0..4).collect()
+        ]
+    );
+    // Machines spread over zones (`zones::Spread`: the emptiest first) are
+    // batched per chosen zone: one request per zone used.
+    let spread = w.store.add_machines(6, None, None).unwrap();
+    w.settle().await;
+    let mut used = std::collections::BTreeSet::new();
+    for id in spread {
+        assert_eq!(w.instances_of(id), 1);
+        used.insert(w.store.machine(id).unwrap().zone.unwrap());
+    }
+    assert!(used.len() > 1, "{used:?}");
+    assert_eq!(w.cloud.api_stats().run_instances, 4 + used.len() as u64);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_provisioner_re_forms_a_lost_batch_and_adopts_its_instances() {
+    let w = world(&[]);
+    let ids = w
+        .store
+        .add_machines(5, None, Some(&Constraints::parse("zones=zone-a").unwrap()))
+        .unwrap();
+    // The batch is committed and launched, then the process died before
+    // recording anything.
+    let prepared = w
+        .store
+        .prepare_batches(std::slice::from_ref(&ids), UUID)
+        .unwrap();
+    let specs: Vec<StartSpec> = prepared
+        .iter()
+        .map(|p| {
+            let mut s = w.p.spec_for(&w.store.machine(p.machine).unwrap(), &p.nonce);
+            s.zone = Some("zone-a".into());
+            s
+        })
+        .collect();
+    let launched: Vec<Instance> = w
+        .cloud
+        .start_instances(&specs)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    assert_eq!(w.cloud.api_stats().run_instances, 1);
+    let fresh = Provisioner::new(w.store.clone(), w.cloud.clone()).unwrap();
+    fresh.reconcile().await.unwrap();
+    fresh.idle().await;
+    // Machine 0 is launched; the batch is adopted, not launched again.
+    assert_eq!(w.cloud.api_stats().run_instances, 2);
+    for (id, inst) in ids.iter().zip(&launched) {
+        assert_eq!(
+            w.store.machine(*id).unwrap().instance_id.as_ref(),
+            Some(&inst.id)
+        );
+        assert_eq!(w.instances_of(*id), 1);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_abandons_queued_starts_and_returns_within_one_call() {
+    let w = world(&[
+        ("provisioner-concurrency", "1"),
+        ("provisioner-batch", "1"),
+        ("dummy-start-latency", "2s"),
+    ]);
+    w.store.add_machines(8, None, None).unwrap();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let p = w.p.clone();
+    let task = tokio::spawn(async move { p.run(stop_rx).await });
+    // Machine 0's start is done; machine 1's is in flight.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let t0 = Instant::now();
+    stop_tx.send(true).unwrap();
+    task.await.unwrap().unwrap();
+    assert!(
+        t0.elapsed() <= Duration::from_secs(2),
+        "shutdown took {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(
+        w.cloud.all_instances().unwrap().len(),
+        2,
+        "the queued starts were abandoned"
+    );
+    // Nothing pretends to be under way; the nonces stay committed.
+    for id in 2..=8 {
+        let m = w.store.machine(id).unwrap();
+        assert_eq!(m.status, machine_status::PENDING, "machine {id}");
+        assert!(m.nonce.is_some(), "machine {id} keeps its nonce");
+    }
+    // The next controller resumes them: one instance each.
+    let next = Provisioner::new(w.store.clone(), w.cloud.clone()).unwrap();
+    for _ in 0..5 {
+        next.reconcile().await.unwrap();
+        next.idle().await;
+    }
+    for id in 0..=8 {
+        assert_eq!(w.instances_of(id), 1, "machine {id}");
+        assert!(w.store.machine(id).unwrap().instance_id.is_some());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrency_is_one_limit_for_the_whole_controller() {
+    let w = world(&[
+        ("provisioner-concurrency", "1"),
+        ("dummy-start-latency", "2s"),
+    ]);
+    let counting = Counting::new(w.cloud.clone());
+    let p = Provisioner::new(w.store.clone(), counting.clone()).unwrap();
+    // Four `add-machine` commands in a row, each seen by its own pass.
+    for _ in 0..4 {
+        w.store.add_machines(1, None, None).unwrap();
+        p.reconcile().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    p.idle().await;
+    assert_eq!(w.cloud.all_instances().unwrap().len(), 5);
+    assert_eq!(counting.peak(), 1, "start requests in flight at once");
+}
+
+#[tokio::test(start_paused = true)]
+async fn machines_are_provisioning_only_once_their_start_is_under_way() {
+    let w = world(&[]);
+    let counting = Counting::new(w.cloud.clone());
+    counting
+        .zones_fail
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let p = Provisioner::new(w.store.clone(), counting.clone()).unwrap();
+    let id = w.store.add_machines(1, None, None).unwrap()[0];
+    assert!(
+        p.reconcile().await.is_err(),
+        "the pass fails when zones cannot be listed"
+    );
+    p.idle().await;
+    for m in [0, id] {
+        assert_eq!(
+            w.store.machine(m).unwrap().status,
+            machine_status::PENDING,
+            "machine {m} is not being started"
+        );
+    }
+    counting
+        .zones_fail
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    p.reconcile().await.unwrap();
+    p.idle().await;
+    assert!(w.store.machine(id).unwrap().instance_id.is_some());
+}
+
+// ---- zones (issue: constraints the provisioner ignores)
+
+#[tokio::test(start_paused = true)]
+async fn capacity_errors_move_only_to_zones_the_constraints_allow() {
+    let w = world(&[("dummy-full-zones", "zone-a")]);
+    let only_a = w
+        .store
+        .add_machines(1, None, Some(&Constraints::parse("zones=zone-a").unwrap()))
+        .unwrap()[0];
+    let a_or_c = w
+        .store
+        .add_machines(
+            1,
+            None,
+            Some(&Constraints::parse("zones=zone-a,zone-c").unwrap()),
+        )
+        .unwrap()[0];
+    w.settle().await;
+    let m = w.store.machine(only_a).unwrap();
+    assert_eq!(
+        w.instances_of(only_a),
+        0,
+        "started outside its zones: {m:?}"
+    );
+    assert_eq!(m.status, machine_status::ERROR);
+    assert_eq!(
+        m.status_info,
+        format!("cannot start machine {only_a}: no capacity in the zones its constraints allow (`zones=zone-a`; tried zone-a): no capacity in zone `zone-a`: InsufficientInstanceCapacity")
+    );
+    let m = w.store.machine(a_or_c).unwrap();
+    assert_eq!(m.zone.as_deref(), Some("zone-c"), "{}", m.status_info);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unknown_zone_is_a_provisioning_error_naming_the_known_zones() {
+    let w = world(&[]);
+    let id = w
+        .store
+        .add_machines(1, None, Some(&Constraints::parse("zones=nowhere").unwrap()))
+        .unwrap()[0];
+    w.settle().await;
+    let m = w.store.machine(id).unwrap();
+    assert_eq!(w.instances_of(id), 0, "started in {:?}", m.zone);
+    assert_eq!(m.status, machine_status::ERROR);
+    assert_eq!(
+        m.status_info,
+        format!("cannot start machine {id}: unknown zone `nowhere` in `zones=nowhere`; the provider's zones are `zone-a`, `zone-b`, `zone-c`; choose from them with `jujube resolved {id} --constraints zones=...`")
+    );
+}
+
+fn deploy(w: &World, service: &str) {
+    let charm = jujube_state::Charm {
+        url: format!("local:jammy/{service}-1"),
+        meta: jujube_core::charm::CharmMeta::parse(&format!("name: {service}\n")).unwrap(),
+        config: Default::default(),
+        path: String::new(),
+    };
+    w.store
+        .deploy(&jujube_state::services::DeployArgs {
+            service: service.into(),
+            charm,
+            series: "jammy".into(),
+            constraints: Constraints::default(),
+            units: 1,
+            to: None,
+            settings: vec![],
+        })
+        .unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_services_units_spread_over_zones_when_services_interleave() {
+    let w = world(&[]);
+    for s in ["a", "b", "c"] {
+        deploy(&w, s);
+    }
+    // More units, one at a time: a, b, c, a, b, c.
+    for _ in 0..2 {
+        for s in ["a", "b", "c"] {
+            w.store.add_units(s, 1, None).unwrap();
+        }
+    }
+    w.settle().await;
+    for s in ["a", "b", "c"] {
+        let mut zones: Vec<String> = w
+            .store
+            .units_of(s)
+            .unwrap()
+            .iter()
+            .map(|u| {
+                w.store
+                    .machine(u.machine_id.unwrap())
+                    .unwrap()
+                    .zone
+                    .unwrap()
+            })
+            .collect();
+        zones.sort();
+        assert_eq!(zones, ["zone-a", "zone-b", "zone-c"], "service {s}");
+    }
+}
+
+// ---- the cloud behind our back
+
+#[tokio::test(start_paused = true)]
+async fn an_instance_gone_behind_our_back_puts_its_machine_in_error_and_resolved_replaces_it() {
+    let w = world(&[("harvest-interval", "10s")]);
+    let id = w.store.add_machines(1, None, None).unwrap()[0];
+    w.settle().await;
+    let m = w.store.machine(id).unwrap();
+    let gone = m.instance_id.clone().unwrap();
+    w.cloud
+        .stop_instances(std::slice::from_ref(&gone))
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        tokio::time::advance(Duration::from_secs(11)).await;
+        w.settle().await;
+    }
+    let m = w.store.machine(id).unwrap();
+    assert_eq!(m.status, machine_status::ERROR);
+    assert_eq!(
+        m.status_info,
+        format!("instance `{gone}` is gone: the cloud no longer has it (stopped or terminated outside jujube); `jujube resolved {id}` starts a replacement")
+    );
+    assert_eq!(m.instance_id.as_deref(), Some(gone.as_str()), "still named");
+    // Machine 0 was not touched.
+    assert_eq!(w.store.machine(0).unwrap().status, machine_status::STARTED);
+    // `resolved`: a replacement under a new nonce.
+    w.store.resolve_machine(id, None).unwrap();
+    w.settle().await;
+    let r = w.store.machine(id).unwrap();
+    let replacement = r.instance_id.clone().expect("a replacement");
+    assert_ne!(replacement, gone);
+    assert_ne!(r.nonce, m.nonce);
+    assert_eq!(r.status, machine_status::STARTED);
+    assert_eq!(w.instances_of(id), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_strays_grace_restarts_when_its_class_changes() {
+    let w = world(&[
+        ("harvest-mode", "all"),
+        ("harvest-grace", "60s"),
+        ("harvest-interval", "1s"),
+        ("dummy-fail-machines", "1"),
+    ]);
+    let id = w.store.add_machines(1, None, None).unwrap()[0];
+    w.settle().await;
+    let m = w.store.machine(id).unwrap();
+    assert_eq!(m.status, machine_status::ERROR);
+    // What a failed start left behind under the machine's nonce.
+    let mut tags = w.tags(Some(UUID), &id.to_string());
+    tags.insert(
+        jujube_providers::TAG_NONCE.to_string(),
+        m.nonce.clone().unwrap(),
+    );
+    let leftover = w.cloud.start_raw(tags).unwrap();
+    tokio::time::advance(Duration::from_secs(2)).await;
+    w.settle().await;
+    assert_eq!(w.store.strays().unwrap()[0].class, "errored");
+    // Retried (and failing again) after 50 s: the leftover is now nobody's,
+    // a new reason to reap it, with a grace of its own.
+    tokio::time::advance(Duration::from_secs(50)).await;
+    w.store.retry_provisioning(&[id]).unwrap();
+    w.settle().await;
+    assert_eq!(w.store.machine(id).unwrap().status, machine_status::ERROR);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    w.settle().await;
+    assert_eq!(w.store.strays().unwrap()[0].class, "unknown");
+    tokio::time::advance(Duration::from_secs(18)).await;
+    w.settle().await;
+    assert!(
+        w.instance_ids().contains(&leftover),
+        "reaped 20 s into its new class's 60 s grace"
+    );
+    tokio::time::advance(Duration::from_secs(45)).await;
+    w.settle().await;
+    assert!(!w.instance_ids().contains(&leftover));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_instance_of_a_machine_being_started_is_never_reaped() {
+    let w = world(&[
+        ("harvest-grace", "0s"),
+        ("harvest-interval", "1s"),
+        ("dummy-start-latency", "30s"),
+    ]);
+    w.settle().await;
+    let id = w.store.add_machines(1, None, None).unwrap()[0];
+    // An earlier start's leftover of the machine (another nonce): on LXD it
+    // would be the very container the start is making.
+    let mut tags = w.tags(Some(UUID), &id.to_string());
+    tags.insert(jujube_providers::TAG_NONCE.to_string(), "old".to_string());
+    let leftover = w.cloud.start_raw(tags).unwrap();
+    w.p.reconcile().await.unwrap(); // the start is now under way
+    for _ in 0..10 {
+        tokio::time::advance(Duration::from_secs(2)).await;
+        w.p.reconcile().await.unwrap();
+        assert!(
+            w.instance_ids().contains(&leftover),
+            "reaped while its machine was being started"
+        );
+    }
+    w.p.idle().await;
+    assert!(w.store.machine(id).unwrap().instance_id.is_some());
+    tokio::time::advance(Duration::from_secs(2)).await;
+    w.settle().await;
+    assert!(!w.instance_ids().contains(&leftover), "reaped afterwards");
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_ec2_mode_the_dummy_charges_documented_buckets_and_launches_are_paced_not_throttled() {
+    // 1,100 machines in batches of 100: past the 1,000-instance burst the
+    // last launches wait for the refill (2 instances/s) instead of failing.
+    let w = world(&[
+        ("dummy-throttling", "ec2"),
+        ("provisioner-batch", "100"),
+        ("dummy-zones", "zone-a"),
+        ("harvest-interval", "1h"),
+    ]);
+    let t0 = tokio::time::Instant::now();
+    let ids = w.store.add_machines(1_100, None, None).unwrap();
+    w.settle().await;
+    let took = t0.elapsed();
+    for id in [ids[0], ids[1_099]] {
+        assert!(w.store.machine(id).unwrap().instance_id.is_some());
+    }
+    let s = w.cloud.api_stats();
+    assert_eq!(s.throttled, 0, "{s:?}");
+    // Machine 0 and 11 batches.
+    assert_eq!(s.run_instances, 12);
+    // 1,101 instances: 101 past the burst at 2/s.
+    assert!(took >= Duration::from_secs(50), "{took:?}");
+    assert!(took < Duration::from_secs(120), "{took:?}");
+    // One CreateTags per batch member, paced at 5/s past a burst of 50.
+    assert_eq!(s.create_tags, 1_100);
+    let tags = s.tags_done_at.unwrap().duration_since(t0);
+    assert!(tags >= Duration::from_secs(200), "{tags:?}");
+}
+
+mod restart;

@@ -5,7 +5,14 @@
 //! - deploying 100,000 units;
 //! - `status` (snapshot + JSON) at 100,000 units;
 //! - destroying the 100,000-unit service through its cleanup, with the
-//!   largest transaction's row count.
+//!   largest transaction's row count;
+//! - `add-machine -n 100000`, the provisioner's preparation of all those
+//!   machines at once (as its first pass does), and `retry-provisioning
+//!   --all` of all of them, each with its largest transaction.
+//!
+//! The whole life of such a service through the provisioner (which this
+//! crate cannot depend on) is `cargo bench -p jujube-provisioner --bench
+//! lifecycle`.
 //!
 //! `JUJUBE_BENCH_UNITS` overrides 100,000 for a quick run.
 
@@ -143,4 +150,43 @@ fn main() {
         stats.max_transaction_rows,
         st.units_of("big").map(|u| u.len()).unwrap_or(0)
     );
+
+    // 5. add-machine -n 100000, then what the provisioner and
+    // retry-provisioning --all do with all of them.
+    let dir3 = tempfile::tempdir().unwrap();
+    let st = store(dir3.path());
+    let phase = |name: &str, f: &mut dyn FnMut()| {
+        st.reset_stats();
+        let start = Instant::now();
+        f();
+        let stats = st.stats();
+        println!(
+            "{name}: {:.2} s, {} transactions, largest {} rows (goal <= 1000)",
+            start.elapsed().as_secs_f64(),
+            stats.transactions,
+            stats.max_transaction_rows
+        );
+    };
+    let mut ids = Vec::new();
+    phase(&format!("add-machine -n {big}"), &mut || {
+        ids = st.add_machines(big, None, None).unwrap();
+    });
+    phase(
+        &format!("prepare_provisioning of {big} machines in one call"),
+        &mut || {
+            st.prepare_provisioning(&ids, "00000000").unwrap();
+        },
+    );
+    // Every start failed (one statement from another connection, as another
+    // process would write it).
+    rusqlite::Connection::open(st.path())
+        .unwrap()
+        .execute(
+            "UPDATE machines SET status = 'error', status_info = 'bench' WHERE id > 0",
+            [],
+        )
+        .unwrap();
+    phase(&format!("retry-provisioning --all of {big}"), &mut || {
+        assert_eq!(st.retry_all_provisioning().unwrap().len(), big);
+    });
 }

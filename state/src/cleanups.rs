@@ -6,16 +6,31 @@
 //! units and finishes even when no unit agent runs.
 //!
 //! Each [`Store::cleanup_step`] is one transaction of bounded size.
+//!
+//! A cleanup names what it acts on by an id that is never reused: a
+//! relation id, or a service's *incarnation* (not its name, which a new
+//! service may take once the old one is removed). It ends when that thing is
+//! gone, and never touches anything else.
+//!
+//! Rows of a kind this version does not know (queued by a newer jujube) are
+//! left in place for a version that knows them, passed over so that they
+//! never block the rows behind them, and reported by
+//! [`Store::skipped_cleanups`].
 
 use crate::db::Store;
 use crate::feed::ChangeKind;
-use crate::model::{find_service, finish_unit, unit_row, UNIT_COLS};
+use crate::model::{finish_unit, unit_row, UNIT_COLS};
 use crate::units::destroy_unit_in;
-use crate::Result;
-use rusqlite::OptionalExtension;
+use crate::{Error, Result};
+use rusqlite::{Connection, OptionalExtension};
 
+/// Deletes the settings of a removed relation; the target is its id.
 pub const RELATION_SETTINGS: &str = "relation-settings";
+/// Destroys the units of a destroyed service; the target is the service's
+/// incarnation id.
 pub const SERVICE_UNITS: &str = "service-units";
+/// Every kind this version does.
+pub const KINDS: [&str; 2] = [RELATION_SETTINGS, SERVICE_UNITS];
 
 /// Settings rows deleted per step.
 pub const SETTINGS_BATCH: usize = 500;
@@ -23,24 +38,74 @@ pub const SETTINGS_BATCH: usize = 500;
 /// many again for each subordinate it takes with it.
 pub const UNITS_BATCH: usize = 64;
 
+/// A queued cleanup, as [`Store::skipped_cleanups`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cleanup {
+    pub id: i64,
+    pub kind: String,
+    pub target: String,
+}
+
+/// `kind IN ('relation-settings', ...)`: the rows this version can do.
+fn known() -> String {
+    let kinds: Vec<String> = KINDS.iter().map(|k| format!("'{k}'")).collect();
+    format!("kind IN ({})", kinds.join(", "))
+}
+
+/// The name of the service whose incarnation is `target`, if it still
+/// exists.
+fn service_of_incarnation(c: &Connection, target: &str) -> Result<Option<String>> {
+    let Ok(incarnation) = target.parse::<i64>() else {
+        return Ok(None);
+    };
+    Ok(
+        c.prepare_cached("SELECT name FROM services WHERE incarnation = ?1")?
+            .query_row([incarnation], |r| r.get(0))
+            .optional()?,
+    )
+}
+
 impl Store {
-    /// Cleanups not yet finished.
+    /// Cleanups this version has yet to do.
     pub fn pending_cleanups(&self) -> Result<usize> {
         self.read(|c| {
-            Ok(c.query_row("SELECT count(*) FROM cleanups", [], |r| r.get::<_, i64>(0))? as usize)
+            Ok(c.query_row(
+                &format!("SELECT count(*) FROM cleanups WHERE {}", known()),
+                [],
+                |r| r.get::<_, i64>(0),
+            )? as usize)
         })
     }
 
-    /// Does one bounded step of the oldest cleanup. Returns false when there
-    /// was nothing to do.
+    /// Cleanups of kinds this version does not know, oldest first: a newer
+    /// jujube queued them, and they wait for it. The controller reports them.
+    pub fn skipped_cleanups(&self) -> Result<Vec<Cleanup>> {
+        self.read(|c| {
+            let mut stmt = c.prepare(&format!(
+                "SELECT id, kind, target FROM cleanups WHERE NOT {} ORDER BY id",
+                known()
+            ))?;
+            let rows = stmt.query_map([], |r| {
+                Ok(Cleanup {
+                    id: r.get(0)?,
+                    kind: r.get(1)?,
+                    target: r.get(2)?,
+                })
+            })?;
+            Ok(rows.collect::<rusqlite::Result<_>>()?)
+        })
+    }
+
+    /// Does one bounded step of the oldest cleanup this version knows how to
+    /// do. Returns false when there was nothing to do.
     pub fn cleanup_step(&self) -> Result<bool> {
         self.write(|tx| {
             let row: Option<(i64, String, String, i64)> = tx
-                .query_row(
-                    "SELECT id, kind, target, cursor FROM cleanups ORDER BY id LIMIT 1",
-                    [],
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-                )
+                .prepare_cached(&format!(
+                    "SELECT id, kind, target, cursor FROM cleanups WHERE {} ORDER BY id LIMIT 1",
+                    known()
+                ))?
+                .query_row([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
                 .optional()?;
             let Some((id, kind, target, cursor)) = row else {
                 return Ok(false);
@@ -54,16 +119,17 @@ impl Store {
                     )?;
                     n < SETTINGS_BATCH
                 }
-                SERVICE_UNITS => {
-                    if find_service(tx, &target)?.is_none() {
-                        true
-                    } else {
+                SERVICE_UNITS => match service_of_incarnation(tx, &target)? {
+                    // That incarnation is gone (a service of the same name
+                    // may exist, but it is another one): done.
+                    None => true,
+                    Some(service) => {
                         let units = tx
                             .prepare_cached(&format!(
                                 "SELECT {UNIT_COLS} FROM units WHERE service = ?1 AND number > ?2
                                  ORDER BY number LIMIT ?3"
                             ))?
-                            .query_map((&target, cursor, UNITS_BATCH as i64), unit_row)?
+                            .query_map((&service, cursor, UNITS_BATCH as i64), unit_row)?
                             .map(|r| finish_unit(r?))
                             .collect::<Result<Vec<_>>>()?;
                         for u in &units {
@@ -81,10 +147,14 @@ impl Store {
                         }
                         units.len() < UNITS_BATCH
                     }
+                },
+                // `known()` selects only the kinds above.
+                other => {
+                    return Err(Error::Corrupt {
+                        what: "cleanup kind",
+                        value: other.to_string(),
+                    })
                 }
-                // A kind this version does not know came from a newer one;
-                // leave it for that version rather than guess.
-                _ => return Ok(false),
             };
             if finished {
                 tx.execute("DELETE FROM cleanups WHERE id = ?1", [id])?;

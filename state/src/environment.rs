@@ -38,6 +38,25 @@ pub(crate) fn get_environment(c: &Connection) -> Result<Environment> {
     })
 }
 
+/// Checks that `s` is a series jujube knows, or one the environment adds in
+/// its `extra-series` config (read in the caller's transaction).
+pub(crate) fn check_series(c: &Connection, s: &str) -> Result<()> {
+    let extra: Option<String> = c
+        .prepare_cached("SELECT value FROM environment_config WHERE key = ?1")?
+        .query_row([series::EXTRA_SERIES_KEY], |r| r.get(0))
+        .optional()?;
+    let extra = series::parse_extra(extra.as_deref().unwrap_or(""))?;
+    Ok(series::check_known(s, &extra)?)
+}
+
+/// Checks a config value the store itself reads.
+fn validate_config_value(key: &str, value: &str) -> Result<()> {
+    if key == series::EXTRA_SERIES_KEY {
+        series::parse_extra(value)?;
+    }
+    Ok(())
+}
+
 fn validate_config_key(key: &str) -> Result<()> {
     let ok = key.starts_with(|c: char| c.is_ascii_lowercase())
         && key
@@ -61,10 +80,17 @@ impl Store {
     /// transaction.
     pub fn initialize(&self, spec: &EnvironmentSpec) -> Result<Environment> {
         jujube_core::names::validate_environment(&spec.name)?;
-        series::validate(&spec.default_series)?;
-        for key in spec.config.keys() {
+        for (key, value) in &spec.config {
             validate_config_key(key)?;
+            validate_config_value(key, value)?;
         }
+        let extra = spec
+            .config
+            .get(series::EXTRA_SERIES_KEY)
+            .map(|v| series::parse_extra(v))
+            .transpose()?
+            .unwrap_or_default();
+        series::check_known(&spec.default_series, &extra)?;
         self.write(|tx| {
             if let Ok(env) = get_environment(tx) {
                 return Err(Error::AlreadyExists {
@@ -123,8 +149,9 @@ impl Store {
 
     /// Sets config keys; an empty value removes the key.
     pub fn set_environment_config(&self, kvs: &[(String, String)]) -> Result<()> {
-        for (k, _) in kvs {
+        for (k, v) in kvs {
             validate_config_key(k)?;
+            validate_config_value(k, v)?;
         }
         self.write(|tx| {
             let env = get_environment(tx)?;

@@ -125,6 +125,17 @@ pub enum Error {
     Unauthorized { caller: String, action: String },
     #[error("invalid agent status `{0}`: an agent reports `started`, `dying` or `error`")]
     InvalidStatus(String),
+    /// Entering a container scope needs the principal's subordinate of the
+    /// other service to be Alive or absent; an old one that is Dying or Dead
+    /// must be removed first. Juju's `ErrCannotEnterScopeYet`: the agent
+    /// retries once the subordinate is gone.
+    #[error("unit `{unit}` cannot enter scope yet: its subordinate `{subordinate}` of service `{service}` is {life} and has not been removed; try again once it is removed")]
+    CannotEnterScopeYet {
+        unit: String,
+        subordinate: String,
+        service: String,
+        life: Life,
+    },
     #[error("machine `{0}` has no provisioning error; `jujube resolved` only applies to machines in error")]
     NoProvisioningError(i64),
     #[error(transparent)]
@@ -137,11 +148,86 @@ pub enum Error {
     Database(#[from] rusqlite::Error),
     #[error("state database error: stored {what} `{value}` is invalid")]
     Corrupt { what: &'static str, value: String },
+    #[error("cannot add {asked} {what} at once: at most {max} per command; add them in several commands")]
+    TooMany {
+        what: &'static str,
+        asked: usize,
+        max: usize,
+    },
+    /// A request done in several transactions failed part-way: `added` were
+    /// added (whole batches), the rest were not.
+    #[error(
+        "{cause}; {} of the {asked} {what} were added ({}): add the other {} (`-n {}`)",
+        .added.len(),
+        span(.added),
+        asked - .added.len(),
+        asked - .added.len()
+    )]
+    Incomplete {
+        what: &'static str,
+        asked: usize,
+        added: Vec<String>,
+        cause: Box<Error>,
+    },
+}
+
+/// Refuses a count above [`MAX_PER_COMMAND`], before anything proportional
+/// to it is allocated or written.
+pub(crate) fn check_count(what: &'static str, asked: usize) -> Result<()> {
+    if asked > MAX_PER_COMMAND {
+        return Err(Error::TooMany {
+            what,
+            asked,
+            max: MAX_PER_COMMAND,
+        });
+    }
+    Ok(())
+}
+
+/// Adds `asked` things (`done` already added) by calling `step(n)` for
+/// batches of at most `batch`, each of which is one whole transaction. A
+/// failure after some batches committed is [`Error::Incomplete`], naming
+/// what was added: nothing is half-done, and asking again for the rest
+/// finishes the request.
+pub(crate) fn in_batches<T: ToString>(
+    what: &'static str,
+    asked: usize,
+    batch: usize,
+    mut done: Vec<T>,
+    mut step: impl FnMut(usize) -> Result<Vec<T>>,
+) -> Result<Vec<T>> {
+    while done.len() < asked {
+        let n = (asked - done.len()).min(batch);
+        match step(n) {
+            Ok(more) if more.is_empty() => break,
+            Ok(more) => done.extend(more),
+            Err(e) if done.is_empty() => return Err(e),
+            Err(e) => {
+                return Err(Error::Incomplete {
+                    what,
+                    asked,
+                    added: done.iter().map(ToString::to_string).collect(),
+                    cause: Box::new(e),
+                })
+            }
+        }
+    }
+    Ok(done)
+}
+
+/// "`first` to `last`" of a non-empty list.
+fn span(names: &[String]) -> String {
+    match names {
+        [] => String::new(),
+        [one] => format!("`{one}`"),
+        [first, .., last] => format!("`{first}` to `{last}`"),
+    }
 }
 
 impl Error {
     /// True when a model rule refused the operation (as opposed to the
-    /// database failing); the store is unchanged either way.
+    /// database failing); the store is unchanged either way, except after
+    /// [`Error::Incomplete`], which is never a refusal.
     pub fn is_refusal(&self) -> bool {
         !matches!(
             self,
@@ -149,6 +235,7 @@ impl Error {
                 | Error::SchemaTooNew { .. }
                 | Error::Database(_)
                 | Error::Corrupt { .. }
+                | Error::Incomplete { .. }
         )
     }
 
@@ -161,6 +248,11 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The most units or machines one command may add (`deploy -n`, `add-unit
+/// -n`, `add-machine -n`). Larger counts are refused before anything is
+/// allocated or written; they would only be a typo or a runaway script.
+pub const MAX_PER_COMMAND: usize = 100_000;
 
 /// Refuses with [`Error::NotAlive`] unless `life` is Alive.
 pub(crate) fn require_alive(

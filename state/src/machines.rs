@@ -2,7 +2,7 @@
 //! provisioning status the provisioner and `resolved` work with.
 
 use crate::db::{Store, Tx};
-use crate::environment::get_environment;
+use crate::environment::{check_series, get_environment};
 use crate::feed::ChangeKind;
 use crate::model::{
     finish_machine, get_machine, machine_row, machine_status, quote_list, Machine, JOB_HOST_UNITS,
@@ -11,6 +11,10 @@ use crate::model::{
 use crate::{require_alive, Entity, Error, Result};
 use jujube_core::{series, Constraints, Life};
 use rusqlite::Connection;
+
+/// Machines are added in transactions of at most this many (each writes
+/// three rows: the machine, its sequence step and its feed entry).
+pub const MACHINE_BATCH: usize = 256;
 
 /// Inserts an Alive machine with the next id. Ids are never reused.
 pub(crate) fn insert_machine(
@@ -67,7 +71,9 @@ fn destroy_machine_in(tx: &mut Tx<'_>, id: i64) -> Result<()> {
 
 /// Clears a machine's provisioning error (and its nonce: an instance a
 /// failed start may have left behind is then nobody's, and is reaped as a
-/// stray), optionally replacing its constraints.
+/// stray), optionally replacing its constraints. A machine in error because
+/// its instance is gone (the instance poller's finding) also forgets that
+/// instance, so that a replacement is started under a new nonce.
 pub(crate) fn resolve_in(tx: &mut Tx<'_>, id: i64, cons: Option<&Constraints>) -> Result<()> {
     let m = get_machine(tx, id)?;
     require_alive(
@@ -89,29 +95,46 @@ pub(crate) fn resolve_in(tx: &mut Tx<'_>, id: i64, cons: Option<&Constraints>) -
         "UPDATE machines SET status = ?1, status_info = '', nonce = NULL WHERE id = ?2",
         (machine_status::PENDING, id),
     )?;
+    tx.execute(
+        "UPDATE machines SET instance_id = NULL, zone = NULL, hardware = NULL, instance_status = NULL
+         WHERE id = ?1 AND instance_status = ?2",
+        (id, crate::model::instance_status::GONE),
+    )?;
     tx.changed(ChangeKind::Machine, id.to_string())
 }
 
 impl Store {
-    /// Adds `n` machines with job `host-units` and the environment's
-    /// constraints (or `cons`, when given). `series` defaults to the
-    /// environment's.
+    /// `add-machine -n N`: adds `n` machines with job `host-units`, in
+    /// transactions of [`MACHINE_BATCH`]. `series` defaults to the
+    /// environment's and must be one jujube knows (or the environment's
+    /// `extra-series` adds). `cons` is merged over the environment's
+    /// constraints as Juju does (keys it does not set come from the
+    /// environment; `key=` hides the environment's value), and each machine
+    /// keeps what that gave at its creation.
+    ///
+    /// More than [`crate::MAX_PER_COMMAND`] is refused before anything is
+    /// written. A failure after some batches is [`Error::Incomplete`].
     pub fn add_machines(
         &self,
         n: usize,
         series_: Option<&str>,
         cons: Option<&Constraints>,
     ) -> Result<Vec<i64>> {
+        crate::check_count("machines", n)?;
         if let Some(s) = series_ {
             series::validate(s)?;
         }
-        self.write(|tx| {
-            let env = get_environment(tx)?;
-            let series_ = series_.unwrap_or(&env.default_series);
-            let cons = cons.unwrap_or(&env.constraints);
-            (0..n)
-                .map(|_| insert_machine(tx, series_, &[JOB_HOST_UNITS], cons))
-                .collect()
+        let cons = cons.cloned().unwrap_or_default();
+        crate::in_batches("machines", n, MACHINE_BATCH, Vec::new(), |k| {
+            self.write(|tx| {
+                let env = get_environment(tx)?;
+                let series_ = series_.unwrap_or(&env.default_series);
+                check_series(tx, series_)?;
+                let cons = cons.with_fallbacks(&env.constraints);
+                (0..k)
+                    .map(|_| insert_machine(tx, series_, &[JOB_HOST_UNITS], &cons))
+                    .collect()
+            })
         })
     }
 

@@ -34,6 +34,16 @@ pub mod machine_status {
     pub const STOPPING: &str = "stopping";
 }
 
+/// What the provisioner knows of a machine's recorded instance
+/// (`instance-status` in `jujube status`).
+pub mod instance_status {
+    /// Recorded at its start, and seen by the instance poller since.
+    pub const RUNNING: &str = "running";
+    /// The cloud no longer has it: stopped or terminated behind jujube's
+    /// back. The machine is in `error` until `resolved`.
+    pub const GONE: &str = "gone";
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Environment {
     pub name: String,

@@ -1,14 +1,21 @@
 //! What the provisioner records: nonces before starts, instances after,
-//! provisioning errors, and the strays it sees. Each is one transaction, and
-//! batched operations take a batch per transaction so that a thousand starts
-//! cost a handful of commits.
+//! provisioning errors, and the strays it sees. Operations on many machines
+//! work in transactions of at most [`PROVISIONING_BATCH`] machines, so that a
+//! thousand starts cost a handful of commits and no transaction grows with
+//! the model; each batch is whole, and calling again finishes what a failure
+//! part-way left.
 
-use crate::db::Store;
+use crate::db::{Store, Tx};
 use crate::feed::ChangeKind;
-use crate::model::{get_machine, machine_status};
+use crate::model::{get_machine, instance_status, machine_status};
 use crate::{Entity, Error, Result};
 use jujube_core::Life;
 use rusqlite::OptionalExtension;
+
+/// Machines per transaction in [`Store::prepare_provisioning`],
+/// [`Store::record_instances`] and [`Store::retry_all_provisioning`] (at most
+/// three rows each).
+pub const PROVISIONING_BATCH: usize = 256;
 
 /// A machine made ready to start: the nonce to start it with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +44,20 @@ pub enum Recorded {
     Orphaned,
 }
 
+/// What the stray harvest needs to know of a machine, without the rest of
+/// its row: with 100,000 machines a full [`crate::Machine`] list costs tens
+/// of megabytes on every pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    pub machine: i64,
+    pub instance_id: Option<String>,
+    /// Only while the machine has no instance: the start it is waiting for.
+    pub nonce: Option<String>,
+    pub in_error: bool,
+    /// A start for it is under way (status `provisioning`).
+    pub provisioning: bool,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct Stray {
@@ -52,76 +73,80 @@ pub struct Stray {
 }
 
 impl Store {
-    /// Writes a nonce (if the machine has none) and sets status
-    /// `provisioning`, for each Alive machine without an instance that is
-    /// not in error; returns those machines with their nonces. The nonce is
-    /// committed before any start, so a crash after it never yields a second
-    /// instance: the next start reuses it, and providers are idempotent per
-    /// nonce.
+    /// Commits a nonce (if the machine has none) for each Alive machine
+    /// without an instance that is not in error, and returns those machines
+    /// with their nonces. The nonce is committed before any start, so a crash
+    /// after it never yields a second instance: the next start reuses it, and
+    /// providers are idempotent per nonce.
+    ///
+    /// The machine's status is left alone: a machine is `provisioning` only
+    /// once its start request is really under way
+    /// ([`Store::mark_provisioning`]), not while it waits for a slot or for
+    /// the rate limiter, or when the provider cannot even be reached.
+    ///
+    /// Each machine is a launch of its own; see [`Store::prepare_batches`].
     pub fn prepare_provisioning(&self, ids: &[i64], env_uuid: &str) -> Result<Vec<Prepared>> {
-        self.write(|tx| {
-            let mut out = Vec::new();
-            for &id in ids {
-                let Ok(m) = get_machine(tx, id) else { continue };
-                if m.life != Life::Alive
-                    || m.instance_id.is_some()
-                    || m.status == machine_status::ERROR
-                {
-                    continue;
-                }
-                let nonce = match m.nonce {
-                    Some(n) => n,
-                    None => {
-                        let n = format!(
-                            "{}:{id}:{}",
-                            &env_uuid[..8.min(env_uuid.len())],
-                            uuid::Uuid::new_v4().simple()
-                        );
-                        tx.execute("UPDATE machines SET nonce = ?1 WHERE id = ?2", (&n, id))?;
-                        n
-                    }
-                };
-                if m.status != machine_status::PROVISIONING {
-                    tx.execute(
-                        "UPDATE machines SET status = ?1, status_info = '' WHERE id = ?2",
-                        (machine_status::PROVISIONING, id),
-                    )?;
-                    tx.changed(ChangeKind::Machine, id.to_string())?;
-                }
-                out.push(Prepared { machine: id, nonce });
-            }
-            Ok(out)
-        })
+        let singles: Vec<Vec<i64>> = ids.iter().map(|&id| vec![id]).collect();
+        self.prepare_batches(&singles, env_uuid)
     }
 
-    /// Records started instances, one transaction for the batch. A machine
-    /// that no longer exists or carries another nonce does not own its
-    /// instance ([`Recorded::Orphaned`]); a Dying or Dead machine still does,
-    /// so that the provisioner stops it through the normal path.
+    /// As [`Store::prepare_provisioning`], for machines grouped into launch
+    /// batches (one provider request each). The machines of a batch that have
+    /// no nonce yet get `<batch>/<index>` (`jujube_providers::launch_batch`
+    /// reads it back), the index counting from 0 in the given order; a batch
+    /// with one such machine gets a plain nonce. Machines that already have a
+    /// nonce keep it, and with it the batch a crashed controller committed.
+    /// Like `prepare_provisioning`, it leaves the status alone
+    /// ([`Store::mark_provisioning`] sets it when the batch is sent).
+    pub fn prepare_batches(&self, batches: &[Vec<i64>], env_uuid: &str) -> Result<Vec<Prepared>> {
+        let mut out = Vec::new();
+        // Whole launch batches, [`PROVISIONING_BATCH`] machines or so per
+        // transaction: a first pass after `deploy -n 100000` passes them all.
+        // A failure part-way leaves earlier transactions committed, which is
+        // harmless: preparing again reuses their nonces (and batches).
+        for group in transaction_groups(batches, |b| b.len()) {
+            out.extend(self.write(|tx| prepare_in(tx, group, env_uuid))?);
+        }
+        Ok(out)
+    }
+
+    /// A start request for these machines is about to be sent: sets status
+    /// `provisioning` (clearing the message) on each that is still Alive,
+    /// without an instance, not in error and carrying the nonce it was
+    /// prepared with. Returns those machines; the others (destroyed or
+    /// re-nonced meanwhile) must not be started.
+    pub fn mark_provisioning(&self, machines: &[Prepared]) -> Result<Vec<i64>> {
+        let mut out = Vec::with_capacity(machines.len());
+        for chunk in machines.chunks(PROVISIONING_BATCH) {
+            out.extend(self.write(|tx| mark_in(tx, chunk))?);
+        }
+        Ok(out)
+    }
+
+    /// Starts that were under way and are abandoned (the controller is
+    /// shutting down between retries): back to `pending`, nonces kept, so
+    /// that the next controller resumes them with the same nonce.
+    pub fn abandon_provisioning(&self, ids: &[i64]) -> Result<()> {
+        for chunk in ids.chunks(PROVISIONING_BATCH) {
+            self.write(|tx| abandon_in(tx, chunk))?;
+        }
+        Ok(())
+    }
+
+    /// Records started instances, one transaction per
+    /// [`PROVISIONING_BATCH`]. A machine that no longer exists or carries
+    /// another nonce does not own its instance ([`Recorded::Orphaned`]); a
+    /// Dying or Dead machine still does, so that the provisioner stops it
+    /// through the normal path. A failure part-way leaves earlier batches
+    /// recorded; recording again is harmless, and a restarted start with the
+    /// same nonce gets the same instance.
     pub fn record_instances(&self, started: &[Started]) -> Result<Vec<Recorded>> {
-        self.write(|tx| {
-            let mut out = Vec::with_capacity(started.len());
-            for s in started {
-                let nonce: Option<Option<String>> = tx
-                    .prepare_cached("SELECT nonce FROM machines WHERE id = ?1")?
-                    .query_row([s.machine], |r| r.get(0))
-                    .optional()?;
-                if nonce.flatten().as_deref() != Some(s.nonce.as_str()) {
-                    out.push(Recorded::Orphaned);
-                    continue;
-                }
-                tx.prepare_cached(
-                    "UPDATE machines SET instance_id = ?1, zone = ?2, hardware = ?3, status = ?4, status_info = ''
-                     WHERE id = ?5",
-                )?
-                .execute((&s.instance_id, &s.zone, &s.hardware, machine_status::STARTED, s.machine))?;
-                tx.changed(ChangeKind::Machine, s.machine.to_string())?;
-                out.push(Recorded::Recorded);
-            }
-            Ok(out)
-        })
+        let mut out = Vec::with_capacity(started.len());
+        for chunk in started.chunks(PROVISIONING_BATCH) {
+            out.extend(self.write(|tx| record_in(tx, chunk))?);
+        }
+        Ok(out)
     }
-
     /// Marks a machine's start as failed: no instance id, status `error`, and
     /// a message saying what failed and why. Ignored for a machine that has
     /// an instance after all.
@@ -138,6 +163,102 @@ impl Store {
         })
     }
 
+    /// The instance poller found that an Alive machine's instance is gone
+    /// (stopped or terminated behind jujube's back): status `error` with
+    /// `message`, instance status `gone`. The instance id stays recorded, so
+    /// that the user sees which instance it was, until `resolved` clears it
+    /// and a replacement is started under a new nonce. Returns false (and
+    /// changes nothing) when the machine no longer has that instance or is
+    /// not Alive.
+    pub fn set_instance_gone(&self, id: i64, instance_id: &str, message: &str) -> Result<bool> {
+        self.write(|tx| {
+            let n = tx.execute(
+                "UPDATE machines SET status = ?1, status_info = ?2, instance_status = ?3
+                 WHERE id = ?4 AND instance_id = ?5 AND life = 0
+                   AND coalesce(instance_status, '') != ?3",
+                (
+                    machine_status::ERROR,
+                    message,
+                    instance_status::GONE,
+                    id,
+                    instance_id,
+                ),
+            )?;
+            if n > 0 {
+                tx.changed(ChangeKind::Machine, id.to_string())?;
+            }
+            Ok(n > 0)
+        })
+    }
+
+    /// Records that the provider cannot be reached (`Some(message)`), or that
+    /// it answers again (`None`). `now` is unix seconds; the first failure's
+    /// time is kept while the failures go on. Writes (and wakes watchers)
+    /// only on a change.
+    pub fn set_provider_status(&self, problem: Option<&str>, now: i64) -> Result<()> {
+        self.write(|tx| {
+            let old = provider_status_in(tx)?;
+            match (problem, old) {
+                (None, None) => Ok(()),
+                (None, Some(_)) => {
+                    tx.execute("DELETE FROM provider_status", [])?;
+                    tx.changed(ChangeKind::Environment, "provider-status")
+                }
+                (Some(m), Some(o)) if o.message == m => Ok(()),
+                (Some(m), old) => {
+                    let since = old.map_or(now, |o| o.since);
+                    tx.execute(
+                        "INSERT INTO provider_status (id, message, since) VALUES (1, ?1, ?2)
+                         ON CONFLICT (id) DO UPDATE SET message = excluded.message, since = excluded.since",
+                        (m, since),
+                    )?;
+                    tx.changed(ChangeKind::Environment, "provider-status")
+                }
+            }
+        })
+    }
+
+    /// Why the provider cannot be reached, if it cannot.
+    pub fn provider_status(&self) -> Result<Option<ProviderStatus>> {
+        self.read(provider_status_in)
+    }
+
+    /// For spreading a service's units over zones (Juju's distribution
+    /// groups): per service and zone, how many machines hosting its
+    /// principal units have an instance there. Dead machines do not count.
+    /// One grouped query: the answer is small whatever the model's size.
+    pub fn service_zone_counts(&self) -> Result<Vec<(String, String, i64)>> {
+        self.read(|c| {
+            let rows = c
+                .prepare_cached(
+                    "SELECT u.service, m.zone, count(DISTINCT m.id)
+                     FROM units u JOIN machines m ON m.id = u.machine_id
+                     WHERE u.principal IS NULL AND m.zone IS NOT NULL AND m.life != 2
+                     GROUP BY u.service, m.zone",
+                )?
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                .collect::<rusqlite::Result<Vec<(String, String, i64)>>>()?;
+            Ok(rows)
+        })
+    }
+
+    /// The services whose principal units are assigned to each of
+    /// `machines`, as (machine, service) pairs.
+    pub fn services_on_machines(&self, machines: &[i64]) -> Result<Vec<(i64, String)>> {
+        self.read(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT DISTINCT service FROM units WHERE machine_id = ?1 AND principal IS NULL",
+            )?;
+            let mut out = Vec::new();
+            for &m in machines {
+                for s in stmt.query_map([m], |r| r.get::<_, String>(0))? {
+                    out.push((m, s?));
+                }
+            }
+            Ok(out)
+        })
+    }
+
     /// `retry-provisioning`: [`Store::resolve_machine`] for several machines,
     /// all or none.
     pub fn retry_provisioning(&self, ids: &[i64]) -> Result<()> {
@@ -146,6 +267,78 @@ impl Store {
                 crate::machines::resolve_in(tx, id, None)?;
             }
             Ok(())
+        })
+    }
+
+    /// `retry-provisioning --all`: makes every machine in error eligible
+    /// again; returns them.
+    ///
+    /// Each transaction finds the next [`PROVISIONING_BATCH`] machines in
+    /// error (after the last one done) and resolves them, reading and
+    /// writing in one transaction: a machine resolved or destroyed by
+    /// someone else meanwhile is simply no longer found, where a list read
+    /// first and written later would fail the whole command. A failure
+    /// part-way leaves earlier batches resolved; running it again finishes.
+    pub fn retry_all_provisioning(&self) -> Result<Vec<i64>> {
+        let mut out = Vec::new();
+        let mut after = -1i64;
+        loop {
+            let batch = self.write(|tx| {
+                let ids = tx
+                    .prepare_cached(
+                        "SELECT id FROM machines WHERE status = ?1 AND life = 0 AND id > ?2
+                         ORDER BY id LIMIT ?3",
+                    )?
+                    .query_map(
+                        (machine_status::ERROR, after, PROVISIONING_BATCH as i64),
+                        |r| r.get(0),
+                    )?
+                    .collect::<rusqlite::Result<Vec<i64>>>()?;
+                for &id in &ids {
+                    crate::machines::resolve_in(tx, id, None)?;
+                }
+                Ok(ids)
+            })?;
+            let Some(&last) = batch.last() else {
+                return Ok(out);
+            };
+            after = last;
+            out.extend(batch);
+        }
+    }
+
+    /// How many machines have an instance (a cheap progress count).
+    pub fn provisioned_count(&self) -> Result<usize> {
+        self.read(|c| {
+            let n: i64 = c.query_row(
+                "SELECT count(*) FROM machines WHERE instance_id IS NOT NULL",
+                [],
+                |r| r.get(0),
+            )?;
+            Ok(n as usize)
+        })
+    }
+
+    /// Every machine as the stray harvest sees it ([`Owner`]), in id order.
+    pub fn owners(&self) -> Result<Vec<Owner>> {
+        self.read(|c| {
+            let rows = c
+                .prepare_cached(
+                    "SELECT id, instance_id, CASE WHEN instance_id IS NULL THEN nonce END, status = ?1,
+                            status = ?2
+                     FROM machines ORDER BY id",
+                )?
+                .query_map([machine_status::ERROR, machine_status::PROVISIONING], |r| {
+                    Ok(Owner {
+                        machine: r.get(0)?,
+                        instance_id: r.get(1)?,
+                        nonce: r.get(2)?,
+                        in_error: r.get(3)?,
+                        provisioning: r.get(4)?,
+                    })
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
         })
     }
 
@@ -212,6 +405,153 @@ impl Store {
             tx.changed(ChangeKind::Machine, id.to_string())
         })
     }
+}
+
+/// Splits `items` into runs whose summed `size` stays near
+/// [`PROVISIONING_BATCH`] (an item is never split: a launch batch is
+/// prepared whole), one transaction each.
+fn transaction_groups<T>(items: &[T], size: impl Fn(&T) -> usize) -> Vec<&[T]> {
+    let mut groups = Vec::new();
+    let (mut start, mut rows) = (0, 0);
+    for (i, item) in items.iter().enumerate() {
+        let n = size(item);
+        if rows > 0 && rows + n > PROVISIONING_BATCH {
+            groups.push(&items[start..i]);
+            (start, rows) = (i, 0);
+        }
+        rows += n;
+    }
+    if start < items.len() {
+        groups.push(&items[start..]);
+    }
+    groups
+}
+
+fn prepare_in(tx: &mut Tx<'_>, batches: &[Vec<i64>], env_uuid: &str) -> Result<Vec<Prepared>> {
+    let short = &env_uuid[..8.min(env_uuid.len())];
+    let mut out = Vec::new();
+    for batch in batches {
+        let mut eligible = Vec::with_capacity(batch.len());
+        for &id in batch {
+            let Ok(m) = get_machine(tx, id) else { continue };
+            if m.life != Life::Alive || m.instance_id.is_some() || m.status == machine_status::ERROR
+            {
+                continue;
+            }
+            eligible.push(m);
+        }
+        let fresh = eligible.iter().filter(|m| m.nonce.is_none()).count();
+        let batch_id = (fresh > 1).then(|| format!("{short}-{}", uuid::Uuid::new_v4().simple()));
+        let mut index = 0u32;
+        for m in eligible {
+            let id = m.id;
+            let nonce = match m.nonce {
+                Some(n) => n,
+                None => {
+                    let n = match &batch_id {
+                        Some(b) => {
+                            index += 1;
+                            format!("{b}/{}", index - 1)
+                        }
+                        None => format!("{short}:{id}:{}", uuid::Uuid::new_v4().simple()),
+                    };
+                    tx.prepare_cached("UPDATE machines SET nonce = ?1 WHERE id = ?2")?
+                        .execute((&n, id))?;
+                    n
+                }
+            };
+            out.push(Prepared { machine: id, nonce });
+        }
+    }
+    Ok(out)
+}
+
+fn mark_in(tx: &mut Tx<'_>, machines: &[Prepared]) -> Result<Vec<i64>> {
+    let mut out = Vec::with_capacity(machines.len());
+    for p in machines {
+        let Ok(m) = get_machine(tx, p.machine) else {
+            continue;
+        };
+        if m.life != Life::Alive
+            || m.instance_id.is_some()
+            || m.status == machine_status::ERROR
+            || m.nonce.as_deref() != Some(p.nonce.as_str())
+        {
+            continue;
+        }
+        if m.status != machine_status::PROVISIONING || !m.status_info.is_empty() {
+            tx.prepare_cached("UPDATE machines SET status = ?1, status_info = '' WHERE id = ?2")?
+                .execute((machine_status::PROVISIONING, p.machine))?;
+            tx.changed(ChangeKind::Machine, p.machine.to_string())?;
+        }
+        out.push(p.machine);
+    }
+    Ok(out)
+}
+
+fn abandon_in(tx: &mut Tx<'_>, ids: &[i64]) -> Result<()> {
+    for &id in ids {
+        let n = tx
+            .prepare_cached(
+                "UPDATE machines SET status = ?1, status_info = ''
+                 WHERE id = ?2 AND status = ?3 AND instance_id IS NULL",
+            )?
+            .execute((machine_status::PENDING, id, machine_status::PROVISIONING))?;
+        if n > 0 {
+            tx.changed(ChangeKind::Machine, id.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+fn record_in(tx: &mut Tx<'_>, started: &[Started]) -> Result<Vec<Recorded>> {
+    let mut out = Vec::with_capacity(started.len());
+    for s in started {
+        let nonce: Option<Option<String>> = tx
+            .prepare_cached("SELECT nonce FROM machines WHERE id = ?1")?
+            .query_row([s.machine], |r| r.get(0))
+            .optional()?;
+        if nonce.flatten().as_deref() != Some(s.nonce.as_str()) {
+            out.push(Recorded::Orphaned);
+            continue;
+        }
+        tx.prepare_cached(
+            "UPDATE machines SET instance_id = ?1, zone = ?2, hardware = ?3, status = ?4, status_info = '',
+                                 instance_status = ?5
+             WHERE id = ?6",
+        )?
+        .execute((
+            &s.instance_id,
+            &s.zone,
+            &s.hardware,
+            machine_status::STARTED,
+            instance_status::RUNNING,
+            s.machine,
+        ))?;
+        tx.changed(ChangeKind::Machine, s.machine.to_string())?;
+        out.push(Recorded::Recorded);
+    }
+    Ok(out)
+}
+
+/// The provider cannot be reached: why, and since when (unix seconds).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ProviderStatus {
+    pub message: String,
+    pub since: i64,
+}
+
+pub(crate) fn provider_status_in(c: &rusqlite::Connection) -> Result<Option<ProviderStatus>> {
+    Ok(
+        c.prepare_cached("SELECT message, since FROM provider_status WHERE id = 1")?
+            .query_row([], |r| {
+                Ok(ProviderStatus {
+                    message: r.get(0)?,
+                    since: r.get(1)?,
+                })
+            })
+            .optional()?,
+    )
 }
 
 pub(crate) fn strays_in(c: &rusqlite::Connection) -> Result<Vec<Stray>> {

@@ -190,6 +190,20 @@ fn ambiguous(a: &EndpointSpec, b: &EndpointSpec, pairs: &mut [[Endpoint; 2]]) ->
     ))
 }
 
+fn is_peer(rel: &Relation) -> bool {
+    matches!(rel.endpoints.as_slice(), [ep] if ep.role == Role::Peer)
+}
+
+/// Peer relations exist exactly as long as their service (lifecycles.txt:
+/// they are created with it, and only its destruction removes them); one
+/// destroyed alone could never be added back.
+fn peer_refusal(rel: &Relation) -> Error {
+    Error::Relation(format!(
+        "relation `{}` is a peer relation of service `{}` and lives as long as it; destroy the service to remove it",
+        rel.key, rel.endpoints[0].service
+    ))
+}
+
 /// The unit of `sub` that is subordinate to `principal`, if any.
 fn subordinate_for(c: &Connection, sub: &str, principal: &str) -> Result<Option<String>> {
     Ok(
@@ -292,6 +306,22 @@ impl Store {
     pub fn destroy_relation(&self, a: &str, b: &str) -> Result<()> {
         let (sa, sb) = (parse_endpoint(a)?, parse_endpoint(b)?);
         self.write(|tx| {
+            if sa.service == sb.service {
+                // Both ends on one service can only name its peer relation.
+                let named = |r: &Relation| {
+                    [&sa, &sb].iter().all(|s| {
+                        s.relation
+                            .as_ref()
+                            .is_none_or(|n| *n == r.endpoints[0].relation)
+                    })
+                };
+                if let Some(peer) = relations_of(tx, &sa.service)?
+                    .iter()
+                    .find(|r| is_peer(r) && named(r))
+                {
+                    return Err(peer_refusal(peer));
+                }
+            }
             let mut found = Vec::new();
             for mut pair in endpoint_pairs(tx, &sa, &sb)? {
                 let key = canonical_key(&mut pair);
@@ -324,10 +354,14 @@ impl Store {
         })
     }
 
-    /// Destroys a relation by id (as `destroy-relation` does).
+    /// Destroys a relation by id (as `destroy-relation` does). Peer
+    /// relations are refused: they go with their service.
     pub fn destroy_relation_id(&self, id: i64) -> Result<()> {
         self.write(|tx| {
             let rel = get_relation(tx, id)?;
+            if is_peer(&rel) {
+                return Err(peer_refusal(&rel));
+            }
             if rel.life != Life::Alive {
                 return Ok(());
             }
@@ -337,7 +371,10 @@ impl Store {
 
     /// A unit agent joins a relation. Both the relation and the unit must be
     /// Alive. A principal entering a container-scoped relation gets its
-    /// subordinate unit of the other service created here, if it has none.
+    /// subordinate unit of the other service created here, if it has none;
+    /// if it has one that is not Alive, entering is refused with
+    /// [`Error::CannotEnterScopeYet`] (as in Juju): the agent retries once
+    /// the old subordinate is removed, and a new one is then created.
     /// Already in scope: a no-op.
     pub(crate) fn enter_scope_in(tx: &mut Tx<'_>, relation_id: i64, unit: &str) -> Result<()> {
         {
@@ -378,9 +415,31 @@ impl Store {
                 }
                 (Scope::Container, None) => {
                     let sub = get_service(tx, &counterpart)?;
-                    if subordinate_for(tx, &sub.name, unit)?.is_none() {
-                        require_alive(Entity::Service, &sub.name, sub.life, "get new units")?;
-                        insert_subordinate(tx, &sub, unit)?;
+                    if !sub.subordinate {
+                        // Deploy refuses charms that could make this (a
+                        // container-scoped peer relation); never create a
+                        // "subordinate" of a principal service.
+                        return Err(Error::Relation(format!(
+                            "unit `{unit}` cannot join container relation `{}`: the other side, service `{}`, is not a subordinate",
+                            rel.key, sub.name
+                        )));
+                    }
+                    match subordinate_for(tx, &sub.name, unit)? {
+                        None => {
+                            require_alive(Entity::Service, &sub.name, sub.life, "get new units")?;
+                            insert_subordinate(tx, &sub, unit)?;
+                        }
+                        Some(existing) => {
+                            let existing = get_unit(tx, &existing)?;
+                            if existing.life != Life::Alive {
+                                return Err(Error::CannotEnterScopeYet {
+                                    unit: unit.to_string(),
+                                    subordinate: existing.name,
+                                    service: sub.name,
+                                    life: existing.life,
+                                });
+                            }
+                        }
                     }
                     u.name.clone()
                 }
@@ -441,14 +500,41 @@ impl Store {
         }
     }
 
-    /// Units in a relation's scope, in order.
-    pub fn scope_units(&self, relation_id: i64) -> Result<Vec<String>> {
+    /// The units in a relation's scope that `unit` relates to, as its agent
+    /// sees them (Juju's relation scope watcher): units of the counterpart
+    /// service — of its own service, other than itself, for a peer
+    /// relation — and, in a container-scoped relation, only those in its own
+    /// container (its principal, or its subordinate). In unit-number order.
+    /// `unit` need not be in scope itself; its service must be in the
+    /// relation.
+    pub fn scope_units(&self, relation_id: i64, unit: &str) -> Result<Vec<String>> {
         self.read(|c| {
+            let rel = get_relation(c, relation_id)?;
+            let u = get_unit(c, unit)?;
+            if rel.endpoint_of(&u.service).is_none() {
+                return Err(Error::Relation(format!(
+                    "unit `{unit}` is not in relation `{}`: its service `{}` is not in it",
+                    rel.key, u.service
+                )));
+            }
+            let counterpart = &rel
+                .counterpart_of(&u.service)
+                .expect("relation has endpoints")
+                .service;
+            // The container of a unit is its principal's name, or its own
+            // for a principal; the scope rows record the same.
+            let container = match rel.scope {
+                Scope::Global => String::new(),
+                Scope::Container => u.principal.clone().unwrap_or_else(|| u.name.clone()),
+            };
             let names = c
                 .prepare_cached(
-                    "SELECT unit FROM relation_scopes WHERE relation_id = ?1 ORDER BY unit",
+                    "SELECT s.unit FROM relation_scopes s JOIN units u ON u.name = s.unit
+                     WHERE s.relation_id = ?1 AND s.container = ?2 AND u.service = ?3
+                       AND s.unit != ?4
+                     ORDER BY u.number",
                 )?
-                .query_map([relation_id], |r| r.get(0))?
+                .query_map((relation_id, &container, counterpart, unit), |r| r.get(0))?
                 .collect::<rusqlite::Result<Vec<String>>>()?;
             Ok(names)
         })

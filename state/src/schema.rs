@@ -147,7 +147,45 @@ CREATE TABLE strays (
     reap_at     INTEGER
 ) WITHOUT ROWID;
 "#,
-    // 3 (agents): an explicit "an agent has started for this unit" marker (the
+    // 3 (provisioner): what the provisioner learns of the cloud outside a
+    // start. `machines.instance_status`: `running` once an instance is
+    // recorded, `gone` when the instance poller finds that the cloud no
+    // longer has it (the machine is then in `error`, its message naming the
+    // instance). `provider_status`: one row while the provider cannot be
+    // reached (listing zones or instances fails), saying why and since when
+    // (unix seconds); no row while it answers.
+    r#"
+ALTER TABLE machines ADD COLUMN instance_status TEXT;
+CREATE TABLE provider_status (
+    id      INTEGER PRIMARY KEY CHECK (id = 1),
+    message TEXT NOT NULL,
+    since   INTEGER NOT NULL
+);
+"#,
+    // 4 (state-rules): every service gets an incarnation id that is never
+    // reused (from the `service` sequence), and `service-units` cleanups name
+    // the incarnation they were queued for instead of the service name: a
+    // name may be taken by a new service once the old one is removed, and a
+    // cleanup queued for the old one must never touch the new one.
+    //
+    // Rows queued by older versions name a service. Only `destroy-service`
+    // queues them and a destroyed service never comes back to life, so a row
+    // whose name belongs to a service that is not Alive was queued for that
+    // very service and is re-keyed to it; any other row is stale (its service
+    // was removed, and the name is free or belongs to a live service) and is
+    // dropped.
+    r#"
+ALTER TABLE services ADD COLUMN incarnation INTEGER;
+UPDATE services SET incarnation = (SELECT count(*) FROM services s WHERE s.rowid <= services.rowid);
+CREATE UNIQUE INDEX services_incarnation ON services (incarnation);
+INSERT INTO sequences (name, next) VALUES ('service', (SELECT count(*) FROM services) + 1);
+
+DELETE FROM cleanups WHERE kind = 'service-units'
+    AND NOT EXISTS (SELECT 1 FROM services s WHERE s.name = cleanups.target AND s.life != 0);
+UPDATE cleanups SET target = (SELECT s.incarnation FROM services s WHERE s.name = cleanups.target)
+    WHERE kind = 'service-units';
+"#,
+    // 5 (agents): an explicit "an agent has started for this unit" marker (the
     // "destroy a pending unit at once" shortcut keys on it, no longer on the
     // status string; a unit whose status an agent already set has had one),
     // and the machine agent's own status beside the provisioning status.
@@ -157,7 +195,7 @@ UPDATE units SET agent_started = 1 WHERE status != 'pending';
 ALTER TABLE machines ADD COLUMN agent_status TEXT NOT NULL DEFAULT 'pending';
 ALTER TABLE machines ADD COLUMN agent_status_info TEXT NOT NULL DEFAULT '';
 "#,
-    // (agent API): each agent's credential, as a hash of its secret only.
+    // 6 (agent API): each agent's credential, as a hash of its secret only.
     // The row goes with its machine or unit (ON DELETE CASCADE), so a
     // removed entity's credential stops working in the same transaction;
     // machine ids and unit names are never reused.

@@ -1,7 +1,7 @@
 //! Services: deploy, add-unit, destroy, constraints and settings.
 
 use crate::db::{Store, Tx};
-use crate::environment::get_environment;
+use crate::environment::{check_series, get_environment};
 use crate::feed::ChangeKind;
 use crate::model::{
     find_service, finish_service, get_charm, get_service, service_row, Charm, Service, SERVICE_COLS,
@@ -170,14 +170,19 @@ impl Store {
     }
 
     /// `deploy`: creates a service with its peer relations and its first
-    /// units. Everything is checked before anything is written, and the
-    /// service with its first batch of units is one transaction, so a refused
-    /// deploy changes nothing. Further units follow in batches of
-    /// [`UNIT_BATCH`]. Returns the new units' names.
+    /// units. Everything is checked before anything is written (the series
+    /// must be one jujube knows, or the environment's `extra-series` adds;
+    /// at most [`crate::MAX_PER_COMMAND`] units), and the service with its
+    /// first batch of units is one transaction, so a refused deploy changes
+    /// nothing. Further units follow in batches of [`UNIT_BATCH`]; a failure
+    /// among them is [`Error::Incomplete`]. Returns the new units' names.
     pub fn deploy(&self, args: &DeployArgs) -> Result<Vec<String>> {
         names::validate_service(&args.service)?;
+        crate::check_count("units", args.units)?;
         series::validate(&args.series)?;
         let meta = &args.charm.meta;
+        // Parsing validated it already; a charm built in code is checked too.
+        meta.validate()?;
         if !meta.series.is_empty() && !meta.series.contains(&args.series) {
             return Err(Error::UnsupportedSeries {
                 charm: meta.name.clone(),
@@ -207,7 +212,7 @@ impl Store {
         }
         let settings = validate_settings(&args.charm, &args.settings)?;
         let first = args.units.min(UNIT_BATCH);
-        let mut units = self.write(|tx| {
+        let units = self.write(|tx| {
             if let Some(existing) = find_service(tx, &args.service)? {
                 return Err(if existing.life == Life::Alive {
                     Error::AlreadyExists {
@@ -221,16 +226,22 @@ impl Store {
                     }
                 });
             }
+            check_series(tx, &args.series)?;
             let url = store_charm(tx, &args.charm)?;
+            // Names are reused once a service is removed; its incarnation
+            // never is, so work queued for this service can tell it apart
+            // from a later one of the same name.
+            let incarnation = tx.next_in_sequence("service")?;
             tx.execute(
-                "INSERT INTO services (name, charm_url, series, subordinate, constraints)
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                "INSERT INTO services (name, charm_url, series, subordinate, constraints, incarnation)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 (
                     &args.service,
                     &url,
                     &args.series,
                     meta.subordinate,
                     args.constraints.to_string(),
+                    incarnation,
                 ),
             )?;
             write_settings(tx, &args.service, &settings)?;
@@ -249,24 +260,23 @@ impl Store {
                 Ok(Vec::new())
             }
         })?;
-        if args.units > first {
-            units.extend(self.add_units(&args.service, args.units - first, args.to)?);
-        }
-        Ok(units)
+        crate::in_batches("units", args.units, UNIT_BATCH, units, |n| {
+            self.write(|tx| add_units_in(tx, &args.service, n, args.to))
+        })
     }
 
     /// `add-unit`: adds `n` principal units, each on a new machine that
     /// copies its constraints, or all on machine `to`. Each unit captures the
     /// environment and service constraints as they are at its creation.
+    ///
+    /// More than [`crate::MAX_PER_COMMAND`] is refused before anything is
+    /// written. Units are added in transactions of [`UNIT_BATCH`]; a failure
+    /// after some batches is [`Error::Incomplete`].
     pub fn add_units(&self, service: &str, n: usize, to: Option<i64>) -> Result<Vec<String>> {
-        let mut out = Vec::with_capacity(n);
-        let mut left = n;
-        while left > 0 {
-            let batch = left.min(UNIT_BATCH);
-            out.extend(self.write(|tx| add_units_in(tx, service, batch, to))?);
-            left -= batch;
-        }
-        Ok(out)
+        crate::check_count("units", n)?;
+        crate::in_batches("units", n, UNIT_BATCH, Vec::new(), |k| {
+            self.write(|tx| add_units_in(tx, service, k, to))
+        })
     }
 
     /// `destroy-service`, as one transaction:
@@ -278,7 +288,8 @@ impl Store {
     /// - if units remain, or some relations survive, the service becomes
     ///   Dying with its relation count reduced by the removals, and a cleanup
     ///   is queued that destroys its units in batches (no transaction grows
-    ///   with the number of units);
+    ///   with the number of units); the cleanup names this incarnation of
+    ///   the service, so it never touches a later service of the same name;
     /// - otherwise the service is removed at once.
     pub fn destroy_service(&self, name: &str) -> Result<()> {
         self.write(|tx| {
@@ -302,11 +313,17 @@ impl Store {
                 )?;
                 tx.changed(ChangeKind::Service, name)?;
                 if svc.unit_count > 0 {
+                    let incarnation: i64 = tx.query_row(
+                        "SELECT incarnation FROM services WHERE name = ?1",
+                        [name],
+                        |r| r.get(0),
+                    )?;
+                    let target = incarnation.to_string();
                     tx.execute(
                         "INSERT INTO cleanups (kind, target) VALUES (?1, ?2)",
-                        (crate::cleanups::SERVICE_UNITS, name),
+                        (crate::cleanups::SERVICE_UNITS, &target),
                     )?;
-                    tx.changed(ChangeKind::Cleanup, name)?;
+                    tx.changed(ChangeKind::Cleanup, &target)?;
                 }
                 Ok(())
             } else {

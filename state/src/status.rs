@@ -56,6 +56,10 @@ pub struct EnvironmentStatus {
     pub provider: String,
     pub default_series: String,
     pub constraints: String,
+    /// Present while the provider cannot be reached (listing zones or
+    /// instances fails): why, and since when.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_status: Option<crate::provisioning::ProviderStatus>,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -65,7 +69,11 @@ pub struct MachineStatus {
     pub series: String,
     pub jobs: Vec<String>,
     pub instance_id: Option<String>,
-    /// The instance's status, as the provisioner sees it.
+    /// `running`, or `gone` when the cloud no longer has the recorded
+    /// instance; absent without an instance.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instance_status: Option<String>,
+    /// The provisioning status.
     pub status: String,
     pub status_info: String,
     /// What the machine's agent reports (`pending` until it starts).
@@ -125,13 +133,58 @@ pub struct RelationStatus {
     pub units_in_scope: i64,
 }
 
+/// How far provisioning has come, counted in one read for `wait` and
+/// `bootstrap` to show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Progress {
+    /// Alive machines.
+    pub machines: i64,
+    /// Alive machines with an instance, not in error.
+    pub machines_started: i64,
+    /// Alive machines in error.
+    pub machines_in_error: i64,
+    /// Principal units that are not Dead.
+    pub units: i64,
+    /// Those of them on a machine that has an instance and is not in error.
+    pub units_on_started_machines: i64,
+}
+
 impl Store {
+    pub fn progress(&self) -> Result<Progress> {
+        self.read(|c| {
+            let (machines, machines_started, machines_in_error) = c
+                .prepare_cached(
+                    "SELECT count(*),
+                            count(*) FILTER (WHERE instance_id IS NOT NULL AND status != 'error'),
+                            count(*) FILTER (WHERE status = 'error')
+                     FROM machines WHERE life = 0",
+                )?
+                .query_row([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+            let (units, units_on_started_machines) = c
+                .prepare_cached(
+                    "SELECT count(*),
+                            count(*) FILTER (WHERE m.instance_id IS NOT NULL AND m.status != 'error')
+                     FROM units u LEFT JOIN machines m ON m.id = u.machine_id
+                     WHERE u.principal IS NULL AND u.life != 2",
+                )?
+                .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            Ok(Progress {
+                machines,
+                machines_started,
+                machines_in_error,
+                units,
+                units_on_started_machines,
+            })
+        })
+    }
+
     pub fn status(&self) -> Result<Status> {
         self.read(|c| {
             let env = get_environment(c)?;
             let mut machines = Vec::new();
             let mut stmt = c.prepare(
                 "SELECT id, life, series, jobs, instance_id, status, status_info, constraints, zone, hardware,
+                        CASE WHEN instance_id IS NULL THEN NULL ELSE coalesce(instance_status, 'running') END,
                         agent_status, agent_status_info
                  FROM machines ORDER BY id",
             )?;
@@ -145,13 +198,14 @@ impl Store {
                         series: r.get(2)?,
                         jobs: r.get::<_, String>(3)?.split(' ').map(str::to_string).collect(),
                         instance_id: r.get(4)?,
+                        instance_status: r.get(10)?,
                         status: r.get(5)?,
                         status_info: r.get(6)?,
                         constraints: r.get(7)?,
                         zone: r.get(8)?,
                         hardware: r.get(9)?,
-                        agent_status: r.get(10)?,
-                        agent_status_info: r.get(11)?,
+                        agent_status: r.get(11)?,
+                        agent_status_info: r.get(12)?,
                     },
                 ));
             }
@@ -277,6 +331,7 @@ impl Store {
                     provider: env.provider,
                     default_series: env.default_series,
                     constraints: env.constraints.to_string(),
+                    provider_status: crate::provisioning::provider_status_in(c)?,
                 },
                 machines: OrderedMap(machines),
                 services: OrderedMap(services),

@@ -212,6 +212,10 @@ enum Fault {
     Throttle,
     /// Answer `InsufficientInstanceCapacity` for one zone.
     NoCapacityIn(&'static str),
+    /// Answer `Unsupported` (the type is not offered there) for one zone.
+    UnsupportedIn(&'static str),
+    /// Count calls, change nothing.
+    Count,
     /// Let the launch happen, then lose the response.
     LoseResponse,
 }
@@ -267,11 +271,14 @@ impl Intercept for Faulty {
             .to_string();
         self.zones.lock().unwrap().push(zone.clone());
         let hit = match self.fault {
-            Fault::NoCapacityIn(z) => zone == z,
+            Fault::NoCapacityIn(z) | Fault::UnsupportedIn(z) => zone == z,
+            Fault::Count => false,
             _ => self.remaining.load(Ordering::SeqCst) > 0,
         };
         if hit {
-            self.remaining.fetch_sub(1, Ordering::SeqCst);
+            let _ = self
+                .remaining
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
             self.armed.store(true, Ordering::SeqCst);
             if self.fault != Fault::LoseResponse {
                 // A throttled or refused launch never reaches the server:
@@ -300,7 +307,9 @@ impl Intercept for Faulty {
         *c.response_mut() = match self.fault {
             Fault::Throttle => error_response(503, "RequestLimitExceeded"),
             Fault::NoCapacityIn(_) => error_response(500, "InsufficientInstanceCapacity"),
+            Fault::UnsupportedIn(_) => error_response(400, "Unsupported"),
             Fault::LoseResponse => error_response(500, "InternalError"),
+            Fault::Count => unreachable!("never armed"),
         };
         Ok(())
     }
@@ -310,12 +319,30 @@ impl Intercept for Faulty {
 async fn provision_one(
     fault: Arc<Faulty>,
 ) -> (jujube_state::Machine, Ec2Provider, tempfile::TempDir) {
+    let (mut ms, clean, dir, _) = provision_many(fault, 0, None).await;
+    (ms.remove(0), clean, dir)
+}
+
+/// Machine 0 and `n` more (with constraints `cons`), provisioned by one
+/// provisioner over a real SQLite store and a faulty EC2 provider.
+async fn provision_many(
+    fault: Arc<Faulty>,
+    n: usize,
+    cons: Option<&str>,
+) -> (
+    Vec<jujube_state::Machine>,
+    Ec2Provider,
+    tempfile::TempDir,
+    String,
+) {
     let acct = account();
     let env_uuid = uuid();
     let dir = tempfile::tempdir().unwrap();
     let store = jujube_state::Store::open(dir.path().join("state.db")).unwrap();
     let mut cfg = config();
     cfg.insert("provisioner-retry-for".into(), "2m".into());
+    // One launch at a time: the fault interceptor arms one call at a time.
+    cfg.insert("provisioner-concurrency".into(), "1".into());
     store
         .initialize(&jujube_state::environment::EnvironmentSpec {
             name: "test".into(),
@@ -328,12 +355,16 @@ async fn provision_one(
         .unwrap();
     let faulty = Arc::new(provider(&acct, &env_uuid, Some(fault as Arc<dyn Intercept>)).await);
     let p = jujube_provisioner::Provisioner::new(store.clone(), faulty.clone()).unwrap();
-    let failed = p.provision_now(&[0]).await.unwrap();
+    let cons = cons.map(|c| Constraints::parse(c).unwrap());
+    let mut ids = vec![0];
+    ids.extend(store.add_machines(n, None, cons.as_ref()).unwrap());
+    let failed = p.provision_now(&ids).await.unwrap();
     assert!(failed.is_empty(), "{failed:?}");
     (
-        store.machine(0).unwrap(),
+        ids.iter().map(|id| store.machine(*id).unwrap()).collect(),
         provider(&acct, &env_uuid, None).await,
         dir,
+        acct,
     )
 }
 
@@ -367,6 +398,191 @@ async fn capacity_errors_in_one_zone_fall_back_to_the_next() {
     assert_eq!(m.zone.as_deref(), Some(zones.last().unwrap().as_str()));
     assert_ne!(m.zone.as_deref(), Some("us-east-1a"));
     assert_eq!(clean.instances().await.unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_type_not_offered_in_one_zone_moves_to_the_next() {
+    let Some(()) = localstack() else { return };
+    let fault = Faulty::new(Fault::UnsupportedIn("us-east-1a"), usize::MAX);
+    let (m, clean, _dir) = provision_one(fault.clone()).await;
+    let zones = fault.zones.lock().unwrap().clone();
+    assert_eq!(zones[0], "us-east-1a");
+    assert!(m.instance_id.is_some(), "{}", m.status_info);
+    assert_ne!(m.zone.as_deref(), Some("us-east-1a"));
+    assert_eq!(clean.instances().await.unwrap().len(), 1);
+}
+
+/// Each machine's instance: distinct, listed, and the one its nonce names.
+async fn one_instance_each(machines: &[jujube_state::Machine], clean: &Ec2Provider) {
+    let listed = clean.instances().await.unwrap();
+    assert_eq!(listed.len(), machines.len(), "{listed:#?}");
+    for m in machines {
+        let id = m.instance_id.as_deref().expect("provisioned");
+        let i = listed.iter().find(|i| i.id == id).expect("listed");
+        assert_eq!(i.nonce(), m.nonce.as_deref(), "machine {}", m.id);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_machines_cost_at_most_two_run_instances() {
+    let Some(()) = localstack() else { return };
+    let fault = Faulty::new(Fault::Count, 0);
+    // Two zones allowed: the machines spread over both, a batch each.
+    let (machines, clean, _dir, _) =
+        provision_many(fault.clone(), 20, Some("zones=us-east-1a,us-east-1b")).await;
+    // Machine 0 (the controller) is a launch of its own.
+    assert_eq!(fault.calls.load(Ordering::SeqCst), 1 + 2);
+    one_instance_each(&machines, &clean).await;
+    let zones: std::collections::BTreeSet<_> = machines[1..]
+        .iter()
+        .map(|m| m.zone.clone().unwrap())
+        .collect();
+    assert_eq!(zones.len(), 2, "{zones:?}");
+    // Per-machine tags follow in the background.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let listed = clean.instances().await.unwrap();
+        let tagged = listed
+            .iter()
+            .filter(|i| {
+                machines.iter().any(|m| {
+                    m.instance_id.as_deref() == Some(i.id.as_str())
+                        && i.machine_id() == Some(m.id.to_string().as_str())
+                        && i.tag("Name") == Some(format!("jujube-test-{}", m.id).as_str())
+                })
+            })
+            .count();
+        if tagged == machines.len() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{tagged} of 21 tagged"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machines_spread_over_every_zone_cost_one_run_instances_per_zone() {
+    let Some(()) = localstack() else { return };
+    let fault = Faulty::new(Fault::Count, 0);
+    let (machines, clean, _dir, _) = provision_many(fault.clone(), 20, None).await;
+    let zones: std::collections::BTreeSet<_> = machines[1..]
+        .iter()
+        .map(|m| m.zone.clone().unwrap())
+        .collect();
+    assert_eq!(zones.len(), 6, "LocalStack has six zones: {zones:?}");
+    assert_eq!(fault.calls.load(Ordering::SeqCst), 1 + 6);
+    one_instance_each(&machines, &clean).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_batch_launch_response_is_adopted_by_launch_index() {
+    let Some(()) = localstack() else { return };
+    let fault = Faulty::new(Fault::LoseResponse, 2);
+    // Machine 0's launch loses its response first, then the batch's.
+    let (machines, clean, _dir, acct) =
+        provision_many(fault.clone(), 5, Some("zones=us-east-1c")).await;
+    assert_eq!(
+        fault.remaining.load(Ordering::SeqCst),
+        0,
+        "both faults injected"
+    );
+    assert_eq!(
+        fault.calls.load(Ordering::SeqCst),
+        2,
+        "the retries found the launched instances by nonce and by batch"
+    );
+    one_instance_each(&machines, &clean).await;
+    // Instance k of the request is the machine whose nonce is `<batch>/k`.
+    let raw = raw_client(&acct);
+    for m in &machines[1..] {
+        let (_, k) = jujube_providers::launch_batch(m.nonce.as_deref().unwrap()).unwrap();
+        let r = raw
+            .describe_instances()
+            .instance_ids(m.instance_id.clone().unwrap())
+            .send()
+            .await
+            .unwrap();
+        let idx = r.reservations()[0].instances()[0]
+            .ami_launch_index()
+            .unwrap();
+        assert_eq!(idx as u32, k, "machine {}", m.id);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_controller_adopts_a_batch_a_crash_left_unrecorded() {
+    let Some(()) = localstack() else { return };
+    let acct = account();
+    let env_uuid = uuid();
+    let dir = tempfile::tempdir().unwrap();
+    let store = jujube_state::Store::open(dir.path().join("state.db")).unwrap();
+    store
+        .initialize(&jujube_state::environment::EnvironmentSpec {
+            name: "test".into(),
+            uuid: env_uuid.clone(),
+            provider: "ec2".into(),
+            default_series: "jammy".into(),
+            constraints: Constraints::default(),
+            config: config(),
+        })
+        .unwrap();
+    let ids = store
+        .add_machines(
+            4,
+            None,
+            Some(&Constraints::parse("zones=us-east-1d").unwrap()),
+        )
+        .unwrap();
+    // The first controller commits the batch and launches it, then dies
+    // before recording (or tagging) anything.
+    let prepared = store
+        .prepare_batches(std::slice::from_ref(&ids), &env_uuid)
+        .unwrap();
+    let first = provider(&acct, &env_uuid, None).await;
+    let specs: Vec<jujube_providers::StartSpec> = prepared
+        .iter()
+        .map(|p| jujube_providers::StartSpec {
+            machine_id: p.machine.to_string(),
+            nonce: p.nonce.clone(),
+            series: "jammy".into(),
+            constraints: Constraints::parse("zones=us-east-1d").unwrap(),
+            zone: Some("us-east-1d".into()),
+            controller: false,
+            user_data: String::new(),
+        })
+        .collect();
+    let launched: Vec<String> = first
+        .start_instances(&specs)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().id)
+        .collect();
+    drop(first);
+    let counter = Faulty::new(Fault::Count, 0);
+    let second = Arc::new(
+        provider(
+            &acct,
+            &env_uuid,
+            Some(counter.clone() as Arc<dyn Intercept>),
+        )
+        .await,
+    );
+    let p = jujube_provisioner::Provisioner::new(store.clone(), second).unwrap();
+    let failed = p.provision_now(&ids).await.unwrap();
+    assert!(failed.is_empty(), "{failed:?}");
+    assert_eq!(
+        counter.calls.load(Ordering::SeqCst),
+        0,
+        "nothing launched again"
+    );
+    for (id, inst) in ids.iter().zip(&launched) {
+        assert_eq!(store.machine(*id).unwrap().instance_id.as_ref(), Some(inst));
+    }
+    let clean = provider(&acct, &env_uuid, None).await;
+    assert_eq!(clean.instances().await.unwrap().len(), 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -530,4 +746,119 @@ async fn ec2_end_to_end_through_the_binary() {
         state, "running",
         "an instance without the environment's tags survives everything"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_controller_mid_batch_never_duplicates_or_leaks_instances() {
+    let Some(()) = localstack() else { return };
+    let acct = account();
+    let j = ec2_jujube(&acct);
+    j.run(&[
+        "bootstrap",
+        "aws",
+        "--provider",
+        "ec2",
+        "--config",
+        &format!("region={REGION}"),
+        "--config",
+        &format!("endpoint={ENDPOINT}"),
+        "--config",
+        "provisioner-batch=4",
+        "--config",
+        "provisioner-concurrency=1",
+        "--config",
+        "harvest-interval=1s",
+        "--config",
+        "harvest-grace=2s",
+    ])
+    .ok();
+    let env_uuid = j.status()["environment"]["uuid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    j.run(&[
+        "add-machine",
+        "-n",
+        "40",
+        "--constraints",
+        "zones=us-east-1a",
+    ])
+    .ok();
+    let ours = provider(&acct, &env_uuid, None).await;
+    let mut seed = std::process::id() as u64 | 1;
+    let mut mid_way = 0;
+    for trial in 0..5 {
+        let before = ours.instances().await.unwrap().len();
+        let ctl = j.controller();
+        // A controller spends a while starting (instance types, images, the
+        // security group): kill it at a random moment after its first
+        // launch of this run.
+        let t0 = std::time::Instant::now();
+        while ours.instances().await.unwrap().len() == before
+            && t0.elapsed() < Duration::from_secs(60)
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let ms = seed % 1500;
+        std::thread::sleep(Duration::from_millis(ms));
+        ctl.kill9();
+        let done = j.provisioned();
+        let launched = ours.instances().await.unwrap().len();
+        eprintln!(
+            "trial {trial}: killed {ms} ms after a launch with {done} of 41 machines provisioned, {launched} instances launched"
+        );
+        // Mid-way: some launched, not all recorded.
+        if launched > 1 && done < 41 {
+            mid_way += 1;
+        }
+        if done == 41 {
+            break;
+        }
+    }
+    let ctl = j.controller();
+    j.run(&["wait", "--timeout", "180s"]).ok();
+    let st = j.status();
+    let machines = st["machines"].as_object().unwrap();
+    assert_eq!(machines.len(), 41);
+    let ours = provider(&acct, &env_uuid, None).await;
+    // Listings settle: nothing of ours beyond the machines' instances.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let listed = loop {
+        let listed = ours.instances().await.unwrap();
+        if listed.len() <= 41 || std::time::Instant::now() > deadline {
+            break listed;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let mut per_nonce: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for i in &listed {
+        per_nonce
+            .entry(i.nonce().unwrap_or("").to_string())
+            .or_default()
+            .push(i.id.clone());
+    }
+    for (id, m) in machines {
+        let inst = m["instance-id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("machine {id}: {m}"));
+        let with_id: Vec<_> = listed.iter().filter(|i| i.id == inst).collect();
+        assert_eq!(with_id.len(), 1, "machine {id}'s instance {inst} is listed");
+        let same_nonce = &per_nonce[with_id[0].nonce().unwrap()];
+        assert_eq!(
+            same_nonce.len(),
+            1,
+            "machine {id} has instances {same_nonce:?}"
+        );
+    }
+    assert_eq!(listed.len(), 41, "no strays left: {listed:#?}");
+    assert!(st.get("strays").is_none(), "{:?}", st.get("strays"));
+    assert!(
+        mid_way >= 1,
+        "the kills must land while provisioning is under way ({mid_way} did)"
+    );
+    drop(ctl);
+    j.run(&["destroy-environment", "aws", "-y"]).ok();
 }

@@ -375,7 +375,12 @@ async fn an_unknown_image_alias_is_a_provisioning_error_and_resolved_recovers() 
     let ctl = j.controller();
     j.run(&["add-machine", "--series", "noble"]).ok();
     j.run(&["add-machine", "--series", "jammy"]).ok();
-    j.run(&["wait", "--timeout", "120s"]).ok();
+    let r = j.run(&["wait", "--timeout", "120s"]);
+    assert_eq!(
+        r.code, 1,
+        "wait fails while machine 1 is in error: {}",
+        r.stderr
+    );
     let st = j.status();
     assert_eq!(st["machines"]["1"]["status"], "error", "{st:#}");
     let info = st["machines"]["1"]["status-info"]
@@ -564,4 +569,33 @@ async fn a_controller_killed_mid_provisioning_leaves_one_container_per_machine()
     );
     j.run(&["destroy-environment", "lx", "-y"]).ok();
     assert!(tagged(&c, &env_uuid).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reaping_a_listed_stray_never_deletes_the_retry_that_took_its_name() {
+    let Some(c) = lxd() else { return };
+    let env_uuid = uuid();
+    let _sweep = Sweep {
+        uuids: vec![env_uuid.clone()],
+        names: vec![],
+    };
+    let p = LxdProvider::new(&env_uuid, &config(&[])).unwrap();
+    // A failed start's leftover, listed by the harvester as a stray...
+    let listed = p.start_instance(&start_spec("1", "nonce-a")).await.unwrap();
+    // ...then the machine is retried with a new nonce: the same name.
+    let retry = p.start_instance(&start_spec("1", "nonce-b")).await.unwrap();
+    assert_eq!(retry.id, listed.id);
+    p.reap_instances(std::slice::from_ref(&listed))
+        .await
+        .unwrap();
+    let v = container(&c, &retry.id)
+        .await
+        .expect("the retry's container survives the reap of the old stray");
+    assert_eq!(v["config"]["user.jujube-nonce"], "nonce-b");
+    assert_eq!(v["status"], "Running");
+    // What is listed now is reaped.
+    p.reap_instances(std::slice::from_ref(&retry))
+        .await
+        .unwrap();
+    assert!(container(&c, &retry.id).await.is_none());
 }

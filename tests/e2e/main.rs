@@ -4,6 +4,7 @@
 
 mod agents;
 mod ec2;
+mod input;
 mod lxd;
 mod lxd_direct;
 mod model;
@@ -34,6 +35,12 @@ impl Run {
 
 pub fn charms() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/charms")
+}
+
+impl Default for Jujube {
+    fn default() -> Jujube {
+        Jujube::new()
+    }
 }
 
 impl Jujube {

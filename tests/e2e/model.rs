@@ -367,6 +367,45 @@ fn settings_are_typed_and_reset_with_an_empty_value() {
     assert_eq!(got["settings"]["port"]["default"], true);
 }
 
+#[test]
+fn a_charm_with_a_container_scoped_peer_relation_is_refused_at_deploy() {
+    let j = bootstrapped();
+    j.run(&["deploy", &j.charm("mysql")]).ok();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("metadata.yaml"),
+        "name: ring\nsummary: a ring\npeers:\n  cluster:\n    interface: ring\n    scope: container\n",
+    )
+    .unwrap();
+    j.refused(
+        &["deploy", dir.path().to_str().unwrap()],
+        1,
+        "invalid charm `ring`: peer relation `cluster` is container-scoped; a peer relation joins the units of one service, which never share a container: remove `scope: container` from it",
+    );
+    assert!(j.status()["services"].get("ring").is_none());
+}
+
+#[test]
+fn a_stale_cleanup_leaves_a_new_service_of_the_same_name_alone() {
+    let j = bootstrapped();
+    j.run(&["deploy", &j.charm("wordpress"), "-n", "1"]).ok();
+    j.run(&["destroy-service", "wordpress"]).ok();
+    // Pending (no agent): the unit goes at once, and the service with it.
+    j.run(&["destroy-unit", "wordpress/0"]).ok();
+    assert!(j.status()["services"].get("wordpress").is_none());
+    j.run(&["deploy", &j.charm("wordpress"), "-n", "2"]).ok();
+    let _ctl = j.controller();
+    // `wait` returns once no cleanup is pending and every machine started.
+    j.run(&["wait", "--timeout", "60s"]).ok();
+    let st = j.status();
+    let units = st["services"]["wordpress"]["units"].as_object().unwrap();
+    let names: Vec<&String> = units.keys().collect();
+    assert_eq!(names, ["wordpress/1", "wordpress/2"], "{st}");
+    for u in units.values() {
+        assert_eq!(u["life"], "alive", "{st}");
+    }
+}
+
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {

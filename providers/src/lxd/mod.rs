@@ -517,9 +517,17 @@ impl LxdProvider {
 
     /// Stops (forced) and deletes one container; gone already is fine.
     async fn remove(&self, name: &str) -> Result<()> {
-        let c = self.client();
+        if !self.force_stop(name).await? {
+            return Ok(());
+        }
+        self.delete(name).await
+    }
+
+    /// Stops a container (forced). False when it does not exist.
+    async fn force_stop(&self, name: &str) -> Result<bool> {
         let stop = json!({"action": "stop", "force": true, "timeout": 30});
-        match c
+        match self
+            .client()
             .run(
                 Method::PUT,
                 &format!("/1.0/instances/{name}/state"),
@@ -528,13 +536,19 @@ impl LxdProvider {
             .await?
         {
             Ok(_) => {}
-            Err(e) if e.code == 404 => return Ok(()),
+            Err(e) if e.code == 404 => return Ok(false),
             // Stopped already, or stopping: the delete decides.
             Err(e)
                 if e.message.contains("already stopped") || e.message.contains("not running") => {}
             Err(e) => debug!(name, error = %e.message, "forced stop failed; trying the delete"),
         }
-        match c
+        Ok(true)
+    }
+
+    /// Deletes a stopped container; gone already is fine.
+    async fn delete(&self, name: &str) -> Result<()> {
+        match self
+            .client()
             .run(Method::DELETE, &format!("/1.0/instances/{name}"), None)
             .await?
         {
@@ -542,6 +556,39 @@ impl LxdProvider {
             Err(e) if e.code == 404 => Ok(()),
             Err(e) => Err(e.into_error(&format!("deleting `{name}`"))),
         }
+    }
+
+    /// True while container `name` is ours and carries `nonce`.
+    async fn still(&self, name: &str, nonce: Option<&str>) -> Result<bool> {
+        Ok(self
+            .lookup(name)
+            .await?
+            .is_some_and(|v| self.owned(&v) && v["config"][CFG_NONCE].as_str() == nonce))
+    }
+
+    /// Reaps a stray container as it was listed: the name is the machine's,
+    /// so a retried start of that machine makes a new container under the
+    /// same name. The nonce is checked before the stop and again right
+    /// before the delete; a container that changed is left alone.
+    async fn reap_one(&self, name: &str, nonce: Option<&str>) -> Result<()> {
+        if !self.still(name, nonce).await? {
+            info!(
+                name,
+                "not reaping: the container changed since it was listed"
+            );
+            return Ok(());
+        }
+        if !self.force_stop(name).await? {
+            return Ok(());
+        }
+        if !self.still(name, nonce).await? {
+            warn!(
+                name,
+                "not deleting: the container changed while it was being stopped"
+            );
+            return Ok(());
+        }
+        self.delete(name).await
     }
 
     /// Stops and deletes one container, if it is ours.
@@ -713,6 +760,21 @@ impl Provider for LxdProvider {
             .map(|name| self.stop_one(name))
             .collect();
         let results: Vec<Result<()>> = stream::iter(stops)
+            .buffer_unordered(PARALLEL)
+            .collect()
+            .await;
+        results.into_iter().collect()
+    }
+
+    /// Each container only while it still carries the nonce it was listed
+    /// with, checked right before the stop and right before the delete.
+    async fn reap_instances(&self, listed: &[Instance]) -> Result<()> {
+        let reaps: Vec<_> = listed
+            .iter()
+            .filter(|i| self.ours_by_name(&i.id))
+            .map(|i| self.reap_one(&i.id, i.nonce()))
+            .collect();
+        let results: Vec<Result<()>> = stream::iter(reaps)
             .buffer_unordered(PARALLEL)
             .collect()
             .await;

@@ -2,7 +2,9 @@
 //! (`rules`), the change feed (`feed`), and a property test over long random
 //! sequences of operations (`prop`).
 
+mod cleanups;
 mod feed;
+mod limits;
 mod prop;
 mod rules;
 

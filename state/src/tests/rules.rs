@@ -36,10 +36,10 @@ fn no_entity_ever_changes_to_an_earlier_state() {
     let units = e.deploy(WORDPRESS, "wordpress", 1);
     let u = &units[0];
     started(&e, u);
-    e.st.destroy_units(&[u.clone()]).unwrap();
+    e.st.destroy_units(std::slice::from_ref(u)).unwrap();
     e.st.ensure_dead_unit(u).unwrap();
     // Destroying a Dead unit is a no-op, never a step back to Dying.
-    e.st.destroy_units(&[u.clone()]).unwrap();
+    e.st.destroy_units(std::slice::from_ref(u)).unwrap();
     assert_eq!(e.st.unit(u).unwrap().life, Life::Dead);
     let m = e.st.add_machines(1, None, None).unwrap()[0];
     e.st.ensure_dead_machine(m).unwrap();
@@ -131,7 +131,7 @@ fn machine_with_dying_units_may_become_dying_but_not_dead_until_they_are_removed
     let u = &units[0];
     started(&e, u);
     let m = e.st.unit(u).unwrap().machine_id.unwrap();
-    e.st.destroy_units(&[u.clone()]).unwrap();
+    e.st.destroy_units(std::slice::from_ref(u)).unwrap();
     e.st.destroy_machine(m).unwrap();
     assert_eq!(e.st.machine(m).unwrap().life, Life::Dying);
     let err = e.refused(|s| s.ensure_dead_machine(m));
@@ -177,10 +177,10 @@ fn destroy_unit_sets_it_dying_and_is_a_noop_when_not_alive() {
     let e = env();
     let u = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
     started(&e, &u);
-    e.st.destroy_units(&[u.clone()]).unwrap();
+    e.st.destroy_units(std::slice::from_ref(&u)).unwrap();
     assert_eq!(e.st.unit(&u).unwrap().life, Life::Dying);
     let before = e.digest();
-    e.st.destroy_units(&[u.clone()]).unwrap();
+    e.st.destroy_units(std::slice::from_ref(&u)).unwrap();
     assert_eq!(before, e.digest());
 }
 
@@ -192,7 +192,7 @@ fn destroy_unit_does_not_work_on_subordinates() {
     let rel = e.st.add_relation("logging", "wordpress").unwrap();
     e.st.enter_scope(rel.id, &u).unwrap();
     let sub = e.st.subordinates(&u).unwrap().remove(0);
-    let err = e.refused(|s| s.destroy_units(&[sub.clone()]));
+    let err = e.refused(|s| s.destroy_units(std::slice::from_ref(&sub)));
     assert!(matches!(err, Error::Subordinate { .. }), "{err}");
 }
 
@@ -221,7 +221,7 @@ fn subordinate_becomes_dying_when_its_principal_is_destroyed() {
     e.st.enter_scope(rel.id, &u).unwrap();
     let sub = e.st.subordinates(&u).unwrap().remove(0);
     e.st.enter_scope(rel.id, &sub).unwrap();
-    e.st.destroy_units(&[u.clone()]).unwrap();
+    e.st.destroy_units(std::slice::from_ref(&u)).unwrap();
     assert_eq!(e.st.unit(&u).unwrap().life, Life::Dying);
     assert_eq!(e.st.unit(&sub).unwrap().life, Life::Dying);
 }
@@ -270,7 +270,7 @@ fn removing_a_unit_requires_it_to_be_dead_and_unassigns_it() {
         e.refused(|s| s.remove_unit(&u)),
         Error::NotDead { .. }
     ));
-    e.st.destroy_units(&[u.clone()]).unwrap();
+    e.st.destroy_units(std::slice::from_ref(&u)).unwrap();
     assert!(matches!(
         e.refused(|s| s.remove_unit(&u)),
         Error::NotDead { .. }
@@ -290,7 +290,7 @@ fn destroying_a_unit_no_agent_has_acted_on_removes_it_at_once() {
     let e = env();
     let u = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
     assert_eq!(e.st.unit(&u).unwrap().status, UNIT_PENDING);
-    e.st.destroy_units(&[u.clone()]).unwrap();
+    e.st.destroy_units(std::slice::from_ref(&u)).unwrap();
     assert!(matches!(e.st.unit(&u), Err(Error::NotFound { .. })));
     assert_eq!(e.st.service("wordpress").unwrap().unit_count, 0);
 }
@@ -704,6 +704,104 @@ fn subordinate_relations_are_only_between_services_of_equal_series() {
     );
 }
 
+#[test]
+fn a_charm_with_a_container_scoped_peer_relation_is_refused_at_deploy() {
+    let e = env();
+    // Parsing refuses such metadata already; a charm built in code must not
+    // get past deploy either.
+    let mut args = deploy_args(WORDPRESS, "wordpress", 1);
+    args.charm.meta.peers.get_mut("loadbalancer").unwrap().scope =
+        jujube_core::charm::Scope::Container;
+    let err = e.refused(|s| s.deploy(&args));
+    assert_eq!(
+        err.to_string(),
+        "invalid charm `wordpress`: peer relation `loadbalancer` is container-scoped; a peer relation joins the units of one service, which never share a container: remove `scope: container` from it"
+    );
+}
+
+#[test]
+fn peer_relations_cannot_be_destroyed_alone() {
+    let e = env();
+    e.deploy(WORDPRESS, "wordpress", 1);
+    let peer = e.st.relations().unwrap().remove(0);
+    assert_eq!(peer.key, "wordpress:loadbalancer");
+    let msg = "relation `wordpress:loadbalancer` is a peer relation of service `wordpress` and lives as long as it; destroy the service to remove it";
+    let err = e.refused(|s| s.destroy_relation_id(peer.id));
+    assert_eq!(err.to_string(), msg);
+    let err = e.refused(|s| s.destroy_relation("wordpress:loadbalancer", "wordpress"));
+    assert_eq!(err.to_string(), msg);
+}
+
+#[test]
+fn a_principal_cannot_enter_container_scope_until_its_old_subordinate_is_removed() {
+    let e = env();
+    let w = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
+    started(&e, &w);
+    e.deploy(LOGGING, "logging", 0);
+    let rel = e.st.add_relation("logging", "wordpress").unwrap();
+    e.st.enter_scope(rel.id, &w).unwrap();
+    let sub = e.st.subordinates(&w).unwrap().remove(0);
+    e.st.enter_scope(rel.id, &sub).unwrap();
+    // The relation goes; its units leave; the subordinate's agent sets it
+    // Dead but has not removed it yet when the relation is added again.
+    e.st.destroy_relation("logging", "wordpress").unwrap();
+    e.st.leave_scope(rel.id, &sub).unwrap();
+    e.st.leave_scope(rel.id, &w).unwrap();
+    e.st.ensure_dead_unit(&sub).unwrap();
+    let again = e.st.add_relation("logging", "wordpress").unwrap();
+    let err = e.refused(|s| s.enter_scope(again.id, &w));
+    assert!(matches!(err, Error::CannotEnterScopeYet { .. }), "{err}");
+    assert_eq!(
+        err.to_string(),
+        format!("unit `{w}` cannot enter scope yet: its subordinate `{sub}` of service `logging` is dead and has not been removed; try again once it is removed")
+    );
+    e.st.remove_unit(&sub).unwrap();
+    e.st.enter_scope(again.id, &w).unwrap();
+    assert_eq!(e.st.subordinates(&w).unwrap(), vec!["logging/1"]);
+}
+
+#[test]
+fn a_unit_sees_only_its_counterparts_in_scope_and_in_a_container_only_its_own_container() {
+    let e = env();
+    let ws = e.deploy(WORDPRESS, "wordpress", 2);
+    let ms = e.deploy(MYSQL, "mysql", 1);
+    e.deploy(LOGGING, "logging", 0);
+    let db = e.st.add_relation("wordpress", "mysql").unwrap();
+    let logs = e.st.add_relation("logging", "wordpress").unwrap();
+    let peer =
+        e.st.relations_of("wordpress")
+            .unwrap()
+            .into_iter()
+            .find(|r| r.key == "wordpress:loadbalancer")
+            .unwrap();
+    for w in &ws {
+        e.st.enter_scope(db.id, w).unwrap();
+        e.st.enter_scope(logs.id, w).unwrap();
+        e.st.enter_scope(peer.id, w).unwrap();
+    }
+    e.st.enter_scope(db.id, &ms[0]).unwrap();
+    let subs: Vec<String> = ws
+        .iter()
+        .map(|w| e.st.subordinates(w).unwrap().remove(0))
+        .collect();
+    for s in &subs {
+        e.st.enter_scope(logs.id, s).unwrap();
+    }
+    for (w, s) in ws.iter().zip(&subs) {
+        assert_eq!(e.st.scope_units(logs.id, w).unwrap(), vec![s.clone()]);
+        assert_eq!(e.st.scope_units(logs.id, s).unwrap(), vec![w.clone()]);
+    }
+    // Global: the other side's units; peers: the others of its service.
+    assert_eq!(e.st.scope_units(db.id, &ws[0]).unwrap(), ms);
+    assert_eq!(e.st.scope_units(db.id, &ms[0]).unwrap(), ws);
+    assert_eq!(
+        e.st.scope_units(peer.id, &ws[0]).unwrap(),
+        vec![ws[1].clone()]
+    );
+    let err = e.refused(|s| s.scope_units(db.id, &subs[0]));
+    assert!(matches!(err, Error::Relation(_)), "{err}");
+}
+
 // ---- series ----------------------------------------------------------
 
 #[test]
@@ -841,6 +939,110 @@ fn resolved_clears_a_provisioning_error_and_can_replace_constraints() {
     assert_eq!(mm.constraints, cons);
 }
 
+#[test]
+fn a_machine_is_provisioning_only_once_marked_and_abandoned_starts_go_back_to_pending() {
+    use crate::provisioning::Prepared;
+    let e = env();
+    let ms = e.st.add_machines(2, None, None).unwrap();
+    let prepared = e.st.prepare_provisioning(&ms, "6f1e0f4c").unwrap();
+    assert_eq!(prepared.len(), 2);
+    for m in &ms {
+        let mm = e.st.machine(*m).unwrap();
+        assert_eq!(mm.status, machine_status::PENDING, "a nonce is not a start");
+        assert!(mm.nonce.is_some());
+    }
+    // A machine destroyed meanwhile, and a nonce that is no longer the
+    // machine's, are not started.
+    e.st.destroy_machine(ms[1]).unwrap();
+    let stale = Prepared {
+        machine: ms[0],
+        nonce: "other".into(),
+    };
+    assert_eq!(e.st.mark_provisioning(&[stale]).unwrap(), Vec::<i64>::new());
+    assert_eq!(e.st.mark_provisioning(&prepared).unwrap(), vec![ms[0]]);
+    assert_eq!(
+        e.st.machine(ms[0]).unwrap().status,
+        machine_status::PROVISIONING
+    );
+    e.st.abandon_provisioning(&[ms[0]]).unwrap();
+    let mm = e.st.machine(ms[0]).unwrap();
+    assert_eq!(mm.status, machine_status::PENDING);
+    assert_eq!(mm.nonce, Some(prepared[0].nonce.clone()), "the nonce stays");
+}
+
+#[test]
+fn a_gone_instance_puts_the_machine_in_error_and_resolved_forgets_it() {
+    use crate::provisioning::{Prepared, Started};
+    let e = env();
+    let m = e.st.add_machines(1, None, None).unwrap()[0];
+    let Prepared { nonce, .. } = e.st.prepare_provisioning(&[m], "6f1e0f4c").unwrap()[0].clone();
+    e.st.record_instances(&[Started {
+        machine: m,
+        nonce: nonce.clone(),
+        instance_id: "i-1".into(),
+        zone: Some("z".into()),
+        hardware: "mem=1G".into(),
+    }])
+    .unwrap();
+    let view = |e: &Env| {
+        e.st.status()
+            .unwrap()
+            .machines
+            .get(&m.to_string())
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(view(&e).instance_status.as_deref(), Some("running"));
+    assert!(
+        !e.st.set_instance_gone(m, "i-other", "gone").unwrap(),
+        "another instance"
+    );
+    assert!(e
+        .st
+        .set_instance_gone(m, "i-1", "instance `i-1` is gone")
+        .unwrap());
+    assert!(!e.st.set_instance_gone(m, "i-1", "again").unwrap(), "once");
+    let v = view(&e);
+    assert_eq!(
+        (
+            v.status.as_str(),
+            v.status_info.as_str(),
+            v.instance_status.as_deref()
+        ),
+        ("error", "instance `i-1` is gone", Some("gone"))
+    );
+    assert_eq!(v.instance_id.as_deref(), Some("i-1"));
+    e.st.resolve_machine(m, None).unwrap();
+    let mm = e.st.machine(m).unwrap();
+    assert_eq!(
+        (mm.instance_id, mm.zone, mm.hardware, mm.nonce),
+        (None, None, None, None)
+    );
+    assert_eq!(mm.status, machine_status::PENDING);
+}
+
+#[test]
+fn the_provider_status_keeps_its_first_failure_time_and_clears() {
+    let e = env();
+    assert_eq!(e.st.provider_status().unwrap(), None);
+    e.st.set_provider_status(Some("listing zones: refused"), 100)
+        .unwrap();
+    e.st.set_provider_status(Some("listing instances: refused"), 160)
+        .unwrap();
+    let p = e.st.provider_status().unwrap().unwrap();
+    assert_eq!(
+        (p.message.as_str(), p.since),
+        ("listing instances: refused", 100)
+    );
+    let rev = e.st.head_revision().unwrap();
+    e.st.set_provider_status(Some("listing instances: refused"), 200)
+        .unwrap();
+    assert_eq!(e.st.head_revision().unwrap(), rev, "no change, no write");
+    e.st.set_provider_status(None, 300).unwrap();
+    assert_eq!(e.st.provider_status().unwrap(), None);
+    assert_eq!(e.st.status().unwrap().environment.provider_status, None);
+}
+
 // ---- transactions ----------------------------------------------------
 
 #[test]
@@ -914,5 +1116,40 @@ fn a_database_from_a_newer_jujube_is_refused() {
     assert!(
         matches!(err, Error::SchemaTooNew { found: 99, .. }),
         "{err}"
+    );
+}
+
+#[test]
+fn launch_batches_commit_batch_nonces_before_the_start_and_keep_them() {
+    let e = env();
+    let ids = e.st.add_machines(4, None, None).unwrap();
+    let uuid = "6f1e0f4c-3d7e-4b53-9d3b-1a2b3c4d5e6f";
+    let p =
+        e.st.prepare_batches(&[ids[..3].to_vec(), vec![ids[3]]], uuid)
+            .unwrap();
+    let nonces: Vec<String> = p.iter().map(|p| p.nonce.clone()).collect();
+    // Three machines in one batch: `<batch>/<index>`; one alone: plain.
+    let (batch, _) = nonces[0].rsplit_once('/').unwrap();
+    assert!(batch.starts_with("6f1e0f4c-"), "{batch}");
+    for (k, n) in nonces[..3].iter().enumerate() {
+        assert_eq!(n, &format!("{batch}/{k}"));
+    }
+    assert!(!nonces[3].contains('/'), "{}", nonces[3]);
+    for (id, n) in ids.iter().zip(&nonces) {
+        let m = e.st.machine(*id).unwrap();
+        assert_eq!(m.nonce.as_ref(), Some(n));
+        // Provisioning only once the start is sent (`mark_provisioning`).
+        assert_eq!(m.status, "pending");
+    }
+    assert_eq!(e.st.mark_provisioning(&p[..3]).unwrap(), ids[..3].to_vec());
+    assert_eq!(e.st.machine(ids[0]).unwrap().status, "provisioning");
+    // A restarted controller re-forms nothing new: the nonces stay, even
+    // when it groups the machines differently.
+    let again =
+        e.st.prepare_batches(std::slice::from_ref(&ids), uuid)
+            .unwrap();
+    assert_eq!(
+        again.iter().map(|p| p.nonce.clone()).collect::<Vec<_>>(),
+        nonces
     );
 }

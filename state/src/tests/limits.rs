@@ -1,0 +1,296 @@
+//! Requests that scale with a user's number or with the model: every
+//! transaction stays bounded, counts above the maximum are refused before
+//! anything is allocated, a failure part-way leaves whole batches that a
+//! retry completes; and what users type that jujube does not know (series)
+//! is refused.
+
+use super::*;
+use crate::model::machine_status;
+use crate::provisioning::Started;
+use crate::Error;
+use jujube_core::Constraints;
+
+/// The bound the invariant "no transaction grows with the model" promises.
+const BOUND: u64 = 1000;
+
+const UUID: &str = "6f1e0f4c-3d7e-4b53-9d3b-1a2b3c4d5e6f";
+
+#[test]
+fn counts_above_the_maximum_are_refused_before_anything_is_allocated() {
+    let e = env();
+    e.deploy(WORDPRESS, "wordpress", 0);
+    // Before the limit, this asked for 2.4 TB and aborted the process.
+    let err = e.refused(|s| s.add_units("wordpress", 99_999_999_999, None));
+    assert_eq!(
+        err.to_string(),
+        "cannot add 99999999999 units at once: at most 100000 per command; add them in several commands"
+    );
+    let err = e.refused(|s| s.add_machines(99_999_999_999, None, None));
+    assert_eq!(
+        err.to_string(),
+        "cannot add 99999999999 machines at once: at most 100000 per command; add them in several commands"
+    );
+    let err = e.refused(|s| s.deploy(&deploy_args(MYSQL, "mysql", 100_001)));
+    assert!(
+        matches!(
+            err,
+            Error::TooMany {
+                asked: 100_001,
+                max: 100_000,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(crate::MAX_PER_COMMAND, 100_000);
+}
+
+#[test]
+fn adding_many_machines_keeps_every_transaction_bounded() {
+    let e = env();
+    e.st.reset_stats();
+    let ids = e.st.add_machines(1000, None, None).unwrap();
+    assert_eq!(ids.len(), 1000);
+    assert_eq!(ids, (1..=1000).collect::<Vec<i64>>());
+    let stats = e.st.stats();
+    assert!(stats.max_transaction_rows <= BOUND, "{stats:?}");
+    assert!(stats.transactions > 1, "{stats:?}");
+}
+
+/// Makes the `n`th insert of a machine (counting machine 0) fail inside its
+/// transaction, as a full disk or a lost lock would.
+fn fail_machine_insert(e: &Env, id: i64) {
+    e.st.write(|tx| {
+        tx.execute_batch(&format!(
+            "CREATE TRIGGER fail_machine BEFORE INSERT ON machines WHEN NEW.id = {id}
+             BEGIN SELECT RAISE(ABORT, 'injected failure'); END;"
+        ))?;
+        Ok(())
+    })
+    .unwrap();
+}
+
+fn clear_failure(e: &Env) {
+    e.st.write(|tx| Ok(tx.execute_batch("DROP TRIGGER fail_machine")?))
+        .unwrap();
+}
+
+#[test]
+fn machines_added_before_a_failed_batch_are_whole_and_the_error_says_what_is_left() {
+    let e = env();
+    fail_machine_insert(&e, 300);
+    let err = e.st.add_machines(1000, None, None).unwrap_err();
+    let Error::Incomplete { added, asked, .. } = &err else {
+        panic!("{err}");
+    };
+    // Whole batches only: every machine before the failed batch, none of it.
+    assert_eq!(*asked, 1000);
+    assert_eq!(added.len() % crate::machines::MACHINE_BATCH, 0);
+    assert!(added.len() < 300 && added.len() + crate::machines::MACHINE_BATCH >= 300);
+    assert!(!err.is_refusal(), "something was added: {err}");
+    let left = 1000 - added.len();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "state database error: injected failure; {} of the 1000 machines were added (`1` to `{}`): add the other {left} (`-n {left}`)",
+            added.len(),
+            added.len()
+        )
+    );
+    let machines = e.st.machines().unwrap();
+    assert_eq!(machines.len(), 1 + added.len());
+    // Retrying what the error says finishes the request.
+    clear_failure(&e);
+    e.st.add_machines(left, None, None).unwrap();
+    assert_eq!(e.st.machines().unwrap().len(), 1001);
+}
+
+#[test]
+fn units_added_before_a_failed_batch_are_whole_and_the_error_says_what_is_left() {
+    let e = env();
+    fail_machine_insert(&e, 200);
+    let err =
+        e.st.deploy(&deploy_args(WORDPRESS, "wordpress", 500))
+            .unwrap_err();
+    let Error::Incomplete { added, .. } = &err else {
+        panic!("{err}");
+    };
+    let n = added.len();
+    assert!(n > 0 && n < 200, "{err}");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "state database error: injected failure; {n} of the 500 units were added (`wordpress/0` to `wordpress/{}`): add the other {} (`-n {}`)",
+            n - 1,
+            500 - n,
+            500 - n
+        )
+    );
+    let svc = e.st.service("wordpress").unwrap();
+    assert_eq!(svc.unit_count as usize, n);
+    assert_eq!(e.st.units_of("wordpress").unwrap().len(), n);
+    clear_failure(&e);
+    e.st.add_units("wordpress", 500 - n, None).unwrap();
+    assert_eq!(e.st.service("wordpress").unwrap().unit_count, 500);
+}
+
+#[test]
+fn preparing_many_machines_for_provisioning_keeps_every_transaction_bounded() {
+    let e = env();
+    let ids = e.st.add_machines(2000, None, None).unwrap();
+    e.st.reset_stats();
+    let prepared = e.st.prepare_provisioning(&ids, UUID).unwrap();
+    assert_eq!(prepared.len(), 2000);
+    let stats = e.st.stats();
+    assert!(stats.max_transaction_rows <= BOUND, "{stats:?}");
+    // Every machine has its nonce committed; preparing again reuses them.
+    let again = e.st.prepare_provisioning(&ids, UUID).unwrap();
+    assert_eq!(again, prepared);
+    e.st.reset_stats();
+    let started: Vec<Started> = prepared
+        .iter()
+        .map(|p| Started {
+            machine: p.machine,
+            nonce: p.nonce.clone(),
+            instance_id: format!("i-{}", p.machine),
+            zone: None,
+            hardware: String::new(),
+        })
+        .collect();
+    let recorded = e.st.record_instances(&started).unwrap();
+    assert_eq!(recorded.len(), 2000);
+    let stats = e.st.stats();
+    assert!(stats.max_transaction_rows <= BOUND, "{stats:?}");
+    assert!(e
+        .st
+        .machines()
+        .unwrap()
+        .iter()
+        .all(|m| m.id == 0 || m.status == machine_status::STARTED));
+}
+
+#[test]
+fn retry_provisioning_all_survives_a_machine_resolved_meanwhile() {
+    let e = env();
+    let ids = e.st.add_machines(3, None, None).unwrap();
+    for &id in &ids {
+        e.st.set_machine_status(id, machine_status::ERROR, "no capacity")
+            .unwrap();
+    }
+    // Another client resolves machine ids[1] while `retry-provisioning
+    // --all` runs: it holds the write lock from before `--all` looks until
+    // after, and commits while `--all` waits for the lock.
+    let other = Store::open_with(e.st.path(), Durability::Relaxed).unwrap();
+    let racer = ids[1];
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let other = std::thread::spawn(move || {
+        other
+            .write(|tx| {
+                crate::machines::resolve_in(tx, racer, None)?;
+                let _ = locked_tx.send(());
+                // Long enough for `--all` to read its list if it reads
+                // outside its write transaction; the busy timeout (5 s)
+                // outlasts it. (Ordering, not timing, is under test.)
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                Ok(())
+            })
+            .unwrap();
+    });
+    locked_rx.recv().unwrap();
+    let retried = e.st.retry_all_provisioning().unwrap();
+    other.join().unwrap();
+    assert_eq!(retried, vec![ids[0], ids[2]]);
+    for id in ids {
+        assert_eq!(e.st.machine(id).unwrap().status, machine_status::PENDING);
+    }
+}
+
+#[test]
+fn retry_provisioning_all_works_in_bounded_batches() {
+    let e = env();
+    let ids = e.st.add_machines(1500, None, None).unwrap();
+    for &id in &ids {
+        e.st.set_machine_status(id, machine_status::ERROR, "no capacity")
+            .unwrap();
+    }
+    e.st.reset_stats();
+    assert_eq!(e.st.retry_all_provisioning().unwrap(), ids);
+    let stats = e.st.stats();
+    assert!(stats.max_transaction_rows <= BOUND, "{stats:?}");
+    assert!(e.st.machines_in_error().unwrap().is_empty());
+    // Nothing in error: nothing to do, and no error.
+    assert_eq!(e.st.retry_all_provisioning().unwrap(), Vec::<i64>::new());
+}
+
+#[test]
+fn series_jujube_does_not_know_are_refused_unless_the_environment_adds_them() {
+    let e = env();
+    let err = e.refused(|s| s.add_machines(1, Some("nosuch"), None));
+    assert!(
+        matches!(&err, Error::Model(jujube_core::Error::UnknownSeries(s)) if s == "nosuch"),
+        "{err}"
+    );
+    let mut args = deploy_args(MYSQL, "mysql", 1);
+    args.series = "nosuch".into();
+    e.refused(|s| s.deploy(&args));
+    e.st.add_machines(1, Some("noble"), None).unwrap();
+    // An environment may know more.
+    e.st.set_environment_config(&[("extra-series".into(), "nosuch, other".into())])
+        .unwrap();
+    e.st.add_machines(1, Some("nosuch"), None).unwrap();
+    e.st.deploy(&args).unwrap();
+    assert_eq!(e.st.service("mysql").unwrap().series, "nosuch");
+    // Its value is a list of series names.
+    let err =
+        e.refused(|s| s.set_environment_config(&[("extra-series".into(), "ok,Not OK".into())]));
+    assert!(
+        matches!(err, Error::Model(jujube_core::Error::InvalidSeries(_))),
+        "{err}"
+    );
+}
+
+#[test]
+fn bootstrap_refuses_an_unknown_default_series_unless_its_config_adds_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = Store::open_with(dir.path().join("state.db"), Durability::Relaxed).unwrap();
+    let mut spec = EnvironmentSpec {
+        name: "test".into(),
+        uuid: UUID.into(),
+        provider: "dummy".into(),
+        default_series: "nosuch".into(),
+        constraints: Constraints::default(),
+        config: Default::default(),
+    };
+    assert!(matches!(
+        st.initialize(&spec),
+        Err(Error::Model(jujube_core::Error::UnknownSeries(_)))
+    ));
+    spec.config.insert("extra-series".into(), "nosuch".into());
+    st.initialize(&spec).unwrap();
+    assert_eq!(st.machine(0).unwrap().series, "nosuch");
+}
+
+#[test]
+fn machine_constraints_fill_unset_keys_from_the_environment_at_creation() {
+    let e = env_with("mem=4G cores=2 arch=amd64");
+    let cons = Constraints::parse("cores=8 arch=").unwrap();
+    let m = e.st.add_machines(1, None, Some(&cons)).unwrap()[0];
+    // `cores` from the command, `mem` from the environment, and `arch=`
+    // hides the environment's arch.
+    assert_eq!(
+        e.st.machine(m).unwrap().constraints.to_string(),
+        "cores=8 mem=4G"
+    );
+    // Captured at creation: later environment changes do not reach it.
+    e.st.set_environment_constraints(&Constraints::parse("mem=16G").unwrap())
+        .unwrap();
+    assert_eq!(
+        e.st.machine(m).unwrap().constraints.to_string(),
+        "cores=8 mem=4G"
+    );
+    let plain = e.st.add_machines(1, None, None).unwrap()[0];
+    assert_eq!(
+        e.st.machine(plain).unwrap().constraints.to_string(),
+        "mem=16G"
+    );
+}
