@@ -8,8 +8,9 @@
 //!    cloud (nonces, starts, recorded instances);
 //! 3. `destroy-service`, and the cleaner until every unit is removed;
 //! 4. `destroy-machine` of every machine (100 ids per command, as a user
-//!    would type them), and the provisioner until every instance is stopped
-//!    and every machine removed.
+//!    would type them), each machine's agent setting it Dead (group-committed
+//!    as the agents' writer does), and the provisioner until every instance
+//!    is stopped and every machine removed.
 //!
 //! The store is a real SQLite file at full durability (every commit is
 //! fsynced), as in an environment; the goal is no transaction above 1,000
@@ -22,7 +23,7 @@ use jujube_providers::dummy::DummyProvider;
 use jujube_provisioner::Provisioner;
 use jujube_state::environment::EnvironmentSpec;
 use jujube_state::services::DeployArgs;
-use jujube_state::{Charm, Store};
+use jujube_state::{AgentOp, Caller, Charm, Store};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -153,6 +154,23 @@ fn main() {
                 .collect();
             for chunk in ids.chunks(100) {
                 st.destroy_machines(chunk).unwrap();
+            }
+            // Each machine's agent sets its Dying machine Dead; agents'
+            // writes are group-committed 64 to a transaction, as the
+            // in-process facade's writer does.
+            let dead: Vec<(Caller, AgentOp)> = ids
+                .iter()
+                .map(|&id| {
+                    (
+                        Caller::Machine(id),
+                        AgentOp::EnsureDeadMachine { machine: id },
+                    )
+                })
+                .collect();
+            for chunk in dead.chunks(64) {
+                for r in st.apply_batch(chunk).unwrap() {
+                    r.unwrap();
+                }
             }
             rt.block_on(async {
                 loop {
