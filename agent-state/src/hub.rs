@@ -393,11 +393,14 @@ struct RelationRoute {
     services: Vec<String>,
 }
 
+/// A service as the hub last saw it: life, settings version, endpoints.
+type ServiceSeen = (Life, i64, Vec<(String, String)>);
+
 /// What the hub remembers to compare against.
 struct Known {
     units: HashMap<String, UnitRoute>,
     relations: HashMap<i64, RelationRoute>,
-    services: HashMap<String, (Life, i64, Vec<(String, String)>)>,
+    services: HashMap<String, ServiceSeen>,
     machines: HashMap<i64, (Life, bool)>,
 }
 

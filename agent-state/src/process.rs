@@ -167,10 +167,8 @@ fn running_agent(dir: &std::path::Path) -> Option<u32> {
         .ok()?;
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-    let ours = args.iter().any(|a| *a == b"agent")
-        && args
-            .iter()
-            .any(|a| *a == dir.as_os_str().as_encoded_bytes());
+    let ours =
+        args.contains(&b"agent".as_slice()) && args.contains(&dir.as_os_str().as_encoded_bytes());
     ours.then_some(pid)
 }
 

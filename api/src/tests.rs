@@ -504,9 +504,7 @@ async fn a_watch_notices_changes_and_resumes_across_a_server_restart() {
     let head = w.store.head_revision().unwrap();
     w.store.add_units("wordpress", 1, Some(m1)).unwrap();
     assert!(w.store.head_revision().unwrap() > head);
-    let mut only_unix = Limits::default();
-    only_unix.idle_timeout = Duration::from_secs(300);
-    w.start(only_unix).await;
+    w.start(Limits::default()).await;
     let missed = next(&mut notices).await;
     assert!(
         missed.revision > first.revision,

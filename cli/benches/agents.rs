@@ -108,7 +108,6 @@ fn main() {
         started.as_secs_f64(),
         peak_rss_mb(pid)
     );
-    let start = Instant::now();
     jujube(home.path(), &["destroy-service", "big"]);
     let removed = until("the service's removal", limit, || {
         count(&db, "SELECT count(*) FROM units") == 0
