@@ -654,3 +654,51 @@ async fn a_watch_resumed_before_its_first_notice_misses_nothing() {
     assert!(!n.resync);
     assert_eq!(api.machine(m1).await.unwrap().units.len(), 2);
 }
+
+/// A watch resumed after the feed was pruned past its revision is told to
+/// resync (re-read everything), not given a partial picture.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_resumed_past_the_pruned_feed_is_told_to_resync() {
+    let mut w = World::new().await;
+    let m1 = w.machine_of("wordpress/0");
+    let api = w.remote(&w.machine_conf(m1));
+    let mut notices = api.watch(WatchTarget::Machine(m1)).await.unwrap();
+    w.server = None;
+    // Changes while the server is down, then the feed pruned to the last
+    // one: the revision the client holds is gone.
+    w.store.add_units("wordpress", 1, Some(m1)).unwrap();
+    w.store.add_units("mysql", 1, None).unwrap();
+    w.store.prune_changes(1, 10_000).unwrap();
+    w.start(Limits::default()).await;
+    let n = next(&mut notices).await;
+    assert!(n.resync, "{n:?}");
+    assert_eq!(api.machine(m1).await.unwrap().units.len(), 2);
+}
+
+/// A slow reader: a watch nobody reads while thousands of changes happen
+/// holds one pending notice, and the next read gets the latest revision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_nobody_reads_holds_one_notice_not_a_backlog() {
+    let w = World::new().await;
+    let m1 = w.machine_of("wordpress/0");
+    let api = w.remote(&w.machine_conf(m1));
+    let mut notices = api.watch(WatchTarget::Machine(m1)).await.unwrap();
+    for _ in 0..300 {
+        // Each a change its agent sees: a unit assigned to its machine.
+        w.store.add_units("wordpress", 1, Some(m1)).unwrap();
+    }
+    let head = w.store.head_revision().unwrap();
+    // Coalesced: at most a couple of notices are pending, the last one at
+    // (or near) the head; never 300.
+    let mut seen = vec![next(&mut notices).await];
+    while let Ok(Some(n)) = tokio::time::timeout(
+        Duration::from_millis(300),
+        futures_util::StreamExt::next(&mut notices),
+    )
+    .await
+    {
+        seen.push(n);
+    }
+    assert!(seen.len() <= 3, "{} notices for 300 changes", seen.len());
+    assert_eq!(seen.last().unwrap().revision, head);
+}

@@ -235,3 +235,63 @@ fn a_controller_killed_mid_destroy_of_a_subordinate_relation_resumes_it() {
         assert_eq!(unit(&st, "wordpress", u)["agent-status"], "started");
     }
 }
+
+/// An agent process killed with -9 is restarted by its controller and
+/// resumes where it stopped: what it deployed stays deployed (not deployed
+/// again), and it carries on with the lifecycle.
+#[test]
+fn an_agent_process_killed_and_restarted_resumes_without_redoing_its_work() {
+    use std::os::unix::fs::MetadataExt;
+    let j = Jujube::new();
+    j.run(&["bootstrap", "t"]).ok();
+    j.run(&["set-environment", "dummy-agents=process"]).ok();
+    j.run(&["deploy", &j.charm("wordpress")]).ok();
+    j.run(&["deploy", &j.charm("mysql")]).ok();
+    j.run(&["add-relation", "wordpress", "mysql"]).ok();
+    let ctl = j.controller();
+    j.run(&["wait", "--timeout", "60s"]).ok();
+    let unit_dir = j
+        .home
+        .path()
+        .join("environments/t/agents/machine-1/unit-wordpress-0");
+    let inode = std::fs::metadata(&unit_dir).unwrap().ino();
+    let charm_mtime = std::fs::metadata(unit_dir.join("charm/metadata.yaml"))
+        .unwrap()
+        .mtime_nsec();
+    let pid = agent_pid(&j, "1").expect("machine 1's agent process");
+    // SAFETY: kill(2) on the agent process this test's controller started.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    let mut restarted = None;
+    for _ in 0..200 {
+        match agent_pid(&j, "1") {
+            Some(p) if p != pid => {
+                restarted = Some(p);
+                break;
+            }
+            _ => std::thread::sleep(std::time::Duration::from_millis(50)),
+        }
+    }
+    assert!(restarted.is_some(), "the controller restarts a dead agent");
+    j.run(&["wait", "--timeout", "60s"]).ok();
+    assert_eq!(
+        std::fs::metadata(&unit_dir).unwrap().ino(),
+        inode,
+        "not deployed again"
+    );
+    assert_eq!(
+        std::fs::metadata(unit_dir.join("charm/metadata.yaml"))
+            .unwrap()
+            .mtime_nsec(),
+        charm_mtime
+    );
+    assert_eq!(
+        unit(&j.status(), "wordpress", "wordpress/0")["agent-status"],
+        "started"
+    );
+    // And it goes on with the lifecycle.
+    j.run(&["destroy-service", "wordpress"]).ok();
+    j.run(&["wait", "--timeout", "60s"]).ok();
+    assert!(j.status()["services"].get("wordpress").is_none());
+    assert!(!unit_dir.exists());
+    assert_eq!(ctl.terminate().code(), Some(0));
+}
