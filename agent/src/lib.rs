@@ -23,6 +23,7 @@
 
 pub mod api;
 pub mod deployer;
+pub mod hooks;
 pub mod machine;
 pub mod remote;
 pub mod unit;
@@ -66,6 +67,11 @@ pub enum Step {
 pub trait Agent: Send {
     fn api(&self) -> &Arc<dyn Facade>;
     fn target(&self) -> WatchTarget;
+    /// Everything the agent watches; it is resubscribed whenever this
+    /// changes after a pass (a unit agent watches the scopes it is in).
+    fn targets(&self) -> Vec<WatchTarget> {
+        vec![self.target()]
+    }
     async fn step(&mut self) -> Result<Step>;
     /// Reports a failed pass (best effort).
     async fn failed(&mut self, message: &str);
@@ -82,10 +88,10 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 /// in the agent's status and retried with exponential backoff (a notice
 /// also retries it at once).
 pub async fn run_loop<A: Agent>(mut agent: A, mut stop: watch::Receiver<bool>) {
-    let target = agent.target();
     let mut retry = RETRY_MIN;
+    let mut watching = agent.targets();
     let mut notices = loop {
-        match agent.api().watch(target.clone()).await {
+        match subscribe(&agent, &watching).await {
             Ok(n) => break n,
             // The entity is gone (or was never the agent's): nothing to do.
             Err(e) if e.is_unauthorized() => {
@@ -128,6 +134,21 @@ pub async fn run_loop<A: Agent>(mut agent: A, mut stop: watch::Receiver<bool>) {
                 Some(wait)
             }
         };
+        let wanted = agent.targets();
+        if wanted != watching {
+            // Subscribed before the next pass reads, so nothing falls
+            // between; a refused scope (left meanwhile) is dropped.
+            match subscribe(&agent, &wanted).await {
+                Ok(n) => {
+                    notices = n;
+                    watching = wanted;
+                    continue;
+                }
+                Err(e) => {
+                    debug!(agent = %agent.api().tag(), error = %e, "cannot watch the new targets yet")
+                }
+            }
+        }
         let sleep = async {
             match wait {
                 Some(d) => tokio::time::sleep(d).await,
@@ -141,4 +162,24 @@ pub async fn run_loop<A: Agent>(mut agent: A, mut stop: watch::Receiver<bool>) {
         }
     }
     agent.finish().await;
+}
+
+/// One stream of notices for all of `targets`; the first target (the
+/// agent's own entity) must be watchable, the others are best effort.
+async fn subscribe<A: Agent>(
+    agent: &A,
+    targets: &[WatchTarget],
+) -> std::result::Result<api::NoticeStream, ApiError> {
+    let mut streams = Vec::with_capacity(targets.len());
+    for (i, t) in targets.iter().enumerate() {
+        match agent.api().watch(t.clone()).await {
+            Ok(s) => streams.push(s),
+            Err(e) if i == 0 => return Err(e),
+            Err(e) => debug!(agent = %agent.api().tag(), error = %e, target = ?t, "not watched"),
+        }
+    }
+    if streams.len() == 1 {
+        return Ok(streams.pop().expect("one"));
+    }
+    Ok(Box::pin(futures_util::stream::select_all(streams)))
 }

@@ -22,10 +22,14 @@ use crate::api::{
     AgentStatus, ApiError, Connector, ErrorCode, Facade, RelationView, UnitView, WatchTarget,
 };
 use crate::deployer::{unit_dir_name, Deployer};
+use crate::hooks::context::{HookContext, ToolServer};
+use crate::hooks::runner::{self, Hook, Outcome};
+use crate::hooks::state::{digest, HookState, RelationState};
 use crate::{run_loop, Agent, Result, Step};
 use futures_util::future::BoxFuture;
 use jujube_core::charm::Scope;
 use jujube_core::Life;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::sync::watch;
@@ -39,6 +43,12 @@ pub struct UnitAgent {
     /// Opened on the first pass (the directory scan is the agent's own work).
     deployer: Option<Deployer>,
     reported: Option<(AgentStatus, String)>,
+    /// What hooks have run (loaded on the first pass, saved after each).
+    hooks: Option<HookState>,
+    tools: Option<ToolServer>,
+    /// Relations whose scope it is in: watched for members and settings.
+    scopes: Vec<i64>,
+    contexts: u64,
 }
 
 /// True when the unit must become Dying by its own agent's hand.
@@ -93,6 +103,10 @@ impl UnitAgent {
             machine_dir,
             deployer: None,
             reported: None,
+            hooks: None,
+            tools: None,
+            scopes: Vec::new(),
+            contexts: 0,
         }
     }
 
@@ -120,6 +134,247 @@ impl UnitAgent {
         Ok(())
     }
 
+    /// The unit's log (its hooks' output and `juju-log`), beside its
+    /// directory so that it outlives the unit's recall:
+    /// `<machine dir>/logs/unit-svc-N.log`.
+    pub fn log_path(&self) -> PathBuf {
+        self.machine_dir
+            .join("logs")
+            .join(format!("{}.log", unit_dir_name(&self.name)))
+    }
+
+    /// Whether this unit has a charm to run hooks from (a deployed unit).
+    fn has_charm(&self) -> bool {
+        self.dir().join("charm").is_dir()
+    }
+
+    fn hook_state(&mut self) -> &mut HookState {
+        let dir = self.dir();
+        self.hooks.get_or_insert_with(|| HookState::load(&dir))
+    }
+
+    fn save_hooks(&mut self) -> Result<()> {
+        let dir = self.dir();
+        if let Some(h) = &self.hooks {
+            h.save(&dir).map_err(|source| crate::Error::Io {
+                action: "write",
+                path: HookState::path(&dir),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Runs one hook (one at a time: the agent's pass awaits it). `Ok(true)`
+    /// when it succeeded or the charm has no such hook; `Ok(false)` when it
+    /// failed: the unit is then in error and holds until resolved.
+    async fn run_hook(&mut self, relations: &BTreeMap<i64, String>, hook: Hook) -> Result<bool> {
+        if !self.has_charm() {
+            return Ok(true);
+        }
+        let dir = self.dir();
+        if self.tools.is_none() {
+            let mut socket = dir.join("agent.socket");
+            if socket.as_os_str().len() > 100 {
+                // A unix socket path is limited to 107 bytes.
+                socket = std::env::temp_dir().join(format!("jujube-{}.socket", digest(&socket)));
+            }
+            self.tools = Some(
+                ToolServer::start(&socket).map_err(|source| crate::Error::Io {
+                    action: "listen on",
+                    path: socket.clone(),
+                    source,
+                })?,
+            );
+        }
+        self.contexts += 1;
+        let id = format!("{}-{}-{}", self.name, hook.name, self.contexts);
+        self.hook_state().running = Some(hook.name.clone());
+        self.save_hooks()?;
+        let ctx = Arc::new(HookContext::new(
+            id.clone(),
+            &self.name,
+            hook.relation.clone(),
+            hook.remote.clone(),
+            relations.clone(),
+            self.api.clone(),
+            self.log_path(),
+        ));
+        let tools = self.tools.as_ref().expect("just started");
+        tools.set(Some(ctx.clone())).await;
+        let socket = tools.path.clone();
+        let log = self.log_path();
+        let outcome = runner::run(&dir, &log, &self.name, &id, &socket, &hook).await;
+        tools.set(None).await;
+        match outcome {
+            Outcome::Missing | Outcome::Succeeded => {
+                // The hook's relation-sets, now that it succeeded.
+                let pending = std::mem::take(&mut *ctx.pending.lock().await);
+                for (rel, changes) in pending {
+                    self.api
+                        .update_relation_settings(rel, &self.name, changes.into_iter().collect())
+                        .await?;
+                }
+                if outcome == Outcome::Succeeded {
+                    debug!(unit = %self.name, hook = %hook.name, "hook ran");
+                }
+                self.hook_state().running = None;
+                self.save_hooks()?;
+                Ok(true)
+            }
+            Outcome::Failed(message) => {
+                let h = self.hook_state();
+                h.running = None;
+                h.failed = Some(hook.name.clone());
+                self.save_hooks()?;
+                self.report(AgentStatus::Error, &message).await?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// install, config-changed, start — once, in that order — and
+    /// config-changed again whenever the service's settings change.
+    /// `Ok(false)`: a hook failed.
+    async fn unit_hooks(
+        &mut self,
+        view: &UnitView,
+        relations: &BTreeMap<i64, String>,
+    ) -> Result<bool> {
+        if !self.has_charm() {
+            return Ok(true);
+        }
+        let config = digest(&self.api.service_config(&view.service).await?);
+        if !self.hook_state().installed {
+            if !self.run_hook(relations, Hook::unit("install")).await? {
+                return Ok(false);
+            }
+            self.hook_state().installed = true;
+            self.save_hooks()?;
+        }
+        if self.hook_state().config.as_deref() != Some(config.as_str()) {
+            if !self
+                .run_hook(relations, Hook::unit("config-changed"))
+                .await?
+            {
+                return Ok(false);
+            }
+            self.hook_state().config = Some(config);
+            self.save_hooks()?;
+        }
+        if !self.hook_state().started {
+            if !self.run_hook(relations, Hook::unit("start")).await? {
+                return Ok(false);
+            }
+            self.hook_state().started = true;
+            self.save_hooks()?;
+        }
+        Ok(true)
+    }
+
+    /// Brings the relation hooks of `rel` up to date with its scope:
+    /// `-departed` for units gone, `-joined` then `-changed` for units new,
+    /// `-changed` for units whose settings changed.
+    async fn relation_hooks(
+        &mut self,
+        rel: &RelationView,
+        name: &str,
+        relations: &BTreeMap<i64, String>,
+    ) -> Result<bool> {
+        let mut remote = self.api.scope_units(rel.id, &self.name).await?;
+        remote.sort();
+        let known = self
+            .hook_state()
+            .relations
+            .entry(rel.id)
+            .or_insert_with(|| RelationState {
+                name: name.to_string(),
+                joined: BTreeMap::new(),
+            })
+            .joined
+            .clone();
+        for gone in known.keys().filter(|u| !remote.contains(u)) {
+            if !self
+                .run_hook(
+                    relations,
+                    Hook::relation(rel.id, name, "departed", Some(gone)),
+                )
+                .await?
+            {
+                return Ok(false);
+            }
+            self.relation_state(rel.id).joined.remove(gone);
+            self.save_hooks()?;
+        }
+        for u in &remote {
+            let settings = digest(&self.api.relation_settings(rel.id, u).await?);
+            let seen = known.get(u);
+            if seen.is_none() {
+                if !self
+                    .run_hook(relations, Hook::relation(rel.id, name, "joined", Some(u)))
+                    .await?
+                {
+                    return Ok(false);
+                }
+            }
+            if seen != Some(&settings) {
+                if !self
+                    .run_hook(relations, Hook::relation(rel.id, name, "changed", Some(u)))
+                    .await?
+                {
+                    return Ok(false);
+                }
+                self.relation_state(rel.id)
+                    .joined
+                    .insert(u.clone(), settings);
+                self.save_hooks()?;
+            }
+        }
+        Ok(true)
+    }
+
+    fn relation_state(&mut self, id: i64) -> &mut RelationState {
+        self.hook_state().relations.entry(id).or_default()
+    }
+
+    /// Before leaving a scope: `-departed` for every remote unit, then
+    /// `-broken`, once.
+    async fn break_relation(
+        &mut self,
+        rel: &RelationView,
+        name: &str,
+        relations: &BTreeMap<i64, String>,
+    ) -> Result<bool> {
+        if !self.has_charm() {
+            return Ok(true);
+        }
+        let Some(state) = self.hook_state().relations.get(&rel.id).cloned() else {
+            return Ok(true);
+        };
+        for gone in state.joined.keys() {
+            if !self
+                .run_hook(
+                    relations,
+                    Hook::relation(rel.id, name, "departed", Some(gone)),
+                )
+                .await?
+            {
+                return Ok(false);
+            }
+            self.relation_state(rel.id).joined.remove(gone);
+            self.save_hooks()?;
+        }
+        if !self
+            .run_hook(relations, Hook::relation(rel.id, name, "broken", None))
+            .await?
+        {
+            return Ok(false);
+        }
+        self.hook_state().relations.remove(&rel.id);
+        self.save_hooks()?;
+        Ok(true)
+    }
+
     fn deployer(&mut self) -> Result<&mut Deployer> {
         if self.deployer.is_none() {
             let mut d = Deployer::open(
@@ -143,6 +398,15 @@ impl Agent for UnitAgent {
         WatchTarget::Unit(self.name.clone())
     }
 
+    fn targets(&self) -> Vec<WatchTarget> {
+        let mut t = vec![self.target()];
+        t.extend(self.scopes.iter().map(|&relation| WatchTarget::Scope {
+            relation,
+            unit: self.name.clone(),
+        }));
+        t
+    }
+
     async fn step(&mut self) -> Result<Step> {
         let view = match self.api.unit(&self.name).await {
             Ok(v) => v,
@@ -150,18 +414,61 @@ impl Agent for UnitAgent {
             Err(e) if e.is_unauthorized() => return Ok(Step::Done),
             Err(e) => return Err(e.into()),
         };
+        // A failed hook holds the unit, whatever its life, until resolved.
+        if let Some(failed) = self.hook_state().failed.clone() {
+            self.report(AgentStatus::Error, &format!("hook failed: \"{failed}\""))
+                .await?;
+            return Ok(Step::Idle);
+        }
+        let side = |rel: &RelationView| {
+            rel.endpoints
+                .iter()
+                .find(|e| e.service == view.service)
+                .map(|e| e.relation.clone())
+                .unwrap_or_default()
+        };
+        let in_scope: BTreeMap<i64, String> = view
+            .relations
+            .iter()
+            .filter(|r| r.in_scope)
+            .map(|r| (r.id, side(r)))
+            .collect();
+        self.scopes = in_scope.keys().copied().collect();
         let mut acted = false;
         match view.life {
             Life::Dead => return Ok(Step::Done),
             Life::Alive => {
+                if !self.unit_hooks(&view, &in_scope).await? {
+                    return Ok(Step::Idle);
+                }
                 self.report(AgentStatus::Started, "").await?;
                 if abandoned(&view) && went_through(self.api.ensure_dying_unit(&self.name).await)? {
                     return Ok(Step::Again);
                 }
                 for rel in &view.relations {
                     if rel.life == Life::Alive && !rel.in_scope && belongs_in(&view, rel) {
-                        acted |= went_through(self.api.enter_scope(rel.id, &self.name).await)?;
+                        if went_through(self.api.enter_scope(rel.id, &self.name).await)? {
+                            acted = true;
+                            // Its address first, so that the other side's
+                            // -joined/-changed can read it.
+                            let _ = went_through(
+                                self.api
+                                    .update_relation_settings(
+                                        rel.id,
+                                        &self.name,
+                                        vec![("private-address".into(), Some("127.0.0.1".into()))],
+                                    )
+                                    .await,
+                            )?;
+                        }
+                    } else if rel.life == Life::Alive && rel.in_scope {
+                        if !self.relation_hooks(rel, &side(rel), &in_scope).await? {
+                            return Ok(Step::Idle);
+                        }
                     } else if rel.life != Life::Alive && rel.in_scope {
+                        if !self.break_relation(rel, &side(rel), &in_scope).await? {
+                            return Ok(Step::Idle);
+                        }
                         acted |= went_through(self.api.leave_scope(rel.id, &self.name).await)?;
                     }
                 }
@@ -170,16 +477,26 @@ impl Agent for UnitAgent {
             Life::Dying => {
                 self.report(AgentStatus::Dying, "").await?;
                 for rel in view.relations.iter().filter(|r| r.in_scope) {
+                    if !self.break_relation(rel, &side(rel), &in_scope).await? {
+                        return Ok(Step::Idle);
+                    }
                     acted |= went_through(self.api.leave_scope(rel.id, &self.name).await)?;
                 }
                 acted |= self.deployer()?.reconcile(&view.subordinates).await?;
                 let in_scope = view.relations.iter().any(|r| r.in_scope);
-                if !acted
-                    && !in_scope
-                    && view.subordinates.is_empty()
-                    && went_through(self.api.ensure_dead_unit(&self.name).await)?
-                {
-                    return Ok(Step::Done);
+                if !acted && !in_scope && view.subordinates.is_empty() {
+                    // stop last: after every relation is broken.
+                    if self.has_charm() && self.hook_state().installed && !self.hook_state().stopped
+                    {
+                        if !self.run_hook(&BTreeMap::new(), Hook::unit("stop")).await? {
+                            return Ok(Step::Idle);
+                        }
+                        self.hook_state().stopped = true;
+                        self.save_hooks()?;
+                    }
+                    if went_through(self.api.ensure_dead_unit(&self.name).await)? {
+                        return Ok(Step::Done);
+                    }
                 }
             }
         }
@@ -194,5 +511,6 @@ impl Agent for UnitAgent {
         if let Some(d) = self.deployer.as_mut() {
             d.stop().await;
         }
+        self.tools = None;
     }
 }

@@ -46,6 +46,11 @@ pub async fn run(data_dir: &Path) -> Result<()> {
             data_dir.display()
         ));
     }
+    jujube_agent::hooks::runner::set_environment(jujube_agent::hooks::runner::Environment {
+        name: conf.env_name.clone(),
+        api_addresses: conf.api_addresses.clone(),
+        exe: std::env::current_exe().ok(),
+    });
     let api = Arc::new(Remote::new(&conf).map_err(|e| anyhow!("{e}"))?);
     let creds = data_dir.join("credentials");
     std::fs::create_dir_all(&creds)

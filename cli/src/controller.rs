@@ -273,6 +273,11 @@ pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
     // instance, in this process, deploying under the environment's data
     // dir, until agents run on the machines themselves.
     let api = start_api(home, env_name, &store).await?;
+    jujube_agent::hooks::runner::set_environment(jujube_agent::hooks::runner::Environment {
+        name: env_name.to_string(),
+        api_addresses: api.addresses(),
+        exe: std::env::current_exe().ok(),
+    });
     let mode = agent_mode(home, env_name, &store, &api)?;
     let agents = jujube_agent_state::Host::start_with(
         store.clone(),

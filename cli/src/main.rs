@@ -15,6 +15,7 @@ mod agent;
 mod charm;
 mod controller;
 mod home;
+mod hooktool;
 mod progress;
 mod render;
 
@@ -319,6 +320,11 @@ fn limit_malloc_arenas() {
 fn limit_malloc_arenas() {}
 
 fn main() -> ExitCode {
+    // Run under a hook tool's name: be that tool.
+    let mut argv = std::env::args();
+    if let Some(tool) = argv.next().as_deref().and_then(hooktool::tool_name) {
+        return hooktool::run(tool, argv.collect());
+    }
     limit_malloc_arenas();
     let cli = Cli::parse();
     match run(cli) {

@@ -1,0 +1,165 @@
+//! The hook context a running hook's tools talk to, and the unit agent's
+//! socket they reach it through.
+//!
+//! One hook runs at a time per unit, so the socket serves at most one
+//! context; a tool naming another context id (a stale one, or a process
+//! left over from an earlier hook) is refused. Reads are cached for the
+//! hook's life: the first answer is the answer, whatever changes meanwhile
+//! (the spec's sandbox). `relation-set` goes to a buffer that the unit agent
+//! writes through the facade only when the hook exits 0.
+
+use crate::api::Facade;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::Mutex;
+
+/// One tool invocation, as the tool client sends it (one JSON line).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Request {
+    pub context_id: String,
+    pub tool: String,
+    pub args: Vec<String>,
+}
+
+/// What the tool prints and exits with.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Output {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Output {
+    pub fn ok(stdout: impl Into<String>) -> Output {
+        Output {
+            code: 0,
+            stdout: stdout.into(),
+            stderr: String::new(),
+        }
+    }
+
+    pub fn fail(code: i32, message: impl Into<String>) -> Output {
+        Output {
+            code,
+            stdout: String::new(),
+            stderr: format!("error: {}\n", message.into()),
+        }
+    }
+}
+
+/// Everything a hook's tools may see and do, for one hook run.
+pub struct HookContext {
+    pub id: String,
+    pub unit: String,
+    /// The relation the hook is about (`id`, this side's relation name).
+    pub relation: Option<(i64, String)>,
+    pub remote: Option<String>,
+    /// Relations whose scope the unit is in: id → this side's name.
+    pub relations: BTreeMap<i64, String>,
+    pub api: Arc<dyn Facade>,
+    pub log: PathBuf,
+    pub(crate) settings: Mutex<HashMap<(i64, String), BTreeMap<String, String>>>,
+    pub(crate) members: Mutex<HashMap<i64, Vec<String>>>,
+    pub(crate) config: Mutex<Option<BTreeMap<String, serde_json::Value>>>,
+    /// `relation-set`s of this hook, per relation, written on success.
+    pub pending: Mutex<BTreeMap<i64, BTreeMap<String, Option<String>>>>,
+}
+
+impl HookContext {
+    pub fn new(
+        id: String,
+        unit: &str,
+        relation: Option<(i64, String)>,
+        remote: Option<String>,
+        relations: BTreeMap<i64, String>,
+        api: Arc<dyn Facade>,
+        log: PathBuf,
+    ) -> HookContext {
+        HookContext {
+            id,
+            unit: unit.to_string(),
+            relation,
+            remote,
+            relations,
+            api,
+            log,
+            settings: Mutex::default(),
+            members: Mutex::default(),
+            config: Mutex::default(),
+            pending: Mutex::default(),
+        }
+    }
+}
+
+/// The unit agent's tool socket.
+pub struct ToolServer {
+    pub path: PathBuf,
+    current: Arc<Mutex<Option<Arc<HookContext>>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ToolServer {
+    /// Listens on `path` (a stale socket file is replaced).
+    pub fn start(path: &Path) -> std::io::Result<ToolServer> {
+        let _ = std::fs::remove_file(path);
+        let listener = tokio::net::UnixListener::bind(path)?;
+        let current: Arc<Mutex<Option<Arc<HookContext>>>> = Arc::default();
+        let cur = current.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let cur = cur.clone();
+                tokio::spawn(async move {
+                    let (r, mut w) = stream.into_split();
+                    let mut line = String::new();
+                    // One request per connection, at most 1 MiB.
+                    let mut r = BufReader::new(tokio::io::AsyncReadExt::take(r, 1 << 20));
+                    if r.read_line(&mut line).await.is_err() {
+                        return;
+                    }
+                    let out = match serde_json::from_str::<Request>(&line) {
+                        Err(e) => Output::fail(2, format!("malformed tool request: {e}")),
+                        Ok(req) => {
+                            let ctx = cur.lock().await.clone();
+                            match ctx {
+                                Some(ctx) if ctx.id == req.context_id => {
+                                    super::tools::run(&ctx, &req.tool, &req.args).await
+                                }
+                                _ => Output::fail(
+                                    1,
+                                    format!(
+                                        "context `{}` is not running; hook tools work only while their hook runs",
+                                        req.context_id
+                                    ),
+                                ),
+                            }
+                        }
+                    };
+                    let mut bytes = serde_json::to_vec(&out).expect("plain data");
+                    bytes.push(b'\n');
+                    let _ = w.write_all(&bytes).await;
+                });
+            }
+        });
+        Ok(ToolServer {
+            path: path.to_path_buf(),
+            current,
+            task,
+        })
+    }
+
+    /// Makes `ctx` the context tools reach (`None` between hooks).
+    pub async fn set(&self, ctx: Option<Arc<HookContext>>) {
+        *self.current.lock().await = ctx;
+    }
+}
+
+impl Drop for ToolServer {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}

@@ -1,0 +1,67 @@
+//! The unit agent's hook record (`hooks.json` in the unit's directory).
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// What the unit agent knows of one relation it is in.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RelationState {
+    /// `name` of the relation from this unit's side (`db`).
+    pub name: String,
+    /// Remote units it ran `-joined` for, with the settings (a digest) it
+    /// last ran `-changed` with.
+    pub joined: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HookState {
+    pub installed: bool,
+    pub started: bool,
+    pub stopped: bool,
+    /// Digest of the service settings the last `config-changed` saw.
+    pub config: Option<String>,
+    pub relations: BTreeMap<i64, RelationState>,
+    /// The hook under way; still set when the agent comes back, it failed.
+    pub running: Option<String>,
+    /// A failed hook the unit waits on (`jujube resolved`).
+    pub failed: Option<String>,
+}
+
+impl HookState {
+    pub fn path(unit_dir: &Path) -> PathBuf {
+        unit_dir.join("hooks.json")
+    }
+
+    /// The record, or a fresh one. A hook that was running when the agent
+    /// stopped (killed, crashed) is a failed hook now.
+    pub fn load(unit_dir: &Path) -> HookState {
+        let mut s: HookState = std::fs::read(Self::path(unit_dir))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        if let Some(h) = s.running.take() {
+            s.failed.get_or_insert(h);
+        }
+        s
+    }
+
+    /// Written whole: a temporary file renamed into place.
+    pub fn save(&self, unit_dir: &Path) -> std::io::Result<()> {
+        let path = Self::path(unit_dir);
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(self).expect("plain data"))?;
+        std::fs::rename(&tmp, &path)
+    }
+}
+
+/// A stable digest of settings, to tell whether they changed.
+pub fn digest<T: Serialize>(v: &T) -> String {
+    use sha2::Digest;
+    let bytes = serde_json::to_vec(v).expect("plain data");
+    sha2::Sha256::digest(&bytes)
+        .iter()
+        .take(12)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
