@@ -4,6 +4,7 @@
 
 mod agents;
 mod ec2;
+mod hooks;
 mod input;
 mod lxd;
 mod lxd_direct;
