@@ -354,7 +354,16 @@ impl Facade for InProcess {
                 })
                 .collect(),
             subordinates: c.subordinates.iter().map(unit_ref).collect(),
+            resolved: c.unit.resolved,
         })
+    }
+
+    async fn clear_resolved(&self, unit: &str) -> ApiResult<()> {
+        if !self.is_unit(unit) {
+            return Err(self.denied(format!("clear the resolved mark of unit `{unit}`")));
+        }
+        self.write(AgentOp::ClearResolved { unit: unit.into() })
+            .await
     }
 
     async fn ensure_dying_unit(&self, unit: &str) -> ApiResult<()> {

@@ -260,11 +260,15 @@ impl Hub {
                     life: u.life,
                     machine: u.machine_id,
                     principal: u.principal,
+                    resolved: u.resolved,
                 }),
                 Err(jujube_state::Error::NotFound { .. }) => None,
                 Err(e) => return Err(e),
             };
             let before = known.units.get(name);
+            if before.map(|r| &r.resolved) != now.as_ref().map(|r| &r.resolved) {
+                keys.insert(Key::Unit(name.to_string()));
+            }
             if before.map(|r| r.life) != now.as_ref().map(|r| r.life) {
                 keys.insert(Key::Unit(name.to_string()));
                 for r in before.into_iter().chain(now.as_ref()) {
@@ -385,6 +389,8 @@ struct UnitRoute {
     life: Life,
     machine: Option<i64>,
     principal: Option<String>,
+    /// `jujube resolved`'s mark: the unit's own agent waits for it.
+    resolved: Option<String>,
 }
 
 struct RelationRoute {
@@ -416,6 +422,8 @@ impl Known {
                         life: u.life,
                         machine: u.machine,
                         principal: u.principal,
+                        // Agents read it at start; only changes matter.
+                        resolved: None,
                     },
                 )
             })

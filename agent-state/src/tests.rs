@@ -306,7 +306,7 @@ async fn the_facade_refuses_every_method_outside_the_callers_scope() {
     ] {
         denied(&w, f.set_unit_status(u, st, "").await, b);
     }
-    // unit, ensure_dying_unit: the unit itself only
+    // unit, ensure_dying_unit, clear_resolved: the unit itself only
     for (f, u) in [
         (&m1, "wordpress/0"),
         (&wp, "mysql/0"),
@@ -315,6 +315,7 @@ async fn the_facade_refuses_every_method_outside_the_callers_scope() {
     ] {
         denied(&w, f.unit(u).await, b);
         denied(&w, f.ensure_dying_unit(u).await, b);
+        denied(&w, f.clear_resolved(u).await, b);
     }
     // enter/leave scope, scope units, relation settings: only its own unit,
     // in relations of its own service

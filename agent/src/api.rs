@@ -131,6 +131,10 @@ pub struct UnitView {
     pub principal_service: Option<String>,
     pub relations: Vec<RelationView>,
     pub subordinates: Vec<UnitRef>,
+    /// After `jujube resolved` on a failed hook: `retry-hooks` or
+    /// `no-hooks`, until the agent clears it.
+    #[serde(default)]
+    pub resolved: Option<String>,
 }
 
 impl UnitView {
@@ -245,6 +249,8 @@ pub trait Facade: Send + Sync + 'static {
     /// for a subordinate, no Alive container-scoped relation with its
     /// principal's service remains (refused otherwise).
     async fn ensure_dying_unit(&self, unit: &str) -> ApiResult<()>;
+    /// The unit's agent acted on `jujube resolved`.
+    async fn clear_resolved(&self, unit: &str) -> ApiResult<()>;
     async fn enter_scope(&self, relation: i64, unit: &str) -> ApiResult<()>;
     async fn leave_scope(&self, relation: i64, unit: &str) -> ApiResult<()>;
     /// The units `unit` sees in the relation's scope (its counterparts, in

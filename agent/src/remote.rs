@@ -464,6 +464,9 @@ impl Facade for Remote {
     async fn ensure_dying_unit(&self, unit: &str) -> ApiResult<()> {
         self.call(Call::EnsureDyingUnit { unit: unit.into() }).await
     }
+    async fn clear_resolved(&self, unit: &str) -> ApiResult<()> {
+        self.call(Call::ClearResolved { unit: unit.into() }).await
+    }
     async fn enter_scope(&self, relation: i64, unit: &str) -> ApiResult<()> {
         self.call(Call::EnterScope {
             relation,

@@ -24,7 +24,7 @@ use crate::api::{
 use crate::deployer::{unit_dir_name, Deployer};
 use crate::hooks::context::{HookContext, ToolServer};
 use crate::hooks::runner::{self, Hook, Outcome};
-use crate::hooks::state::{digest, HookState, RelationState};
+use crate::hooks::state::{digest, HookRecord, HookState, RelationState};
 use crate::{run_loop, Agent, Result, Step};
 use futures_util::future::BoxFuture;
 use jujube_core::charm::Scope;
@@ -189,7 +189,7 @@ impl UnitAgent {
         }
         self.contexts += 1;
         let id = format!("{}-{}-{}", self.name, hook.name, self.contexts);
-        self.hook_state().running = Some(hook.name.clone());
+        self.hook_state().running = Some(HookRecord::from(&hook));
         self.save_hooks()?;
         let ctx = Arc::new(HookContext::new(
             id.clone(),
@@ -225,7 +225,7 @@ impl UnitAgent {
             Outcome::Failed(message) => {
                 let h = self.hook_state();
                 h.running = None;
-                h.failed = Some(hook.name.clone());
+                h.failed = Some(HookRecord::from(&hook));
                 self.save_hooks()?;
                 self.report(AgentStatus::Error, &message).await?;
                 Ok(false)
@@ -333,6 +333,39 @@ impl UnitAgent {
         Ok(true)
     }
 
+    /// `jujube resolved` without `--retry`: the failed hook counts as run.
+    async fn count_as_done(&mut self, hook: &HookRecord, view: &UnitView) -> Result<()> {
+        let kind = hook.name.rsplit('-').next().unwrap_or("");
+        match (hook.name.as_str(), &hook.relation, &hook.remote) {
+            ("install", None, _) => self.hook_state().installed = true,
+            ("start", None, _) => self.hook_state().started = true,
+            ("stop", None, _) => self.hook_state().stopped = true,
+            ("config-changed", None, _) => {
+                let config = digest(&self.api.service_config(&view.service).await?);
+                self.hook_state().config = Some(config);
+            }
+            (_, Some((rel, _)), Some(remote)) if kind == "joined" => {
+                self.relation_state(*rel)
+                    .joined
+                    .insert(remote.clone(), String::new());
+            }
+            (_, Some((rel, _)), Some(remote)) if kind == "changed" => {
+                let settings = digest(&self.api.relation_settings(*rel, remote).await?);
+                self.relation_state(*rel)
+                    .joined
+                    .insert(remote.clone(), settings);
+            }
+            (_, Some((rel, _)), Some(remote)) if kind == "departed" => {
+                self.relation_state(*rel).joined.remove(remote);
+            }
+            (_, Some((rel, _)), None) if kind == "broken" => {
+                self.hook_state().relations.remove(rel);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
     fn relation_state(&mut self, id: i64) -> &mut RelationState {
         self.hook_state().relations.entry(id).or_default()
     }
@@ -416,9 +449,27 @@ impl Agent for UnitAgent {
         };
         // A failed hook holds the unit, whatever its life, until resolved.
         if let Some(failed) = self.hook_state().failed.clone() {
-            self.report(AgentStatus::Error, &format!("hook failed: \"{failed}\""))
-                .await?;
-            return Ok(Step::Idle);
+            match view.resolved.as_deref() {
+                Some("retry-hooks") => {
+                    // Nothing recorded it as done: the pass runs it again.
+                    self.hook_state().failed = None;
+                }
+                Some(_) => {
+                    self.count_as_done(&failed, &view).await?;
+                    self.hook_state().failed = None;
+                }
+                None => {
+                    self.report(
+                        AgentStatus::Error,
+                        &format!("hook failed: \"{}\"", failed.name),
+                    )
+                    .await?;
+                    return Ok(Step::Idle);
+                }
+            }
+            self.save_hooks()?;
+            self.api.clear_resolved(&self.name).await?;
+            return Ok(Step::Again);
         }
         let side = |rel: &RelationView| {
             rel.endpoints

@@ -65,6 +65,9 @@ pub enum Call {
     EnsureDyingUnit {
         unit: String,
     },
+    ClearResolved {
+        unit: String,
+    },
     EnterScope {
         relation: i64,
         unit: String,
@@ -112,6 +115,7 @@ impl Call {
             Call::SetUnitStatus { .. } => "set-unit-status",
             Call::Unit { .. } => "unit",
             Call::EnsureDyingUnit { .. } => "ensure-dying-unit",
+            Call::ClearResolved { .. } => "clear-resolved",
             Call::EnterScope { .. } => "enter-scope",
             Call::LeaveScope { .. } => "leave-scope",
             Call::ScopeUnits { .. } => "scope-units",
@@ -166,6 +170,7 @@ pub async fn dispatch(facade: &dyn Facade, call: Call) -> ApiResult<serde_json::
         }
         Call::Unit { name } => encode(facade.unit(&name).await?),
         Call::EnsureDyingUnit { unit } => encode(facade.ensure_dying_unit(&unit).await?),
+        Call::ClearResolved { unit } => encode(facade.clear_resolved(&unit).await?),
         Call::EnterScope { relation, unit } => encode(facade.enter_scope(relation, &unit).await?),
         Call::LeaveScope { relation, unit } => encode(facade.leave_scope(relation, &unit).await?),
         Call::ScopeUnits { relation, unit } => encode(facade.scope_units(relation, &unit).await?),

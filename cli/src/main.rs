@@ -186,12 +186,18 @@ enum Command {
         #[arg(required = true)]
         machines: Vec<String>,
     },
-    /// Clear a machine's provisioning error so it is provisioned again.
+    /// Clear a machine's provisioning error so it is provisioned again, or a
+    /// unit's failed hook so that its agent goes on.
     Resolved {
+        /// A machine id, or a unit (`wordpress/0`).
+        #[arg(value_name = "MACHINE|UNIT")]
         machine: String,
         /// Replace the machine's constraints first.
         #[arg(long)]
         constraints: Option<String>,
+        /// For a unit: run the failed hook again (without: count it as done).
+        #[arg(long)]
+        retry: bool,
     },
     /// Show the environment's machines, services, units and relations.
     Status {
@@ -678,9 +684,25 @@ fn model_command(
             store.destroy_machines(&ids)?;
         }
         Command::Resolved {
+            machine: unit,
+            constraints,
+            retry,
+        } if unit.contains('/') => {
+            if constraints.is_some() {
+                return Err(usage(
+                    "`--constraints` is for machines; a unit's constraints are its service's",
+                ));
+            }
+            store.resolve_unit(&unit, retry)?;
+        }
+        Command::Resolved {
             machine,
             constraints,
+            retry,
         } => {
+            if retry {
+                return Err(usage("`--retry` is for units (a failed hook); a machine in error is simply provisioned again"));
+            }
             let cons = constraints_for(&store.environment()?.provider, constraints.as_deref())?;
             zones.check(cons.as_ref())?;
             store.resolve_machine(machine_id(&machine)?, cons.as_ref())?;

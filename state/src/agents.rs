@@ -69,6 +69,10 @@ pub enum AgentOp {
         status: String,
         info: String,
     },
+    /// The unit's agent has acted on `jujube resolved`.
+    ClearResolved {
+        unit: String,
+    },
     SetMachineAgentStatus {
         machine: i64,
         status: String,
@@ -160,6 +164,24 @@ fn apply_in(tx: &mut Tx<'_>, by: &Caller, op: &AgentOp) -> Result<()> {
                 return Err(unauthorized(by, format!("set the status of unit `{unit}`")));
             }
             Store::set_unit_status_in(tx, unit, status, info)
+        }
+        AgentOp::ClearResolved { unit } => {
+            if !is_unit(by, unit) {
+                return Err(unauthorized(
+                    by,
+                    format!("clear the resolved mark of unit `{unit}`"),
+                ));
+            }
+            get_unit(tx, unit)?;
+            let n = tx
+                .prepare_cached(
+                    "UPDATE units SET resolved = NULL WHERE name = ?1 AND resolved IS NOT NULL",
+                )?
+                .execute([unit])?;
+            if n > 0 {
+                tx.changed(ChangeKind::Unit, unit.clone())?;
+            }
+            Ok(())
         }
         AgentOp::SetMachineAgentStatus {
             machine,
@@ -313,6 +335,25 @@ fn units_where(c: &Connection, clause: &str, arg: &dyn rusqlite::ToSql) -> Resul
 }
 
 impl Store {
+    /// `jujube resolved UNIT [--retry]`: marks a unit whose hook failed
+    /// (agent status `error`) so that its agent goes on — re-running the
+    /// hook with `retry`, counting it done without. Refused for a unit not
+    /// in error.
+    pub fn resolve_unit(&self, name: &str, retry: bool) -> Result<()> {
+        jujube_core::names::parse_unit(name)?;
+        self.write(|tx| {
+            let u = get_unit(tx, name)?;
+            if u.status != crate::model::agent_status::ERROR {
+                return Err(Error::UnitNotInError(name.to_string()));
+            }
+            let mode = if retry { "retry-hooks" } else { "no-hooks" };
+            tx.prepare_cached("UPDATE units SET resolved = ?1 WHERE name = ?2")?
+                .execute((mode, name))?;
+            tx.changed(ChangeKind::Unit, name.to_string())?;
+            Ok(())
+        })
+    }
+
     /// Applies one agent-side write as `by`, in its own transaction.
     pub fn apply(&self, by: &Caller, op: &AgentOp) -> Result<()> {
         self.write(|tx| apply_in(tx, by, op))

@@ -138,6 +138,8 @@ pub enum Error {
     },
     #[error("machine `{0}` has no provisioning error; `jujube resolved` only applies to machines in error")]
     NoProvisioningError(i64),
+    #[error("unit `{0}` is not in an error state; `jujube resolved` only applies to units whose hook failed (see `jujube status`)")]
+    UnitNotInError(String),
     #[error(transparent)]
     Model(#[from] jujube_core::Error),
     #[error("the database is busy after {attempts} attempts; another jujube process holds it: try again")]

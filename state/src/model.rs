@@ -108,6 +108,9 @@ pub struct Unit {
     /// True once an agent has started for the unit: from then on only that
     /// agent may set it Dead, so destroying it can no longer remove it at once.
     pub agent_started: bool,
+    /// `retry-hooks` or `no-hooks` after `jujube resolved`, until its agent
+    /// acts on it.
+    pub resolved: Option<String>,
 }
 
 impl Unit {
@@ -252,7 +255,7 @@ pub(crate) fn get_service(c: &Connection, name: &str) -> Result<Service> {
 }
 
 pub(crate) const UNIT_COLS: &str =
-    "name, service, number, series, principal, machine_id, constraints, life, status, status_info, agent_started";
+    "name, service, number, series, principal, machine_id, constraints, life, status, status_info, agent_started, resolved";
 
 pub(crate) fn unit_row(r: &Row<'_>) -> rusqlite::Result<(Unit, i64, String)> {
     Ok((
@@ -268,6 +271,7 @@ pub(crate) fn unit_row(r: &Row<'_>) -> rusqlite::Result<(Unit, i64, String)> {
             status: r.get(8)?,
             status_info: r.get(9)?,
             agent_started: r.get(10)?,
+            resolved: r.get(11)?,
         },
         r.get(7)?,
         r.get(6)?,

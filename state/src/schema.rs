@@ -210,4 +210,11 @@ CREATE TABLE agent_credentials (
 CREATE INDEX agent_credentials_machine ON agent_credentials (machine_id);
 CREATE INDEX agent_credentials_unit ON agent_credentials (unit);
 "#,
+    // 7 (hooks): `jujube resolved UNIT [--retry]` on a unit whose hook
+    // failed: `retry-hooks` (run the failed hook again) or `no-hooks` (count
+    // it as done and go on), as Juju names them; cleared by the unit's agent
+    // once it has acted on it.
+    r#"
+ALTER TABLE units ADD COLUMN resolved TEXT;
+"#,
 ];

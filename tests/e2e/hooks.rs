@@ -168,3 +168,221 @@ fn hooks_run_in_order_and_wordpress_gets_mysqls_credentials() {
     );
     assert_eq!(ctl.terminate().code(), Some(0));
 }
+
+/// A test charm whose hooks log their name and fail, or block, on demand:
+/// `fail-hook=NAME` makes hook NAME exit 1 (after a `relation-set`, for
+/// relation hooks); `block-hook=NAME` makes it write `blocked` and wait for
+/// the file `go` in the unit's directory, reading `config-get title` before
+/// and after.
+fn flaky_charm(dir: &Path) -> String {
+    let charm = dir.join("flaky");
+    std::fs::create_dir_all(charm.join("hooks")).unwrap();
+    std::fs::write(
+        charm.join("metadata.yaml"),
+        "name: flaky\nsummary: fails on demand\nseries: [jammy, noble]\npeers:\n  peer:\n    interface: flaky\n",
+    )
+    .unwrap();
+    std::fs::write(
+        charm.join("config.yaml"),
+        "options:\n  fail-hook:\n    type: string\n    default: \"\"\n  block-hook:\n    type: string\n    default: \"\"\n  title:\n    type: string\n    default: one\n",
+    )
+    .unwrap();
+    let hook = r#"#!/bin/sh
+name=$(basename "$0")
+juju-log "hook: $name${JUJU_REMOTE_UNIT:+ $JUJU_REMOTE_UNIT}"
+case "$name" in
+  peer-relation-joined) relation-set secret=from-$JUJU_UNIT_NAME ;;
+  peer-relation-changed) juju-log "saw secret=[$(relation-get secret)]" ;;
+esac
+if [ "$(config-get block-hook)" = "$name" ]; then
+  juju-log "read title=$(config-get title)"
+  touch "$CHARM_DIR/../blocked"
+  i=0
+  while [ ! -f "$CHARM_DIR/../go" ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done
+  juju-log "read title=$(config-get title)"
+fi
+[ "$(config-get fail-hook)" != "$name" ]
+"#;
+    for h in [
+        "install",
+        "config-changed",
+        "start",
+        "stop",
+        "peer-relation-joined",
+        "peer-relation-changed",
+        "peer-relation-departed",
+        "peer-relation-broken",
+    ] {
+        let p = charm.join("hooks").join(h);
+        std::fs::write(&p, hook).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    charm.to_string_lossy().into_owned()
+}
+
+fn agent_status(j: &Jujube, unit: &str) -> (String, String) {
+    let st = j.status();
+    let svc = unit.split('/').next().unwrap();
+    let u = &st["services"][svc]["units"][unit];
+    (
+        u["agent-status"].as_str().unwrap_or("").to_string(),
+        u["agent-status-info"].as_str().unwrap_or("").to_string(),
+    )
+}
+
+#[test]
+fn a_failed_hook_holds_the_unit_until_resolved_with_or_without_retry() {
+    let j = Jujube::new();
+    let charms = tempfile::tempdir().unwrap();
+    j.run(&["bootstrap", "t"]).ok();
+    j.run(&["deploy", &flaky_charm(charms.path())]).ok();
+    j.run(&["set", "flaky", "fail-hook=install"]).ok();
+    let r = j.run(&["resolved", "flaky/0"]);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.contains("unit `flaky/0` is not in an error state"),
+        "{}",
+        r.stderr
+    );
+    let _ctl = j.controller();
+    let log = log(&j, "1", "flaky/0");
+    eventually("install to fail", || {
+        agent_status(&j, "flaky/0").0 == "error"
+    });
+    let (_, info) = agent_status(&j, "flaky/0");
+    assert!(info.contains("hook failed: \"install\""), "{info}");
+    // Held: a settings change runs nothing while in error.
+    j.run(&["set", "flaky", "title=two"]).ok();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(hooks(&log), ["install"]);
+
+    // --retry runs it again (it fails again: still asked to).
+    j.run(&["resolved", "--retry", "flaky/0"]).ok();
+    eventually("install to run again", || {
+        count(&hooks(&log), "install") == 2
+    });
+    eventually("the unit back in error", || {
+        agent_status(&j, "flaky/0").0 == "error"
+    });
+    j.run(&["set", "flaky", "fail-hook="]).ok();
+    j.run(&["resolved", "--retry", "flaky/0"]).ok();
+    eventually("the unit started", || {
+        agent_status(&j, "flaky/0").0 == "started"
+    });
+    assert_eq!(
+        hooks(&log),
+        ["install", "install", "install", "config-changed", "start"]
+    );
+
+    // Without --retry the failed hook counts as done: it is not run again.
+    j.run(&["set", "flaky", "fail-hook=config-changed", "title=three"])
+        .ok();
+    eventually("config-changed to fail", || {
+        agent_status(&j, "flaky/0").0 == "error"
+    });
+    j.run(&["resolved", "flaky/0"]).ok();
+    eventually("the unit started", || {
+        agent_status(&j, "flaky/0").0 == "started"
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        count(&hooks(&log), "config-changed"),
+        2,
+        "{:?}",
+        hooks(&log)
+    );
+}
+
+#[test]
+fn a_hook_killed_with_its_agent_is_a_failed_hook_when_the_agent_comes_back() {
+    let j = Jujube::new();
+    let charms = tempfile::tempdir().unwrap();
+    j.run(&["bootstrap", "t"]).ok();
+    j.run(&["deploy", &flaky_charm(charms.path())]).ok();
+    j.run(&["set", "flaky", "block-hook=install"]).ok();
+    let ctl = j.controller();
+    let unit_dir = j
+        .home
+        .path()
+        .join("environments/t/agents/machine-1/unit-flaky-0");
+    eventually("install to be running", || {
+        unit_dir.join("blocked").exists()
+    });
+    ctl.kill9();
+    j.run(&["set", "flaky", "block-hook="]).ok();
+    let _ctl = j.controller();
+    eventually("the killed install to count as failed", || {
+        agent_status(&j, "flaky/0") == ("error".into(), "hook failed: \"install\"".into())
+    });
+    j.run(&["resolved", "--retry", "flaky/0"]).ok();
+    eventually("the unit started", || {
+        agent_status(&j, "flaky/0").0 == "started"
+    });
+    let h = hooks(&log(&j, "1", "flaky/0"));
+    assert_eq!(count(&h, "install"), 2, "{h:?}");
+}
+
+#[test]
+fn reads_in_a_hook_are_a_snapshot_and_a_failed_hooks_relation_set_is_discarded() {
+    let j = Jujube::new();
+    let charms = tempfile::tempdir().unwrap();
+    j.run(&["bootstrap", "t"]).ok();
+    j.run(&["deploy", &flaky_charm(charms.path()), "-n", "2"])
+        .ok();
+    j.run(&["set", "flaky", "block-hook=start"]).ok();
+    let _ctl = j.controller();
+    // Both units block in start; the title changes under them.
+    let agents = j.home.path().join("environments/t/agents");
+    let (u0, u1) = (
+        agents.join("machine-1/unit-flaky-0"),
+        agents.join("machine-2/unit-flaky-1"),
+    );
+    eventually("start to be running", || {
+        u0.join("blocked").exists() && u1.join("blocked").exists()
+    });
+    j.run(&[
+        "set",
+        "flaky",
+        "title=changed",
+        "block-hook=",
+        "fail-hook=peer-relation-joined",
+    ])
+    .ok();
+    std::fs::write(u0.join("go"), "").unwrap();
+    std::fs::write(u1.join("go"), "").unwrap();
+    let log0 = log(&j, "1", "flaky/0");
+    eventually("start to finish", || {
+        std::fs::read_to_string(&log0)
+            .unwrap_or_default()
+            .matches("read title=")
+            .count()
+            == 2
+    });
+    let text = std::fs::read_to_string(&log0).unwrap();
+    let reads: Vec<&str> = text.lines().filter(|l| l.contains("read title=")).collect();
+    assert!(
+        reads.iter().all(|l| l.ends_with("read title=one")),
+        "{reads:?}"
+    );
+    // peer-relation-joined sets `secret` and fails: the other unit never
+    // sees it, before or after `resolved` (without --retry).
+    eventually("peer-relation-joined to fail", || {
+        agent_status(&j, "flaky/0").0 == "error"
+    });
+    eventually("peer-relation-joined to fail", || {
+        agent_status(&j, "flaky/1").0 == "error"
+    });
+    j.run(&["set", "flaky", "fail-hook="]).ok();
+    j.run(&["resolved", "flaky/0"]).ok();
+    j.run(&["resolved", "flaky/1"]).ok();
+    eventually("both started", || {
+        agent_status(&j, "flaky/0").0 == "started" && agent_status(&j, "flaky/1").0 == "started"
+    });
+    eventually("peer-relation-changed on flaky/0", || {
+        count(&hooks(&log0), "peer-relation-changed flaky/1") >= 1
+    });
+    let text = std::fs::read_to_string(&log0).unwrap();
+    assert!(text.contains("saw secret=[]"), "{text}");
+    assert!(!text.contains("saw secret=[from-"), "{text}");
+}

@@ -23,9 +23,29 @@ pub struct HookState {
     pub config: Option<String>,
     pub relations: BTreeMap<i64, RelationState>,
     /// The hook under way; still set when the agent comes back, it failed.
-    pub running: Option<String>,
+    pub running: Option<HookRecord>,
     /// A failed hook the unit waits on (`jujube resolved`).
-    pub failed: Option<String>,
+    pub failed: Option<HookRecord>,
+}
+
+/// Which hook, as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HookRecord {
+    pub name: String,
+    #[serde(default)]
+    pub relation: Option<(i64, String)>,
+    #[serde(default)]
+    pub remote: Option<String>,
+}
+
+impl From<&super::runner::Hook> for HookRecord {
+    fn from(h: &super::runner::Hook) -> HookRecord {
+        HookRecord {
+            name: h.name.clone(),
+            relation: h.relation.clone(),
+            remote: h.remote.clone(),
+        }
+    }
 }
 
 impl HookState {
