@@ -358,6 +358,18 @@ impl Facade for InProcess {
         })
     }
 
+    async fn set_port(&self, unit: &str, port: &str, open: bool) -> ApiResult<()> {
+        if !self.is_unit(unit) {
+            return Err(self.denied(format!("open or close ports of unit `{unit}`")));
+        }
+        self.write(AgentOp::SetPort {
+            unit: unit.into(),
+            port: port.into(),
+            open,
+        })
+        .await
+    }
+
     async fn clear_resolved(&self, unit: &str) -> ApiResult<()> {
         if !self.is_unit(unit) {
             return Err(self.denied(format!("clear the resolved mark of unit `{unit}`")));

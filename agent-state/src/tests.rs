@@ -316,6 +316,7 @@ async fn the_facade_refuses_every_method_outside_the_callers_scope() {
         denied(&w, f.unit(u).await, b);
         denied(&w, f.ensure_dying_unit(u).await, b);
         denied(&w, f.clear_resolved(u).await, b);
+        denied(&w, f.set_port(u, "80/tcp", true).await, b);
     }
     // enter/leave scope, scope units, relation settings: only its own unit,
     // in relations of its own service

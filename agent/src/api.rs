@@ -251,6 +251,9 @@ pub trait Facade: Send + Sync + 'static {
     async fn ensure_dying_unit(&self, unit: &str) -> ApiResult<()>;
     /// The unit's agent acted on `jujube resolved`.
     async fn clear_resolved(&self, unit: &str) -> ApiResult<()>;
+    /// A hook's `open-port` (`open`) or `close-port`; `port` is `N/tcp` or
+    /// `N/udp`.
+    async fn set_port(&self, unit: &str, port: &str, open: bool) -> ApiResult<()>;
     async fn enter_scope(&self, relation: i64, unit: &str) -> ApiResult<()>;
     async fn leave_scope(&self, relation: i64, unit: &str) -> ApiResult<()>;
     /// The units `unit` sees in the relation's scope (its counterparts, in

@@ -467,6 +467,14 @@ impl Facade for Remote {
     async fn clear_resolved(&self, unit: &str) -> ApiResult<()> {
         self.call(Call::ClearResolved { unit: unit.into() }).await
     }
+    async fn set_port(&self, unit: &str, port: &str, open: bool) -> ApiResult<()> {
+        self.call(Call::SetPort {
+            unit: unit.into(),
+            port: port.into(),
+            open,
+        })
+        .await
+    }
     async fn enter_scope(&self, relation: i64, unit: &str) -> ApiResult<()> {
         self.call(Call::EnterScope {
             relation,

@@ -49,6 +49,10 @@ pub struct UnitAgent {
     /// Relations whose scope it is in: watched for members and settings.
     scopes: Vec<i64>,
     contexts: u64,
+    /// config-changed runs once whenever the agent (re)starts: how
+    /// charms-in-action.txt's "recovering from transient unit agent errors"
+    /// happens (Juju's uniter does the same).
+    ran_config_changed: bool,
 }
 
 /// True when the unit must become Dying by its own agent's hand.
@@ -107,6 +111,7 @@ impl UnitAgent {
             tools: None,
             scopes: Vec::new(),
             contexts: 0,
+            ran_config_changed: false,
         }
     }
 
@@ -252,13 +257,15 @@ impl UnitAgent {
             self.hook_state().installed = true;
             self.save_hooks()?;
         }
-        if self.hook_state().config.as_deref() != Some(config.as_str()) {
+        if self.hook_state().config.as_deref() != Some(config.as_str()) || !self.ran_config_changed
+        {
             if !self
                 .run_hook(relations, Hook::unit("config-changed"))
                 .await?
             {
                 return Ok(false);
             }
+            self.ran_config_changed = true;
             self.hook_state().config = Some(config);
             self.save_hooks()?;
         }
@@ -309,13 +316,19 @@ impl UnitAgent {
         for u in &remote {
             let settings = digest(&self.api.relation_settings(rel.id, u).await?);
             let seen = known.get(u);
-            if seen.is_none() {
-                if !self
+            if seen.is_none()
+                && !self
                     .run_hook(relations, Hook::relation(rel.id, name, "joined", Some(u)))
                     .await?
-                {
-                    return Ok(false);
-                }
+            {
+                return Ok(false);
+            }
+            if seen.is_none() {
+                // Joined, not yet changed: a retry starts at -changed.
+                self.relation_state(rel.id)
+                    .joined
+                    .insert(u.clone(), String::new());
+                self.save_hooks()?;
             }
             if seen != Some(&settings) {
                 if !self

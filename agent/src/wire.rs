@@ -30,8 +30,9 @@ pub const REVISION_HEADER: &str = "x-jujube-revision";
 /// name against the environment's CA, never a DNS name.
 pub const SERVER_NAME: &str = "jujube-apiserver";
 
-/// A facade method and its arguments.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A facade method and its arguments. Its `Debug` shows the method only:
+/// one call carries a secret.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "method", content = "args", rename_all = "kebab-case")]
 pub enum Call {
     Machine {
@@ -68,6 +69,11 @@ pub enum Call {
     ClearResolved {
         unit: String,
     },
+    SetPort {
+        unit: String,
+        port: String,
+        open: bool,
+    },
     EnterScope {
         relation: i64,
         unit: String,
@@ -101,6 +107,12 @@ pub enum Call {
     },
 }
 
+impl std::fmt::Debug for Call {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Call({})", self.method())
+    }
+}
+
 impl Call {
     /// The method's name, for logs (never the arguments: a credential call
     /// carries a secret).
@@ -116,6 +128,7 @@ impl Call {
             Call::Unit { .. } => "unit",
             Call::EnsureDyingUnit { .. } => "ensure-dying-unit",
             Call::ClearResolved { .. } => "clear-resolved",
+            Call::SetPort { .. } => "set-port",
             Call::EnterScope { .. } => "enter-scope",
             Call::LeaveScope { .. } => "leave-scope",
             Call::ScopeUnits { .. } => "scope-units",
@@ -171,6 +184,7 @@ pub async fn dispatch(facade: &dyn Facade, call: Call) -> ApiResult<serde_json::
         Call::Unit { name } => encode(facade.unit(&name).await?),
         Call::EnsureDyingUnit { unit } => encode(facade.ensure_dying_unit(&unit).await?),
         Call::ClearResolved { unit } => encode(facade.clear_resolved(&unit).await?),
+        Call::SetPort { unit, port, open } => encode(facade.set_port(&unit, &port, open).await?),
         Call::EnterScope { relation, unit } => encode(facade.enter_scope(relation, &unit).await?),
         Call::LeaveScope { relation, unit } => encode(facade.leave_scope(relation, &unit).await?),
         Call::ScopeUnits { relation, unit } => encode(facade.scope_units(relation, &unit).await?),
@@ -382,6 +396,7 @@ mod tests {
             secret: "s3cret".into(),
         };
         assert!(!cred.method().contains("s3cret"));
+        assert!(!format!("{cred:?}").contains("s3cret"));
         let conf = AgentConf {
             api_addresses: vec![],
             ca_cert: String::new(),

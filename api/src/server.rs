@@ -216,7 +216,8 @@ struct Activity {
     in_flight: AtomicUsize,
     watches: AtomicUsize,
     last: Mutex<Instant>,
-    /// The tag and secret this connection last proved, so that the store
+    /// The tag and the hash of the secret this connection last proved (never
+    /// the secret itself), so that the store
     /// is asked once per connection and credential (as a Juju agent logs in
     /// once per connection). A removed entity still loses everything at
     /// once: its facade refuses every call about it.
@@ -385,9 +386,7 @@ async fn authenticate(
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .as_ref()
-        .is_some_and(|(t, s)| {
-            *t == tag_text && wire::secret_matches(&secret, &wire::secret_hash(s))
-        });
+        .is_some_and(|(t, h)| *t == tag_text && wire::secret_matches(&secret, h));
     if proven {
         return Ok(tag);
     }
@@ -400,7 +399,7 @@ async fn authenticate(
         .flatten();
     match hash {
         Some(h) if !secret.is_empty() && wire::secret_matches(&secret, &h) => {
-            *activity.proven.lock().unwrap_or_else(|e| e.into_inner()) = Some((tag_text, secret));
+            *activity.proven.lock().unwrap_or_else(|e| e.into_inner()) = Some((tag_text, h));
             Ok(tag)
         }
         _ => Err(denied(&shown)),

@@ -198,6 +198,7 @@ async fn try_everything_out_of_scope(api: &dyn Facade, machine: i64, unit: &str,
     assert_unauthorized("unit", api.unit(unit).await);
     assert_unauthorized("ensure_dying_unit", api.ensure_dying_unit(unit).await);
     assert_unauthorized("clear_resolved", api.clear_resolved(unit).await);
+    assert_unauthorized("set_port", api.set_port(unit, "80/tcp", true).await);
     assert_unauthorized("enter_scope", api.enter_scope(relation, unit).await);
     assert_unauthorized("leave_scope", api.leave_scope(relation, unit).await);
     assert_unauthorized("scope_units", api.scope_units(relation, unit).await);

@@ -73,6 +73,12 @@ pub enum AgentOp {
     ClearResolved {
         unit: String,
     },
+    /// A hook's `open-port` / `close-port`: `port` is `N/tcp` or `N/udp`.
+    SetPort {
+        unit: String,
+        port: String,
+        open: bool,
+    },
     SetMachineAgentStatus {
         machine: i64,
         status: String,
@@ -164,6 +170,44 @@ fn apply_in(tx: &mut Tx<'_>, by: &Caller, op: &AgentOp) -> Result<()> {
                 return Err(unauthorized(by, format!("set the status of unit `{unit}`")));
             }
             Store::set_unit_status_in(tx, unit, status, info)
+        }
+        AgentOp::SetPort { unit, port, open } => {
+            if !is_unit(by, unit) {
+                return Err(unauthorized(
+                    by,
+                    format!("open or close ports of unit `{unit}`"),
+                ));
+            }
+            check_port(port)?;
+            get_unit(tx, unit)?;
+            let now: String = tx
+                .prepare_cached("SELECT ports FROM units WHERE name = ?1")?
+                .query_row([unit], |r| r.get(0))?;
+            let mut ports: std::collections::BTreeSet<(u16, String)> = now
+                .split_whitespace()
+                .filter_map(|p| {
+                    let (n, proto) = p.split_once('/')?;
+                    Some((n.parse().ok()?, proto.to_string()))
+                })
+                .collect();
+            let (n, proto) = port.split_once('/').expect("checked");
+            let key = (n.parse::<u16>().expect("checked"), proto.to_string());
+            if *open {
+                ports.insert(key);
+            } else {
+                ports.remove(&key);
+            }
+            let next = ports
+                .iter()
+                .map(|(n, p)| format!("{n}/{p}"))
+                .collect::<Vec<_>>()
+                .join(" ");
+            if next != now {
+                tx.prepare_cached("UPDATE units SET ports = ?1 WHERE name = ?2")?
+                    .execute((&next, unit))?;
+                tx.changed(ChangeKind::Unit, unit.clone())?;
+            }
+            Ok(())
         }
         AgentOp::ClearResolved { unit } => {
             if !is_unit(by, unit) {
@@ -334,6 +378,22 @@ fn units_where(c: &Connection, clause: &str, arg: &dyn rusqlite::ToSql) -> Resul
     rows.map(|r| finish_unit(r?)).collect()
 }
 
+/// `N/tcp` or `N/udp`, N in 1..=65535.
+fn check_port(port: &str) -> Result<()> {
+    let ok = port.split_once('/').is_some_and(|(n, proto)| {
+        n.parse::<u16>().is_ok_and(|n| n > 0)
+            && !n.starts_with('0')
+            && matches!(proto, "tcp" | "udp")
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Relation(format!(
+            "invalid port `{port}`: expected PORT/tcp or PORT/udp with PORT in 1-65535, e.g. `80/tcp`"
+        )))
+    }
+}
+
 impl Store {
     /// `jujube resolved UNIT [--retry]`: marks a unit whose hook failed
     /// (agent status `error`) so that its agent goes on — re-running the
@@ -349,7 +409,7 @@ impl Store {
             let mode = if retry { "retry-hooks" } else { "no-hooks" };
             tx.prepare_cached("UPDATE units SET resolved = ?1 WHERE name = ?2")?
                 .execute((mode, name))?;
-            tx.changed(ChangeKind::Unit, name.to_string())?;
+            tx.changed(ChangeKind::Unit, name)?;
             Ok(())
         })
     }

@@ -213,8 +213,10 @@ CREATE INDEX agent_credentials_unit ON agent_credentials (unit);
     // 7 (hooks): `jujube resolved UNIT [--retry]` on a unit whose hook
     // failed: `retry-hooks` (run the failed hook again) or `no-hooks` (count
     // it as done and go on), as Juju names them; cleared by the unit's agent
-    // once it has acted on it.
+    // once it has acted on it. `ports`: what the unit's hooks opened with
+    // `open-port` (`80/tcp 443/tcp`, sorted), shown by `status`.
     r#"
 ALTER TABLE units ADD COLUMN resolved TEXT;
+ALTER TABLE units ADD COLUMN ports TEXT NOT NULL DEFAULT '';
 "#,
 ];

@@ -111,6 +111,9 @@ pub struct UnitStatus {
     /// `pending` (no agent yet), `started`, `dying` or `error`.
     pub agent_status: String,
     pub agent_status_info: String,
+    /// What its hooks opened (`open-port`), e.g. `80/tcp`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub open_ports: Vec<String>,
     pub subordinates: OrderedMap<SubordinateStatus>,
 }
 
@@ -303,7 +306,7 @@ impl Store {
             }
 
             let mut stmt = c.prepare(
-                "SELECT name, service, life, machine_id, status, status_info FROM units
+                "SELECT name, service, life, machine_id, status, status_info, ports FROM units
                  WHERE principal IS NULL ORDER BY service, number",
             )?;
             let mut rows = stmt.query([])?;
@@ -319,6 +322,11 @@ impl Store {
                         machine: r.get::<_, Option<i64>>(3)?.map(|m| m.to_string()),
                         agent_status: r.get(4)?,
                         agent_status_info: r.get(5)?,
+                        open_ports: r
+                            .get::<_, String>(6)?
+                            .split_whitespace()
+                            .map(str::to_string)
+                            .collect(),
                         subordinates,
                     },
                 ));

@@ -16,7 +16,8 @@
 //!   hook long), `relation-set` is buffered and written only if the hook
 //!   succeeds.
 //! - [`tools`]: the tools themselves (`relation-get`, `relation-set`,
-//!   `relation-ids`, `relation-list`, `config-get`, `unit-get`, `juju-log`)
+//!   `relation-ids`, `relation-list`, `config-get`, `unit-get`, `juju-log`,
+//!   `open-port`, `close-port`)
 //!   with Juju's flags and formats; the `jujube` binary run under a tool's
 //!   name is only their client.
 
@@ -26,8 +27,10 @@ pub mod state;
 pub mod tools;
 
 /// Names the `jujube` binary answers to as a hook tool.
-pub const TOOLS: [&str; 7] = [
+pub const TOOLS: [&str; 9] = [
     "juju-log",
+    "open-port",
+    "close-port",
     "unit-get",
     "config-get",
     "relation-get",

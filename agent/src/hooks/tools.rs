@@ -302,6 +302,23 @@ async fn run_inner(ctx: &HookContext, tool: &str, args: &[String]) -> Result<Out
             }
             Ok(Output::ok(""))
         }
+        "open-port" | "close-port" => {
+            let p = parse(args, &[])?;
+            let [port] = p.positional.as_slice() else {
+                return Err("no port specified; e.g. `open-port 80` or `open-port 53/udp`".into());
+            };
+            let port = if port.contains('/') {
+                port.to_lowercase()
+            } else {
+                format!("{port}/tcp")
+            };
+            // Acts at once, not when the hook ends (charms-in-action.txt).
+            ctx.api
+                .set_port(&ctx.unit, &port, tool == "open-port")
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(Output::ok(""))
+        }
         other => Err(format!("unknown hook tool `{other}`")),
     }
 }
