@@ -178,6 +178,12 @@ impl UnitAgent {
             return Ok(true);
         }
         let dir = self.dir();
+        // A hook the charm does not have is skipped without a trace: no
+        // socket, no write (100,000 units of a charm without hooks stay
+        // cheap).
+        if !dir.join("charm/hooks").join(&hook.name).exists() {
+            return Ok(true);
+        }
         if self.tools.is_none() {
             let mut socket = dir.join("agent.socket");
             if socket.as_os_str().len() > 100 {
@@ -211,6 +217,9 @@ impl UnitAgent {
         let log = self.log_path();
         let outcome = runner::run(&dir, &log, &self.name, &id, &socket, &hook).await;
         tools.set(None).await;
+        // Listening only while a hook runs: a socket per running hook, not
+        // per unit.
+        self.tools = None;
         match outcome {
             Outcome::Missing | Outcome::Succeeded => {
                 // The hook's relation-sets, now that it succeeded.
@@ -250,12 +259,15 @@ impl UnitAgent {
             return Ok(true);
         }
         let config = digest(&self.api.service_config(&view.service).await?);
+        // Saved after each hook that ran (a crash must not run it again);
+        // hooks the charm lacks are recorded with one write at the end.
+        let mut dirty = false;
         if !self.hook_state().installed {
             if !self.run_hook(relations, Hook::unit("install")).await? {
                 return Ok(false);
             }
             self.hook_state().installed = true;
-            self.save_hooks()?;
+            dirty = self.save_if_ran("install", dirty)?;
         }
         if self.hook_state().config.as_deref() != Some(config.as_str()) || !self.ran_config_changed
         {
@@ -267,13 +279,16 @@ impl UnitAgent {
             }
             self.ran_config_changed = true;
             self.hook_state().config = Some(config);
-            self.save_hooks()?;
+            dirty = self.save_if_ran("config-changed", dirty)?;
         }
         if !self.hook_state().started {
             if !self.run_hook(relations, Hook::unit("start")).await? {
                 return Ok(false);
             }
             self.hook_state().started = true;
+            dirty = self.save_if_ran("start", dirty)?;
+        }
+        if dirty {
             self.save_hooks()?;
         }
         Ok(true)
@@ -377,6 +392,17 @@ impl UnitAgent {
             _ => {}
         }
         Ok(())
+    }
+
+    /// Saves the whole record now if `hook` exists (it ran), and then
+    /// nothing is owed; otherwise a save is owed.
+    fn save_if_ran(&mut self, hook: &str, _owed: bool) -> Result<bool> {
+        if self.dir().join("charm/hooks").join(hook).exists() {
+            self.save_hooks()?;
+            Ok(false)
+        } else {
+            Ok(true)
+        }
     }
 
     fn relation_state(&mut self, id: i64) -> &mut RelationState {

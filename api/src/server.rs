@@ -74,7 +74,8 @@ struct Shared {
 pub struct ApiServer {
     tcp: Option<SocketAddr>,
     unix: Option<PathBuf>,
-    stop: watch::Sender<bool>,
+    /// 0 running; 1 stopping (requests in flight get a second); 2 gone.
+    stop: watch::Sender<u8>,
 }
 
 impl ApiServer {
@@ -97,7 +98,7 @@ impl ApiServer {
             limits,
             acceptor,
         });
-        let (stop, stopped) = watch::channel(false);
+        let (stop, stopped) = watch::channel(0u8);
         let mut tcp_addr = None;
         if let Some(addr) = tcp {
             let listener = tokio::net::TcpListener::bind(addr)
@@ -165,21 +166,24 @@ impl ApiServer {
         out
     }
 
+    /// Stops accepting; requests in flight get a second, then every
+    /// connection (watches included) is dropped.
     pub fn stop(&self) {
-        self.stop.send_replace(true);
+        self.stop.send_replace(1);
     }
 }
 
 impl Drop for ApiServer {
+    /// Drops every connection at once.
     fn drop(&mut self) {
-        self.stop();
+        self.stop.send_replace(2);
         if let Some(p) = &self.unix {
             let _ = std::fs::remove_file(p);
         }
     }
 }
 
-async fn accept_loop<IO, F, Fut>(shared: Arc<Shared>, mut stopped: watch::Receiver<bool>, accept: F)
+async fn accept_loop<IO, F, Fut>(shared: Arc<Shared>, mut stopped: watch::Receiver<u8>, accept: F)
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     F: Fn() -> Fut,
@@ -259,7 +263,7 @@ impl Drop for Held {
     }
 }
 
-async fn serve_connection<IO>(shared: Arc<Shared>, io: IO, mut stopped: watch::Receiver<bool>)
+async fn serve_connection<IO>(shared: Arc<Shared>, io: IO, mut stopped: watch::Receiver<u8>)
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -315,7 +319,10 @@ where
                 closing = true;
                 conn.as_mut().graceful_shutdown();
             }
-            _ = stopped.changed(), if cut_at.is_none() => {
+            _ = stopped.changed() => {
+                if *stopped.borrow() >= 2 {
+                    return;
+                }
                 if !closing {
                     closing = true;
                     conn.as_mut().graceful_shutdown();

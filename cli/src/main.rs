@@ -14,6 +14,7 @@
 mod agent;
 mod charm;
 mod controller;
+mod debuglog;
 mod home;
 mod hooktool;
 mod progress;
@@ -219,6 +220,18 @@ enum Command {
     },
     /// Run the provisioner and the cleaner in the foreground (logs: RUST_LOG).
     Controller,
+    /// Show the units' logs (hook output and juju-log), then follow them.
+    DebugLog {
+        /// Only this unit's log (repeatable).
+        #[arg(long = "include", value_name = "UNIT")]
+        include: Vec<String>,
+        /// Lines of each log to show first.
+        #[arg(long = "lines", short = 'n', default_value_t = 10)]
+        lines: usize,
+        /// Show and exit instead of following.
+        #[arg(long)]
+        no_tail: bool,
+    },
     /// Run a machine agent from DIR/agent.conf, talking to the controller's API only.
     Agent {
         #[arg(long)]
@@ -429,6 +442,14 @@ fn run(cli: Cli) -> Result<()> {
                 .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .init();
             runtime()?.block_on(controller::run(&home, &name, store))?;
+        }
+        Command::DebugLog {
+            include,
+            lines,
+            no_tail,
+        } => {
+            let name = home.select(env_flag)?;
+            debuglog::run(&home, &name, &include, lines, !no_tail, out)?;
         }
         Command::Agent { data_dir } => {
             tracing_subscriber::fmt()
@@ -742,6 +763,7 @@ fn model_command(
         | Command::DestroyEnvironment { .. }
         | Command::Controller
         | Command::Agent { .. }
+        | Command::DebugLog { .. }
         | Command::DummyCloud { .. } => unreachable!("handled by run"),
     }
     Ok(())

@@ -410,3 +410,43 @@ fn reads_in_a_hook_are_a_snapshot_and_a_failed_hooks_relation_set_is_discarded()
     assert!(text.contains("saw secret=[]"), "{text}");
     assert!(!text.contains("saw secret=[from-"), "{text}");
 }
+
+#[test]
+fn debug_log_shows_the_units_logs_prefixed_and_filtered() {
+    let j = Jujube::new();
+    j.run(&["bootstrap", "t"]).ok();
+    j.run(&["deploy", &j.charm("wordpress")]).ok();
+    j.run(&["deploy", &j.charm("mysql")]).ok();
+    let _ctl = j.controller();
+    j.run(&["wait", "--timeout", "60s"]).ok();
+    eventually("both units started", || {
+        let st = j.status();
+        st["services"]["mysql"]["units"]["mysql/0"]["agent-status"] == "started"
+            && st["services"]["wordpress"]["units"]["wordpress/0"]["agent-status"] == "started"
+    });
+    let all = j.run(&["debug-log", "--no-tail"]).ok().stdout;
+    assert!(
+        all.contains("mysql/0: ") && all.contains("wordpress/0: "),
+        "{all}"
+    );
+    assert!(
+        all.lines()
+            .any(|l| l.starts_with("wordpress/0: ") && l.ends_with("hook: start")),
+        "{all}"
+    );
+    let one = j
+        .run(&[
+            "debug-log",
+            "--no-tail",
+            "--include",
+            "mysql/0",
+            "--lines",
+            "1",
+        ])
+        .ok()
+        .stdout;
+    assert_eq!(one.lines().count(), 1, "{one}");
+    assert!(one.starts_with("mysql/0: "), "{one}");
+    let r = j.run(&["debug-log", "--no-tail", "--include", "no such"]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+}
