@@ -316,17 +316,9 @@ impl UnitAgent {
             .joined
             .clone();
         for gone in known.keys().filter(|u| !remote.contains(u)) {
-            if !self
-                .run_hook(
-                    relations,
-                    Hook::relation(rel.id, name, "departed", Some(gone)),
-                )
-                .await?
-            {
+            if !self.depart(rel.id, name, gone, relations).await? {
                 return Ok(false);
             }
-            self.relation_state(rel.id).joined.remove(gone);
-            self.save_hooks()?;
         }
         for u in &remote {
             let settings = digest(&self.api.relation_settings(rel.id, u).await?);
@@ -409,6 +401,25 @@ impl UnitAgent {
         self.hook_state().relations.entry(id).or_default()
     }
 
+    /// `-departed` for `gone`, then forgets it. `Ok(false)`: the hook failed.
+    async fn depart(
+        &mut self,
+        rel: i64,
+        name: &str,
+        gone: &str,
+        relations: &BTreeMap<i64, String>,
+    ) -> Result<bool> {
+        if !self
+            .run_hook(relations, Hook::relation(rel, name, "departed", Some(gone)))
+            .await?
+        {
+            return Ok(false);
+        }
+        self.relation_state(rel).joined.remove(gone);
+        self.save_hooks()?;
+        Ok(true)
+    }
+
     /// Before leaving a scope: `-departed` for every remote unit, then
     /// `-broken`, once.
     async fn break_relation(
@@ -424,17 +435,9 @@ impl UnitAgent {
             return Ok(true);
         };
         for gone in state.joined.keys() {
-            if !self
-                .run_hook(
-                    relations,
-                    Hook::relation(rel.id, name, "departed", Some(gone)),
-                )
-                .await?
-            {
+            if !self.depart(rel.id, name, gone, relations).await? {
                 return Ok(false);
             }
-            self.relation_state(rel.id).joined.remove(gone);
-            self.save_hooks()?;
         }
         if !self
             .run_hook(relations, Hook::relation(rel.id, name, "broken", None))
