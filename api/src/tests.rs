@@ -704,3 +704,31 @@ async fn a_watch_nobody_reads_holds_one_notice_not_a_backlog() {
     assert!(seen.len() <= 3, "{} notices for 300 changes", seen.len());
     assert_eq!(seen.last().unwrap().revision, head);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_machines_credential_stops_working() {
+    use jujube_state::{AgentOp, Caller};
+    let w = World::new().await;
+    // A machine never provisioned: the controller may take it to Dead and
+    // remove it.
+    let id = w.store.add_machines(1, None, None).unwrap()[0];
+    let conf = w.machine_conf(id);
+    w.remote(&conf).machine(id).await.unwrap();
+    w.store.destroy_machines(&[id]).unwrap();
+    w.store
+        .apply(
+            &Caller::Controller,
+            &AgentOp::EnsureDeadMachine { machine: id },
+        )
+        .unwrap();
+    w.store
+        .apply(&Caller::Controller, &AgentOp::RemoveMachine { machine: id })
+        .unwrap();
+    assert_eq!(
+        w.store.agent_credential(&format!("machine-{id}")).unwrap(),
+        None
+    );
+    let e = w.remote(&conf).machine(id).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::Unauthorized, "{e:?}");
+    assert!(e.message.contains("invalid credentials"), "{e}");
+}
