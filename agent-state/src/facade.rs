@@ -17,7 +17,8 @@ use crate::hub::{Hub, Key};
 use async_trait::async_trait;
 use jujube_agent::api::{
     AgentStatus, ApiError, ApiResult, CharmRef, Connector, EndpointView, ErrorCode, Facade,
-    MachineView, NoticeStream, RelationView, Tag, UnitRef, UnitView, WatchTarget,
+    MachineView, NoticeStream, RelationView, RunRequest, RunResult, Tag, UnitRef, UnitView,
+    WatchTarget,
 };
 use jujube_state::agents::deployer_of;
 use jujube_state::{AgentOp, Caller, Relation, Store, Unit};
@@ -355,6 +356,15 @@ impl Facade for InProcess {
                 .collect(),
             subordinates: c.subordinates.iter().map(unit_ref).collect(),
             resolved: c.unit.resolved,
+            runs: c
+                .runs
+                .into_iter()
+                .map(|r| RunRequest {
+                    id: r.id,
+                    argv: r.argv,
+                    timeout: r.timeout,
+                })
+                .collect(),
         })
     }
 
@@ -386,7 +396,12 @@ impl Facade for InProcess {
             .await
     }
 
-    async fn enter_scope(&self, relation: i64, unit: &str) -> ApiResult<()> {
+    async fn enter_scope(
+        &self,
+        relation: i64,
+        unit: &str,
+        settings: Vec<(String, String)>,
+    ) -> ApiResult<()> {
         self.my_relation(
             relation,
             unit,
@@ -395,6 +410,23 @@ impl Facade for InProcess {
         self.write(AgentOp::EnterScope {
             relation,
             unit: unit.into(),
+            settings,
+        })
+        .await
+    }
+
+    async fn finish_run(&self, unit: &str, id: i64, result: RunResult) -> ApiResult<()> {
+        if !self.is_unit(unit) {
+            return Err(self.denied(format!("answer run {id} of unit `{unit}`")));
+        }
+        self.write(AgentOp::FinishRun {
+            unit: unit.into(),
+            id,
+            result: jujube_state::runs::RunResult {
+                code: result.code,
+                stdout: result.stdout,
+                stderr: result.stderr,
+            },
         })
         .await
     }

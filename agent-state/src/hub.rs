@@ -225,6 +225,7 @@ impl Hub {
         let mut services = BTreeSet::new();
         let mut machines = BTreeSet::new();
         let mut scopes = BTreeSet::new();
+        let mut runs = BTreeSet::new();
         for c in &batch.changes {
             match c.kind {
                 ChangeKind::Unit => {
@@ -250,10 +251,14 @@ impl Hub {
                         }
                     }
                 }
+                // A run queued for a unit is its own agent's business only.
+                ChangeKind::Run => {
+                    runs.insert(c.id.as_str());
+                }
                 ChangeKind::Environment | ChangeKind::Cleanup => {}
             }
         }
-        let mut keys = HashSet::new();
+        let mut keys: HashSet<Key> = runs.into_iter().map(|u| Key::Unit(u.to_string())).collect();
         for name in units {
             let now = match store.unit(name) {
                 Ok(u) => Some(UnitRoute {

@@ -154,6 +154,7 @@ fn scoped_world() -> (World, i64, i64) {
             AgentOp::EnterScope {
                 relation: rel,
                 unit: unit(u),
+                settings: Vec::new(),
             },
         );
     }
@@ -163,6 +164,7 @@ fn scoped_world() -> (World, i64, i64) {
             AgentOp::EnterScope {
                 relation: info,
                 unit: unit(u),
+                settings: Vec::new(),
             },
         );
     }
@@ -317,6 +319,12 @@ async fn the_facade_refuses_every_method_outside_the_callers_scope() {
         denied(&w, f.ensure_dying_unit(u).await, b);
         denied(&w, f.clear_resolved(u).await, b);
         denied(&w, f.set_port(u, "80/tcp", true).await, b);
+        let answer = jujube_agent::api::RunResult {
+            code: 0,
+            stdout: String::new(),
+            stderr: String::new(),
+        };
+        denied(&w, f.finish_run(u, 1, answer).await, b);
     }
     // enter/leave scope, scope units, relation settings: only its own unit,
     // in relations of its own service
@@ -326,7 +334,7 @@ async fn the_facade_refuses_every_method_outside_the_callers_scope() {
         (&m1, db, "wordpress/0"),
         (&wp, 999, "wordpress/0"),
     ] {
-        denied(&w, f.enter_scope(rel, u).await, b);
+        denied(&w, f.enter_scope(rel, u, vec![]).await, b);
         denied(&w, f.leave_scope(rel, u).await, b);
         denied(&w, f.scope_units(rel, u).await, b);
         denied(
@@ -385,6 +393,7 @@ fn the_store_checks_the_caller_of_every_agent_side_write() {
             AgentOp::EnterScope {
                 relation: db,
                 unit: unit("wordpress/1"),
+                settings: Vec::new(),
             },
         ),
         (
@@ -439,8 +448,28 @@ fn the_store_checks_the_caller_of_every_agent_side_write() {
             AgentOp::EnsureDeadMachine { machine: 1 },
         ),
         (m(1), AgentOp::RemoveMachine { machine: 1 }),
+        // A run is answered by its unit's own agent only.
+        (
+            m(1),
+            AgentOp::FinishRun {
+                unit: unit("wordpress/0"),
+                id: 1,
+                result: answer(),
+            },
+        ),
+        (
+            u("mysql/0"),
+            AgentOp::FinishRun {
+                unit: unit("wordpress/0"),
+                id: 1,
+                result: answer(),
+            },
+        ),
     ];
     w.provision();
+    w.store
+        .queue_run("wordpress/0", &["true".to_string()], 60)
+        .unwrap();
     let before_provisioned = w.digest();
     assert_ne!(before, before_provisioned);
     for (by, op) in cases {
@@ -644,4 +673,12 @@ async fn watches_tell_exactly_the_agents_that_can_see_a_change() {
 #[allow(dead_code)]
 fn facade_is_object_safe(f: Arc<dyn Facade>) -> Arc<dyn Facade> {
     f
+}
+
+fn answer() -> jujube_state::runs::RunResult {
+    jujube_state::runs::RunResult {
+        code: 0,
+        stdout: "forged".into(),
+        stderr: String::new(),
+    }
 }

@@ -135,6 +135,26 @@ pub struct UnitView {
     /// `no-hooks`, until the agent clears it.
     #[serde(default)]
     pub resolved: Option<String>,
+    /// `jujube run` requests for the unit, oldest first.
+    #[serde(default)]
+    pub runs: Vec<RunRequest>,
+}
+
+/// A command `jujube run` asked the unit's agent to run in a hook context.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRequest {
+    pub id: i64,
+    pub argv: Vec<String>,
+    /// Seconds before the agent kills it.
+    pub timeout: u64,
+}
+
+/// What a run printed and exited with (`-1`: killed or could not start).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunResult {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
 }
 
 impl UnitView {
@@ -254,7 +274,14 @@ pub trait Facade: Send + Sync + 'static {
     /// A hook's `open-port` (`open`) or `close-port`; `port` is `N/tcp` or
     /// `N/udp`.
     async fn set_port(&self, unit: &str, port: &str, open: bool) -> ApiResult<()>;
-    async fn enter_scope(&self, relation: i64, unit: &str) -> ApiResult<()>;
+    /// Enters the scope with `settings` as the unit's first settings in it
+    /// (its `private-address`), in one transaction.
+    async fn enter_scope(
+        &self,
+        relation: i64,
+        unit: &str,
+        settings: Vec<(String, String)>,
+    ) -> ApiResult<()>;
     async fn leave_scope(&self, relation: i64, unit: &str) -> ApiResult<()>;
     /// The units `unit` sees in the relation's scope (its counterparts, in
     /// its own container for a container-scoped relation).
@@ -269,6 +296,8 @@ pub trait Facade: Send + Sync + 'static {
         relation: i64,
         unit: &str,
     ) -> ApiResult<BTreeMap<String, String>>;
+    /// Answers a `jujube run` request of the caller's own unit (once).
+    async fn finish_run(&self, unit: &str, id: i64, result: RunResult) -> ApiResult<()>;
     /// Changes the caller's own settings in a relation whose scope it is in
     /// (`None` deletes a key).
     async fn update_relation_settings(

@@ -475,10 +475,24 @@ impl Facade for Remote {
         })
         .await
     }
-    async fn enter_scope(&self, relation: i64, unit: &str) -> ApiResult<()> {
+    async fn enter_scope(
+        &self,
+        relation: i64,
+        unit: &str,
+        settings: Vec<(String, String)>,
+    ) -> ApiResult<()> {
         self.call(Call::EnterScope {
             relation,
             unit: unit.into(),
+            settings,
+        })
+        .await
+    }
+    async fn finish_run(&self, unit: &str, id: i64, result: RunResult) -> ApiResult<()> {
+        self.call(Call::FinishRun {
+            unit: unit.into(),
+            id,
+            result,
         })
         .await
     }

@@ -19,7 +19,8 @@
 //! unit Dead and stops for good. Its deployer then recalls and removes it.
 
 use crate::api::{
-    AgentStatus, ApiError, Connector, ErrorCode, Facade, RelationView, UnitView, WatchTarget,
+    AgentStatus, ApiError, Connector, ErrorCode, Facade, RelationView, RunResult, UnitView,
+    WatchTarget,
 };
 use crate::deployer::{unit_dir_name, Deployer};
 use crate::hooks::context::{HookContext, ToolServer};
@@ -184,51 +185,15 @@ impl UnitAgent {
         if !dir.join("charm/hooks").join(&hook.name).exists() {
             return Ok(true);
         }
-        if self.tools.is_none() {
-            let mut socket = dir.join("agent.socket");
-            if socket.as_os_str().len() > 100 {
-                // A unix socket path is limited to 107 bytes.
-                socket = std::env::temp_dir().join(format!("jujube-{}.socket", digest(&socket)));
-            }
-            self.tools = Some(
-                ToolServer::start(&socket).map_err(|source| crate::Error::Io {
-                    action: "listen on",
-                    path: socket.clone(),
-                    source,
-                })?,
-            );
-        }
-        self.contexts += 1;
-        let id = format!("{}-{}-{}", self.name, hook.name, self.contexts);
         self.hook_state().running = Some(HookRecord::from(&hook));
         self.save_hooks()?;
-        let ctx = Arc::new(HookContext::new(
-            id.clone(),
-            &self.name,
-            hook.relation.clone(),
-            hook.remote.clone(),
-            relations.clone(),
-            self.api.clone(),
-            self.log_path(),
-        ));
-        let tools = self.tools.as_ref().expect("just started");
-        tools.set(Some(ctx.clone())).await;
-        let socket = tools.path.clone();
+        let (id, ctx, socket) = self.open_context(&hook, relations).await?;
         let log = self.log_path();
         let outcome = runner::run(&dir, &log, &self.name, &id, &socket, &hook).await;
-        tools.set(None).await;
-        // Listening only while a hook runs: a socket per running hook, not
-        // per unit.
-        self.tools = None;
+        self.close_context().await;
         match outcome {
             Outcome::Missing | Outcome::Succeeded => {
-                // The hook's relation-sets, now that it succeeded.
-                let pending = std::mem::take(&mut *ctx.pending.lock().await);
-                for (rel, changes) in pending {
-                    self.api
-                        .update_relation_settings(rel, &self.name, changes.into_iter().collect())
-                        .await?;
-                }
+                self.commit_context(&ctx).await?;
                 if outcome == Outcome::Succeeded {
                     debug!(unit = %self.name, hook = %hook.name, "hook ran");
                 }
@@ -245,6 +210,110 @@ impl UnitAgent {
                 Ok(false)
             }
         }
+    }
+
+    /// Opens a hook context for `hook` on the unit's tool socket (listening
+    /// only while something runs in a context: a socket per running hook,
+    /// not per unit). Returns its id, the context and the socket's path.
+    async fn open_context(
+        &mut self,
+        hook: &Hook,
+        relations: &BTreeMap<i64, String>,
+    ) -> Result<(String, Arc<HookContext>, PathBuf)> {
+        if self.tools.is_none() {
+            let mut socket = self.dir().join("agent.socket");
+            if socket.as_os_str().len() > 100 {
+                // A unix socket path is limited to 107 bytes.
+                socket = std::env::temp_dir().join(format!("jujube-{}.socket", digest(&socket)));
+            }
+            self.tools = Some(
+                ToolServer::start(&socket).map_err(|source| crate::Error::Io {
+                    action: "listen on",
+                    path: socket.clone(),
+                    source,
+                })?,
+            );
+        }
+        self.contexts += 1;
+        let id = format!("{}-{}-{}", self.name, hook.name, self.contexts);
+        let ctx = Arc::new(HookContext::new(
+            id.clone(),
+            &self.name,
+            hook.relation.clone(),
+            hook.remote.clone(),
+            relations.clone(),
+            self.api.clone(),
+            self.log_path(),
+        ));
+        let tools = self.tools.as_ref().expect("just started");
+        tools.set(Some(ctx.clone())).await;
+        Ok((id, ctx, tools.path.clone()))
+    }
+
+    async fn close_context(&mut self) {
+        if let Some(tools) = self.tools.take() {
+            tools.set(None).await;
+        }
+    }
+
+    /// Writes a context's `relation-set`s, now that what ran in it
+    /// succeeded.
+    async fn commit_context(&self, ctx: &HookContext) -> Result<()> {
+        let pending = std::mem::take(&mut *ctx.pending.lock().await);
+        for (rel, changes) in pending {
+            self.api
+                .update_relation_settings(rel, &self.name, changes.into_iter().collect())
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// `jujube run`: each queued command in turn, in a hook context of its
+    /// own, between hooks (never during one), answered through the facade.
+    /// Its `relation-set`s are written if it exits 0, as a hook's are.
+    async fn run_commands(
+        &mut self,
+        view: &UnitView,
+        relations: &BTreeMap<i64, String>,
+    ) -> Result<bool> {
+        if view.runs.is_empty() {
+            return Ok(false);
+        }
+        for run in &view.runs {
+            let result = if self.has_charm() {
+                let (id, ctx, socket) = self.open_context(&Hook::unit("run"), relations).await?;
+                let out = runner::run_command(
+                    &self.dir(),
+                    &self.log_path(),
+                    &self.name,
+                    &id,
+                    &socket,
+                    &run.argv,
+                    std::time::Duration::from_secs(run.timeout),
+                )
+                .await;
+                self.close_context().await;
+                if out.code == 0 {
+                    self.commit_context(&ctx).await?;
+                }
+                RunResult {
+                    code: out.code,
+                    stdout: out.stdout,
+                    stderr: out.stderr,
+                }
+            } else {
+                RunResult {
+                    code: -1,
+                    stdout: String::new(),
+                    stderr: format!(
+                        "error: unit `{}` has no charm deployed yet; try again once `jujube wait` succeeds\n",
+                        self.name
+                    ),
+                }
+            };
+            self.api.finish_run(&self.name, run.id, result).await?;
+        }
+        Ok(true)
     }
 
     /// install, config-changed, start — once, in that order — and
@@ -489,6 +558,24 @@ impl Agent for UnitAgent {
             Err(e) if e.is_unauthorized() => return Ok(Step::Done),
             Err(e) => return Err(e.into()),
         };
+        let side = |rel: &RelationView| {
+            rel.endpoints
+                .iter()
+                .find(|e| e.service == view.service)
+                .map(|e| e.relation.clone())
+                .unwrap_or_default()
+        };
+        let in_scope: BTreeMap<i64, String> = view
+            .relations
+            .iter()
+            .filter(|r| r.in_scope)
+            .map(|r| (r.id, side(r)))
+            .collect();
+        // Commands run even on a unit whose hook failed: that is when a
+        // user most wants to look around in its context.
+        if self.run_commands(&view, &in_scope).await? {
+            return Ok(Step::Again);
+        }
         // A failed hook holds the unit, whatever its life, until resolved.
         if let Some(failed) = self.hook_state().failed.clone() {
             match view.resolved.as_deref() {
@@ -513,19 +600,6 @@ impl Agent for UnitAgent {
             self.api.clear_resolved(&self.name).await?;
             return Ok(Step::Again);
         }
-        let side = |rel: &RelationView| {
-            rel.endpoints
-                .iter()
-                .find(|e| e.service == view.service)
-                .map(|e| e.relation.clone())
-                .unwrap_or_default()
-        };
-        let in_scope: BTreeMap<i64, String> = view
-            .relations
-            .iter()
-            .filter(|r| r.in_scope)
-            .map(|r| (r.id, side(r)))
-            .collect();
         self.scopes = in_scope.keys().copied().collect();
         let mut acted = false;
         match view.life {
@@ -540,20 +614,12 @@ impl Agent for UnitAgent {
                 }
                 for rel in &view.relations {
                     if rel.life == Life::Alive && !rel.in_scope && belongs_in(&view, rel) {
-                        if went_through(self.api.enter_scope(rel.id, &self.name).await)? {
-                            acted = true;
-                            // Its address first, so that the other side's
-                            // -joined/-changed can read it.
-                            let _ = went_through(
-                                self.api
-                                    .update_relation_settings(
-                                        rel.id,
-                                        &self.name,
-                                        vec![("private-address".into(), Some("127.0.0.1".into()))],
-                                    )
-                                    .await,
-                            )?;
-                        }
+                        // Its address with it, in one transaction, so
+                        // that the other side's -joined/-changed can
+                        // always read it.
+                        let address = vec![("private-address".into(), runner::private_address())];
+                        acted |=
+                            went_through(self.api.enter_scope(rel.id, &self.name, address).await)?;
                     } else if rel.life == Life::Alive && rel.in_scope {
                         if !self.relation_hooks(rel, &side(rel), &in_scope).await? {
                             return Ok(Step::Idle);

@@ -15,7 +15,9 @@
 //! - every request carries [`TAG_HEADER`] (who) and `authorization: Bearer
 //!   SECRET` (proof).
 
-use crate::api::{AgentStatus, ApiError, ApiResult, ErrorCode, Facade, Tag, WatchTarget};
+use crate::api::{
+    AgentStatus, ApiError, ApiResult, ErrorCode, Facade, RunResult, Tag, WatchTarget,
+};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -77,6 +79,13 @@ pub enum Call {
     EnterScope {
         relation: i64,
         unit: String,
+        #[serde(default)]
+        settings: Vec<(String, String)>,
+    },
+    FinishRun {
+        unit: String,
+        id: i64,
+        result: RunResult,
     },
     LeaveScope {
         relation: i64,
@@ -130,6 +139,7 @@ impl Call {
             Call::ClearResolved { .. } => "clear-resolved",
             Call::SetPort { .. } => "set-port",
             Call::EnterScope { .. } => "enter-scope",
+            Call::FinishRun { .. } => "finish-run",
             Call::LeaveScope { .. } => "leave-scope",
             Call::ScopeUnits { .. } => "scope-units",
             Call::ServiceConfig { .. } => "service-config",
@@ -185,7 +195,12 @@ pub async fn dispatch(facade: &dyn Facade, call: Call) -> ApiResult<serde_json::
         Call::EnsureDyingUnit { unit } => encode(facade.ensure_dying_unit(&unit).await?),
         Call::ClearResolved { unit } => encode(facade.clear_resolved(&unit).await?),
         Call::SetPort { unit, port, open } => encode(facade.set_port(&unit, &port, open).await?),
-        Call::EnterScope { relation, unit } => encode(facade.enter_scope(relation, &unit).await?),
+        Call::EnterScope {
+            relation,
+            unit,
+            settings,
+        } => encode(facade.enter_scope(relation, &unit, settings).await?),
+        Call::FinishRun { unit, id, result } => encode(facade.finish_run(&unit, id, result).await?),
         Call::LeaveScope { relation, unit } => encode(facade.leave_scope(relation, &unit).await?),
         Call::ScopeUnits { relation, unit } => encode(facade.scope_units(relation, &unit).await?),
         Call::ServiceConfig { service } => encode(facade.service_config(&service).await?),

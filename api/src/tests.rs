@@ -4,7 +4,7 @@
 //! entity, watches that survive a server restart, and the limits.
 
 use crate::{tls, ApiServer, Limits};
-use jujube_agent::api::{AgentStatus, ErrorCode, Facade, Tag, WatchTarget};
+use jujube_agent::api::{AgentStatus, ErrorCode, Facade, RunResult, Tag, WatchTarget};
 use jujube_agent::remote::Remote;
 use jujube_agent::wire::{new_secret, secret_hash, AgentConf};
 use jujube_agent_state::Facades;
@@ -199,7 +199,13 @@ async fn try_everything_out_of_scope(api: &dyn Facade, machine: i64, unit: &str,
     assert_unauthorized("ensure_dying_unit", api.ensure_dying_unit(unit).await);
     assert_unauthorized("clear_resolved", api.clear_resolved(unit).await);
     assert_unauthorized("set_port", api.set_port(unit, "80/tcp", true).await);
-    assert_unauthorized("enter_scope", api.enter_scope(relation, unit).await);
+    let answer = RunResult {
+        code: 0,
+        stdout: String::new(),
+        stderr: String::new(),
+    };
+    assert_unauthorized("finish_run", api.finish_run(unit, 1, answer).await);
+    assert_unauthorized("enter_scope", api.enter_scope(relation, unit, vec![]).await);
     assert_unauthorized("leave_scope", api.leave_scope(relation, unit).await);
     assert_unauthorized("scope_units", api.scope_units(relation, unit).await);
     assert_unauthorized(
@@ -290,7 +296,7 @@ async fn a_unit_agent_sees_its_unit_its_relations_and_its_container_only() {
     assert_eq!(view.service, "wordpress");
     let db = relation(&w, "mysql");
     let logging = relation(&w, "logging");
-    api.enter_scope(db, "wordpress/0").await.unwrap();
+    api.enter_scope(db, "wordpress/0", vec![]).await.unwrap();
     api.update_relation_settings(
         db,
         "wordpress/0",
@@ -308,7 +314,9 @@ async fn a_unit_agent_sees_its_unit_its_relations_and_its_container_only() {
     );
     // Entering the container scope creates its subordinate, which it may
     // give a credential to, and whose agent then sees only its container.
-    api.enter_scope(logging, "wordpress/0").await.unwrap();
+    api.enter_scope(logging, "wordpress/0", vec![])
+        .await
+        .unwrap();
     let subs = api.unit("wordpress/0").await.unwrap().subordinates;
     assert_eq!(subs.len(), 1);
     let sub = subs[0].name.clone();
@@ -330,7 +338,9 @@ async fn a_unit_agent_sees_its_unit_its_relations_and_its_container_only() {
         Tag::unit("wordpress/1"),
         machine2.new_unit_credential("wordpress/1").await.unwrap(),
     ));
-    wp1.enter_scope(logging, "wordpress/1").await.unwrap();
+    wp1.enter_scope(logging, "wordpress/1", vec![])
+        .await
+        .unwrap();
     let other_sub = wp1.unit("wordpress/1").await.unwrap().subordinates[0]
         .name
         .clone();

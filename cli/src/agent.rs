@@ -50,6 +50,7 @@ pub async fn run(data_dir: &Path) -> Result<()> {
         name: conf.env_name.clone(),
         api_addresses: conf.api_addresses.clone(),
         exe: std::env::current_exe().ok(),
+        private_address: None,
     });
     let api = Arc::new(Remote::new(&conf).map_err(|e| anyhow!("{e}"))?);
     let creds = data_dir.join("credentials");

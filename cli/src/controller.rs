@@ -277,6 +277,7 @@ pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
         name: env_name.to_string(),
         api_addresses: api.addresses(),
         exe: std::env::current_exe().ok(),
+        private_address: None,
     });
     let mode = agent_mode(home, env_name, &store, &api)?;
     let agents = jujube_agent_state::Host::start_with(
@@ -388,6 +389,55 @@ fn progress_line(p: &jujube_state::status::Progress, stuck: &[String]) -> (Strin
 /// `jujube wait`: until nothing can make progress, or the timeout. Succeeds
 /// only when everything converged without error; otherwise the error lists
 /// every machine in error (and, on timeout, what is still stuck).
+/// `jujube run UNIT -- CMD...`: queues the command for the unit's agent,
+/// waits for its answer, prints its output (stdout to `out`, stderr to
+/// stderr) and returns its exit status (1 when it could not run or was
+/// killed). The unit's agent runs it in a hook context between hooks.
+pub async fn run_command(
+    home: &Home,
+    env_name: &str,
+    store: &Store,
+    unit: &str,
+    argv: &[String],
+    timeout: Duration,
+    out: &mut impl Write,
+) -> Result<u8> {
+    if try_lock(home, env_name)?.is_some() {
+        bail!("no controller runs for environment `{env_name}`, so no agent can run the command; start one with `jujube controller`");
+    }
+    let id = store.queue_run(unit, argv, timeout.as_secs().max(1))?;
+    // The agent kills the command at `timeout`; a little longer for the
+    // agent to pick it up and answer.
+    let deadline = tokio::time::Instant::now() + timeout + Duration::from_secs(30);
+    let mut watcher = store
+        .watch(store.head_revision()?)
+        .with_poll_interval(Duration::from_millis(100));
+    let result = loop {
+        match store.run_result(id) {
+            Ok(Some(r)) => break r,
+            Ok(None) => {}
+            Err(jujube_state::Error::NotFound { .. }) => {
+                bail!("unit `{unit}` was removed before it ran the command")
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if tokio::time::timeout_at(deadline, watcher.next())
+            .await
+            .is_err()
+        {
+            bail!("unit `{unit}` did not run the command within {}s; is its agent running? (`jujube status` shows its agent-status)", timeout.as_secs() + 30);
+        }
+    };
+    let _ = store.forget_run(id);
+    out.write_all(result.stdout.as_bytes())?;
+    out.flush()?;
+    eprint!("{}", result.stderr);
+    Ok(match result.code {
+        0..=255 => result.code as u8,
+        _ => 1,
+    })
+}
+
 pub async fn wait(store: &Store, timeout: Duration) -> Result<()> {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut progress = Reporter::new("wait", true);

@@ -232,6 +232,19 @@ enum Command {
         #[arg(long)]
         no_tail: bool,
     },
+    /// Run a command in a unit's hook context (Juju's `juju-run`), between its hooks;
+    /// prints its output and exits with its status. The hook tools work in it; no shell
+    /// unless you ask for one (`-- sh -c '...'`). Needs a running controller.
+    Run {
+        /// The unit, e.g. `wordpress/0`.
+        unit: String,
+        /// How long the command may run before its agent kills it.
+        #[arg(long, default_value = "5m")]
+        timeout: String,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true, value_name = "COMMAND")]
+        command: Vec<String>,
+    },
     /// Run a machine agent from DIR/agent.conf, talking to the controller's API only.
     Agent {
         #[arg(long)]
@@ -284,6 +297,11 @@ struct Usage(String);
 fn usage(msg: impl Into<String>) -> anyhow::Error {
     Usage(msg.into()).into()
 }
+
+/// `jujube run` exits with its command's status, saying nothing more.
+#[derive(Debug, thiserror::Error)]
+#[error("the command exited with status {0}")]
+struct ExitWith(u8);
 
 fn key_values(args: &[String], what: &str) -> Result<Vec<(String, String)>> {
     args.iter()
@@ -349,6 +367,9 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            if let Some(ExitWith(code)) = e.downcast_ref::<ExitWith>() {
+                return ExitCode::from(*code);
+            }
             let usage = e.downcast_ref::<Usage>().is_some();
             let mut msg = e.to_string();
             for cause in e.chain().skip(1) {
@@ -450,6 +471,25 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             let name = home.select(env_flag)?;
             debuglog::run(&home, &name, &include, lines, !no_tail, out)?;
+        }
+        Command::Run {
+            unit,
+            timeout,
+            command,
+        } => {
+            let timeout = jujube_core::duration::parse(&timeout).ok_or_else(|| {
+                usage(format!(
+                    "invalid `--timeout {timeout}`: use a duration such as `90s` or `5m`"
+                ))
+            })?;
+            let name = home.select(env_flag)?;
+            let store = home.open(&name)?;
+            let code = runtime()?.block_on(controller::run_command(
+                &home, &name, &store, &unit, &command, timeout, out,
+            ))?;
+            if code != 0 {
+                return Err(ExitWith(code).into());
+            }
         }
         Command::Agent { data_dir } => {
             tracing_subscriber::fmt()
@@ -764,6 +804,7 @@ fn model_command(
         | Command::Controller
         | Command::Agent { .. }
         | Command::DebugLog { .. }
+        | Command::Run { .. }
         | Command::DummyCloud { .. } => unreachable!("handled by run"),
     }
     Ok(())

@@ -343,7 +343,26 @@ impl Provisioner {
         // Dying machines are their agents' to set Dead (the agent runs on
         // the machine's instance); the controller only stops Dead ones.
         let inflight: HashSet<i64> = lock(&self.inner.inflight).keys().copied().collect();
-        let machines = store.machines()?;
+        // A pass runs on every commit. Most find nothing to do, so they read
+        // only the machines they could act on (an index holds them); every
+        // machine is read only when starting some (zones are spread over
+        // all of them) or when the cloud is to be listed (the poller and the
+        // harvest compare it with all of them).
+        let due = lock(&self.inner.last_listing).is_none_or(|t| t.elapsed() >= cfg.list_interval);
+        let actionable = store.actionable_machines()?;
+        let needs_all = due
+            || actionable.iter().any(|m| {
+                !inflight.contains(&m.id)
+                    && m.instance_id.is_none()
+                    && ((m.life != Life::Alive && m.nonce.is_some())
+                        || (m.life == Life::Alive && m.status != machine_status::ERROR))
+            });
+        let machines = if needs_all {
+            drop(actionable);
+            store.machines()?
+        } else {
+            actionable
+        };
         let dead: Vec<&Machine> = machines
             .iter()
             .filter(|m| m.life == Life::Dead && m.instance_id.is_some())
@@ -438,7 +457,6 @@ impl Provisioner {
         // is tens of megabytes, not to be held beside the listing below.
         let watched = harvest::watched(&machines);
         drop(machines);
-        let due = lock(&self.inner.last_listing).is_none_or(|t| t.elapsed() >= cfg.list_interval);
         if due || listing.is_some() {
             let instances = match listing {
                 Some(l) => l,

@@ -10,6 +10,7 @@
 //! | unit status | the unit's agent (which marks the unit's agent started), or its deployer |
 //! | machine agent status | the machine's agent |
 //! | enter/leave scope, relation settings | the unit's agent |
+//! | answer a `jujube run` | the unit's agent |
 //! | set own unit Dying (service Dying, subordinate orphaned) | the unit's agent |
 //! | set a unit Dead | the unit's agent, or its deployer (for a unit it never deployed) |
 //! | remove a unit | its deployer: the machine agent for a principal, the principal's unit agent for a subordinate |
@@ -84,9 +85,13 @@ pub enum AgentOp {
         status: String,
         info: String,
     },
+    /// Enters the scope with `settings` as the unit's first relation
+    /// settings (its `private-address`), in the same transaction: no
+    /// counterpart ever sees it in scope without them.
     EnterScope {
         relation: i64,
         unit: String,
+        settings: Vec<(String, String)>,
     },
     LeaveScope {
         relation: i64,
@@ -115,6 +120,12 @@ pub enum AgentOp {
     },
     RemoveMachine {
         machine: i64,
+    },
+    /// The unit's agent answers a `jujube run` request.
+    FinishRun {
+        unit: String,
+        id: i64,
+        result: crate::runs::RunResult,
     },
 }
 
@@ -249,14 +260,35 @@ fn apply_in(tx: &mut Tx<'_>, by: &Caller, op: &AgentOp) -> Result<()> {
             }
             Ok(())
         }
-        AgentOp::EnterScope { relation, unit } => {
+        AgentOp::EnterScope {
+            relation,
+            unit,
+            settings,
+        } => {
             if !is_unit(by, unit) {
                 return Err(unauthorized(
                     by,
                     format!("enter the scope of relation `{relation}` for unit `{unit}`"),
                 ));
             }
-            Store::enter_scope_in(tx, *relation, unit)
+            Store::enter_scope_in(tx, *relation, unit)?;
+            if settings.is_empty() {
+                return Ok(());
+            }
+            let changes: Vec<(String, Option<String>)> = settings
+                .iter()
+                .map(|(k, v)| (k.clone(), Some(v.clone())))
+                .collect();
+            Store::update_relation_settings_in(tx, *relation, unit, &changes)
+        }
+        AgentOp::FinishRun { unit, id, result } => {
+            if !is_unit(by, unit) {
+                return Err(unauthorized(
+                    by,
+                    format!("answer run {id} of unit `{unit}`"),
+                ));
+            }
+            crate::runs::finish_run_in(tx, unit, *id, result)
         }
         AgentOp::LeaveScope { relation, unit } => {
             if !is_unit(by, unit) {
@@ -368,6 +400,8 @@ pub struct UnitContext {
     pub relations: Vec<RelationContext>,
     /// The unit's subordinates, by service and number.
     pub subordinates: Vec<Unit>,
+    /// `jujube run` requests waiting for the unit's agent, oldest first.
+    pub runs: Vec<crate::runs::RunRequest>,
 }
 
 fn units_where(c: &Connection, clause: &str, arg: &dyn rusqlite::ToSql) -> Result<Vec<Unit>> {
@@ -450,12 +484,14 @@ impl Store {
                 })
                 .collect();
             let subordinates = units_where(c, "principal = ?1", &name)?;
+            let runs = crate::runs::pending_runs_in(c, name)?;
             Ok(UnitContext {
                 unit,
                 service,
                 principal_service,
                 relations,
                 subordinates,
+                runs,
             })
         })
     }

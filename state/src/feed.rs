@@ -31,6 +31,8 @@ pub enum ChangeKind {
     /// Relation unit settings; the id is `RELATION#UNIT`.
     Settings,
     Cleanup,
+    /// A `jujube run` request queued or answered; the id is the unit's name.
+    Run,
 }
 
 impl ChangeKind {
@@ -44,6 +46,7 @@ impl ChangeKind {
             ChangeKind::Scope => "scope",
             ChangeKind::Settings => "settings",
             ChangeKind::Cleanup => "cleanup",
+            ChangeKind::Run => "run",
         }
     }
 
@@ -58,6 +61,7 @@ impl ChangeKind {
             Scope,
             Settings,
             Cleanup,
+            Run,
         ]
         .into_iter()
         .find(|k| k.as_str() == s)
@@ -136,8 +140,9 @@ impl Store {
         })
     }
 
-    /// Deletes up to `batch` of the oldest changes, keeping the newest
-    /// `keep`. Returns how many were deleted.
+    /// Deletes up to `batch - 1` of the oldest changes, keeping the newest
+    /// `keep`, and raises the floor: at most `batch` rows in all, in one
+    /// transaction. Returns how many were deleted.
     pub fn prune_changes(&self, keep: u64, batch: usize) -> Result<usize> {
         self.write(|tx| {
             let head: i64 = tx.query_row(
@@ -153,7 +158,8 @@ impl Store {
                 .query_row(
                     "SELECT max(revision) FROM (SELECT revision FROM changes WHERE revision <= ?1
                      ORDER BY revision LIMIT ?2)",
-                    (cut, batch as i64),
+                    // One row of the batch is the floor's.
+                    (cut, batch.saturating_sub(1).max(1) as i64),
                     |r| r.get(0),
                 )
                 .optional()?

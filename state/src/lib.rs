@@ -34,6 +34,7 @@ pub mod machines;
 pub mod model;
 pub mod provisioning;
 pub mod relations;
+pub mod runs;
 mod schema;
 pub mod services;
 pub mod status;

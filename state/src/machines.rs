@@ -151,6 +151,20 @@ impl Store {
         })
     }
 
+    /// The machines a provisioning pass may have to act on: those not Alive,
+    /// and those without an instance (an index holds exactly these, so with
+    /// every machine provisioned and Alive this reads nothing).
+    pub fn actionable_machines(&self) -> Result<Vec<Machine>> {
+        self.read(|c| {
+            let mut stmt = c.prepare_cached(&format!(
+                "SELECT {MACHINE_COLS} FROM machines INDEXED BY machines_actionable
+                 WHERE life != 0 OR instance_id IS NULL ORDER BY id"
+            ))?;
+            let rows = stmt.query_map([], machine_row)?;
+            rows.map(|r| finish_machine(r?)).collect()
+        })
+    }
+
     /// `destroy-machine`: sets an Alive machine Dying.
     ///
     /// Refused for a machine that manages the environment, and while any

@@ -219,4 +219,28 @@ CREATE INDEX agent_credentials_unit ON agent_credentials (unit);
 ALTER TABLE units ADD COLUMN resolved TEXT;
 ALTER TABLE units ADD COLUMN ports TEXT NOT NULL DEFAULT '';
 "#,
+    // 8 (run): `jujube run UNIT -- CMD...` — a command the unit's agent runs
+    // in a hook context, serialised with its hooks (the spec's wished-for
+    // `juju-run`). Queued by the user, taken and answered by the unit's own
+    // agent; the row goes with its unit. `argv` is a JSON array; `code`,
+    // `stdout` and `stderr` are NULL until the agent answers.
+    r#"
+CREATE TABLE runs (
+    id        INTEGER PRIMARY KEY AUTOINCREMENT,
+    unit      TEXT NOT NULL REFERENCES units (name) ON DELETE CASCADE,
+    argv      TEXT NOT NULL,
+    timeout   INTEGER NOT NULL,
+    code      INTEGER,
+    stdout    TEXT,
+    stderr    TEXT
+);
+CREATE INDEX runs_unit ON runs (unit, id);
+"#,
+    // 9 (provisioner): the machines a provisioning pass may have to act on —
+    // not Alive, or without an instance — found without reading every
+    // machine: with 100,000 provisioned machines and agents committing
+    // thousands of times a second, a pass per commit must not be a scan.
+    r#"
+CREATE INDEX machines_actionable ON machines (id) WHERE life != 0 OR instance_id IS NULL;
+"#,
 ];

@@ -64,7 +64,16 @@ fn hooks_run_in_order_and_wordpress_gets_mysqls_credentials() {
     let conf = std::fs::read_to_string(charm.join("db.conf")).unwrap();
     assert!(conf.contains("database=wordpress\n"), "{conf}");
     assert!(conf.contains("user=wordpress\n"), "{conf}");
-    assert!(conf.contains("host=127.0.0.1\n"), "{conf}");
+    // `jujube run`: a command in a unit's hook context, serialised with
+    // its hooks; the hook tools work in it. mysql's hook gave its own
+    // address as `host`.
+    let address = j
+        .run(&["run", "mysql/0", "--", "unit-get", "private-address"])
+        .ok()
+        .stdout;
+    assert!(!address.trim().is_empty());
+    assert!(conf.contains(&format!("host={address}")), "{conf}");
+
     let password = conf
         .lines()
         .find_map(|l| l.strip_prefix("password="))
@@ -110,6 +119,54 @@ fn hooks_run_in_order_and_wordpress_gets_mysqls_credentials() {
     let logging = agents.join("machine-1/unit-logging-0/charm/principal");
     eventually("logging's principal", || logging.is_file());
     assert_eq!(std::fs::read_to_string(&logging).unwrap(), "wordpress/0\n");
+
+    // Output and exit status pass through; no shell unless asked for.
+    let r = j.run(&[
+        "run",
+        "wordpress/0",
+        "--",
+        "sh",
+        "-c",
+        "echo out; echo err >&2; exit 3",
+    ]);
+    assert_eq!(
+        (r.code, r.stdout.as_str(), r.stderr.as_str()),
+        (3, "out\n", "err\n")
+    );
+    let pwd = j.run(&["run", "wordpress/0", "--", "pwd"]).ok().stdout;
+    assert!(pwd.ends_with("unit-wordpress-0/charm\n"), "{pwd}");
+    // A unit writes its address into a relation as it joins it.
+    let ids = j
+        .run(&["run", "wordpress/0", "--", "relation-ids", "db"])
+        .ok()
+        .stdout;
+    assert!(ids.starts_with("db:"), "{ids}");
+    let seen = j
+        .run(&[
+            "run",
+            "mysql/0",
+            "--",
+            "relation-get",
+            "-r",
+            ids.trim(),
+            "private-address",
+            "wordpress/0",
+        ])
+        .ok()
+        .stdout;
+    assert_eq!(seen, address, "both units run on this host");
+    j.refused(
+        &["run", "nosuch/0", "--", "true"],
+        1,
+        "unit `nosuch/0` not found; `jujube status` lists what exists",
+    );
+    let r = j.run(&["run", "mysql/0", "--", "/nonexistent/command"]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("cannot run `/nonexistent/command`"),
+        "{}",
+        r.stderr
+    );
 
     // A tool outside a hook context says so.
     let tool = agents.join("machine-1/unit-wordpress-0/tools/relation-get");
@@ -177,6 +234,11 @@ fn hooks_run_in_order_and_wordpress_gets_mysqls_credentials() {
         "{lg:?}"
     );
     assert_eq!(ctl.terminate().code(), Some(0));
+    j.refused(
+        &["run", "mysql/0", "--", "true"],
+        1,
+        "no controller runs for environment `t`, so no agent can run the command; start one with `jujube controller`",
+    );
 }
 
 /// A test charm whose hooks log their name and fail, or block, on demand:

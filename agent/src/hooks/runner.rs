@@ -12,6 +12,35 @@ pub struct Environment {
     pub api_addresses: Vec<String>,
     /// The `jujube` binary the tool links point at.
     pub exe: Option<PathBuf>,
+    /// The address of the machine the agents run on: `unit-get
+    /// private-address`, and what a unit writes into a relation as it joins
+    /// (see [`local_address`]).
+    pub private_address: Option<String>,
+}
+
+/// The address other machines reach this one at: the source address of
+/// the route to the outside (no packet is sent: connecting a UDP socket
+/// only picks the route), or loopback on a machine without one.
+pub fn local_address() -> String {
+    let probe = || -> std::io::Result<std::net::IpAddr> {
+        let s = std::net::UdpSocket::bind("0.0.0.0:0")?;
+        // TEST-NET-1 (RFC 5737): never routed, never answered.
+        s.connect("192.0.2.1:9")?;
+        Ok(s.local_addr()?.ip())
+    };
+    match probe() {
+        Ok(ip) if !ip.is_unspecified() => ip.to_string(),
+        _ => "127.0.0.1".to_string(),
+    }
+}
+
+/// This process's machine address (set by the process, else probed once).
+pub fn private_address() -> String {
+    static PROBED: OnceLock<String> = OnceLock::new();
+    match environment().private_address {
+        Some(a) => a,
+        None => PROBED.get_or_init(local_address).clone(),
+    }
 }
 
 static ENVIRONMENT: OnceLock<Environment> = OnceLock::new();
@@ -104,19 +133,7 @@ pub async fn run(
             hook.name, hook.name
         ));
     }
-    let env = environment();
-    let tools = match ensure_tools(unit_dir) {
-        Ok(t) => t,
-        Err(e) => return Outcome::Failed(format!("cannot set up the hook tools: {e}")),
-    };
-    if let Some(parent) = log.parent() {
-        let _ = std::fs::create_dir_all(parent);
-    }
-    let log = match std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-    {
+    let log = match open_log(log) {
         Ok(f) => f,
         Err(e) => return Outcome::Failed(format!("cannot open the unit's log: {e}")),
     };
@@ -124,11 +141,46 @@ pub async fn run(
         Ok(f) => f,
         Err(e) => return Outcome::Failed(format!("cannot open the unit's log: {e}")),
     };
+    let mut cmd = match command(&path, unit_dir, unit, context_id, socket, hook) {
+        Ok(c) => c,
+        Err(e) => return Outcome::Failed(format!("cannot set up the hook tools: {e}")),
+    };
+    cmd.stdout(log).stderr(err);
+    match cmd.status().await {
+        Ok(s) if s.success() => Outcome::Succeeded,
+        Ok(s) => Outcome::Failed(format!("hook failed: \"{}\" ({s})", hook.name)),
+        Err(e) => Outcome::Failed(format!("cannot run hook \"{}\": {e}", hook.name)),
+    }
+}
+
+fn open_log(log: &Path) -> std::io::Result<std::fs::File> {
+    if let Some(parent) = log.parent() {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+}
+
+/// `program` set up to run in the unit's hook context: in the charm
+/// directory, with Juju's environment and the hook tools first on `PATH`.
+fn command(
+    program: &Path,
+    unit_dir: &Path,
+    unit: &str,
+    context_id: &str,
+    socket: &Path,
+    hook: &Hook,
+) -> std::io::Result<tokio::process::Command> {
+    let env = environment();
+    let charm = unit_dir.join("charm");
+    let tools = ensure_tools(unit_dir)?;
     let mut path_var = std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into());
     if let Some(t) = &tools {
         path_var = format!("{}:{path_var}", t.display());
     }
-    let mut cmd = tokio::process::Command::new(&path);
+    let mut cmd = tokio::process::Command::new(program);
     cmd.current_dir(&charm)
         .env("PATH", path_var)
         .env("CHARM_DIR", &charm)
@@ -141,8 +193,6 @@ pub async fn run(
         .env_remove("JUJU_RELATION_ID")
         .env_remove("JUJU_REMOTE_UNIT")
         .stdin(std::process::Stdio::null())
-        .stdout(log)
-        .stderr(err)
         .kill_on_drop(true);
     if let Some((id, name)) = &hook.relation {
         cmd.env("JUJU_RELATION", name)
@@ -151,9 +201,75 @@ pub async fn run(
     if let Some(remote) = &hook.remote {
         cmd.env("JUJU_REMOTE_UNIT", remote);
     }
-    match cmd.status().await {
-        Ok(s) if s.success() => Outcome::Succeeded,
-        Ok(s) => Outcome::Failed(format!("hook failed: \"{}\" ({s})", hook.name)),
-        Err(e) => Outcome::Failed(format!("cannot run hook \"{}\": {e}", hook.name)),
+    Ok(cmd)
+}
+
+/// What `jujube run` gets back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Captured {
+    /// The exit code; `-1` when it was killed or could not start.
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `argv` (no shell: `sh -c '...'` for one) in the unit's hook context,
+/// as `jujube run` asks, capturing its output; killed after `timeout`. Its
+/// output is also appended to the unit's log, after a line naming it.
+pub async fn run_command(
+    unit_dir: &Path,
+    log: &Path,
+    unit: &str,
+    context_id: &str,
+    socket: &Path,
+    argv: &[String],
+    timeout: std::time::Duration,
+) -> Captured {
+    let fail = |stderr: String| Captured {
+        code: -1,
+        stdout: String::new(),
+        stderr,
+    };
+    let Some(program) = argv.first() else {
+        return fail("error: no command given\n".into());
+    };
+    let hook = Hook::unit("run");
+    let mut cmd = match command(
+        Path::new(program),
+        unit_dir,
+        unit,
+        context_id,
+        socket,
+        &hook,
+    ) {
+        Ok(c) => c,
+        Err(e) => return fail(format!("error: cannot set up the hook tools: {e}\n")),
+    };
+    cmd.args(&argv[1..])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => return fail(format!("error: cannot run `{program}`: {e}\n")),
+    };
+    let captured = match tokio::time::timeout(timeout, child.wait_with_output()).await {
+        Ok(Ok(out)) => Captured {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        },
+        Ok(Err(e)) => fail(format!("error: cannot run `{program}`: {e}\n")),
+        // Dropping the child kills it (kill_on_drop).
+        Err(_) => fail(format!(
+            "error: `{program}` did not finish within {}s and was killed\n",
+            timeout.as_secs()
+        )),
+    };
+    if let Ok(mut f) = open_log(log) {
+        use std::io::Write;
+        let _ = writeln!(f, "jujube run {:?} (exit {})", argv, captured.code);
+        let _ = f.write_all(captured.stdout.as_bytes());
+        let _ = f.write_all(captured.stderr.as_bytes());
     }
+    captured
 }

@@ -205,7 +205,10 @@ async fn run_inner(ctx: &HookContext, tool: &str, args: &[String]) -> Result<Out
             match key.as_str() {
                 // Units of the dummy provider run on this host.
                 "private-address" | "public-address" => {
-                    Ok(Output::ok(render(p.format, &json!("127.0.0.1"))))
+                    // This machine's address (the spec's unit-get; with no
+                    // public network of their own, both are the same).
+                    let address = super::runner::private_address();
+                    Ok(Output::ok(render(p.format, &json!(address))))
                 }
                 other => Err(format!("unknown setting \"{other}\"")),
             }

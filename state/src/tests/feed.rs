@@ -93,3 +93,23 @@ fn readers_behind_the_pruned_floor_are_told_to_resync() {
     let reopened = crate::Store::open(e.st.path()).unwrap();
     assert_eq!(reopened.head_revision().unwrap(), head);
 }
+
+#[test]
+fn pruning_writes_at_most_its_batch_of_rows_floor_included() {
+    let e = env();
+    e.deploy(WORDPRESS, "wordpress", 300);
+    let head = e.st.head_revision().unwrap();
+    assert!(head > 200, "enough changes to prune: {head}");
+    e.st.reset_stats();
+    let deleted = e.st.prune_changes(0, 100).unwrap();
+    assert!(deleted > 0);
+    // The controller prunes in batches of 1,000 and the store promises no
+    // transaction above 1,000 rows: the floor's row counts too.
+    assert!(
+        e.st.stats().max_transaction_rows <= 100,
+        "{:?}",
+        e.st.stats().max_transaction_rows
+    );
+    let batch = e.st.changes_since(0, 10).unwrap();
+    assert!(batch.truncated);
+}

@@ -140,6 +140,7 @@ impl Store {
         let op = crate::AgentOp::EnterScope {
             relation,
             unit: unit.into(),
+            settings: Vec::new(),
         };
         self.apply(&crate::Caller::Unit(unit.into()), &op)
     }
