@@ -16,9 +16,9 @@
 use crate::hub::{Hub, Key};
 use async_trait::async_trait;
 use jujube_agent::api::{
-    AgentStatus, ApiError, ApiResult, CharmRef, Connector, EndpointView, ErrorCode, Facade,
-    MachineView, NoticeStream, RelationView, RunRequest, RunResult, Tag, UnitRef, UnitView,
-    WatchTarget,
+    AgentStatus, ApiError, ApiResult, CharmFile, CharmRef, Connector, EndpointView, ErrorCode,
+    Facade, MachineView, NoticeStream, RelationView, RunRequest, RunResult, Tag, UnitRef, UnitView,
+    WatchTarget, MAX_CHARM_BYTES,
 };
 use jujube_state::agents::deployer_of;
 use jujube_state::{AgentOp, Caller, Relation, Store, Unit};
@@ -122,6 +122,56 @@ fn api_error(caller: &Caller, e: jujube_state::Error) -> ApiError {
         _ => e.to_string(),
     };
     ApiError::new(code, message)
+}
+
+/// Every file under `root`, paths relative and `/`-separated; a symlink, or
+/// more than [`MAX_CHARM_BYTES`] in all, is refused.
+fn charm_files(root: &std::path::Path) -> ApiResult<Vec<CharmFile>> {
+    use base64::Engine;
+    use std::os::unix::fs::PermissionsExt;
+    let internal = |what: String| ApiError::new(ErrorCode::Internal, what);
+    let mut out = Vec::new();
+    let mut total = 0usize;
+    let mut todo = vec![(root.to_path_buf(), String::new())];
+    while let Some((dir, rel)) = todo.pop() {
+        let entries = std::fs::read_dir(&dir)
+            .map_err(|e| internal(format!("cannot read the charm at `{}`: {e}", dir.display())))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| internal(e.to_string()))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = if rel.is_empty() {
+                name
+            } else {
+                format!("{rel}/{name}")
+            };
+            let meta =
+                std::fs::symlink_metadata(entry.path()).map_err(|e| internal(e.to_string()))?;
+            if meta.is_dir() {
+                todo.push((entry.path(), path));
+            } else if meta.is_file() {
+                total += meta.len() as usize;
+                if total > MAX_CHARM_BYTES {
+                    return Err(ApiError::new(
+                        ErrorCode::Refused,
+                        format!("the charm at `{}` is larger than {} MiB; agents on other machines cannot fetch it", root.display(), MAX_CHARM_BYTES >> 20),
+                    ));
+                }
+                let data = std::fs::read(entry.path()).map_err(|e| internal(e.to_string()))?;
+                out.push(CharmFile {
+                    path,
+                    mode: meta.permissions().mode() & 0o7777,
+                    data: base64::engine::general_purpose::STANDARD.encode(data),
+                });
+            } else {
+                return Err(ApiError::new(
+                    ErrorCode::Refused,
+                    format!("the charm at `{}` holds `{path}`, which is not a plain file or directory (symlinks are not shipped to agents)", root.display()),
+                ));
+            }
+        }
+    }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(out)
 }
 
 /// The store, scoped to one agent.
@@ -294,6 +344,14 @@ impl Facade for InProcess {
             url: charm.url,
             path: charm.path,
         })
+    }
+
+    async fn charm_files(&self, unit: &str) -> ApiResult<Vec<CharmFile>> {
+        let charm = self.charm(unit).await?;
+        let root = std::path::PathBuf::from(&charm.path);
+        tokio::task::spawn_blocking(move || charm_files(&root))
+            .await
+            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?
     }
 
     async fn ensure_dead_unit(&self, unit: &str) -> ApiResult<()> {

@@ -32,6 +32,19 @@ pub struct ProcessAgents {
     pub env_name: String,
 }
 
+impl ProcessAgents {
+    /// The `agent.conf` of the agent `tag` with `secret`.
+    pub fn conf(&self, tag: Tag, secret: String) -> AgentConf {
+        AgentConf {
+            api_addresses: self.api_addresses.clone(),
+            ca_cert: self.ca_cert.clone(),
+            tag,
+            secret,
+            env_name: self.env_name.clone(),
+        }
+    }
+}
+
 /// Runs machine `id`'s agent process in `dir` until `stop`, or until it
 /// exits by itself (its machine is Dead).
 pub(crate) async fn supervise(
@@ -112,21 +125,20 @@ async fn start(
     dir: &std::path::Path,
 ) -> Result<tokio::process::Child, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create `{}`: {e}", dir.display()))?;
-    let secret = new_secret();
-    let (st, key, hash) = (store.clone(), tag.to_string(), secret_hash(&secret));
-    tokio::task::spawn_blocking(move || st.set_machine_credential(id, &key, &hash))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
-    AgentConf {
-        api_addresses: p.api_addresses.clone(),
-        ca_cert: p.ca_cert.clone(),
-        tag: tag.clone(),
-        secret,
-        env_name: p.env_name.clone(),
+    // The provisioner gave the machine its credential when it started the
+    // instance (the dummy writes it here, as a cloud's boot script would).
+    // A machine provisioned by an older controller has none: it gets one now.
+    if !dir.join("agent.conf").is_file() {
+        let secret = new_secret();
+        let (st, key, hash) = (store.clone(), tag.to_string(), secret_hash(&secret));
+        tokio::task::spawn_blocking(move || st.set_machine_credential(id, &key, &hash))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        p.conf(tag.clone(), secret)
+            .write(&dir.join("agent.conf"))
+            .map_err(|e| e.to_string())?;
     }
-    .write(&dir.join("agent.conf"))
-    .map_err(|e| e.to_string())?;
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

@@ -278,6 +278,7 @@ async fn the_facade_refuses_every_method_outside_the_callers_scope() {
         (&m1, "nope/7"),
     ] {
         denied(&w, f.charm(u).await, b);
+        denied(&w, f.charm_files(u).await, b);
     }
     // ensure_dead_unit: the unit itself or its deployer
     for (f, u) in [

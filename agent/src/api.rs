@@ -170,6 +170,21 @@ pub struct CharmRef {
     pub path: String,
 }
 
+/// One file of a charm, for a deployer that cannot read the charm where
+/// the controller keeps it (an agent on another machine).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CharmFile {
+    /// Relative to the charm's root, `/`-separated, never `..`.
+    pub path: String,
+    /// Unix permission bits (hooks are executable).
+    pub mode: u32,
+    /// The contents, base64.
+    pub data: String,
+}
+
+/// The most a charm's files may add up to over the API.
+pub const MAX_CHARM_BYTES: usize = 8 << 20;
+
 /// What a watch names.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -256,6 +271,9 @@ pub trait Facade: Send + Sync + 'static {
     // -- deployers: a machine agent for its principals, a unit agent for
     //    its subordinates --
     async fn charm(&self, unit: &str) -> ApiResult<CharmRef>;
+    /// The charm's files, for a deployer that cannot read [`CharmRef::path`]
+    /// (at most [`MAX_CHARM_BYTES`]; symlinks are refused).
+    async fn charm_files(&self, unit: &str) -> ApiResult<Vec<CharmFile>>;
     /// For the unit itself, or its deployer when it never deployed it.
     async fn ensure_dead_unit(&self, unit: &str) -> ApiResult<()>;
     async fn remove_unit(&self, unit: &str) -> ApiResult<()>;

@@ -93,6 +93,44 @@ fn copy_tree(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Writes a charm fetched through the API under `to`, with its modes.
+fn write_files(files: &[crate::api::CharmFile], to: &Path) -> Result<()> {
+    use base64::Engine;
+    use std::os::unix::fs::PermissionsExt;
+    for f in files {
+        let rel = Path::new(&f.path);
+        if rel.is_absolute()
+            || rel
+                .components()
+                .any(|c| !matches!(c, std::path::Component::Normal(_)))
+        {
+            return Err(crate::Error::Io {
+                action: "write",
+                path: rel.to_path_buf(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "a charm file path must stay inside the charm",
+                ),
+            });
+        }
+        let path = to.join(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(io("create", parent))?;
+        }
+        let data = base64::engine::general_purpose::STANDARD
+            .decode(&f.data)
+            .map_err(|e| crate::Error::Io {
+                action: "decode",
+                path: path.clone(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
+            })?;
+        std::fs::write(&path, data).map_err(io("write", &path))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(f.mode & 0o777))
+            .map_err(io("chmod", &path))?;
+    }
+    Ok(())
+}
+
 impl Deployer {
     /// Reads what `api`'s owner deployed under `machine_dir`, clearing the
     /// owner's leftovers of interrupted deploys and recalls. (The machine's
@@ -177,7 +215,14 @@ impl Deployer {
             serde_json::to_vec(&record).expect("record serialises"),
         )
         .map_err(io("write", &path))?;
-        copy_tree(Path::new(&charm.path), &tmp.join("charm"))?;
+        if Path::new(&charm.path).is_dir() {
+            copy_tree(Path::new(&charm.path), &tmp.join("charm"))?;
+        } else {
+            // The charm is where the controller keeps it, not here (an
+            // agent on another machine): fetched through the API.
+            let files = self.api.charm_files(unit).await?;
+            write_files(&files, &tmp.join("charm"))?;
+        }
         std::fs::rename(&tmp, &dir).map_err(io("rename", &tmp))?;
         debug!(owner = %self.api.tag(), unit, "deployed");
         let running = start_unit_agent(&self.connector, &self.machine_dir, unit);

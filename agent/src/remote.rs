@@ -444,6 +444,9 @@ impl Facade for Remote {
     async fn charm(&self, unit: &str) -> ApiResult<CharmRef> {
         self.call(Call::Charm { unit: unit.into() }).await
     }
+    async fn charm_files(&self, unit: &str) -> ApiResult<Vec<CharmFile>> {
+        self.call(Call::CharmFiles { unit: unit.into() }).await
+    }
     async fn ensure_dead_unit(&self, unit: &str) -> ApiResult<()> {
         self.call(Call::EnsureDeadUnit { unit: unit.into() }).await
     }

@@ -51,6 +51,9 @@ pub enum Call {
     Charm {
         unit: String,
     },
+    CharmFiles {
+        unit: String,
+    },
     EnsureDeadUnit {
         unit: String,
     },
@@ -131,6 +134,7 @@ impl Call {
             Call::SetMachineStatus { .. } => "set-machine-status",
             Call::EnsureDeadMachine { .. } => "ensure-dead-machine",
             Call::Charm { .. } => "charm",
+            Call::CharmFiles { .. } => "charm-files",
             Call::EnsureDeadUnit { .. } => "ensure-dead-unit",
             Call::RemoveUnit { .. } => "remove-unit",
             Call::SetUnitStatus { .. } => "set-unit-status",
@@ -186,6 +190,7 @@ pub async fn dispatch(facade: &dyn Facade, call: Call) -> ApiResult<serde_json::
         }
         Call::EnsureDeadMachine { id } => encode(facade.ensure_dead_machine(id).await?),
         Call::Charm { unit } => encode(facade.charm(&unit).await?),
+        Call::CharmFiles { unit } => encode(facade.charm_files(&unit).await?),
         Call::EnsureDeadUnit { unit } => encode(facade.ensure_dead_unit(&unit).await?),
         Call::RemoveUnit { unit } => encode(facade.remove_unit(&unit).await?),
         Call::SetUnitStatus { unit, status, info } => {

@@ -189,6 +189,7 @@ async fn try_everything_out_of_scope(api: &dyn Facade, machine: i64, unit: &str,
         api.ensure_dead_machine(machine).await,
     );
     assert_unauthorized("charm", api.charm(unit).await);
+    assert_unauthorized("charm_files", api.charm_files(unit).await);
     assert_unauthorized("ensure_dead_unit", api.ensure_dead_unit(unit).await);
     assert_unauthorized("remove_unit", api.remove_unit(unit).await);
     assert_unauthorized(

@@ -17,6 +17,7 @@ use jujube_state::Store;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -27,6 +28,16 @@ const LOCK: &str = "controller.lock";
 /// Checks environment config against every component that reads it.
 pub fn validate_config(provider: &str, config: &BTreeMap<String, String>) -> Result<()> {
     jujube_provisioner::Config::from_env(config)?;
+    if let Some(v) = config.get("lxd-agents") {
+        if !matches!(v.as_str(), "container" | "in-process") {
+            bail!("unknown `lxd-agents` value `{v}`; use `container` (agents inside each machine's container) or `in-process`");
+        }
+    }
+    if let Some(v) = config.get("dummy-agents") {
+        if !matches!(v.as_str(), "process" | "in-process") {
+            bail!("unknown `dummy-agents` value `{v}`; use `in-process` or `process`");
+        }
+    }
     match provider {
         "dummy" => jujube_providers::dummy::validate_config(config)?,
         "lxd" => jujube_providers::lxd::validate_config(config)?,
@@ -186,33 +197,134 @@ pub async fn start_api(
     Ok(api)
 }
 
-/// `dummy-agents`: `in-process` (the default) or `process` (one `jujube
-/// agent` process per machine, through the API only; dummy provider only).
-fn agent_mode(
+/// Where machine agents run, from environment config:
+/// - `dummy-agents`: `in-process` (the default: tasks of the controller) or
+///   `process` (one `jujube agent` process per machine, through the API
+///   only; dummy provider only);
+/// - `lxd-agents`: `container` (the default: inside each machine's
+///   container, reaching the API through a socket LXD proxies in; the
+///   image must run them, e.g. `jujube-agent` from `scripts/lxd-setup`) or
+///   `in-process`.
+///
+/// Agents that run anywhere but in the controller get their machine's
+/// credential from the provisioner at each start: the host (`Some`) runs
+/// those on the controller's machine, the installer puts it on the
+/// instance.
+struct Placement {
+    host: Option<jujube_agent_state::Mode>,
+    installer: Option<Arc<Installer>>,
+}
+
+fn placement(
     home: &Home,
     env_name: &str,
     store: &Store,
     api: &jujube_api::ApiServer,
-) -> Result<jujube_agent_state::Mode> {
+) -> Result<Placement> {
     let config = store.environment_config()?;
-    match config.get("dummy-agents").map(String::as_str) {
-        None | Some("in-process") => Ok(jujube_agent_state::Mode::InProcess),
-        Some("process") if store.environment()?.provider == "dummy" => {
-            Ok(jujube_agent_state::Mode::Process(
-                jujube_agent_state::process::ProcessAgents {
-                    exe: std::env::current_exe().context("cannot find the `jujube` binary")?,
-                    api_addresses: api.addresses(),
-                    ca_cert: jujube_api::tls::ca_cert(&home.env_dir(env_name))?,
-                    env_name: env_name.to_string(),
-                },
-            ))
+    let provider = store.environment()?.provider;
+    let dir = home.env_dir(env_name);
+    let agents =
+        |api_addresses: Vec<String>| -> Result<jujube_agent_state::process::ProcessAgents> {
+            Ok(jujube_agent_state::process::ProcessAgents {
+                exe: std::env::current_exe().context("cannot find the `jujube` binary")?,
+                api_addresses,
+                ca_cert: jujube_api::tls::ca_cert(&dir)?,
+                env_name: env_name.to_string(),
+            })
+        };
+    let installer = |agents: jujube_agent_state::process::ProcessAgents| {
+        Some(Arc::new(Installer {
+            store: store.clone(),
+            agents,
+            api_socket: api.unix_path().map(Path::to_path_buf),
+        }))
+    };
+    let in_process = Placement {
+        host: Some(jujube_agent_state::Mode::InProcess),
+        installer: None,
+    };
+    match (
+        provider.as_str(),
+        config.get("dummy-agents").map(String::as_str),
+        config.get("lxd-agents").map(String::as_str),
+    ) {
+        ("dummy", Some("process"), _) => {
+            let a = agents(api.addresses())?;
+            Ok(Placement {
+                installer: installer(a.clone()),
+                host: Some(jujube_agent_state::Mode::Process(a)),
+            })
         }
-        Some("process") => bail!(
-            "`dummy-agents=process` is for the dummy provider; remove it with `jujube set-environment dummy-agents=`"
-        ),
-        Some(other) => bail!(
-            "unknown `dummy-agents` value `{other}`; use `in-process` or `process`"
-        ),
+        ("lxd", _, None | Some("container")) => {
+            if api.unix_path().is_none() {
+                bail!("the environment's directory `{}` is too deep for the API's unix socket, which LXD containers reach their controller through; use a shorter `JUJUBE_HOME`, or `jujube set-environment lxd-agents=in-process`", dir.display());
+            }
+            Ok(Placement {
+                host: None,
+                installer: installer(agents(vec![format!(
+                    "unix:{}",
+                    jujube_providers::lxd::AGENT_API_SOCKET
+                )])?),
+            })
+        }
+        _ => Ok(in_process),
+    }
+}
+
+/// Where `jujube debug-log` finds the agents' logs: inside the containers
+/// when agents run there, else under the environment's directory.
+pub fn log_source(home: &Home, env_name: &str, store: &Store) -> Result<crate::debuglog::Source> {
+    let env = store.environment()?;
+    let config = store.environment_config()?;
+    let in_containers = env.provider == "lxd"
+        && matches!(
+            config.get("lxd-agents").map(String::as_str),
+            None | Some("container")
+        );
+    Ok(if in_containers {
+        crate::debuglog::Source::Lxd(Box::new(jujube_providers::lxd::LxdProvider::new(
+            &env.uuid, &config,
+        )?))
+    } else {
+        crate::debuglog::Source::Local(home.env_dir(env_name))
+    })
+}
+
+/// Gives a machine's agent a fresh credential at each start attempt (only
+/// its hash is stored, replacing any earlier one) and the `agent.conf`
+/// holding it, for the provider to put on the instance.
+struct Installer {
+    store: Store,
+    agents: jujube_agent_state::process::ProcessAgents,
+    api_socket: Option<PathBuf>,
+}
+
+impl jujube_provisioner::AgentInstaller for Installer {
+    fn prepare(
+        &self,
+        machine: i64,
+    ) -> std::result::Result<Option<jujube_providers::AgentInstall>, String> {
+        let m = self.store.machine(machine).map_err(|e| e.to_string())?;
+        if !m.hosts_units() {
+            return Ok(None);
+        }
+        let tag = jujube_agent::api::Tag::Machine(machine);
+        let secret = jujube_agent::wire::new_secret();
+        self.store
+            .set_machine_credential(
+                machine,
+                &tag.to_string(),
+                &jujube_agent::wire::secret_hash(&secret),
+            )
+            .map_err(|e| e.to_string())?;
+        let conf =
+            serde_json::to_vec_pretty(&self.agents.conf(tag, secret)).map_err(|e| e.to_string())?;
+        Ok(Some(jujube_providers::AgentInstall {
+            conf,
+            binary: self.agents.exe.clone(),
+            api_socket: self.api_socket.clone().unwrap_or_default(),
+        }))
     }
 }
 
@@ -227,6 +339,19 @@ pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
     let provisioner = Provisioner::new(store.clone(), provider)?;
     let (stop_tx, stop_rx) = watch::channel(false);
     info!(environment = env_name, "controller started");
+    // The API first: agents the provisioner installs on instances are given
+    // its CA and addresses.
+    let api = start_api(home, env_name, &store).await?;
+    jujube_agent::hooks::runner::set_environment(jujube_agent::hooks::runner::Environment {
+        name: env_name.to_string(),
+        api_addresses: api.addresses(),
+        exe: std::env::current_exe().ok(),
+        private_address: None,
+    });
+    let placement = placement(home, env_name, &store, &api)?;
+    if let Some(installer) = placement.installer {
+        provisioner.install_agents(installer);
+    }
 
     let cleaner = {
         let store = store.clone();
@@ -270,21 +395,16 @@ pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
         tokio::spawn(async move { p.run(stop_rx).await })
     };
     // The machine agents (and their unit agents) of every machine with an
-    // instance, in this process, deploying under the environment's data
-    // dir, until agents run on the machines themselves.
-    let api = start_api(home, env_name, &store).await?;
-    jujube_agent::hooks::runner::set_environment(jujube_agent::hooks::runner::Environment {
-        name: env_name.to_string(),
-        api_addresses: api.addresses(),
-        exe: std::env::current_exe().ok(),
-        private_address: None,
-    });
-    let mode = agent_mode(home, env_name, &store, &api)?;
-    let agents = jujube_agent_state::Host::start_with(
-        store.clone(),
-        home.env_dir(env_name).join("agents"),
-        mode,
-    )?;
+    // instance, run from this machine (deploying under the environment's
+    // data dir) unless they run on the instances themselves.
+    let agents = match placement.host {
+        Some(mode) => Some(jujube_agent_state::Host::start_with(
+            store.clone(),
+            home.env_dir(env_name).join("agents"),
+            mode,
+        )?),
+        None => None,
+    };
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
@@ -294,7 +414,9 @@ pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
     stop_tx.send_replace(true);
     run.await??;
     cleaner.await?;
-    agents.shutdown().await;
+    if let Some(agents) = agents {
+        agents.shutdown().await;
+    }
     drop(api);
     let stats = store.stats();
     info!(

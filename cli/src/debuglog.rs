@@ -2,12 +2,45 @@
 //! `juju-log`), each line prefixed with its unit, the last lines of each and
 //! then, unless `--no-tail`, whatever they append, until interrupted.
 
-use crate::home::Home;
 use anyhow::Result;
 use std::collections::BTreeMap;
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+/// Where the agents' logs are.
+pub enum Source {
+    /// Under the environment's `agents/` (agents run by the controller).
+    Local(PathBuf),
+    /// Inside the environment's LXD containers, read through LXD's file
+    /// API (agents running in their containers).
+    Lxd(Box<jujube_providers::lxd::LxdProvider>),
+}
+
+impl Source {
+    /// Every log: its prefix (a unit's name, or `machine-N` for a machine
+    /// agent's own log) → its bytes.
+    async fn read(&self) -> Result<BTreeMap<String, Vec<u8>>> {
+        let mut out = BTreeMap::new();
+        match self {
+            Source::Local(env_dir) => {
+                for (unit, path) in logs(env_dir) {
+                    out.insert(unit, std::fs::read(&path).unwrap_or_default());
+                }
+            }
+            Source::Lxd(p) => {
+                for (tag, bytes) in p.agent_logs().await? {
+                    let prefix = match tag.parse::<jujube_agent::api::Tag>() {
+                        Ok(jujube_agent::api::Tag::Unit(u)) => u,
+                        _ => tag,
+                    };
+                    out.insert(prefix, bytes);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
 
 /// Every unit log of the environment: unit name → file.
 fn logs(env_dir: &Path) -> BTreeMap<String, PathBuf> {
@@ -37,9 +70,8 @@ fn last_lines(text: &str, n: usize) -> Vec<&str> {
     lines[lines.len().saturating_sub(n)..].to_vec()
 }
 
-pub fn run(
-    home: &Home,
-    env_name: &str,
+pub async fn run(
+    source: Source,
     include: &[String],
     lines: usize,
     tail: bool,
@@ -48,41 +80,37 @@ pub fn run(
     for u in include {
         jujube_core::names::parse_unit(u)?;
     }
-    let dir = home.env_dir(env_name);
     let wanted = |unit: &str| include.is_empty() || include.iter().any(|i| i == unit);
-    // How far each file has been shown.
-    let mut shown: BTreeMap<String, u64> = BTreeMap::new();
-    for (unit, path) in logs(&dir).into_iter().filter(|(u, _)| wanted(u)) {
-        let text = std::fs::read(&path).unwrap_or_default();
+    // How far each log has been shown.
+    let mut shown: BTreeMap<String, usize> = BTreeMap::new();
+    for (unit, text) in source.read().await?.into_iter().filter(|(u, _)| wanted(u)) {
         for l in last_lines(&String::from_utf8_lossy(&text), lines) {
             writeln!(out, "{unit}: {l}")?;
         }
-        shown.insert(unit, text.len() as u64);
+        shown.insert(unit, text.len());
     }
     out.flush()?;
     if !tail {
         return Ok(());
     }
     loop {
-        std::thread::sleep(Duration::from_millis(200));
-        for (unit, path) in logs(&dir).into_iter().filter(|(u, _)| wanted(u)) {
+        tokio::time::sleep(match source {
+            Source::Local(_) => Duration::from_millis(200),
+            Source::Lxd(_) => Duration::from_secs(1),
+        })
+        .await;
+        for (unit, text) in source.read().await?.into_iter().filter(|(u, _)| wanted(u)) {
             let from = shown.get(&unit).copied().unwrap_or(0);
-            let Ok(mut f) = std::fs::File::open(&path) else {
-                continue;
-            };
-            let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-            if len <= from {
+            if text.len() <= from {
                 continue;
             }
-            let mut buf = Vec::new();
-            f.seek(SeekFrom::Start(from))?;
-            f.read_to_end(&mut buf)?;
+            let buf = &text[from..];
             // Whole lines only; the rest next time.
             let end = buf.iter().rposition(|&b| b == b'\n').map_or(0, |p| p + 1);
             for l in String::from_utf8_lossy(&buf[..end]).lines() {
                 writeln!(out, "{unit}: {l}")?;
             }
-            shown.insert(unit, from + end as u64);
+            shown.insert(unit, from + end);
         }
         out.flush()?;
     }

@@ -470,7 +470,9 @@ fn run(cli: Cli) -> Result<()> {
             no_tail,
         } => {
             let name = home.select(env_flag)?;
-            debuglog::run(&home, &name, &include, lines, !no_tail, out)?;
+            let store = home.open(&name)?;
+            let source = controller::log_source(&home, &name, &store)?;
+            runtime()?.block_on(debuglog::run(source, &include, lines, !no_tail, out))?;
         }
         Command::Run {
             unit,

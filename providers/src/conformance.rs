@@ -39,6 +39,7 @@ fn spec(s: &Subject, machine: &str) -> StartSpec {
         zone: None,
         controller: false,
         user_data: String::new(),
+        agent: None,
     }
 }
 

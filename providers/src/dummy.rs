@@ -53,6 +53,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use tokio::time::{Duration, Instant};
+use tracing::warn;
 
 pub const LOG_FILE: &str = "dummy-cloud.jsonl";
 const LOCK_FILE: &str = "dummy-cloud.lock";
@@ -480,6 +481,29 @@ impl DummyProvider {
         let p = DummyProvider::build(Some(dir.into()), env_name, env_uuid, config)?;
         p.with_log(|_| Ok(((), vec![])))?;
         Ok(p)
+    }
+
+    /// A dummy instance's disk is the machine's directory under the
+    /// environment's `agents/`: its agent's `agent.conf` goes there (mode
+    /// 0600, renamed into place), where `dummy-agents=process` runs `jujube
+    /// agent` on it. Nothing to do for a cloud in memory.
+    fn install_agent(&self, machine: &str, agent: &crate::AgentInstall) -> std::io::Result<()> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let Some(dir) = &self.dir else {
+            return Ok(());
+        };
+        let dir = dir.join("agents").join(format!("machine-{machine}"));
+        std::fs::create_dir_all(&dir)?;
+        let tmp = dir.join("agent.conf.tmp");
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(&agent.conf)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, dir.join("agent.conf"))
     }
 
     /// A dummy cloud in memory only.
@@ -936,6 +960,13 @@ impl Provider for DummyProvider {
             };
             for (i, r) in members.into_iter().zip(results) {
                 out[i] = Some(r);
+            }
+        }
+        for (spec, r) in specs.iter().zip(&out) {
+            if let (Some(Ok(_)), Some(agent)) = (r, &spec.agent) {
+                if let Err(e) = self.install_agent(&spec.machine_id, agent) {
+                    warn!(machine = %spec.machine_id, error = %e, "cannot install the machine's agent");
+                }
             }
         }
         out.into_iter()

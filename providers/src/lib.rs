@@ -32,6 +32,7 @@ use async_trait::async_trait;
 use jujube_core::Constraints;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 /// Tag holding the environment's full UUID: the proof of ownership.
 pub const TAG_ENV_UUID: &str = "jujube-env-uuid";
@@ -76,6 +77,34 @@ pub struct StartSpec {
     pub zone: Option<String>,
     pub controller: bool,
     pub user_data: String,
+    /// The machine's agent, for providers that install it on the instance
+    /// (LXD: pushed into the container; the dummy: written to the machine's
+    /// directory). `None`: its agent runs elsewhere (in the controller).
+    pub agent: Option<AgentInstall>,
+}
+
+/// What a machine's agent needs on its instance. Made by the provisioner
+/// for each start attempt with a fresh secret (only its hash is stored), so
+/// a retried or adopted start carries a credential that works.
+#[derive(Clone, PartialEq)]
+pub struct AgentInstall {
+    /// The agent's `agent.conf`: API addresses, CA, tag and secret.
+    pub conf: Vec<u8>,
+    /// The `jujube` binary to install (the controller's own).
+    pub binary: PathBuf,
+    /// The controller's API socket on the provider's host: LXD exposes it
+    /// inside the container, so the agent needs no network.
+    pub api_socket: PathBuf,
+}
+
+impl std::fmt::Debug for AgentInstall {
+    /// Never the configuration: it holds the secret.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentInstall")
+            .field("binary", &self.binary)
+            .field("api_socket", &self.api_socket)
+            .finish_non_exhaustive()
+    }
 }
 
 impl StartSpec {

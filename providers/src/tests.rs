@@ -26,6 +26,7 @@ fn spec(machine: &str, nonce: &str) -> StartSpec {
         zone: None,
         controller: false,
         user_data: String::new(),
+        agent: None,
     }
 }
 

@@ -250,6 +250,7 @@ fn baseline_vs_ec2(n: usize) -> Outcome {
                         zone: None,
                         controller: false,
                         user_data: String::new(),
+                        agent: None,
                     };
                     let mut ok = false;
                     for _ in 0..10 {

@@ -54,7 +54,7 @@ use backon::BackoffBuilder;
 pub use config::{Config, HarvestMode};
 use jujube_core::Life;
 use jujube_providers::bucket::TokenBucket;
-use jujube_providers::{launch_batch, ErrorClass, Instance, Provider, StartSpec};
+use jujube_providers::{launch_batch, AgentInstall, ErrorClass, Instance, Provider, StartSpec};
 use jujube_state::model::machine_status;
 use jujube_state::provisioning::{Prepared, Recorded, Started};
 use jujube_state::{AgentOp, Caller, Machine, Store};
@@ -76,6 +76,8 @@ pub enum Error {
     Provider(#[from] jujube_providers::Error),
     #[error("invalid provisioner config: {0}")]
     Config(String),
+    #[error("cannot prepare the agent of machine `{machine}`: {why}")]
+    Agent { machine: i64, why: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -113,6 +115,19 @@ struct Inner {
     last_listing: Mutex<Option<Instant>>,
     tasks: Mutex<tokio::task::JoinSet<()>>,
     stopping: watch::Sender<bool>,
+    /// Where machines' agents are installed on their instances.
+    installer: std::sync::OnceLock<Arc<dyn AgentInstaller>>,
+}
+
+/// Makes what a machine's agent needs on its instance (see
+/// [`jujube_providers::AgentInstall`]). Called once per start attempt, right
+/// before the start request: each attempt gets a fresh credential whose
+/// hash replaces the last one, so whatever instance the attempt ends up with
+/// (a new one, or one adopted from an earlier attempt, which the provider
+/// re-installs) holds a credential that works, and no earlier one does.
+pub trait AgentInstaller: Send + Sync + 'static {
+    /// `None` when machine `id`'s agent does not run on its instance.
+    fn prepare(&self, machine: i64) -> std::result::Result<Option<AgentInstall>, String>;
 }
 
 /// The provisioner for one environment. Cheap to clone.
@@ -176,8 +191,15 @@ impl Provisioner {
                 last_listing: Mutex::new(None),
                 tasks: Mutex::new(tokio::task::JoinSet::new()),
                 stopping: watch::channel(false).0,
+                installer: std::sync::OnceLock::new(),
             }),
         })
+    }
+
+    /// Installs machines' agents on their instances through `installer`
+    /// from now on (the first call wins).
+    pub fn install_agents(&self, installer: Arc<dyn AgentInstaller>) {
+        let _ = self.inner.installer.set(installer);
     }
 
     fn cfg(&self) -> Config {
@@ -494,6 +516,7 @@ impl Provisioner {
             zone: None,
             controller: m.manages_environ(),
             user_data: format!("#cloud-config\n# jujube machine {} nonce {nonce}\n", m.id),
+            agent: None,
         }
     }
 
@@ -694,7 +717,15 @@ impl Provisioner {
             if pending.is_empty() {
                 return Ok(());
             }
-            let specs: Vec<StartSpec> = pending.iter().map(|a| a.spec.clone()).collect();
+            let mut specs: Vec<StartSpec> = pending.iter().map(|a| a.spec.clone()).collect();
+            if let Some(installer) = self.inner.installer.get() {
+                for (spec, a) in specs.iter_mut().zip(&pending) {
+                    spec.agent = installer.prepare(a.machine).map_err(|why| Error::Agent {
+                        machine: a.machine,
+                        why,
+                    })?;
+                }
+            }
             let results = self.inner.provider.start_instances(&specs).await;
             drop(slot);
             let mut started = Vec::new();

@@ -169,6 +169,7 @@ async fn images_are_canonicals_newest_for_the_series_and_arch() {
         zone: None,
         controller: false,
         user_data: String::new(),
+        agent: None,
     };
     let raw = raw_client(&acct);
     let image_of = |id: String| {
@@ -552,6 +553,7 @@ async fn a_restarted_controller_adopts_a_batch_a_crash_left_unrecorded() {
             zone: Some("us-east-1d".into()),
             controller: false,
             user_data: String::new(),
+            agent: None,
         })
         .collect();
     let launched: Vec<String> = first

@@ -214,6 +214,9 @@ fn lxd_jujube(env: &str, extra: &[&str]) -> (Jujube, String) {
         "lxd",
         "--config",
         "image-alias=jujube-test",
+        // The busybox test image runs no agents: these are provider tests.
+        "--config",
+        "lxd-agents=in-process",
     ];
     args.extend_from_slice(extra);
     j.run(&args).ok();
@@ -428,6 +431,7 @@ fn start_spec(machine: &str, nonce: &str) -> jujube_providers::StartSpec {
         zone: None,
         controller: false,
         user_data: String::new(),
+        agent: None,
     }
 }
 
@@ -504,7 +508,8 @@ async fn a_start_adopts_its_own_container_replaces_a_leftover_and_refuses_a_squa
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_killed_mid_provisioning_leaves_one_container_per_machine() {
     let Some(c) = lxd() else { return };
-    let (j, env_uuid) = lxd_jujube("lx", &[]);
+    // With agents: each container gets one as it starts.
+    let (j, env_uuid) = lxd_jujube("lx", &AGENTS);
     let _sweep = Sweep {
         uuids: vec![env_uuid.clone()],
         names: vec![],
@@ -598,4 +603,228 @@ async fn reaping_a_listed_stray_never_deletes_the_retry_that_took_its_name() {
         .await
         .unwrap();
     assert!(container(&c, &retry.id).await.is_none());
+}
+
+/// Bootstrap config for machines whose agents run inside their containers,
+/// on the image `scripts/lxd-setup` builds for that.
+const AGENTS: [&str; 4] = [
+    "--config",
+    "image-alias=jujube-agent",
+    "--config",
+    "lxd-agents=container",
+];
+
+/// A file inside a container, through LXD's file API ("" if missing).
+async fn file_in(c: &Client, container: &str, path: &str) -> String {
+    c.read_file(container, path)
+        .await
+        .unwrap()
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default()
+}
+
+/// Runs a command in a container through LXD's exec API; its exit code.
+async fn exec_in(c: &Client, container: &str, command: &[&str]) -> i64 {
+    let body = json!({
+        "command": command,
+        "wait-for-websocket": false,
+        "interactive": false,
+        "record-output": false,
+    });
+    let op = c
+        .run(
+            Method::POST,
+            &format!("/1.0/instances/{container}/exec"),
+            Some(&body),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    op["metadata"]["return"].as_i64().unwrap_or(-1)
+}
+
+/// The hooks a unit ran, from the `hook: NAME [REMOTE]` lines its example
+/// charm logs inside its container.
+async fn hooks_in(c: &Client, container: &str, unit: &str) -> Vec<String> {
+    let log = format!(
+        "{}/logs/unit-{}.log",
+        jujube_providers::lxd::AGENT_DIR,
+        unit.replace('/', "-")
+    );
+    file_in(c, container, &log)
+        .await
+        .lines()
+        .filter_map(|l| l.split_once(": hook: ").map(|(_, h)| h.to_string()))
+        .collect()
+}
+
+fn position(hooks: &[String], h: &str) -> usize {
+    hooks
+        .iter()
+        .position(|x| x == h)
+        .unwrap_or_else(|| panic!("hook `{h}` never ran: {hooks:?}"))
+}
+
+/// Polls (real time: a real daemon and real agents) until `f` holds.
+async fn eventually_in<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..300 {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_run_inside_their_containers_and_hooks_run_there() {
+    let Some(c) = lxd() else { return };
+    let (j, env_uuid) = lxd_jujube("lxa", &AGENTS);
+    let _sweep = Sweep {
+        uuids: vec![env_uuid.clone()],
+        names: vec![],
+    };
+    let name = |machine: &str| format!("jujube-{}-{machine}", short(&env_uuid));
+    j.run(&["deploy", &j.charm("mysql")]).ok();
+    j.run(&["deploy", &j.charm("wordpress")]).ok();
+    j.run(&["deploy", &j.charm("logging")]).ok();
+    j.run(&["add-relation", "wordpress", "mysql"]).ok();
+    j.run(&["add-relation", "logging", "wordpress"]).ok();
+    let ctl = j.controller();
+    j.run(&["wait", "--timeout", "180s"]).ok();
+    let st = j.status();
+    let machine_of = |unit: &str| {
+        let svc = unit.split('/').next().unwrap();
+        st["services"][svc]["units"][unit]["machine"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (my, wp) = (
+        name(&machine_of("mysql/0")),
+        name(&machine_of("wordpress/0")),
+    );
+    assert_ne!(my, wp);
+
+    // Nothing was deployed on the controller's side: the agents are in
+    // the containers.
+    assert!(!j.home.path().join("environments/lxa/agents").exists());
+    // Each unit's hooks ran inside its own container, in order.
+    let agent_dir = jujube_providers::lxd::AGENT_DIR;
+    let conf = format!("{agent_dir}/unit-wordpress-0/charm/db.conf");
+    eventually_in("wordpress's database configuration", || {
+        let (c, wp, conf) = (&c, &wp, &conf);
+        async move { file_in(c, wp, conf).await.contains("password=") }
+    })
+    .await;
+    let h = hooks_in(&c, &wp, "wordpress/0").await;
+    assert!(
+        position(&h, "install") < position(&h, "config-changed"),
+        "{h:?}"
+    );
+    assert!(
+        position(&h, "config-changed") < position(&h, "start"),
+        "{h:?}"
+    );
+    assert!(
+        position(&h, "start") < position(&h, "db-relation-joined mysql/0"),
+        "{h:?}"
+    );
+    assert!(
+        position(&h, "db-relation-joined mysql/0") < position(&h, "db-relation-changed mysql/0"),
+        "{h:?}"
+    );
+    let m = hooks_in(&c, &my, "mysql/0").await;
+    assert!(
+        position(&m, "start") < position(&m, "db-relation-joined wordpress/0"),
+        "{m:?}"
+    );
+    assert!(hooks_in(&c, &wp, "logging/0")
+        .await
+        .contains(&"start".to_string()));
+    // wordpress's configuration, inside its container, holds the password
+    // mysql's hook (in the other container) made: it travelled through the
+    // controller's API.
+    let db = file_in(&c, &wp, &conf).await;
+    let password = db
+        .lines()
+        .find_map(|l| l.strip_prefix("password="))
+        .unwrap();
+    assert_eq!(password.len(), 24, "{db}");
+    assert!(db.contains("database=wordpress\n"), "{db}");
+
+    // `jujube run` runs in the unit's container.
+    let out = j.run(&["run", "wordpress/0", "--", "hostname"]).ok().stdout;
+    assert_eq!(out.trim(), wp);
+    let out = j.run(&["run", "mysql/0", "--", "hostname"]).ok().stdout;
+    assert_eq!(out.trim(), my);
+
+    // debug-log reads the logs inside the containers.
+    let log = j
+        .run(&["debug-log", "--no-tail", "--lines", "100"])
+        .ok()
+        .stdout;
+    assert!(
+        log.contains("wordpress/0: ") && log.contains("hook: install"),
+        "{log}"
+    );
+    assert!(log.contains("mysql/0: "), "{log}");
+    let only = j
+        .run(&["debug-log", "--no-tail", "--include", "mysql/0"])
+        .ok()
+        .stdout;
+    assert!(
+        !only.is_empty() && only.lines().all(|l| l.starts_with("mysql/0: ")),
+        "{only}"
+    );
+
+    // A container's agent killed: init starts it again, and it resumes
+    // without running completed hooks again.
+    let started = |log: String| log.matches("agent started").count();
+    let before = started(file_in(&c, &wp, &format!("{agent_dir}/agent.log")).await);
+    assert!(before >= 1);
+    let killed = exec_in(
+        &c,
+        &wp,
+        &[
+            "sh",
+            "-c",
+            "kill -9 $(ps | grep '[j]ujube agent' | awk '{print $1}')",
+        ],
+    )
+    .await;
+    assert_eq!(killed, 0);
+    eventually_in("the agent's restart", || {
+        let (c, wp) = (&c, &wp);
+        async move { started(file_in(c, wp, &format!("{agent_dir}/agent.log")).await) > before }
+    })
+    .await;
+    let out = j.run(&["run", "wordpress/0", "--", "hostname"]).ok().stdout;
+    assert_eq!(out.trim(), wp, "the restarted agent answers");
+    let h = hooks_in(&c, &wp, "wordpress/0").await;
+    assert_eq!(h.iter().filter(|x| *x == "install").count(), 1, "{h:?}");
+    assert_eq!(h.iter().filter(|x| *x == "start").count(), 1, "{h:?}");
+
+    // destroy-service: the units leave, their stop hooks run inside; then
+    // destroy-machine takes the container away.
+    j.run(&["destroy-service", "wordpress"]).ok();
+    j.run(&["wait", "--timeout", "120s"]).ok();
+    let h = hooks_in(&c, &wp, "wordpress/0").await;
+    assert_eq!(h.last().map(String::as_str), Some("stop"), "{h:?}");
+    let lg = hooks_in(&c, &wp, "logging/0").await;
+    assert_eq!(lg.last().map(String::as_str), Some("stop"), "{lg:?}");
+    j.run(&["destroy-machine", &machine_of("wordpress/0")]).ok();
+    j.run(&["wait", "--timeout", "120s"]).ok();
+    assert!(until_gone(&c, &wp).await, "{wp} deleted");
+    assert!(container(&c, &my).await.is_some());
+    drop(ctl);
+    j.run(&["destroy-environment", "lxa", "-y"]).ok();
+    assert!(
+        tagged(&c, &env_uuid).await.is_empty(),
+        "nothing of the environment is left"
+    );
 }

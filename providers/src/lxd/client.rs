@@ -207,18 +207,40 @@ impl Client {
             Some(v) => Bytes::from(serde_json::to_vec(v).expect("JSON values serialise")),
             None => Bytes::new(),
         };
+        let (status, body) = self
+            .send(
+                method.clone(),
+                path,
+                bytes,
+                &[("content-type", "application/json".to_string())],
+                timeout,
+            )
+            .await?;
+        envelope(&method, path, status, &body)
+    }
+
+    /// One request with a raw body and extra headers; the raw answer.
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        bytes: Bytes,
+        headers: &[(&str, String)],
+        timeout: Duration,
+    ) -> Result<(u16, Bytes)> {
         let host = match &self.endpoint {
             Endpoint::Unix(_) => "lxd".to_string(),
             Endpoint::Https { host, port, .. } => format!("{host}:{port}"),
         };
-        let req = Request::builder()
+        let mut req = Request::builder()
             .method(method.clone())
             .uri(path)
             .header(hyper::header::HOST, host)
-            .header(hyper::header::CONTENT_TYPE, "application/json")
-            .header(hyper::header::USER_AGENT, "jujube")
-            .body(Full::new(bytes))
-            .expect("a valid request");
+            .header(hyper::header::USER_AGENT, "jujube");
+        for (k, v) in headers {
+            req = req.header(*k, v);
+        }
+        let req = req.body(Full::new(bytes)).expect("a valid request");
         let round = async {
             match &self.endpoint {
                 Endpoint::Unix(p) => {
@@ -253,13 +275,112 @@ impl Client {
                 }
             }
         };
-        let (status, body) = tokio::time::timeout(timeout, round).await.map_err(|_| {
+        tokio::time::timeout(timeout, round).await.map_err(|_| {
             Error::Transient(format!(
                 "LXD at `{}` did not answer {method} {path} within {timeout:?}",
                 self.display
             ))
-        })??;
-        let v: Value = serde_json::from_slice(&body).map_err(|e| {
+        })?
+    }
+
+    /// Writes a file (or makes a directory: `data` empty, `directory`) in
+    /// a container through LXD's file API, owned by root with `mode`. An
+    /// existing file is deleted first: LXD keeps an existing file's mode and
+    /// owner, and truncating a running binary in place fails.
+    pub async fn push_file(
+        &self,
+        container: &str,
+        path: &str,
+        data: Bytes,
+        mode: u32,
+        directory: bool,
+    ) -> Result<std::result::Result<(), ApiError>> {
+        let at = format!(
+            "/1.0/instances/{container}/files?path={}",
+            query_escape(path)
+        );
+        if !directory {
+            match self.call(Method::DELETE, &at, None).await? {
+                Ok(_) => {}
+                Err(e) if e.code == 404 => {}
+                Err(e) => return Ok(Err(e)),
+            }
+        }
+        let headers = [
+            ("content-type", "application/octet-stream".to_string()),
+            (
+                "x-lxd-type",
+                if directory { "directory" } else { "file" }.to_string(),
+            ),
+            ("x-lxd-mode", format!("0{mode:o}")),
+            ("x-lxd-uid", "0".to_string()),
+            ("x-lxd-gid", "0".to_string()),
+            ("x-lxd-write", "overwrite".to_string()),
+        ];
+        let (status, body) = self
+            .send(Method::POST, &at, data, &headers, PUSH_TIMEOUT)
+            .await?;
+        Ok(match envelope(&Method::POST, &at, status, &body)? {
+            Ok(_) => Ok(()),
+            Err(e) if directory && e.message.to_lowercase().contains("exists") => Ok(()),
+            Err(e) => Err(e),
+        })
+    }
+
+    /// A file's bytes from a container; `None` when it does not exist.
+    pub async fn read_file(&self, container: &str, path: &str) -> Result<Option<Bytes>> {
+        let at = format!(
+            "/1.0/instances/{container}/files?path={}",
+            query_escape(path)
+        );
+        let (status, body) = self
+            .send(Method::GET, &at, Bytes::new(), &[], PUSH_TIMEOUT)
+            .await?;
+        if status == 200 {
+            return Ok(Some(body));
+        }
+        match envelope(&Method::GET, &at, status, &body)? {
+            Err(e) if e.code == 404 => Ok(None),
+            Err(e) => Err(e.into_error(&format!("reading `{path}` in `{container}`"))),
+            Ok(_) => Ok(None),
+        }
+    }
+
+    /// The names in a directory of a container; empty when it does not
+    /// exist.
+    pub async fn list_dir(&self, container: &str, path: &str) -> Result<Vec<String>> {
+        let at = format!(
+            "/1.0/instances/{container}/files?path={}",
+            query_escape(path)
+        );
+        match self.get(&at).await? {
+            Ok(v) => Ok(v
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|n| n.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default()),
+            Err(e) if e.code == 404 => Ok(Vec::new()),
+            Err(e) => Err(e.into_error(&format!("listing `{path}` in `{container}`"))),
+        }
+    }
+}
+
+/// How long a file push or read may take (a debug build of the binary is
+/// a few hundred megabytes).
+const PUSH_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Reads LXD's envelope.
+fn envelope(
+    method: &Method,
+    path: &str,
+    status: u16,
+    body: &[u8],
+) -> Result<std::result::Result<Reply, ApiError>> {
+    {
+        let v: Value = serde_json::from_slice(body).map_err(|e| {
             Error::Transient(format!(
                 "LXD answered {method} {path} with HTTP {status} and no JSON envelope: {e}"
             ))
@@ -294,7 +415,9 @@ impl Client {
             }
         })
     }
+}
 
+impl Client {
     /// GET of a sync resource; a daemon-reported error is classified.
     pub async fn get(&self, path: &str) -> Result<std::result::Result<Value, ApiError>> {
         Ok(match self.call(Method::GET, path, None).await? {

@@ -42,8 +42,11 @@ use std::sync::RwLock;
 use tracing::{debug, info, warn};
 
 /// Config keys this provider reads; every other `lxd-*` key is refused.
-pub const CONFIG_KEYS: [&str; 9] = [
+pub const CONFIG_KEYS: [&str; 10] = [
     "image-alias",
+    // Read by the controller: machine agents inside the containers
+    // (`container`, the default) or in the controller (`in-process`).
+    "lxd-agents",
     "image-aliases",
     "lxd-socket",
     "lxd-url",
@@ -254,7 +257,19 @@ pub struct LxdProvider {
     /// `jujube-<first 8 of the UUID>-`.
     prefix: String,
     state: RwLock<State>,
+    /// The agent binary last read, shared by every push.
+    binary: tokio::sync::Mutex<Option<(std::path::PathBuf, bytes::Bytes)>>,
 }
+
+/// Where a container's machine agent lives: its `agent.conf`, its
+/// deployments and logs (outside `/run` and `/tmp`, which the image's init
+/// mounts over).
+pub const AGENT_DIR: &str = "/var/lib/jujube/agent";
+/// The controller's API inside a container: a socket LXD proxies to the
+/// controller's `api.socket`, so the agent needs no network.
+pub const AGENT_API_SOCKET: &str = "/var/lib/jujube/api.socket";
+/// Where the `jujube` binary is installed in a container.
+pub const AGENT_BINARY: &str = "/usr/local/bin/jujube";
 
 struct State {
     cfg: Config,
@@ -317,6 +332,7 @@ impl LxdProvider {
                 client,
                 host: None,
             }),
+            binary: tokio::sync::Mutex::new(None),
         })
     }
 
@@ -636,6 +652,25 @@ impl LxdProvider {
                 json!({"type": "disk", "path": "/", "pool": cfg.pool, "size": format!("{d}MiB")}),
             );
         }
+        if let Some(agent) = &spec.agent {
+            if matches!(cfg.transport, Transport::Https { .. }) {
+                return Err(Error::InvalidSpec(
+                    "machine agents inside containers reach the controller through a socket LXD proxies from this host, which a remote LXD daemon cannot do; use a local daemon, or `jujube set-environment lxd-agents=in-process`".into(),
+                ));
+            }
+            devices.insert(
+                "jujube-api".into(),
+                json!({
+                    "type": "proxy",
+                    "bind": "container",
+                    "listen": format!("unix:{AGENT_API_SOCKET}"),
+                    "connect": format!("unix:{}", agent.api_socket.display()),
+                    "uid": "0",
+                    "gid": "0",
+                    "mode": "0600",
+                }),
+            );
+        }
         let body = json!({
             "name": name,
             "type": "container",
@@ -659,6 +694,93 @@ impl LxdProvider {
         })
     }
 
+    /// Puts the machine's agent into container `name`: the binary and its
+    /// `agent.conf` (0600), through LXD's file API. Its image's init runs
+    /// `jujube agent --data-dir /var/lib/jujube/agent` whenever both are
+    /// there (`scripts/lxd-setup` builds such an image, `jujube-agent`).
+    async fn install_agent(&self, name: &str, spec: &StartSpec) -> Result<()> {
+        let Some(agent) = &spec.agent else {
+            return Ok(());
+        };
+        let binary = {
+            let mut cached = self.binary.lock().await;
+            match &*cached {
+                Some((path, bytes)) if *path == agent.binary => bytes.clone(),
+                _ => {
+                    let bytes =
+                        bytes::Bytes::from(tokio::fs::read(&agent.binary).await.map_err(|e| {
+                            Error::InvalidSpec(format!(
+                                "cannot read the agent binary `{}`: {e}",
+                                agent.binary.display()
+                            ))
+                        })?);
+                    *cached = Some((agent.binary.clone(), bytes.clone()));
+                    bytes
+                }
+            }
+        };
+        let c = self.client();
+        let what = |p: &str| format!("installing the agent in `{name}` ({p})");
+        for dir in [
+            "/usr",
+            "/usr/local",
+            "/usr/local/bin",
+            "/var",
+            "/var/lib",
+            "/var/lib/jujube",
+        ] {
+            c.push_file(name, dir, bytes::Bytes::new(), 0o755, true)
+                .await?
+                .map_err(|e| e.into_error(&what(dir)))?;
+        }
+        c.push_file(name, AGENT_DIR, bytes::Bytes::new(), 0o700, true)
+            .await?
+            .map_err(|e| e.into_error(&what(AGENT_DIR)))?;
+        c.push_file(name, AGENT_BINARY, binary, 0o755, false)
+            .await?
+            .map_err(|e| e.into_error(&what(AGENT_BINARY)))?;
+        let conf = format!("{AGENT_DIR}/agent.conf");
+        c.push_file(
+            name,
+            &conf,
+            bytes::Bytes::from(agent.conf.clone()),
+            0o600,
+            false,
+        )
+        .await?
+        .map_err(|e| e.into_error(&what(&conf)))?;
+        info!(name, machine = %spec.machine_id, "agent installed");
+        Ok(())
+    }
+
+    /// The logs of the agents inside this environment's containers, as
+    /// `jujube debug-log` shows them: `unit-…` (a unit's hooks) and
+    /// `machine-N` (the machine agent) → the file's bytes. Containers
+    /// without an agent have none.
+    pub async fn agent_logs(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        let c = self.client();
+        let mut out = Vec::new();
+        for inst in Provider::instances(self).await? {
+            let dir = format!("{AGENT_DIR}/logs");
+            for name in c.list_dir(&inst.id, &dir).await? {
+                let Some(tag) = name.strip_suffix(".log") else {
+                    continue;
+                };
+                if let Some(bytes) = c.read_file(&inst.id, &format!("{dir}/{name}")).await? {
+                    out.push((tag.to_string(), bytes.to_vec()));
+                }
+            }
+            if let (Some(m), Some(bytes)) = (
+                inst.machine_id(),
+                c.read_file(&inst.id, &format!("{AGENT_DIR}/agent.log"))
+                    .await?,
+            ) {
+                out.push((format!("machine-{m}"), bytes.to_vec()));
+            }
+        }
+        Ok(out)
+    }
+
     async fn start_one(&self, spec: &StartSpec) -> Result<Instance> {
         let host = self.host().await?;
         self.check_constraints(&spec.constraints, &host)?;
@@ -674,8 +796,13 @@ impl LxdProvider {
         loop {
             match self.create(spec, &name, &cfg).await? {
                 Ok(()) => {
-                    // Just created, so stopped: start it.
-                    if let Err(e) = self.start(&name).await {
+                    // Just created, so stopped: its agent first, then start
+                    // it (its init starts the agent).
+                    let started = match self.install_agent(&name, spec).await {
+                        Ok(()) => self.start(&name).await,
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = started {
                         // Leave nothing half-made behind: a container that
                         // never ran is deleted (the harvester would reap it
                         // otherwise, but only after its grace).
@@ -704,7 +831,10 @@ impl LxdProvider {
                         )));
                     }
                     if v["config"][CFG_NONCE].as_str() == Some(spec.nonce.as_str()) {
-                        // Ours from an earlier attempt with this nonce.
+                        // Ours from an earlier attempt with this nonce:
+                        // this attempt's credential replaced that one's, so
+                        // its agent gets the new one (and restarts on it).
+                        self.install_agent(&name, spec).await?;
                         self.ensure_running(&name, &v).await?;
                         let v = self.lookup(&name).await?.unwrap_or(v);
                         return Ok(self.instance(&v, &host));
