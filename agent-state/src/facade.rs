@@ -334,7 +334,12 @@ impl Facade for InProcess {
     }
 
     async fn charm(&self, unit: &str) -> ApiResult<CharmRef> {
-        let u = self.deployed_by_me(unit, format!("read the charm of unit `{unit}`"))?;
+        // Its deployer, or the unit itself (to upgrade its charm).
+        let u = if self.is_unit(unit) {
+            self.store().unit(unit).map_err(|e| self.err(e))?
+        } else {
+            self.deployed_by_me(unit, format!("read the charm of unit `{unit}`"))?
+        };
         let svc = self.store().service(&u.service).map_err(|e| self.err(e))?;
         let charm = self
             .store()
@@ -414,6 +419,7 @@ impl Facade for InProcess {
                 .collect(),
             subordinates: c.subordinates.iter().map(unit_ref).collect(),
             resolved: c.unit.resolved,
+            charm_url: c.service.charm_url,
             runs: c
                 .runs
                 .into_iter()

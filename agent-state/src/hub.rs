@@ -324,7 +324,12 @@ impl Hub {
         }
         for name in services {
             let now = match store.service(name) {
-                Ok(s) => Some((s.life, s.relation_count, store.service_settings_raw(name)?)),
+                Ok(s) => Some((
+                    s.life,
+                    s.relation_count,
+                    store.service_settings_raw(name)?,
+                    s.charm_url,
+                )),
                 Err(jujube_state::Error::NotFound { .. }) => None,
                 Err(e) => return Err(e),
             };
@@ -404,8 +409,9 @@ struct RelationRoute {
     services: Vec<String>,
 }
 
-/// A service as the hub last saw it: life, settings version, endpoints.
-type ServiceSeen = (Life, i64, Vec<(String, String)>);
+/// A service as the hub last saw it: life, relation count, settings, and
+/// charm (`upgrade-charm` wakes its units).
+type ServiceSeen = (Life, i64, Vec<(String, String)>, String);
 
 /// What the hub remembers to compare against.
 struct Known {
@@ -450,7 +456,7 @@ impl Known {
         let mut services = HashMap::new();
         for s in store.services()? {
             let settings = store.service_settings_raw(&s.name)?;
-            services.insert(s.name, (s.life, s.relation_count, settings));
+            services.insert(s.name, (s.life, s.relation_count, settings, s.charm_url));
         }
         let machines = store
             .machines()?

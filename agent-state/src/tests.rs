@@ -267,14 +267,13 @@ async fn the_facade_refuses_every_method_outside_the_callers_scope() {
     denied(&w, wp.machine(1).await, b);
     denied(&w, wp.set_machine_status(1, st, "").await, b);
     denied(&w, wp.ensure_dead_machine(1).await, b);
-    // charm: only what the caller deploys
+    // charm: only what the caller deploys, or its own unit's
     for (f, u) in [
         (&m1, "mysql/0"),
         (&m1, "logging/0"),
-        (&wp, "wordpress/0"),
         (&wp, "mysql/0"),
         (&wp, "logging/1"),
-        (&log, "logging/0"),
+        (&log, "wordpress/0"),
         (&m1, "nope/7"),
     ] {
         denied(&w, f.charm(u).await, b);

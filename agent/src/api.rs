@@ -138,6 +138,10 @@ pub struct UnitView {
     /// `jujube run` requests for the unit, oldest first.
     #[serde(default)]
     pub runs: Vec<RunRequest>,
+    /// The charm its service runs now: a unit whose charm directory holds
+    /// another one upgrades it (`upgrade-charm`).
+    #[serde(default)]
+    pub charm_url: String,
 }
 
 /// A command `jujube run` asked the unit's agent to run in a hook context.
@@ -270,6 +274,8 @@ pub trait Facade: Send + Sync + 'static {
 
     // -- deployers: a machine agent for its principals, a unit agent for
     //    its subordinates --
+    /// The unit's charm: for its deployer, or the unit itself (which
+    /// upgrades its charm directory when its service's charm changes).
     async fn charm(&self, unit: &str) -> ApiResult<CharmRef>;
     /// The charm's files, for a deployer that cannot read [`CharmRef::path`]
     /// (at most [`MAX_CHARM_BYTES`]; symlinks are refused).

@@ -72,13 +72,18 @@ pub fn unit_dir_name(unit: &str) -> String {
     Tag::unit(unit).to_string()
 }
 
+/// The charm URL a unit was deployed with (its `agent.json`).
+pub(crate) fn deployed_charm(unit_dir: &Path) -> Option<String> {
+    read_record(unit_dir).map(|r| r.charm_url)
+}
+
 fn read_record(dir: &Path) -> Option<Record> {
     let text = std::fs::read_to_string(dir.join(RECORD)).ok()?;
     serde_json::from_str(&text).ok()
 }
 
 /// Copies a charm directory (files, subdirectories, permissions).
-fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+pub(crate) fn copy_tree(from: &Path, to: &Path) -> Result<()> {
     std::fs::create_dir_all(to).map_err(io("create", to))?;
     for entry in std::fs::read_dir(from).map_err(io("read", from))? {
         let entry = entry.map_err(io("read", from))?;
@@ -94,7 +99,7 @@ fn copy_tree(from: &Path, to: &Path) -> Result<()> {
 }
 
 /// Writes a charm fetched through the API under `to`, with its modes.
-fn write_files(files: &[crate::api::CharmFile], to: &Path) -> Result<()> {
+pub(crate) fn write_files(files: &[crate::api::CharmFile], to: &Path) -> Result<()> {
     use base64::Engine;
     use std::os::unix::fs::PermissionsExt;
     for f in files {

@@ -268,6 +268,19 @@ impl UnitAgent {
         Ok(())
     }
 
+    /// Lays the service's current charm over the unit's charm directory:
+    /// its files replace theirs, anything else there stays.
+    async fn lay_charm(&mut self) -> Result<()> {
+        let charm = self.api.charm(&self.name).await?;
+        let to = self.dir().join("charm");
+        if Path::new(&charm.path).is_dir() {
+            crate::deployer::copy_tree(Path::new(&charm.path), &to)
+        } else {
+            let files = self.api.charm_files(&self.name).await?;
+            crate::deployer::write_files(&files, &to)
+        }
+    }
+
     /// `jujube run`: each queued command in turn, in a hook context of its
     /// own, between hooks (never during one), answered through the facade.
     /// Its `relation-set`s are written if it exits 0, as a hook's are.
@@ -337,6 +350,27 @@ impl UnitAgent {
             }
             self.hook_state().installed = true;
             dirty = self.save_if_ran("install", dirty)?;
+        }
+        // upgrade-charm when the service's charm changed: its files laid
+        // over the charm directory (what the charm wrote there stays), the
+        // hook, then config-changed.
+        let dir = self.dir();
+        let have = self
+            .hook_state()
+            .charm
+            .clone()
+            .or_else(|| crate::deployer::deployed_charm(&dir));
+        if !view.charm_url.is_empty() && have.as_deref() != Some(view.charm_url.as_str()) {
+            self.lay_charm().await?;
+            if !self
+                .run_hook(relations, Hook::unit("upgrade-charm"))
+                .await?
+            {
+                return Ok(false);
+            }
+            self.hook_state().charm = Some(view.charm_url.clone());
+            self.ran_config_changed = false;
+            self.save_hooks()?;
         }
         if self.hook_state().config.as_deref() != Some(config.as_str()) || !self.ran_config_changed
         {
@@ -429,6 +463,10 @@ impl UnitAgent {
             ("install", None, _) => self.hook_state().installed = true,
             ("start", None, _) => self.hook_state().started = true,
             ("stop", None, _) => self.hook_state().stopped = true,
+            ("upgrade-charm", None, _) => {
+                self.hook_state().charm = Some(view.charm_url.clone());
+                self.ran_config_changed = false;
+            }
             ("config-changed", None, _) => {
                 let config = digest(&self.api.service_config(&view.service).await?);
                 self.hook_state().config = Some(config);

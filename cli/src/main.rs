@@ -116,6 +116,18 @@ enum Command {
         #[arg(long = "config", value_name = "KEY=VALUE")]
         config: Vec<String>,
     },
+    /// Upgrade a service's charm: its units lay the new charm over theirs and run
+    /// `upgrade-charm`, then `config-changed`.
+    UpgradeCharm {
+        service: String,
+        /// The new charm: a directory, or `local:SERIES/NAME` in the repository
+        /// (default: where the service's charm was deployed from, read again).
+        #[arg(long)]
+        path: Option<String>,
+        /// Where `local:` charms are found (default: $JUJUBE_REPOSITORY).
+        #[arg(long)]
+        repository: Option<PathBuf>,
+    },
     /// Add units to a service, each on a new machine unless `--to` is given.
     AddUnit {
         service: String,
@@ -771,6 +783,22 @@ fn model_command(
             store.resolve_machine(machine_id(&machine)?, cons.as_ref())?;
         }
         Command::Status { format } => render::status(&store.status()?, format, out)?,
+        Command::UpgradeCharm {
+            service,
+            path,
+            repository,
+        } => {
+            let svc = store.service(&service)?;
+            let from = match path {
+                Some(p) => p,
+                None => store.charm(&svc.charm_url)?.path,
+            };
+            let loaded = charm::load(&from, repository.as_deref())?;
+            let mut c = loaded.charm;
+            c.url = format!("local:{}/{}", svc.series, c.url);
+            let url = store.upgrade_charm(&service, &c)?;
+            writeln!(out, "service `{service}` upgraded to charm `{url}`")?;
+        }
         Command::RetryProvisioning { machines, all } => {
             let ids = if all {
                 // Found and resolved in the same transactions, batch by

@@ -169,6 +169,109 @@ impl Store {
         self.read(|c| get_charm(c, url))
     }
 
+    /// `upgrade-charm`: the service runs `charm` from now on, under a
+    /// revision above its current one (returned). Its unit agents see the
+    /// new charm, lay its files over their charm directories and run
+    /// `upgrade-charm`, then `config-changed`. Refused, changing nothing,
+    /// unless the service is Alive and the new charm has the same name, is
+    /// a subordinate exactly when the old one is, still has every endpoint
+    /// the service's relations use (same role and interface), and still
+    /// knows every setting the user set.
+    pub fn upgrade_charm(&self, service: &str, charm: &Charm) -> Result<String> {
+        names::validate_service(service)?;
+        charm.meta.validate()?;
+        self.write(|tx| {
+            let svc = get_service(tx, service)?;
+            require_alive(Entity::Service, &svc.name, svc.life, "upgrade its charm")?;
+            let old = get_charm(tx, &svc.charm_url)?;
+            let refuse = |why: String| {
+                Err(Error::Relation(format!(
+                    "cannot upgrade service `{service}` to charm `{}`: {why}",
+                    charm.meta.name
+                )))
+            };
+            if charm.meta.name != old.meta.name {
+                return refuse(format!(
+                    "it runs charm `{}`, and a service keeps its charm's name; deploy the other charm as a service of its own",
+                    old.meta.name
+                ));
+            }
+            if charm.meta.subordinate != old.meta.subordinate {
+                return refuse("a charm cannot change between subordinate and principal".into());
+            }
+            if !charm.meta.series.is_empty() && !charm.meta.series.contains(&svc.series) {
+                return refuse(format!(
+                    "it does not support the service's series `{}`",
+                    svc.series
+                ));
+            }
+            let offered = charm.meta.endpoints(service);
+            for rel in relations_of(tx, service)? {
+                for ep in rel.endpoints.iter().filter(|e| e.service == service) {
+                    let kept = offered.iter().any(|o| {
+                        o.relation == ep.relation && o.role == ep.role && o.interface == ep.interface
+                    });
+                    if !kept {
+                        return refuse(format!(
+                            "relation `{}` uses its endpoint `{}` ({} of `{}`), which the new charm lacks; remove the relation first",
+                            rel.key, ep.relation, ep.role.as_str(), ep.interface
+                        ));
+                    }
+                }
+            }
+            let set: Vec<String> = tx
+                .prepare_cached("SELECT key FROM service_settings WHERE service = ?1 ORDER BY key")?
+                .query_map([service], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            for key in set {
+                if !charm.config.options.contains_key(&key) {
+                    return refuse(format!(
+                        "the service's setting `{key}` is not an option of the new charm; reset it first with `jujube set {service} {key}=`"
+                    ));
+                }
+            }
+            // A revision above the current one, whatever the directory's
+            // revision file says: the agents upgrade on any change of URL.
+            let current = svc
+                .charm_url
+                .rsplit_once('-')
+                .and_then(|(_, r)| r.parse::<u64>().ok())
+                .unwrap_or(0);
+            let base = old.url.rsplit_once('-').map_or(old.url.as_str(), |(b, _)| b);
+            let mut rev = current + 1;
+            if let Some(r) = charm
+                .url
+                .rsplit_once('-')
+                .and_then(|(_, r)| r.parse::<u64>().ok())
+            {
+                rev = rev.max(r);
+            }
+            let url = loop {
+                let url = format!("{base}-{rev}");
+                let taken: bool = tx
+                    .prepare_cached("SELECT EXISTS (SELECT 1 FROM charms WHERE url = ?1)")?
+                    .query_row([&url], |r| r.get(0))?;
+                if !taken {
+                    break url;
+                }
+                rev += 1;
+            };
+            tx.execute(
+                "INSERT INTO charms (url, meta, config, path) VALUES (?1, ?2, ?3, ?4)",
+                (
+                    &url,
+                    serde_json::to_string(&charm.meta).expect("charm metadata serialises"),
+                    serde_json::to_string(&charm.config).expect("charm config serialises"),
+                    &charm.path,
+                ),
+            )?;
+            tx.prepare_cached("UPDATE services SET charm_url = ?1 WHERE name = ?2")?
+                .execute((&url, service))?;
+            tx.changed(ChangeKind::Service, service)?;
+            Ok(url)
+        })
+    }
+
     /// `deploy`: creates a service with its peer relations and its first
     /// units. Everything is checked before anything is written (the series
     /// must be one jujube knows, or the environment's `extra-series` adds;

@@ -512,3 +512,86 @@ fn debug_log_shows_the_units_logs_prefixed_and_filtered() {
     let r = j.run(&["debug-log", "--no-tail", "--include", "no such"]);
     assert_eq!(r.code, 1, "{}", r.stderr);
 }
+
+#[test]
+fn upgrade_charm_runs_its_hook_then_config_changed_and_keeps_what_the_charm_wrote() {
+    let j = Jujube::new();
+    j.run(&["bootstrap", "t"]).ok();
+    // The next version of wordpress: an upgrade-charm hook of its own.
+    let next = j.home.path().join("wordpress-next");
+    let copied = std::process::Command::new("cp")
+        .args(["-r", &j.charm("wordpress")])
+        .arg(&next)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let hook = next.join("hooks/upgrade-charm");
+    std::fs::write(
+        &hook,
+        "#!/bin/sh\nset -e\njuju-log \"hook: $(basename \"$0\")\"\necho next > \"$CHARM_DIR/version\"\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    j.run(&["deploy", &j.charm("wordpress")]).ok();
+    let ctl = j.controller();
+    j.run(&["wait", "--timeout", "60s"]).ok();
+    let wp = log(&j, "1", "wordpress/0");
+    let charm = j
+        .home
+        .path()
+        .join("environments/t/agents/machine-1/unit-wordpress-0/charm");
+    eventually("start", || hooks(&wp).contains(&"start".to_string()));
+    let before = j.status()["services"]["wordpress"]["charm"].clone();
+
+    // Refused, changing nothing: no such service; another charm's name.
+    j.refused(
+        &["upgrade-charm", "nosuch"],
+        1,
+        "service `nosuch` not found; `jujube status` lists what exists",
+    );
+    j.refused(
+        &["upgrade-charm", "wordpress", "--path", &j.charm("mysql")],
+        1,
+        "cannot upgrade service `wordpress` to charm `mysql`: it runs charm `wordpress`, and a service keeps its charm's name; deploy the other charm as a service of its own",
+    );
+
+    let out = j
+        .run(&[
+            "upgrade-charm",
+            "wordpress",
+            "--path",
+            next.to_str().unwrap(),
+        ])
+        .ok()
+        .stdout;
+    assert!(
+        out.contains("upgraded to charm `local:jammy/wordpress-"),
+        "{out}"
+    );
+    let after = j.status()["services"]["wordpress"]["charm"].clone();
+    assert_ne!(before, after);
+    eventually("upgrade-charm, then config-changed", || {
+        let h = hooks(&wp);
+        h.contains(&"upgrade-charm".to_string()) && count(&h, "config-changed") == 2
+    });
+    let h = hooks(&wp);
+    assert_eq!(count(&h, "upgrade-charm"), 1, "{h:?}");
+    assert!(
+        pos(&h, "upgrade-charm") < h.iter().rposition(|x| x == "config-changed").unwrap(),
+        "config-changed after upgrade-charm: {h:?}"
+    );
+    assert_eq!(count(&h, "install"), 1, "{h:?}");
+    // The new files are in; what the charm wrote there before stays.
+    assert!(charm.join("hooks/upgrade-charm").is_file());
+    assert_eq!(
+        std::fs::read_to_string(charm.join("version")).unwrap(),
+        "next\n"
+    );
+    assert!(
+        charm.join("site.conf").is_file(),
+        "written by config-changed"
+    );
+    assert_eq!(ctl.terminate().code(), Some(0));
+}

@@ -26,6 +26,10 @@ pub struct HookState {
     pub running: Option<HookRecord>,
     /// A failed hook the unit waits on (`jujube resolved`).
     pub failed: Option<HookRecord>,
+    /// The charm URL the charm directory holds, once upgraded (before the
+    /// first upgrade: the one it was deployed with, in `agent.json`).
+    #[serde(default)]
+    pub charm: Option<String>,
 }
 
 /// Which hook, as recorded.
