@@ -174,6 +174,53 @@ async fn read_limited(body: Incoming) -> ApiResult<Bytes> {
         .to_bytes())
 }
 
+/// An instance's enrollment (see `jujube enroll`): trades its batch's
+/// `token` and its `instance_id` for its machine's `agent.conf`, at the API
+/// server of `addresses`, trusting only `ca_cert`. Returns the
+/// configuration's bytes (JSON) as the controller made them.
+pub async fn enroll(
+    addresses: &[String],
+    ca_cert: &str,
+    token: &str,
+    instance_id: &str,
+) -> ApiResult<Vec<u8>> {
+    let probe = AgentConf {
+        api_addresses: addresses.to_vec(),
+        ca_cert: ca_cert.to_string(),
+        tag: Tag::Machine(0),
+        secret: String::new(),
+        env_name: String::new(),
+    };
+    let client = Remote::new(&probe)?;
+    let mut sender = client.inner.connect().await?;
+    let body = serde_json::to_vec(&serde_json::json!({
+        "token": token,
+        "instance-id": instance_id,
+    }))
+    .expect("plain data");
+    let req = hyper::Request::post(format!("https://{SERVER_NAME}{}", crate::wire::ENROLL_PATH))
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .expect("a valid request");
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| unavailable(format!("enrolling: {e}")))?;
+    let ok = resp.status().is_success();
+    let bytes = http_body_util::Limited::new(resp.into_body(), MAX_REPLY)
+        .collect()
+        .await
+        .map_err(|e| unavailable(format!("reading the enrollment: {e}")))?
+        .to_bytes();
+    if ok {
+        return Ok(bytes.to_vec());
+    }
+    Err(match serde_json::from_slice::<Reply>(&bytes) {
+        Ok(Reply::Error(e)) => e,
+        _ => ApiError::new(ErrorCode::Internal, "the enrollment was refused"),
+    })
+}
+
 impl Inner {
     async fn handshake<IO>(&self, io: IO) -> ApiResult<SendRequest<Full<Bytes>>>
     where

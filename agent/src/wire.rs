@@ -23,6 +23,11 @@ use std::path::Path;
 
 pub const CALL_PATH: &str = "/v1/call";
 pub const WATCH_PATH: &str = "/v1/watch";
+/// `POST` — an instance's enrollment (no credential: a token); see the API
+/// server.
+pub const ENROLL_PATH: &str = "/v1/enroll";
+/// `GET` — the agent binary, for instances installing their agent.
+pub const TOOLS_PATH: &str = "/v1/tools/jujube";
 pub const TAG_HEADER: &str = "x-jujube-tag";
 /// On a watch's answer: the head revision when the subscription was made.
 /// A client resumes from it (or from a later notice's revision).

@@ -45,7 +45,9 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// The TLS handshake must finish within this.
     pub handshake_timeout: Duration,
-    /// Connections open at once; further ones wait to be accepted.
+    /// Connections open at once (over both transports, counted from
+    /// accept, before the TLS handshake); beyond it, one connection per
+    /// listener waits for a slot and further ones wait to be accepted.
     pub max_connections: usize,
 }
 
@@ -67,6 +69,37 @@ struct Shared {
     limits: Limits,
     acceptor: tokio_rustls::TlsAcceptor,
     connections: Arc<Semaphore>,
+    /// The agent binary served at [`TOOLS_PATH`], with its SHA-256.
+    tools: std::sync::OnceLock<(PathBuf, String)>,
+    enroller: std::sync::OnceLock<Arc<dyn Enroller>>,
+}
+
+/// `GET` [`TOOLS_PATH`] — the `jujube` binary, for instances installing
+/// their agent (their boot script checks it against the SHA-256 in their
+/// user data, so the download needs no credential). `POST` [`ENROLL_PATH`]
+/// — an instance trades its batch's enrollment token and its instance id
+/// for its machine's `agent.conf` ([`EnrollRequest`]).
+pub use jujube_agent::wire::{ENROLL_PATH, TOOLS_PATH};
+
+/// What an instance sends to enroll.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct EnrollRequest {
+    pub token: String,
+    pub instance_id: String,
+}
+
+/// Checks an enrollment and makes the machine's credential: the
+/// controller's business (it knows the provider), not the server's.
+#[async_trait::async_trait]
+pub trait Enroller: Send + Sync + 'static {
+    /// The machine's `agent.conf` (JSON), or why not (the same words for
+    /// every refusal that could tell an outsider something).
+    async fn enroll(
+        &self,
+        token: &str,
+        instance_id: &str,
+    ) -> std::result::Result<Vec<u8>, ApiError>;
 }
 
 /// A running API server. Dropping it (or [`ApiServer::stop`]) stops
@@ -76,6 +109,7 @@ pub struct ApiServer {
     unix: Option<PathBuf>,
     /// 0 running; 1 stopping (requests in flight get a second); 2 gone.
     stop: watch::Sender<u8>,
+    shared: Arc<Shared>,
 }
 
 impl ApiServer {
@@ -97,6 +131,8 @@ impl ApiServer {
             connections: Arc::new(Semaphore::new(limits.max_connections)),
             limits,
             acceptor,
+            tools: std::sync::OnceLock::new(),
+            enroller: std::sync::OnceLock::new(),
         });
         let (stop, stopped) = watch::channel(0u8);
         let mut tcp_addr = None;
@@ -142,7 +178,25 @@ impl ApiServer {
             tcp: tcp_addr,
             unix: unix.map(Path::to_path_buf),
             stop,
+            shared,
         })
+    }
+
+    /// Serves `binary` at [`TOOLS_PATH`] from now on; returns its SHA-256
+    /// (hex), which instances check the download against.
+    pub fn serve_tools(&self, binary: &Path) -> std::io::Result<String> {
+        use sha2::Digest;
+        let sum: String = sha2::Sha256::digest(std::fs::read(binary)?)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let _ = self.shared.tools.set((binary.to_path_buf(), sum.clone()));
+        Ok(sum)
+    }
+
+    /// Answers [`ENROLL_PATH`] with `enroller` from now on.
+    pub fn enroll_with(&self, enroller: Arc<dyn Enroller>) {
+        let _ = self.shared.enroller.set(enroller);
     }
 
     /// The TCP address it listens on (the port chosen when 0 was asked).
@@ -190,16 +244,22 @@ where
     Fut: std::future::Future<Output = std::io::Result<IO>>,
 {
     loop {
-        let permit = tokio::select! {
-            p = shared.connections.clone().acquire_owned() => p.expect("never closed"),
-            _ = stopped.changed() => return,
-        };
         let io = tokio::select! {
             io = accept() => io,
             _ = stopped.changed() => return,
         };
         match io {
             Ok(io) => {
+                // A slot is taken for a connection accepted, never held by
+                // a listener waiting for one: the listeners share the cap,
+                // and an idle one holding a slot would leave the other a
+                // slot short (with a cap of one, starved). Beyond the cap,
+                // this connection waits here, its handshake not begun, and
+                // further ones wait in the kernel to be accepted.
+                let permit = tokio::select! {
+                    p = shared.connections.clone().acquire_owned() => p.expect("never closed"),
+                    _ = stopped.changed() => return,
+                };
                 let (shared, stopped) = (shared.clone(), stopped.clone());
                 tokio::spawn(async move {
                     serve_connection(shared, io, stopped).await;
@@ -294,11 +354,19 @@ where
             async move { Ok::<_, Infallible>(handle(shared, activity, req).await) }
         })
     };
-    let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+    // Agents speak HTTP/2; HTTP/1.1 is there for an instance's boot script
+    // (busybox or curl fetching the binary and enrolling).
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(shared.limits.max_watches_per_connection as u32 + 64)
-        .max_header_list_size(16 << 10)
-        .serve_connection(TokioIo::new(tls), svc);
+        .max_header_list_size(16 << 10);
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .max_buf_size(64 << 10);
+    let conn = builder.serve_connection(TokioIo::new(tls), svc);
     tokio::pin!(conn);
     let mut closing = false;
     // When the server stops, requests in flight get a moment to finish;
@@ -440,6 +508,12 @@ async fn handle(
     activity.in_flight.fetch_add(1, Ordering::AcqRel);
     let _held = Held(activity.clone(), |a| &a.in_flight);
     activity.touch();
+    if req.method() == hyper::Method::GET && req.uri().path() == TOOLS_PATH {
+        return tools(&shared).await;
+    }
+    if req.method() == hyper::Method::POST && req.uri().path() == ENROLL_PATH {
+        return enroll(&shared, req).await;
+    }
     if req.method() != hyper::Method::POST || ![CALL_PATH, WATCH_PATH].contains(&req.uri().path()) {
         return reply(
             StatusCode::NOT_FOUND,
@@ -477,6 +551,58 @@ async fn handle(
     };
     match result {
         Ok(v) => reply(StatusCode::OK, &Reply::Ok(v)),
+        Err(e) => refuse(e),
+    }
+}
+
+/// The agent binary, whole (the server reads it for each download: they
+/// are one per instance, at its first boot).
+async fn tools(shared: &Shared) -> Response<Body> {
+    let Some((path, sum)) = shared.tools.get() else {
+        return refuse(ApiError::new(
+            ErrorCode::Refused,
+            "this controller serves no agent binary",
+        ));
+    };
+    match tokio::fs::read(path).await {
+        Ok(bytes) => Response::builder()
+            .status(StatusCode::OK)
+            .header(hyper::header::CONTENT_TYPE, "application/octet-stream")
+            .header("x-jujube-sha256", sum.as_str())
+            .body(Full::new(Bytes::from(bytes)).boxed_unsync())
+            .expect("a valid response"),
+        Err(e) => refuse(ApiError::new(
+            ErrorCode::Internal,
+            format!("cannot read the agent binary: {e}"),
+        )),
+    }
+}
+
+/// An instance enrolls: its batch's token and its instance id for its
+/// machine's `agent.conf`.
+async fn enroll(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
+    let body = match read_body(shared, req.into_body()).await {
+        Ok(b) => b,
+        Err(resp) => return resp,
+    };
+    let Ok(r) = serde_json::from_slice::<EnrollRequest>(&body) else {
+        return refuse(ApiError::new(
+            ErrorCode::Refused,
+            "malformed enrollment: expected {\"token\": ..., \"instance-id\": ...}",
+        ));
+    };
+    let Some(enroller) = shared.enroller.get() else {
+        return refuse(ApiError::new(
+            ErrorCode::Refused,
+            "this controller enrolls no instances",
+        ));
+    };
+    match enroller.enroll(&r.token, &r.instance_id).await {
+        Ok(conf) => Response::builder()
+            .status(StatusCode::OK)
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(conf)).boxed_unsync())
+            .expect("a valid response"),
         Err(e) => refuse(e),
     }
 }

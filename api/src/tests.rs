@@ -743,3 +743,364 @@ async fn a_removed_machines_credential_stops_working() {
     assert_eq!(e.code, ErrorCode::Unauthorized, "{e:?}");
     assert!(e.message.contains("invalid credentials"), "{e}");
 }
+
+fn tcp_only(mut conf: AgentConf) -> AgentConf {
+    conf.api_addresses.retain(|a| !a.starts_with("unix:"));
+    assert_eq!(conf.api_addresses.len(), 1);
+    conf
+}
+
+fn unix_only(mut conf: AgentConf) -> AgentConf {
+    conf.api_addresses.retain(|a| a.starts_with("unix:"));
+    assert_eq!(conf.api_addresses.len(), 1);
+    conf
+}
+
+/// The server's side of its TCP port, as the kernel sees it: connections
+/// established (accepted or not), and connections waiting in the listening
+/// socket's accept queue (its `rx_queue` in `/proc/net/tcp`).
+fn tcp_port_state(port: u16) -> (usize, usize) {
+    let (mut established, mut queued) = (0, 0);
+    for l in std::fs::read_to_string("/proc/net/tcp")
+        .unwrap()
+        .lines()
+        .skip(1)
+    {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.len() < 5 || !f[1].ends_with(&format!(":{port:04X}")) {
+            continue;
+        }
+        match f[3] {
+            "01" => established += 1,
+            "0A" => {
+                let rx = f[4].split(':').nth(1).unwrap();
+                queued += usize::from_str_radix(rx, 16).unwrap();
+            }
+            _ => {}
+        }
+    }
+    (established, queued)
+}
+
+/// Polls `cond` every 10 ms for up to `secs`; whether it came true.
+async fn eventually(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
+    let until = std::time::Instant::now() + Duration::from_secs(secs);
+    while std::time::Instant::now() < until {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    cond()
+}
+
+/// Whether the server closed `s` (EOF or reset) rather than leaving it open
+/// with nothing to read; never blocks.
+fn closed_by_server(s: &std::net::TcpStream) -> bool {
+    use std::io::Read;
+    s.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 64];
+    let closed = match (&*s).read(&mut buf) {
+        Ok(0) => true,
+        Ok(n) => panic!("the server sent {n} bytes to a client that never said hello"),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+        Err(_) => true,
+    };
+    s.set_nonblocking(false).unwrap();
+    closed
+}
+
+/// How long until the server closes `s`, waiting at most 5 s (then `None`).
+async fn time_until_closed(s: std::net::TcpStream, since: std::time::Instant) -> Option<Duration> {
+    tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut buf = [0u8; 64];
+        match (&s).read(&mut buf) {
+            Ok(0) => Some(since.elapsed()),
+            Ok(n) => panic!("the server sent {n} bytes to a client that never said hello"),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                None
+            }
+            Err(_) => Some(since.elapsed()),
+        }
+    })
+    .await
+    .unwrap()
+}
+
+/// A TLS record header announcing a 512-byte handshake message, and the
+/// first bytes of a ClientHello: a handshake begun and never finished.
+const PARTIAL_CLIENT_HELLO: &[u8] = &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03];
+
+/// A client that connects and never finishes its TLS handshake (silent, or
+/// stalled in its ClientHello) is cut off at the handshake timeout — not
+/// before, not at the idle timeout — while an agent connecting meanwhile is
+/// served at once, and afterwards too.
+///
+/// Real time, not tokio's paused clock: with real sockets the paused clock
+/// auto-advances to the next timer whenever the runtime waits for the
+/// kernel (tokio counts an I/O wake-up as idle), so the agent's own TLS
+/// round trips would jump the clock past its handshake deadline. Bounded
+/// instead: 500 ms of timeout, 5 s at most.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_finishes_its_tls_handshake_is_cut_off_in_time() {
+    use std::io::Write;
+    let timeout = Duration::from_millis(500);
+    let mut w = World::new().await;
+    w.start(Limits {
+        handshake_timeout: timeout,
+        ..Limits::default()
+    })
+    .await;
+    let addr = w.server.as_ref().unwrap().tcp_addr().unwrap();
+    let m1 = w.machine_of("wordpress/0");
+    let conf = tcp_only(w.machine_conf(m1));
+
+    let start = std::time::Instant::now();
+    let silent = std::net::TcpStream::connect(addr).unwrap();
+    let mut stalled = std::net::TcpStream::connect(addr).unwrap();
+    stalled.write_all(PARTIAL_CLIENT_HELLO).unwrap();
+    // Meanwhile an agent connects over the same listener and is served:
+    // the stalled handshakes hold up nobody.
+    w.remote(&conf).machine(m1).await.unwrap();
+    assert!(
+        !closed_by_server(&silent) && !closed_by_server(&stalled),
+        "the agent was served only after the stalled handshakes were given up ({:?})",
+        start.elapsed()
+    );
+
+    for (what, s) in [("silent", silent), ("stalled", stalled)] {
+        let took = time_until_closed(s, start)
+            .await
+            .unwrap_or_else(|| panic!("a {what} client still connected after 5 s"));
+        assert!(
+            took >= timeout,
+            "a {what} client cut off after {took:?}, before the timeout"
+        );
+    }
+    // And afterwards: a new connection, a new handshake, served.
+    w.remote(&conf).machine(m1).await.unwrap();
+}
+
+/// The connection cap, as the server enforces it: a connection counts from
+/// the moment it is taken, before its TLS handshake, across both
+/// transports; beyond the cap the server leaves connections in the kernel's
+/// accept queue (it does not take them all and hold them itself), and a
+/// client waiting there is served as soon as a connection closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_cap_wait_until_one_closes() {
+    let mut w = World::new().await;
+    w.start(Limits {
+        max_connections: 2,
+        // Held connections keep their slot for the whole test.
+        handshake_timeout: Duration::from_secs(60),
+        ..Limits::default()
+    })
+    .await;
+    let port = w.server.as_ref().unwrap().tcp_addr().unwrap().port();
+    let addr = w.server.as_ref().unwrap().tcp_addr().unwrap();
+    let m1 = w.machine_of("wordpress/0");
+    let conf = w.machine_conf(m1);
+
+    // Two connections that never handshake: both taken, up to the cap.
+    let held1 = std::net::TcpStream::connect(addr).unwrap();
+    let held2 = std::net::TcpStream::connect(addr).unwrap();
+    assert!(
+        eventually(5, || tcp_port_state(port) == (2, 0)).await,
+        "the server did not take two connections with a cap of 2: {:?} (established, queued)",
+        tcp_port_state(port)
+    );
+
+    // A third client over TCP and a fourth over the unix socket: neither is
+    // served. Each keeps its Remote (and so its connection) once answered.
+    let call = |conf: AgentConf| {
+        let api = w.remote(&conf);
+        tokio::spawn(async move {
+            let r = api.machine(m1).await;
+            (api, r)
+        })
+    };
+    let mut tcp = Some(call(tcp_only(conf.clone())));
+    assert!(eventually(5, || tcp_port_state(port).0 == 3).await);
+    // A fifth, raw: at least one of the two TCP clients beyond the cap stays
+    // in the accept queue.
+    let _held3 = std::net::TcpStream::connect(addr).unwrap();
+    let mut unix = Some(call(unix_only(conf.clone())));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !tcp.as_ref().unwrap().is_finished() && !unix.as_ref().unwrap().is_finished(),
+        "a client was served beyond the cap"
+    );
+    let (established, queued) = tcp_port_state(port);
+    assert_eq!(established, 4);
+    assert!(
+        queued >= 1,
+        "the server took every connection beyond the cap"
+    );
+
+    // One held connection closes: one waiting client is served, and the
+    // other still waits (its slot went to the one served, which stays).
+    drop(held1);
+    assert!(
+        eventually(5, || tcp.as_ref().unwrap().is_finished()
+            || unix.as_ref().unwrap().is_finished())
+        .await,
+        "no waiting client served after a connection closed"
+    );
+    let (first, mut second) = if tcp.as_ref().unwrap().is_finished() {
+        (tcp.take().unwrap(), unix.take().unwrap())
+    } else {
+        (unix.take().unwrap(), tcp.take().unwrap())
+    };
+    let (_api1, r) = first.await.unwrap();
+    r.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !second.is_finished(),
+        "two clients served for one slot freed"
+    );
+    drop(held2);
+    let (_api2, r) = tokio::time::timeout(Duration::from_secs(5), &mut second)
+        .await
+        .expect("the last waiting client served once a second slot freed")
+        .unwrap();
+    r.unwrap();
+}
+
+/// A connection that never finishes its handshake holds its slot only
+/// until the handshake timeout: with a cap of one, an agent waiting behind
+/// it is served then, without the stalled client going away by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_handshake_gives_its_slot_back_at_the_timeout() {
+    let timeout = Duration::from_millis(300);
+    let mut w = World::new().await;
+    w.start(Limits {
+        max_connections: 1,
+        handshake_timeout: timeout,
+        ..Limits::default()
+    })
+    .await;
+    let addr = w.server.as_ref().unwrap().tcp_addr().unwrap();
+    let m1 = w.machine_of("wordpress/0");
+    let api = w.remote(&tcp_only(w.machine_conf(m1)));
+    let start = std::time::Instant::now();
+    let stalled = std::net::TcpStream::connect(addr).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), api.machine(m1))
+        .await
+        .expect("an agent behind a stalled handshake never served")
+        .unwrap();
+    assert!(
+        start.elapsed() >= timeout,
+        "served after {:?}, beyond the cap of one",
+        start.elapsed()
+    );
+    assert!(closed_by_server(&stalled));
+}
+
+/// A slow reader at the transport: a watch opened over raw HTTP/2 (not
+/// through `Remote`, which keeps only the latest notice by itself, so that
+/// tests through it cannot tell what the server sent) with a 256-byte
+/// flow-control window, its body left unread while 100 changes happen, each
+/// its own notice (spaced so that the change router does not batch them).
+/// The server sends what the window allows and then holds one coalesced
+/// notice, not a backlog: reading afterwards yields about a window's worth
+/// (18 seen; at most 25 allowed), ending at the head. With a 1 MiB window
+/// the same run yields 100: the bound is the window's, not the router's
+/// batching.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_body_left_unread_costs_the_server_a_window_not_a_backlog() {
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use jujube_agent::wire::{WatchRequest, SERVER_NAME, TAG_HEADER, WATCH_PATH};
+    use rustls::pki_types::pem::PemObject;
+    const WINDOW: u32 = 256;
+    let w = World::new().await;
+    let m1 = w.machine_of("wordpress/0");
+    let conf = w.machine_conf(m1);
+
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_slice_iter(conf.ca_cert.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(w.server.as_ref().unwrap().tcp_addr().unwrap())
+        .await
+        .unwrap();
+    let name = rustls::pki_types::ServerName::try_from(SERVER_NAME).unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(tls))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(WINDOW)
+        .handshake(TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = WatchRequest {
+        target: WatchTarget::Machine(m1),
+        since: 0,
+    };
+    let resp = sender
+        .send_request(
+            hyper::Request::post(format!("https://{SERVER_NAME}{WATCH_PATH}"))
+                .header(TAG_HEADER, conf.tag.to_string())
+                .header(
+                    hyper::header::AUTHORIZATION,
+                    format!("Bearer {}", conf.secret),
+                )
+                .body(Full::new(bytes::Bytes::from(
+                    serde_json::to_vec(&req).unwrap(),
+                )))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), hyper::StatusCode::OK);
+    let mut body = resp.into_body();
+
+    for _ in 0..100 {
+        w.store.add_units("wordpress", 1, Some(m1)).unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let head = w.store.head_revision().unwrap();
+    // Let the server send all it will while nobody reads.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let mut text = Vec::new();
+    let mut wait = Duration::from_secs(5);
+    while let Ok(Some(frame)) = tokio::time::timeout(wait, body.frame()).await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            text.extend_from_slice(&data);
+        }
+        // Once something came, stop when nothing more does.
+        wait = Duration::from_millis(300);
+    }
+    let notices: Vec<jujube_agent::api::Notice> = text
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice(l).unwrap())
+        .collect();
+    // A window's worth (the shortest line, `{"revision":1}\n`, is 15
+    // bytes), a line split at the window's edge, the coalesced latest, and
+    // slack for window updates in flight: far from 100.
+    let bound = WINDOW as usize / 15 + 8;
+    assert!(
+        !notices.is_empty() && notices.len() <= bound,
+        "{} notices for 100 changes with a {WINDOW}-byte window (at most {bound})",
+        notices.len()
+    );
+    assert_eq!(notices.last().unwrap().revision, head);
+}

@@ -132,6 +132,7 @@ pub fn server_config(env_dir: &Path) -> Result<Arc<rustls::ServerConfig>> {
         .with_no_client_auth()
         .with_single_cert(certs, key)
         .map_err(|e| tls_err("cannot use the server certificate", e))?;
-    config.alpn_protocols = vec![b"h2".to_vec()];
+    // h2 for agents; http/1.1 for an instance's boot script fetching the binary.
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }

@@ -14,11 +14,11 @@ use jujube_providers::Provider;
 use jujube_provisioner::Provisioner;
 use jujube_state::model::machine_status;
 use jujube_state::Store;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -220,9 +220,10 @@ fn placement(
     env_name: &str,
     store: &Store,
     api: &jujube_api::ApiServer,
+    provider: Arc<dyn Provider>,
 ) -> Result<Placement> {
     let config = store.environment_config()?;
-    let provider = store.environment()?.provider;
+    let kind = store.environment()?.provider;
     let dir = home.env_dir(env_name);
     let agents =
         |api_addresses: Vec<String>| -> Result<jujube_agent_state::process::ProcessAgents> {
@@ -238,6 +239,8 @@ fn placement(
             store: store.clone(),
             agents,
             api_socket: api.unix_path().map(Path::to_path_buf),
+            enroll: None,
+            tokens: Mutex::new(HashMap::new()),
         }))
     };
     let in_process = Placement {
@@ -245,7 +248,7 @@ fn placement(
         installer: None,
     };
     match (
-        provider.as_str(),
+        kind.as_str(),
         config.get("dummy-agents").map(String::as_str),
         config.get("lxd-agents").map(String::as_str),
     ) {
@@ -268,7 +271,122 @@ fn placement(
                 )])?),
             })
         }
+        // Instances reach the API at `api-address`; without one, agents
+        // stay in the controller (until it runs on machine 0 itself).
+        ("ec2", _, _) if config.contains_key("api-address") => {
+            let address = config["api-address"].clone();
+            let reachable = address
+                .parse::<std::net::SocketAddr>()
+                .map(|a| a.port() != 0 && !a.ip().is_unspecified())
+                .unwrap_or(true);
+            if !reachable {
+                bail!("`api-address={address}` is where the controller listens, but instances need an address they can reach it at: set it to this machine's address and a fixed port, e.g. `jujube set-environment api-address=10.0.0.5:17070`");
+            }
+            let a = agents(vec![address.clone()])?;
+            let sha = api
+                .serve_tools(&a.exe)
+                .with_context(|| format!("cannot read `{}`", a.exe.display()))?;
+            api.enroll_with(Arc::new(Enrolls {
+                store: store.clone(),
+                provider,
+                env_uuid: store.environment()?.uuid,
+                agents: a.clone(),
+            }));
+            Ok(Placement {
+                host: None,
+                installer: Some(Arc::new(Installer {
+                    store: store.clone(),
+                    agents: a,
+                    api_socket: None,
+                    enroll: Some((address, sha)),
+                    tokens: Mutex::new(HashMap::new()),
+                })),
+            })
+        }
         _ => Ok(in_process),
+    }
+}
+
+/// How long an enrollment token works: instances enroll at first boot.
+const ENROLLMENT_TTL: Duration = Duration::from_secs(2 * 3600);
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// Answers instances' enrollments: the token must be live and unused by
+/// the instance, and the provider must show the instance as this
+/// environment's, launched in the token's batch; the machine is the one
+/// whose start made it (by its nonce). Every refusal reads the same.
+struct Enrolls {
+    store: Store,
+    provider: Arc<dyn Provider>,
+    env_uuid: String,
+    agents: jujube_agent_state::process::ProcessAgents,
+}
+
+#[async_trait::async_trait]
+impl jujube_api::server::Enroller for Enrolls {
+    async fn enroll(
+        &self,
+        token: &str,
+        instance_id: &str,
+    ) -> std::result::Result<Vec<u8>, jujube_agent::api::ApiError> {
+        use jujube_agent::api::{ApiError, ErrorCode};
+        let refused = || {
+            ApiError::new(
+                ErrorCode::Unauthorized,
+                jujube_state::credentials::ENROLLMENT_REFUSED,
+            )
+        };
+        let internal = |e: String| ApiError::new(ErrorCode::Unavailable, e);
+        let hash = jujube_agent::wire::secret_hash(token);
+        let now = unix_now();
+        let batch = self
+            .store
+            .enrollment_batch(&hash, now)
+            .map_err(|e| internal(e.to_string()))?
+            .ok_or_else(refused)?;
+        let found = self
+            .provider
+            .instances_by_id(&[instance_id.to_string()])
+            .await
+            .map_err(|e| internal(e.to_string()))?;
+        let inst = found
+            .into_iter()
+            .find(|i| i.id == instance_id && i.owned_by(&self.env_uuid))
+            .ok_or_else(refused)?;
+        let nonce = inst.nonce().ok_or_else(refused)?.to_string();
+        let in_batch = nonce == batch
+            || jujube_providers::launch_batch(&nonce).is_some_and(|(b, _)| b == batch);
+        if !in_batch {
+            return Err(refused());
+        }
+        let machine = self
+            .store
+            .machine_by_nonce(&nonce)
+            .map_err(|e| internal(e.to_string()))?
+            .ok_or_else(refused)?;
+        let tag = jujube_agent::api::Tag::Machine(machine);
+        let secret = jujube_agent::wire::new_secret();
+        self.store
+            .enroll_machine(
+                &hash,
+                instance_id,
+                machine,
+                &tag.to_string(),
+                &jujube_agent::wire::secret_hash(&secret),
+                now,
+            )
+            .map_err(|e| match e {
+                e if e.is_refusal() => refused(),
+                e => internal(e.to_string()),
+            })?;
+        info!(machine, instance = instance_id, "instance enrolled");
+        serde_json::to_vec_pretty(&self.agents.conf(tag, secret))
+            .map_err(|e| internal(e.to_string()))
     }
 }
 
@@ -298,16 +416,56 @@ struct Installer {
     store: Store,
     agents: jujube_agent_state::process::ProcessAgents,
     api_socket: Option<PathBuf>,
+    /// For instances enrolling from shared user data: the API address they
+    /// use and the binary's SHA-256.
+    enroll: Option<(String, String)>,
+    /// One enrollment token per launch batch (this controller's life: a
+    /// batch is launched once; its instances keep the token they booted
+    /// with, whose hash the store keeps until it expires).
+    tokens: Mutex<HashMap<String, String>>,
 }
 
 impl jujube_provisioner::AgentInstaller for Installer {
     fn prepare(
         &self,
         machine: i64,
+        nonce: &str,
     ) -> std::result::Result<Option<jujube_providers::AgentInstall>, String> {
         let m = self.store.machine(machine).map_err(|e| e.to_string())?;
         if !m.hosts_units() {
             return Ok(None);
+        }
+        if let Some((api_address, sha)) = &self.enroll {
+            let batch = jujube_providers::launch_batch(nonce).map_or(nonce, |(b, _)| b);
+            let mut tokens = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
+            let token = match tokens.get(batch) {
+                Some(t) => t.clone(),
+                None => {
+                    let t = jujube_agent::wire::new_secret();
+                    let now = unix_now();
+                    self.store
+                        .add_enrollment(
+                            &jujube_agent::wire::secret_hash(&t),
+                            batch,
+                            now + ENROLLMENT_TTL.as_secs() as i64,
+                            now,
+                        )
+                        .map_err(|e| e.to_string())?;
+                    tokens.insert(batch.to_string(), t.clone());
+                    t
+                }
+            };
+            return Ok(Some(jujube_providers::AgentInstall {
+                conf: Vec::new(),
+                binary: self.agents.exe.clone(),
+                api_socket: PathBuf::new(),
+                enrollment: Some(jujube_providers::Enrollment {
+                    token,
+                    api_address: api_address.clone(),
+                    ca_cert: self.agents.ca_cert.clone(),
+                    binary_sha256: sha.clone(),
+                }),
+            }));
         }
         let tag = jujube_agent::api::Tag::Machine(machine);
         let secret = jujube_agent::wire::new_secret();
@@ -324,6 +482,7 @@ impl jujube_provisioner::AgentInstaller for Installer {
             conf,
             binary: self.agents.exe.clone(),
             api_socket: self.api_socket.clone().unwrap_or_default(),
+            enrollment: None,
         }))
     }
 }
@@ -336,7 +495,7 @@ pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
     })?;
     lock.write_pid()?;
     let provider = provider(home, env_name, &store).await?;
-    let provisioner = Provisioner::new(store.clone(), provider)?;
+    let provisioner = Provisioner::new(store.clone(), provider.clone())?;
     let (stop_tx, stop_rx) = watch::channel(false);
     info!(environment = env_name, "controller started");
     // The API first: agents the provisioner installs on instances are given
@@ -348,7 +507,7 @@ pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
         exe: std::env::current_exe().ok(),
         private_address: None,
     });
-    let placement = placement(home, env_name, &store, &api)?;
+    let placement = placement(home, env_name, &store, &api, provider)?;
     if let Some(installer) = placement.installer {
         provisioner.install_agents(installer);
     }

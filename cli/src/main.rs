@@ -257,6 +257,23 @@ enum Command {
         #[arg(last = true, required = true, value_name = "COMMAND")]
         command: Vec<String>,
     },
+    /// Enroll this instance as its machine (its boot script runs this): trade the
+    /// launch batch's token and the instance id for DIR/agent.conf.
+    #[command(hide = true)]
+    Enroll {
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// The controller's API, `host:port`.
+        #[arg(long)]
+        api: String,
+        /// The environment's CA certificate (PEM): the only one trusted.
+        #[arg(long)]
+        ca_cert: PathBuf,
+        #[arg(long)]
+        token: String,
+        #[arg(long)]
+        instance_id: String,
+    },
     /// Run a machine agent from DIR/agent.conf, talking to the controller's API only.
     Agent {
         #[arg(long)]
@@ -504,6 +521,30 @@ fn run(cli: Cli) -> Result<()> {
             if code != 0 {
                 return Err(ExitWith(code).into());
             }
+        }
+        Command::Enroll {
+            data_dir,
+            api,
+            ca_cert,
+            token,
+            instance_id,
+        } => {
+            let ca = std::fs::read_to_string(&ca_cert)
+                .with_context(|| format!("cannot read `{}`", ca_cert.display()))?;
+            let conf = runtime()?
+                .block_on(jujube_agent::remote::enroll(
+                    std::slice::from_ref(&api),
+                    &ca,
+                    &token,
+                    &instance_id,
+                ))
+                .map_err(|e| anyhow::anyhow!("cannot enroll at `{api}`: {e}"))?;
+            let conf: jujube_agent::wire::AgentConf = serde_json::from_slice(&conf)
+                .context("the controller answered with no agent configuration")?;
+            std::fs::create_dir_all(&data_dir)
+                .with_context(|| format!("cannot create `{}`", data_dir.display()))?;
+            conf.write(&data_dir.join(agent::CONF))?;
+            writeln!(out, "enrolled as `{}`", conf.tag)?;
         }
         Command::Agent { data_dir } => {
             tracing_subscriber::fmt()
@@ -835,6 +876,7 @@ fn model_command(
         | Command::Agent { .. }
         | Command::DebugLog { .. }
         | Command::Run { .. }
+        | Command::Enroll { .. }
         | Command::DummyCloud { .. } => unreachable!("handled by run"),
     }
     Ok(())

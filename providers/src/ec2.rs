@@ -42,8 +42,8 @@
 
 use crate::bucket::{ec2_limits, LaunchPacer, TokenBucket};
 use crate::{
-    batch_nonce, launch_batch, Error, Instance, Provider, Result, StartSpec, TAG_BATCH,
-    TAG_ENV_UUID, TAG_NONCE,
+    batch_nonce, boot_script, launch_batch, Error, Instance, Provider, Result, StartSpec,
+    TAG_BATCH, TAG_ENV_UUID, TAG_NONCE,
 };
 use async_trait::async_trait;
 use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
@@ -287,7 +287,12 @@ pub struct Ec2Provider {
 
 /// User data shared by a batch's instances: which launch index is which
 /// machine (an agent reads its `ami-launch-index` from instance metadata).
+/// With agents to install, it is the batch's boot script ([`boot_script`]:
+/// one enrollment token for the batch, no secret).
 fn batch_user_data(batch: &str, specs: &[&StartSpec], count: u32) -> String {
+    if let Some(e) = specs[0].agent.as_ref().and_then(|a| a.enrollment.as_ref()) {
+        return boot_script(e);
+    }
     let mut s = format!("#cloud-config\n# jujube launch batch {batch}, {count} instance(s)\n");
     for sp in specs {
         let k = launch_batch(&sp.nonce).map_or(0, |(_, k)| k);
@@ -671,8 +676,12 @@ impl Ec2Provider {
             .into_iter()
             .map(|(k, v)| Tag::builder().key(k).value(v).build())
             .collect();
+        let user_data = match spec.agent.as_ref().and_then(|a| a.enrollment.as_ref()) {
+            Some(e) => boot_script(e),
+            None => spec.user_data.clone(),
+        };
         let req = self
-            .run_request(spec, 1, &spec.nonce, tags, &spec.user_data)
+            .run_request(spec, 1, &spec.nonce, tags, &user_data)
             .await?;
         self.launch_pacer.pace(1).await;
         let r = self.send_run(req, spec.zone.as_deref()).await?;

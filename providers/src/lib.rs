@@ -95,7 +95,94 @@ pub struct AgentInstall {
     /// The controller's API socket on the provider's host: LXD exposes it
     /// inside the container, so the agent needs no network.
     pub api_socket: PathBuf,
+    /// For instances that boot from user data shared by their launch batch
+    /// (EC2): no secret, but what their boot script needs to fetch the
+    /// binary and enroll (`conf` is then empty).
+    pub enrollment: Option<Enrollment>,
 }
+
+/// What an instance's boot script needs to install its agent: see
+/// [`boot_script`].
+#[derive(Clone, PartialEq)]
+pub struct Enrollment {
+    /// The batch's one-time token (per instance), traded for the machine's
+    /// credential.
+    pub token: String,
+    /// The API's address as instances reach it (`host:port`).
+    pub api_address: String,
+    /// The environment's CA certificate (PEM): the agent trusts only it.
+    pub ca_cert: String,
+    /// SHA-256 (hex) of the binary the API serves.
+    pub binary_sha256: String,
+}
+
+/// The user data that installs and starts a machine's agent: a shell
+/// script cloud-init runs once, as root, at first boot (the same script
+/// runs anywhere with `sh`, `wget` and `sha256sum`, busybox's included). It
+/// fetches the binary from the controller's API and checks it against the
+/// hash it carries (so the download needs neither a credential nor a
+/// trusted certificate), enrolls with the batch's token and the instance's
+/// id (the binary does, trusting only the environment's CA), and runs the
+/// agent as a systemd service where there is systemd (an image without it
+/// runs `/usr/local/bin/jujube agent --data-dir /var/lib/jujube/agent` from
+/// its init, as `scripts/lxd-setup`'s `jujube-agent` does).
+pub fn boot_script(e: &Enrollment) -> String {
+    format!(
+        r#"#!/bin/sh
+# jujube: install and start this machine's agent.
+set -eu
+api='{api}'
+sha256='{sha}'
+token='{token}'
+dir=/var/lib/jujube/agent
+mkdir -p /usr/local/bin /var/lib/jujube "$dir"
+chmod 700 "$dir"
+iid=$(cat /var/lib/cloud/data/instance-id 2>/dev/null || wget -qO- http://169.254.169.254/latest/meta-data/instance-id)
+cat > /var/lib/jujube/ca.pem <<'CA'
+{ca}CA
+tmp=/usr/local/bin/.jujube.download
+until wget -q --no-check-certificate -O "$tmp" "https://$api{tools}" &&
+    [ "$(sha256sum "$tmp" | cut -d' ' -f1)" = "$sha256" ]; do
+  echo "jujube: cannot fetch the agent from $api yet; retrying" >&2
+  sleep 5
+done
+chmod 755 "$tmp"
+mv "$tmp" /usr/local/bin/jujube
+until /usr/local/bin/jujube enroll --data-dir "$dir" --api "$api" --ca-cert /var/lib/jujube/ca.pem --token "$token" --instance-id "$iid"; do
+  sleep 5
+done
+if command -v systemctl >/dev/null 2>&1; then
+  cat > /etc/systemd/system/jujube-agent.service <<'UNIT'
+[Unit]
+Description=jujube machine agent
+After=network-online.target
+
+[Service]
+ExecStart=/usr/local/bin/jujube agent --data-dir /var/lib/jujube/agent
+Restart=always
+RestartSec=5
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+  systemctl daemon-reload
+  systemctl enable --now jujube-agent.service
+fi
+"#,
+        api = e.api_address,
+        sha = e.binary_sha256,
+        token = e.token,
+        ca = if e.ca_cert.ends_with('\n') {
+            e.ca_cert.clone()
+        } else {
+            format!("{}\n", e.ca_cert)
+        },
+        tools = TOOLS_PATH,
+    )
+}
+
+/// The API path the binary is served at (the API server's).
+pub const TOOLS_PATH: &str = "/v1/tools/jujube";
 
 impl std::fmt::Debug for AgentInstall {
     /// Never the configuration: it holds the secret.
@@ -103,6 +190,7 @@ impl std::fmt::Debug for AgentInstall {
         f.debug_struct("AgentInstall")
             .field("binary", &self.binary)
             .field("api_socket", &self.api_socket)
+            .field("enrollment", &self.enrollment.as_ref().map(|_| "<hidden>"))
             .finish_non_exhaustive()
     }
 }

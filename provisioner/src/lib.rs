@@ -127,7 +127,12 @@ struct Inner {
 /// re-installs) holds a credential that works, and no earlier one does.
 pub trait AgentInstaller: Send + Sync + 'static {
     /// `None` when machine `id`'s agent does not run on its instance.
-    fn prepare(&self, machine: i64) -> std::result::Result<Option<AgentInstall>, String>;
+    /// `nonce` is the start's (a launch batch's instances share user data).
+    fn prepare(
+        &self,
+        machine: i64,
+        nonce: &str,
+    ) -> std::result::Result<Option<AgentInstall>, String>;
 }
 
 /// The provisioner for one environment. Cheap to clone.
@@ -720,10 +725,13 @@ impl Provisioner {
             let mut specs: Vec<StartSpec> = pending.iter().map(|a| a.spec.clone()).collect();
             if let Some(installer) = self.inner.installer.get() {
                 for (spec, a) in specs.iter_mut().zip(&pending) {
-                    spec.agent = installer.prepare(a.machine).map_err(|why| Error::Agent {
-                        machine: a.machine,
-                        why,
-                    })?;
+                    spec.agent =
+                        installer
+                            .prepare(a.machine, &spec.nonce.clone())
+                            .map_err(|why| Error::Agent {
+                                machine: a.machine,
+                                why,
+                            })?;
                 }
             }
             let results = self.inner.provider.start_instances(&specs).await;

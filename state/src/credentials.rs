@@ -57,3 +57,104 @@ impl Store {
         })
     }
 }
+
+/// Why an enrollment was refused (said alike to everyone: an unknown, an
+/// expired and a used token look the same to an outsider).
+pub const ENROLLMENT_REFUSED: &str =
+    "enrollment refused: the token is unknown, expired or already used by this instance, or the instance is not one of its batch";
+
+impl Store {
+    /// Records a batch's enrollment token (its hash), valid until
+    /// `expires` (unix seconds). Expired ones are dropped meanwhile.
+    pub fn add_enrollment(
+        &self,
+        token_hash: &str,
+        batch: &str,
+        expires: i64,
+        now: i64,
+    ) -> Result<()> {
+        self.write(|tx| {
+            tx.prepare_cached("DELETE FROM enrollments WHERE expires <= ?1")?
+                .execute([now])?;
+            tx.prepare_cached(
+                "INSERT OR REPLACE INTO enrollments (token_hash, batch, expires) VALUES (?1, ?2, ?3)",
+            )?
+            .execute((token_hash, batch, expires))?;
+            Ok(())
+        })
+    }
+
+    /// The machine whose start used `nonce`, if any.
+    pub fn machine_by_nonce(&self, nonce: &str) -> Result<Option<i64>> {
+        self.read(|c| {
+            Ok(
+                c.prepare_cached("SELECT id FROM machines WHERE nonce = ?1")?
+                    .query_row([nonce], |r| r.get(0))
+                    .optional()?,
+            )
+        })
+    }
+
+    /// The batch a live token was made for.
+    pub fn enrollment_batch(&self, token_hash: &str, now: i64) -> Result<Option<String>> {
+        self.read(|c| {
+            Ok(c.prepare_cached(
+                "SELECT batch FROM enrollments WHERE token_hash = ?1 AND expires > ?2",
+            )?
+            .query_row((token_hash, now), |r| r.get(0))
+            .optional()?)
+        })
+    }
+
+    /// Instance `instance_id` enrolls as machine `machine` with `token_hash`:
+    /// in one transaction, the token must be live, unused by this instance,
+    /// and the machine Alive and started in the token's batch (its nonce
+    /// `<batch>/<index>`); then the machine's credential is `secret_hash`.
+    pub fn enroll_machine(
+        &self,
+        token_hash: &str,
+        instance_id: &str,
+        machine: i64,
+        tag: &str,
+        secret_hash: &str,
+        now: i64,
+    ) -> Result<()> {
+        let refused = || Error::Relation(ENROLLMENT_REFUSED.to_string());
+        self.write(|tx| {
+            let batch: Option<String> = tx
+                .prepare_cached(
+                    "SELECT batch FROM enrollments WHERE token_hash = ?1 AND expires > ?2",
+                )?
+                .query_row((token_hash, now), |r| r.get(0))
+                .optional()?;
+            let batch = batch.ok_or_else(refused)?;
+            let nonce: Option<Option<String>> = tx
+                .prepare_cached("SELECT nonce FROM machines WHERE id = ?1 AND life = 0")?
+                .query_row([machine], |r| r.get(0))
+                .optional()?;
+            let in_batch = nonce
+                .flatten()
+                // A launch batch's machine (`<batch>/<index>`), or a launch
+                // of one (its nonce is the "batch").
+                .map(|n| n == batch || n.rsplit_once('/').is_some_and(|(b, _)| b == batch))
+                .unwrap_or(false);
+            if !in_batch {
+                return Err(refused());
+            }
+            let fresh = tx
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO enrolled (token_hash, instance_id) VALUES (?1, ?2)",
+                )?
+                .execute((token_hash, instance_id))?;
+            if fresh == 0 {
+                return Err(refused());
+            }
+            tx.prepare_cached(
+                "INSERT OR REPLACE INTO agent_credentials (tag, machine_id, unit, hash)
+                 VALUES (?1, ?2, NULL, ?3)",
+            )?
+            .execute((tag, machine, secret_hash))?;
+            Ok(())
+        })
+    }
+}

@@ -243,4 +243,21 @@ CREATE INDEX runs_unit ON runs (unit, id);
     r#"
 CREATE INDEX machines_actionable ON machines (id) WHERE life != 0 OR instance_id IS NULL;
 "#,
+    // 10 (enrollment): instances of a launch batch share their user data, so
+    // it holds no machine's secret but a one-time enrollment token for the
+    // batch (stored as a hash, with its expiry, unix seconds). An instance
+    // trades it, with its instance id, for its machine's credential, once:
+    // `enrolled` remembers which instances have.
+    r#"
+CREATE TABLE enrollments (
+    token_hash TEXT PRIMARY KEY,
+    batch      TEXT NOT NULL,
+    expires    INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE enrolled (
+    token_hash  TEXT NOT NULL REFERENCES enrollments (token_hash) ON DELETE CASCADE,
+    instance_id TEXT NOT NULL,
+    PRIMARY KEY (token_hash, instance_id)
+) WITHOUT ROWID;
+"#,
 ];

@@ -25,12 +25,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-const ENDPOINT: &str = "http://127.0.0.1:4566";
-const REGION: &str = "us-east-1";
+pub(crate) const ENDPOINT: &str = "http://127.0.0.1:4566";
+pub(crate) const REGION: &str = "us-east-1";
 
 /// None when the EC2 tests are skipped on purpose; panics when LocalStack is
 /// simply not there.
-fn localstack() -> Option<()> {
+pub(crate) fn localstack() -> Option<()> {
     if std::env::var("JUJUBE_SKIP_EC2").as_deref() == Ok("1") {
         eprintln!("JUJUBE_SKIP_EC2=1: skipping an EC2 test");
         return None;
@@ -46,7 +46,7 @@ fn localstack() -> Option<()> {
     Some(())
 }
 
-fn account() -> String {
+pub(crate) fn account() -> String {
     static N: AtomicUsize = AtomicUsize::new(0);
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -122,7 +122,7 @@ fn uuid() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
-fn raw_client(account: &str) -> aws_sdk_ec2::Client {
+pub(crate) fn raw_client(account: &str) -> aws_sdk_ec2::Client {
     let conf = aws_sdk_ec2::Config::builder()
         .behavior_version(aws_sdk_ec2::config::BehaviorVersion::latest())
         .region(aws_sdk_ec2::config::Region::new(REGION))
@@ -607,7 +607,7 @@ async fn a_lost_launch_response_never_makes_a_second_instance() {
     assert_eq!(m.instance_id.as_deref(), Some(listed[0].id.as_str()));
 }
 
-fn ec2_jujube(acct: &str) -> Jujube {
+pub(crate) fn ec2_jujube(acct: &str) -> Jujube {
     let mut j = Jujube::new();
     j.envs = vec![
         ("AWS_ACCESS_KEY_ID".into(), acct.to_string()),

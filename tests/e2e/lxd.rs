@@ -828,3 +828,200 @@ async fn agents_run_inside_their_containers_and_hooks_run_there() {
         "nothing of the environment is left"
     );
 }
+
+/// EC2 with agents: an instance's user data is a boot script that fetches
+/// the binary from the API (checked by hash), enrolls with its batch's
+/// one-time token and its instance id, and runs the agent. LocalStack's
+/// instances run nothing, so the script runs here as cloud-init would, as
+/// root in a container (the `jujube-agent` image), which reaches the API
+/// at `api-address` through an LXD proxy: its agent takes up its machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ec2_instances_user_data_installs_an_agent_that_takes_up_its_machine() {
+    use crate::ec2::{account, ec2_jujube, localstack, raw_client, ENDPOINT, REGION};
+    use base64::Engine;
+    let Some(()) = localstack() else { return };
+    let Some(c) = lxd() else { return };
+    let acct = account();
+    let j = ec2_jujube(&acct);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let api = format!("127.0.0.1:{port}");
+    j.run(&[
+        "bootstrap",
+        "aws",
+        "--provider",
+        "ec2",
+        "--config",
+        &format!("region={REGION}"),
+        "--config",
+        &format!("endpoint={ENDPOINT}"),
+        "--config",
+        &format!("api-address={api}"),
+    ])
+    .ok();
+    j.run(&["add-machine"]).ok();
+    let ctl = j.controller();
+    let mut iid = String::new();
+    for _ in 0..300 {
+        if let Some(i) = j.status()["machines"]["1"]["instance-id"].as_str() {
+            iid = i.to_string();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(!iid.is_empty(), "machine 1 provisioned");
+
+    // The user data: the boot script, with the API's address, the
+    // binary's hash and a token; never a secret.
+    let raw = raw_client(&acct);
+    let attr = raw
+        .describe_instance_attribute()
+        .instance_id(&iid)
+        .attribute(aws_sdk_ec2::types::InstanceAttributeName::UserData)
+        .send()
+        .await
+        .unwrap();
+    let encoded = attr
+        .user_data()
+        .and_then(|u| u.value())
+        .unwrap()
+        .to_string();
+    let script = String::from_utf8(
+        base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(script.starts_with("#!/bin/sh\n"), "{script}");
+    assert!(script.contains(&format!("api='{api}'")), "{script}");
+    let binary = std::fs::read(env!("CARGO_BIN_EXE_jujube")).unwrap();
+    let sha: String = {
+        use sha2::Digest;
+        sha2::Sha256::digest(&binary)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    assert!(script.contains(&format!("sha256='{sha}'")), "{script}");
+    let token = script
+        .lines()
+        .find_map(|l| l.strip_prefix("token='"))
+        .and_then(|t| t.strip_suffix('\''))
+        .unwrap()
+        .to_string();
+    assert!(token.len() >= 32);
+    assert!(!script.contains("\"secret\""), "no credential in user data");
+
+    // The instance, as a container: its id where cloud-init keeps it, the
+    // API at the same address through a proxy, then the script.
+    let name = format!("jujube-enroll-{}", &uuid()[..8]);
+    let _sweep = Sweep {
+        uuids: vec![],
+        names: vec![name.clone()],
+    };
+    let body = json!({
+        "name": name,
+        "type": "container",
+        "source": {"type": "image", "alias": "jujube-agent"},
+        "devices": {"api": {
+            "type": "proxy",
+            "bind": "container",
+            "listen": format!("tcp:{api}"),
+            "connect": format!("tcp:{api}"),
+        }},
+    });
+    c.run(Method::POST, "/1.0/instances", Some(&body))
+        .await
+        .unwrap()
+        .unwrap();
+    c.run(
+        Method::PUT,
+        &format!("/1.0/instances/{name}/state"),
+        Some(&json!({"action": "start"})),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    for d in ["/var/lib/cloud", "/var/lib/cloud/data"] {
+        c.push_file(&name, d, Default::default(), 0o755, true)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    c.push_file(
+        &name,
+        "/var/lib/cloud/data/instance-id",
+        format!("{iid}\n").into(),
+        0o644,
+        false,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    c.push_file(
+        &name,
+        "/root/user-data",
+        script.clone().into(),
+        0o700,
+        false,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(exec_in(&c, &name, &["/bin/sh", "/root/user-data"]).await, 0);
+    let conf = file_in(&c, &name, "/var/lib/jujube/agent/agent.conf").await;
+    assert!(
+        conf.contains("\"machine\": 1") || conf.contains("machine-1"),
+        "{conf}"
+    );
+
+    // Its agent (started by the image's init) takes up machine 1.
+    eventually_in("machine 1's agent", || {
+        let j = &j;
+        async move { j.status()["machines"]["1"]["agent-status"] == "started" }
+    })
+    .await;
+
+    // The token works once per instance: enrolling again is refused, as
+    // is an instance that is not of the batch.
+    let again = |instance: &str| {
+        vec![
+            "/usr/local/bin/jujube".to_string(),
+            "enroll".into(),
+            "--data-dir".into(),
+            "/root/again".into(),
+            "--api".into(),
+            api.clone(),
+            "--ca-cert".into(),
+            "/var/lib/jujube/ca.pem".into(),
+            "--token".into(),
+            token.clone(),
+            "--instance-id".into(),
+            instance.to_string(),
+        ]
+    };
+    let argv = again(&iid);
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    assert_ne!(
+        exec_in(&c, &name, &argv).await,
+        0,
+        "a token works once per instance"
+    );
+    let argv = again("i-0123456789abcdef0");
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    assert_ne!(
+        exec_in(&c, &name, &argv).await,
+        0,
+        "only instances of the batch"
+    );
+    assert_eq!(
+        file_in(&c, &name, "/root/again/agent.conf").await,
+        "",
+        "no configuration was written"
+    );
+    drop(ctl);
+    j.run(&["destroy-environment", "aws", "-y"]).ok();
+}
