@@ -118,7 +118,8 @@ pub struct Enrollment {
 
 /// The user data that installs and starts a machine's agent: a shell
 /// script cloud-init runs once, as root, at first boot (the same script
-/// runs anywhere with `sh`, `wget` and `sha256sum`, busybox's included). It
+/// runs anywhere with `sh`, `sha256sum` and `curl` or a `wget` whose TLS
+/// sends signature algorithms, which busybox's does not). It
 /// fetches the binary from the controller's API and checks it against the
 /// hash it carries (so the download needs neither a credential nor a
 /// trusted certificate), enrolls with the batch's token and the instance's
@@ -141,7 +142,14 @@ iid=$(cat /var/lib/cloud/data/instance-id 2>/dev/null || wget -qO- http://169.25
 cat > /var/lib/jujube/ca.pem <<'CA'
 {ca}CA
 tmp=/usr/local/bin/.jujube.download
-until wget -q --no-check-certificate -O "$tmp" "https://$api{tools}" &&
+fetch() {{
+  if command -v curl >/dev/null 2>&1; then
+    curl -fsSk -o "$tmp" "https://$api{tools}"
+  else
+    wget -q --no-check-certificate -O "$tmp" "https://$api{tools}"
+  fi
+}}
+until fetch &&
     [ "$(sha256sum "$tmp" | cut -d' ' -f1)" = "$sha256" ]; do
   echo "jujube: cannot fetch the agent from $api yet; retrying" >&2
   sleep 5
