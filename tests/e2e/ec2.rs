@@ -619,6 +619,27 @@ pub(crate) fn ec2_jujube(acct: &str) -> Jujube {
     j
 }
 
+/// Bootstraps environment `aws` on LocalStack, with `extra` config
+/// (`KEY=VALUE` each).
+pub(crate) fn ec2_bootstrap(j: &Jujube, extra: &[&str]) {
+    let region = format!("region={REGION}");
+    let endpoint = format!("endpoint={ENDPOINT}");
+    let mut args = vec![
+        "bootstrap",
+        "aws",
+        "--provider",
+        "ec2",
+        "--config",
+        &region,
+        "--config",
+        &endpoint,
+    ];
+    for kv in extra {
+        args.extend(["--config", kv]);
+    }
+    j.run(&args).ok();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ec2_end_to_end_through_the_binary() {
     let Some(()) = localstack() else { return };
@@ -640,17 +661,7 @@ async fn ec2_end_to_end_through_the_binary() {
         .unwrap()
         .to_string();
 
-    j.run(&[
-        "bootstrap",
-        "aws",
-        "--provider",
-        "ec2",
-        "--config",
-        &format!("region={REGION}"),
-        "--config",
-        &format!("endpoint={ENDPOINT}"),
-    ])
-    .ok();
+    ec2_bootstrap(&j, &[]);
     let st = j.status();
     let env_uuid = st["environment"]["uuid"].as_str().unwrap().to_string();
     let ours = provider(&acct, &env_uuid, None).await;
@@ -755,25 +766,15 @@ async fn killing_the_controller_mid_batch_never_duplicates_or_leaks_instances() 
     let Some(()) = localstack() else { return };
     let acct = account();
     let j = ec2_jujube(&acct);
-    j.run(&[
-        "bootstrap",
-        "aws",
-        "--provider",
-        "ec2",
-        "--config",
-        &format!("region={REGION}"),
-        "--config",
-        &format!("endpoint={ENDPOINT}"),
-        "--config",
-        "provisioner-batch=4",
-        "--config",
-        "provisioner-concurrency=1",
-        "--config",
-        "harvest-interval=1s",
-        "--config",
-        "harvest-grace=2s",
-    ])
-    .ok();
+    ec2_bootstrap(
+        &j,
+        &[
+            "provisioner-batch=4",
+            "provisioner-concurrency=1",
+            "harvest-interval=1s",
+            "harvest-grace=2s",
+        ],
+    );
     let env_uuid = j.status()["environment"]["uuid"]
         .as_str()
         .unwrap()

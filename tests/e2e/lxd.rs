@@ -805,6 +805,17 @@ async fn agents_run_inside_their_containers_and_hooks_run_there() {
     .await;
     let out = j.run(&["run", "wordpress/0", "--", "hostname"]).ok().stdout;
     assert_eq!(out.trim(), wp, "the restarted agent answers");
+    // And after a reboot of its container.
+    c.run(
+        Method::PUT,
+        &format!("/1.0/instances/{wp}/state"),
+        Some(&json!({"action": "restart", "timeout": 30, "force": true})),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let out = j.run(&["run", "wordpress/0", "--", "hostname"]).ok().stdout;
+    assert_eq!(out.trim(), wp, "the agent runs again after a reboot");
     let h = hooks_in(&c, &wp, "wordpress/0").await;
     assert_eq!(h.iter().filter(|x| *x == "install").count(), 1, "{h:?}");
     assert_eq!(h.iter().filter(|x| *x == "start").count(), 1, "{h:?}");
@@ -837,7 +848,7 @@ async fn agents_run_inside_their_containers_and_hooks_run_there() {
 /// at `api-address` through an LXD proxy: its agent takes up its machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ec2_instances_user_data_installs_an_agent_that_takes_up_its_machine() {
-    use crate::ec2::{account, ec2_jujube, localstack, raw_client, ENDPOINT, REGION};
+    use crate::ec2::{account, ec2_bootstrap, ec2_jujube, localstack, raw_client};
     use base64::Engine;
     let Some(()) = localstack() else { return };
     let Some(c) = lxd() else { return };
@@ -849,19 +860,7 @@ async fn an_ec2_instances_user_data_installs_an_agent_that_takes_up_its_machine(
         .unwrap()
         .port();
     let api = format!("127.0.0.1:{port}");
-    j.run(&[
-        "bootstrap",
-        "aws",
-        "--provider",
-        "ec2",
-        "--config",
-        &format!("region={REGION}"),
-        "--config",
-        &format!("endpoint={ENDPOINT}"),
-        "--config",
-        &format!("api-address={api}"),
-    ])
-    .ok();
+    ec2_bootstrap(&j, &[&format!("api-address={api}")]);
     j.run(&["add-machine"]).ok();
     let ctl = j.controller();
     let mut iid = String::new();
@@ -933,18 +932,7 @@ async fn an_ec2_instances_user_data_installs_an_agent_that_takes_up_its_machine(
             "connect": format!("tcp:{api}"),
         }},
     });
-    c.run(Method::POST, "/1.0/instances", Some(&body))
-        .await
-        .unwrap()
-        .unwrap();
-    c.run(
-        Method::PUT,
-        &format!("/1.0/instances/{name}/state"),
-        Some(&json!({"action": "start"})),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    crate::lxd_direct::launch_body(&c, &name, &body).await;
     for d in ["/var/lib/cloud", "/var/lib/cloud/data"] {
         c.push_file(&name, d, Default::default(), 0o755, true)
             .await

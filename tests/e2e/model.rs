@@ -395,8 +395,10 @@ fn a_stale_cleanup_leaves_a_new_service_of_the_same_name_alone() {
     assert!(j.status()["services"].get("wordpress").is_none());
     j.run(&["deploy", &j.charm("wordpress"), "-n", "2"]).ok();
     let _ctl = j.controller();
-    // `wait` returns once no cleanup is pending and every machine started.
-    j.run(&["wait", "--timeout", "60s"]).ok();
+    // `wait` returns once no cleanup is pending and every machine started
+    // (and the units' install, config-changed and start hooks ran: on a
+    // loaded 2-core machine running the whole suite that took over 60 s).
+    j.run(&["wait", "--timeout", "180s"]).ok();
     let st = j.status();
     let units = st["services"]["wordpress"]["units"].as_object().unwrap();
     let names: Vec<&String> = units.keys().collect();

@@ -294,3 +294,53 @@ fn machine_constraints_fill_unset_keys_from_the_environment_at_creation() {
         "mem=16G"
     );
 }
+
+#[test]
+fn an_enrollment_token_works_once_per_instance_of_its_batch_until_it_expires() {
+    let e = env();
+    let ids = e.st.add_machines(3, None, None).unwrap();
+    let uuid = "6f1e0f4c-3d7e-4b53-9d3b-1a2b3c4d5e6f";
+    // Machines 1 and 2 in one launch batch, 3 in another.
+    let prepared =
+        e.st.prepare_batches(&[vec![ids[0], ids[1]], vec![ids[2]]], uuid)
+            .unwrap();
+    let nonce = |id: i64| {
+        prepared
+            .iter()
+            .find(|p| p.machine == id)
+            .unwrap()
+            .nonce
+            .clone()
+    };
+    let batch = nonce(ids[0]).rsplit_once('/').unwrap().0.to_string();
+    assert_eq!(nonce(ids[1]).rsplit_once('/').unwrap().0, batch);
+    e.st.add_enrollment("hash", &batch, 1_000, 0).unwrap();
+    assert_eq!(e.st.machine_by_nonce(&nonce(ids[1])).unwrap(), Some(ids[1]));
+
+    let enroll = |machine: i64, instance: &str, now: i64| {
+        e.st.enroll_machine(
+            "hash",
+            instance,
+            machine,
+            &format!("machine-{machine}"),
+            "h",
+            now,
+        )
+    };
+    // A machine of another batch; then an expired token: refused, nothing
+    // written (a later good enrollment of that instance still works).
+    e.refused(|_| enroll(ids[2], "i-3", 10));
+    e.refused(|_| enroll(ids[0], "i-1", 1_000));
+    enroll(ids[0], "i-1", 10).unwrap();
+    assert_eq!(
+        e.st.agent_credential(&format!("machine-{}", ids[0]))
+            .unwrap(),
+        Some("h".to_string())
+    );
+    // Once per instance; another instance of the batch may still.
+    let err = e.refused(|_| enroll(ids[0], "i-1", 11));
+    assert_eq!(err.to_string(), crate::credentials::ENROLLMENT_REFUSED);
+    enroll(ids[1], "i-2", 12).unwrap();
+    // An unknown token.
+    e.refused(|s| s.enroll_machine("other", "i-9", ids[1], "machine-2", "h", 12));
+}
