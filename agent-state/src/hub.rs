@@ -187,11 +187,16 @@ impl Hub {
     ) -> jujube_state::Result<()> {
         let mut known = Known::load(store)?;
         // A change between `from` and the load is already in `known`, so it
-        // would look like no change: whoever subscribed meanwhile re-reads.
+        // would look like no change: whoever subscribed meanwhile re-reads,
+        // and the host looks at every machine again (a machine that got its
+        // instance in between would otherwise never get its agent: the
+        // host's own first look may have come before the instance).
         self.notify_all(Notice {
             revision: from,
             resync: true,
         });
+        lock(&self.machine_events).extend(known.machines.keys().copied());
+        self.machines_changed.notify_one();
         self.loaded.store(true, Ordering::SeqCst);
         self.loaded_notify.notify_waiters();
         let mut watcher = store
