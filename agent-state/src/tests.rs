@@ -682,3 +682,25 @@ fn answer() -> jujube_state::runs::RunResult {
         stderr: String::new(),
     }
 }
+
+/// A machine that gets its instance after the revision the hub starts from
+/// but before its first load looks unchanged to it; the host, whose own
+/// first look may have come before the instance, must still hear of it.
+#[tokio::test(start_paused = true)]
+async fn a_machine_provisioned_before_the_hubs_first_load_is_announced() {
+    let w = World::new();
+    let id = w.store.add_machines(1, None, None).unwrap()[0];
+    let from = w.store.head_revision().unwrap();
+    w.provision();
+    let hub = Arc::new(crate::hub::Hub::default());
+    let (_stop, stop_rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(hub.clone().run(w.store.clone(), from, stop_rx));
+    tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        hub.machines_changed.notified(),
+    )
+    .await
+    .expect("the host is told to look at the machines");
+    assert!(hub.take_machine_events().contains(&id));
+    task.abort();
+}
