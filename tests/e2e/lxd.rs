@@ -861,39 +861,67 @@ async fn an_ec2_instances_user_data_installs_an_agent_that_takes_up_its_machine(
         .port();
     let api = format!("127.0.0.1:{port}");
     ec2_bootstrap(&j, &[&format!("api-address={api}")]);
-    j.run(&["add-machine"]).ok();
+    // One zone: one launch batch.
+    j.run(&[
+        "add-machine",
+        "-n",
+        "3",
+        "--constraints",
+        "zones=us-east-1a",
+    ])
+    .ok();
     let ctl = j.controller();
-    let mut iid = String::new();
+    let mut iids: Vec<String> = Vec::new();
     for _ in 0..300 {
-        if let Some(i) = j.status()["machines"]["1"]["instance-id"].as_str() {
-            iid = i.to_string();
+        let st = j.status();
+        iids = ["1", "2", "3"]
+            .iter()
+            .filter_map(|m| {
+                st["machines"][*m]["instance-id"]
+                    .as_str()
+                    .map(str::to_string)
+            })
+            .collect();
+        if iids.len() == 3 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(!iid.is_empty(), "machine 1 provisioned");
+    assert_eq!(iids.len(), 3, "machines 1-3 provisioned");
+    let iid = iids[0].clone();
 
-    // The user data: the boot script, with the API's address, the
-    // binary's hash and a token; never a secret.
+    // Each instance's user data: the boot script of their launch batch,
+    // with the API's address, the binary's hash and the batch's token;
+    // never a secret.
     let raw = raw_client(&acct);
-    let attr = raw
-        .describe_instance_attribute()
-        .instance_id(&iid)
-        .attribute(aws_sdk_ec2::types::InstanceAttributeName::UserData)
-        .send()
-        .await
-        .unwrap();
-    let encoded = attr
-        .user_data()
-        .and_then(|u| u.value())
-        .unwrap()
-        .to_string();
-    let script = String::from_utf8(
-        base64::engine::general_purpose::STANDARD
-            .decode(encoded)
+    let mut scripts = Vec::new();
+    for i in &iids {
+        let attr = raw
+            .describe_instance_attribute()
+            .instance_id(i)
+            .attribute(aws_sdk_ec2::types::InstanceAttributeName::UserData)
+            .send()
+            .await
+            .unwrap();
+        let encoded = attr
+            .user_data()
+            .and_then(|u| u.value())
+            .unwrap()
+            .to_string();
+        scripts.push(
+            String::from_utf8(
+                base64::engine::general_purpose::STANDARD
+                    .decode(encoded)
+                    .unwrap(),
+            )
             .unwrap(),
-    )
-    .unwrap();
+        );
+    }
+    assert!(
+        scripts.iter().all(|s| *s == scripts[0]),
+        "one launch batch, one user data"
+    );
+    let script = scripts[0].clone();
     assert!(script.starts_with("#!/bin/sh\n"), "{script}");
     assert!(script.contains(&format!("api='{api}'")), "{script}");
     let binary = std::fs::read(env!("CARGO_BIN_EXE_jujube")).unwrap();
