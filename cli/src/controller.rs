@@ -519,8 +519,17 @@ pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
             let mut watcher = store.watch(0).with_poll_interval(Duration::from_secs(1));
             // Cleanups of kinds this version does not know, reported once.
             let mut reported = std::collections::HashSet::new();
+            // It wakes on every commit (agents make thousands a second):
+            // write transactions only when there is work, so that it does
+            // not take the write lock from the agents for nothing.
+            let mut pruned_at = 0u64;
             loop {
-                match store.run_cleanups(usize::MAX) {
+                let pending = store.pending_cleanups().unwrap_or(1);
+                match if pending > 0 {
+                    store.run_cleanups(usize::MAX)
+                } else {
+                    Ok(0)
+                } {
                     Ok(n) if n > 0 => info!(steps = n, "cleanups done"),
                     Ok(_) => {}
                     Err(e) => warn!(error = %e, "cleanup failed; will retry"),
@@ -538,8 +547,15 @@ pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
                     }
                     Err(e) => warn!(error = %e, "listing skipped cleanups failed"),
                 }
-                if let Err(e) = store.prune_changes(100_000, 1000) {
-                    warn!(error = %e, "pruning the change feed failed");
+                let head = store.head_revision().unwrap_or(u64::MAX);
+                if head >= pruned_at.saturating_add(1000) {
+                    match store.prune_changes(100_000, 1000) {
+                        // Nothing (more) to prune: not before 1,000 more
+                        // changes.
+                        Ok(n) if n < 999 => pruned_at = head,
+                        Ok(_) => {}
+                        Err(e) => warn!(error = %e, "pruning the change feed failed"),
+                    }
                 }
                 tokio::select! {
                     _ = watcher.next() => {}
