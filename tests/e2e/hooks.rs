@@ -17,14 +17,18 @@ fn log(j: &Jujube, machine: &str, unit: &str) -> PathBuf {
 /// The hooks a unit ran, in order, from the `hook: NAME [REMOTE]` lines its
 /// example charm logs.
 fn hooks(path: &Path) -> Vec<String> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
+    hook_lines(&std::fs::read_to_string(path).unwrap_or_default())
+}
+
+/// The `hook: NAME [REMOTE]` lines of a unit's log, in order.
+pub(crate) fn hook_lines(log: &str) -> Vec<String> {
+    log.lines()
         .filter_map(|l| l.split_once(": hook: ").map(|(_, h)| h.to_string()))
         .collect()
 }
 
-fn pos(hooks: &[String], h: &str) -> usize {
+/// Where hook `h` ran first in `hooks` (it must have).
+pub(crate) fn pos(hooks: &[String], h: &str) -> usize {
     hooks
         .iter()
         .position(|x| x == h)

@@ -4,6 +4,7 @@
 //! works in environments with UUIDs of its own, so tests running at once
 //! never see each other's containers.
 
+use crate::hooks::pos;
 use crate::lxd_direct::{delete_directly, launch_directly, ALIAS};
 use crate::Jujube;
 use jujube_core::Constraints;
@@ -651,18 +652,7 @@ async fn hooks_in(c: &Client, container: &str, unit: &str) -> Vec<String> {
         jujube_providers::lxd::AGENT_DIR,
         unit.replace('/', "-")
     );
-    file_in(c, container, &log)
-        .await
-        .lines()
-        .filter_map(|l| l.split_once(": hook: ").map(|(_, h)| h.to_string()))
-        .collect()
-}
-
-fn position(hooks: &[String], h: &str) -> usize {
-    hooks
-        .iter()
-        .position(|x| x == h)
-        .unwrap_or_else(|| panic!("hook `{h}` never ran: {hooks:?}"))
+    crate::hooks::hook_lines(&file_in(c, container, &log).await)
 }
 
 /// Polls (real time: a real daemon and real agents) until `f` holds.
@@ -722,25 +712,19 @@ async fn agents_run_inside_their_containers_and_hooks_run_there() {
     })
     .await;
     let h = hooks_in(&c, &wp, "wordpress/0").await;
+    assert!(pos(&h, "install") < pos(&h, "config-changed"), "{h:?}");
+    assert!(pos(&h, "config-changed") < pos(&h, "start"), "{h:?}");
     assert!(
-        position(&h, "install") < position(&h, "config-changed"),
+        pos(&h, "start") < pos(&h, "db-relation-joined mysql/0"),
         "{h:?}"
     );
     assert!(
-        position(&h, "config-changed") < position(&h, "start"),
-        "{h:?}"
-    );
-    assert!(
-        position(&h, "start") < position(&h, "db-relation-joined mysql/0"),
-        "{h:?}"
-    );
-    assert!(
-        position(&h, "db-relation-joined mysql/0") < position(&h, "db-relation-changed mysql/0"),
+        pos(&h, "db-relation-joined mysql/0") < pos(&h, "db-relation-changed mysql/0"),
         "{h:?}"
     );
     let m = hooks_in(&c, &my, "mysql/0").await;
     assert!(
-        position(&m, "start") < position(&m, "db-relation-joined wordpress/0"),
+        pos(&m, "start") < pos(&m, "db-relation-joined wordpress/0"),
         "{m:?}"
     );
     assert!(hooks_in(&c, &wp, "logging/0")
