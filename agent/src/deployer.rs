@@ -83,7 +83,23 @@ fn read_record(dir: &Path) -> Option<Record> {
 }
 
 /// Copies a charm directory (files, subdirectories, permissions).
-pub(crate) fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+/// Puts `unit`'s charm into `to` (over what is there: its files replace
+/// theirs): copied where the controller keeps it when that is here, else
+/// fetched through the API (an agent on another machine).
+pub(crate) async fn install_charm(
+    api: &dyn Facade,
+    unit: &str,
+    charm: &CharmRef,
+    to: &Path,
+) -> Result<()> {
+    if Path::new(&charm.path).is_dir() {
+        copy_tree(Path::new(&charm.path), to)
+    } else {
+        write_files(&api.charm_files(unit).await?, to)
+    }
+}
+
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
     std::fs::create_dir_all(to).map_err(io("create", to))?;
     for entry in std::fs::read_dir(from).map_err(io("read", from))? {
         let entry = entry.map_err(io("read", from))?;
@@ -99,7 +115,7 @@ pub(crate) fn copy_tree(from: &Path, to: &Path) -> Result<()> {
 }
 
 /// Writes a charm fetched through the API under `to`, with its modes.
-pub(crate) fn write_files(files: &[crate::api::CharmFile], to: &Path) -> Result<()> {
+fn write_files(files: &[crate::api::CharmFile], to: &Path) -> Result<()> {
     use base64::Engine;
     use std::os::unix::fs::PermissionsExt;
     for f in files {
@@ -220,14 +236,7 @@ impl Deployer {
             serde_json::to_vec(&record).expect("record serialises"),
         )
         .map_err(io("write", &path))?;
-        if Path::new(&charm.path).is_dir() {
-            copy_tree(Path::new(&charm.path), &tmp.join("charm"))?;
-        } else {
-            // The charm is where the controller keeps it, not here (an
-            // agent on another machine): fetched through the API.
-            let files = self.api.charm_files(unit).await?;
-            write_files(&files, &tmp.join("charm"))?;
-        }
+        install_charm(&*self.api, unit, charm, &tmp.join("charm")).await?;
         std::fs::rename(&tmp, &dir).map_err(io("rename", &tmp))?;
         debug!(owner = %self.api.tag(), unit, "deployed");
         let running = start_unit_agent(&self.connector, &self.machine_dir, unit);

@@ -272,13 +272,8 @@ impl UnitAgent {
     /// its files replace theirs, anything else there stays.
     async fn lay_charm(&mut self) -> Result<()> {
         let charm = self.api.charm(&self.name).await?;
-        let to = self.dir().join("charm");
-        if Path::new(&charm.path).is_dir() {
-            crate::deployer::copy_tree(Path::new(&charm.path), &to)
-        } else {
-            let files = self.api.charm_files(&self.name).await?;
-            crate::deployer::write_files(&files, &to)
-        }
+        crate::deployer::install_charm(&*self.api, &self.name, &charm, &self.dir().join("charm"))
+            .await
     }
 
     /// `jujube run`: each queued command in turn, in a hook context of its
@@ -354,12 +349,13 @@ impl UnitAgent {
         // upgrade-charm when the service's charm changed: its files laid
         // over the charm directory (what the charm wrote there stays), the
         // hook, then config-changed.
-        let dir = self.dir();
-        let have = self
-            .hook_state()
-            .charm
-            .clone()
-            .or_else(|| crate::deployer::deployed_charm(&dir));
+        if self.hook_state().charm.is_none() {
+            // Before its first upgrade: the charm it was deployed with
+            // (read once, then kept in the record).
+            let deployed = crate::deployer::deployed_charm(&self.dir());
+            self.hook_state().charm = deployed;
+        }
+        let have = self.hook_state().charm.clone();
         if !view.charm_url.is_empty() && have.as_deref() != Some(view.charm_url.as_str()) {
             self.lay_charm().await?;
             if !self

@@ -343,8 +343,13 @@ pub fn new_secret() -> String {
 /// bits, so a fast hash is enough (no dictionary to slow down), as Juju's
 /// agent password hash is.
 pub fn secret_hash(secret: &str) -> String {
+    sha256_hex(secret.as_bytes())
+}
+
+/// SHA-256 of `bytes`, hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
-    sha2::Sha256::digest(secret.as_bytes())
+    sha2::Sha256::digest(bytes)
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()

@@ -185,11 +185,7 @@ impl ApiServer {
     /// Serves `binary` at [`TOOLS_PATH`] from now on; returns its SHA-256
     /// (hex), which instances check the download against.
     pub fn serve_tools(&self, binary: &Path) -> std::io::Result<String> {
-        use sha2::Digest;
-        let sum: String = sha2::Sha256::digest(std::fs::read(binary)?)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let sum = jujube_agent::wire::sha256_hex(&std::fs::read(binary)?);
         let _ = self.shared.tools.set((binary.to_path_buf(), sum.clone()));
         Ok(sum)
     }

@@ -223,7 +223,7 @@ fn placement(
     provider: Arc<dyn Provider>,
 ) -> Result<Placement> {
     let config = store.environment_config()?;
-    let kind = store.environment()?.provider;
+    let env = store.environment()?;
     let dir = home.env_dir(env_name);
     let agents =
         |api_addresses: Vec<String>| -> Result<jujube_agent_state::process::ProcessAgents> {
@@ -234,12 +234,13 @@ fn placement(
                 env_name: env_name.to_string(),
             })
         };
-    let installer = |agents: jujube_agent_state::process::ProcessAgents| {
+    let installer = |agents: jujube_agent_state::process::ProcessAgents,
+                     enroll: Option<(String, String)>| {
         Some(Arc::new(Installer {
             store: store.clone(),
             agents,
             api_socket: api.unix_path().map(Path::to_path_buf),
-            enroll: None,
+            enroll,
             tokens: Mutex::new(HashMap::new()),
         }))
     };
@@ -248,32 +249,34 @@ fn placement(
         installer: None,
     };
     match (
-        kind.as_str(),
+        env.provider.as_str(),
         config.get("dummy-agents").map(String::as_str),
-        config.get("lxd-agents").map(String::as_str),
     ) {
-        ("dummy", Some("process"), _) => {
+        ("dummy", Some("process")) => {
             let a = agents(api.addresses())?;
             Ok(Placement {
-                installer: installer(a.clone()),
+                installer: installer(a.clone(), None),
                 host: Some(jujube_agent_state::Mode::Process(a)),
             })
         }
-        ("lxd", _, None | Some("container")) => {
+        ("lxd", _) if lxd_agents_in_containers(&config) => {
             if api.unix_path().is_none() {
                 bail!("the environment's directory `{}` is too deep for the API's unix socket, which LXD containers reach their controller through; use a shorter `JUJUBE_HOME`, or `jujube set-environment lxd-agents=in-process`", dir.display());
             }
             Ok(Placement {
                 host: None,
-                installer: installer(agents(vec![format!(
-                    "unix:{}",
-                    jujube_providers::lxd::AGENT_API_SOCKET
-                )])?),
+                installer: installer(
+                    agents(vec![format!(
+                        "unix:{}",
+                        jujube_providers::lxd::AGENT_API_SOCKET
+                    )])?,
+                    None,
+                ),
             })
         }
         // Instances reach the API at `api-address`; without one, agents
         // stay in the controller (until it runs on machine 0 itself).
-        ("ec2", _, _) if config.contains_key("api-address") => {
+        ("ec2", _) if config.contains_key("api-address") => {
             let address = config["api-address"].clone();
             let reachable = address
                 .parse::<std::net::SocketAddr>()
@@ -289,18 +292,12 @@ fn placement(
             api.enroll_with(Arc::new(Enrolls {
                 store: store.clone(),
                 provider,
-                env_uuid: store.environment()?.uuid,
+                env_uuid: env.uuid.clone(),
                 agents: a.clone(),
             }));
             Ok(Placement {
                 host: None,
-                installer: Some(Arc::new(Installer {
-                    store: store.clone(),
-                    agents: a,
-                    api_socket: None,
-                    enroll: Some((address, sha)),
-                    tokens: Mutex::new(HashMap::new()),
-                })),
+                installer: installer(a, Some((address, sha))),
             })
         }
         _ => Ok(in_process),
@@ -390,23 +387,28 @@ impl jujube_api::server::Enroller for Enrolls {
     }
 }
 
+/// `lxd-agents`: `container` (the default) or `in-process`.
+fn lxd_agents_in_containers(config: &BTreeMap<String, String>) -> bool {
+    matches!(
+        config.get("lxd-agents").map(String::as_str),
+        None | Some("container")
+    )
+}
+
 /// Where `jujube debug-log` finds the agents' logs: inside the containers
 /// when agents run there, else under the environment's directory.
 pub fn log_source(home: &Home, env_name: &str, store: &Store) -> Result<crate::debuglog::Source> {
     let env = store.environment()?;
     let config = store.environment_config()?;
-    let in_containers = env.provider == "lxd"
-        && matches!(
-            config.get("lxd-agents").map(String::as_str),
-            None | Some("container")
-        );
-    Ok(if in_containers {
-        crate::debuglog::Source::Lxd(Box::new(jujube_providers::lxd::LxdProvider::new(
-            &env.uuid, &config,
-        )?))
-    } else {
-        crate::debuglog::Source::Local(home.env_dir(env_name))
-    })
+    Ok(
+        if env.provider == "lxd" && lxd_agents_in_containers(&config) {
+            crate::debuglog::Source::Lxd(Box::new(jujube_providers::lxd::LxdProvider::new(
+                &env.uuid, &config,
+            )?))
+        } else {
+            crate::debuglog::Source::Local(home.env_dir(env_name))
+        },
+    )
 }
 
 /// Gives a machine's agent a fresh credential at each start attempt (only
@@ -683,9 +685,6 @@ fn progress_line(p: &jujube_state::status::Progress, stuck: &[String]) -> (Strin
     (msg, line)
 }
 
-/// `jujube wait`: until nothing can make progress, or the timeout. Succeeds
-/// only when everything converged without error; otherwise the error lists
-/// every machine in error (and, on timeout, what is still stuck).
 /// `jujube run UNIT -- CMD...`: queues the command for the unit's agent,
 /// waits for its answer, prints its output (stdout to `out`, stderr to
 /// stderr) and returns its exit status (1 when it could not run or was
@@ -735,6 +734,9 @@ pub async fn run_command(
     })
 }
 
+/// `jujube wait`: until nothing can make progress, or the timeout. Succeeds
+/// only when everything converged without error; otherwise the error lists
+/// every machine in error (and, on timeout, what is still stuck).
 pub async fn wait(store: &Store, timeout: Duration) -> Result<()> {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut progress = Reporter::new("wait", true);

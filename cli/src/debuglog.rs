@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 use std::collections::BTreeMap;
-use std::io::Write;
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -19,13 +19,21 @@ pub enum Source {
 
 impl Source {
     /// Every log: its prefix (a unit's name, or `machine-N` for a machine
-    /// agent's own log) → its bytes.
-    async fn read(&self) -> Result<BTreeMap<String, Vec<u8>>> {
+    /// agent's own log) → its bytes after the offset `shown` has for it (a
+    /// local file is read from there; a container's is fetched whole).
+    async fn read(&self, shown: &BTreeMap<String, usize>) -> Result<BTreeMap<String, Vec<u8>>> {
+        let from = |prefix: &str| shown.get(prefix).copied().unwrap_or(0);
         let mut out = BTreeMap::new();
         match self {
             Source::Local(env_dir) => {
                 for (unit, path) in logs(env_dir) {
-                    out.insert(unit, std::fs::read(&path).unwrap_or_default());
+                    let mut bytes = Vec::new();
+                    if let Ok(mut f) = std::fs::File::open(&path) {
+                        let _ = f
+                            .seek(SeekFrom::Start(from(&unit) as u64))
+                            .and_then(|_| f.read_to_end(&mut bytes));
+                    }
+                    out.insert(unit, bytes);
                 }
             }
             Source::Lxd(p) => {
@@ -34,7 +42,8 @@ impl Source {
                         Ok(jujube_agent::api::Tag::Unit(u)) => u,
                         _ => tag,
                     };
-                    out.insert(prefix, bytes);
+                    let new = bytes.get(from(&prefix)..).unwrap_or_default().to_vec();
+                    out.insert(prefix, new);
                 }
             }
         }
@@ -83,7 +92,12 @@ pub async fn run(
     let wanted = |unit: &str| include.is_empty() || include.iter().any(|i| i == unit);
     // How far each log has been shown.
     let mut shown: BTreeMap<String, usize> = BTreeMap::new();
-    for (unit, text) in source.read().await?.into_iter().filter(|(u, _)| wanted(u)) {
+    for (unit, text) in source
+        .read(&shown)
+        .await?
+        .into_iter()
+        .filter(|(u, _)| wanted(u))
+    {
         for l in last_lines(&String::from_utf8_lossy(&text), lines) {
             writeln!(out, "{unit}: {l}")?;
         }
@@ -99,12 +113,13 @@ pub async fn run(
             Source::Lxd(_) => Duration::from_secs(1),
         })
         .await;
-        for (unit, text) in source.read().await?.into_iter().filter(|(u, _)| wanted(u)) {
+        for (unit, buf) in source
+            .read(&shown)
+            .await?
+            .into_iter()
+            .filter(|(u, _)| wanted(u))
+        {
             let from = shown.get(&unit).copied().unwrap_or(0);
-            if text.len() <= from {
-                continue;
-            }
-            let buf = &text[from..];
             // Whole lines only; the rest next time.
             let end = buf.iter().rposition(|&b| b == b'\n').map_or(0, |p| p + 1);
             for l in String::from_utf8_lossy(&buf[..end]).lines() {

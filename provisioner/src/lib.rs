@@ -727,7 +727,7 @@ impl Provisioner {
                 for (spec, a) in specs.iter_mut().zip(&pending) {
                     spec.agent =
                         installer
-                            .prepare(a.machine, &spec.nonce.clone())
+                            .prepare(a.machine, &spec.nonce)
                             .map_err(|why| Error::Agent {
                                 machine: a.machine,
                                 why,

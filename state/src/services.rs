@@ -232,12 +232,9 @@ impl Store {
             }
             // A revision above the current one, whatever the directory's
             // revision file says: the agents upgrade on any change of URL.
-            let current = svc
-                .charm_url
-                .rsplit_once('-')
-                .and_then(|(_, r)| r.parse::<u64>().ok())
-                .unwrap_or(0);
-            let base = old.url.rsplit_once('-').map_or(old.url.as_str(), |(b, _)| b);
+            let (base, current) = old.url.rsplit_once('-').map_or((old.url.as_str(), 0), |(b, r)| {
+                (b, r.parse::<u64>().unwrap_or(0))
+            });
             let mut rev = current + 1;
             if let Some(r) = charm
                 .url

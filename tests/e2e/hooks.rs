@@ -35,6 +35,34 @@ pub(crate) fn pos(hooks: &[String], h: &str) -> usize {
         .unwrap_or_else(|| panic!("hook `{h}` never ran: {hooks:?}"))
 }
 
+/// Asserts that each of `order` ran, each before the next.
+pub(crate) fn in_order(hooks: &[String], order: &[&str]) {
+    for w in order.windows(2) {
+        assert!(
+            pos(hooks, w[0]) < pos(hooks, w[1]),
+            "{} before {}: {hooks:?}",
+            w[0],
+            w[1]
+        );
+    }
+}
+
+/// wordpress/0's hooks, in Juju's order, up to its relation with mysql/0.
+pub(crate) const WORDPRESS_ORDER: &[&str] = &[
+    "install",
+    "config-changed",
+    "start",
+    "db-relation-joined mysql/0",
+    "db-relation-changed mysql/0",
+];
+
+/// mysql/0's relation hooks with wordpress/0, after its start.
+pub(crate) const MYSQL_ORDER: &[&str] = &[
+    "start",
+    "db-relation-joined wordpress/0",
+    "db-relation-changed wordpress/0",
+];
+
 fn count(hooks: &[String], h: &str) -> usize {
     hooks.iter().filter(|x| *x == h).count()
 }
@@ -99,26 +127,10 @@ fn hooks_run_in_order_and_wordpress_gets_mysqls_credentials() {
     for once in ["install", "start"] {
         assert_eq!(count(&h, once), 1, "{once}: {h:?}");
     }
-    assert!(pos(&h, "install") < pos(&h, "config-changed"), "{h:?}");
-    assert!(pos(&h, "config-changed") < pos(&h, "start"), "{h:?}");
-    assert!(
-        pos(&h, "start") < pos(&h, "db-relation-joined mysql/0"),
-        "{h:?}"
-    );
-    assert!(
-        pos(&h, "db-relation-joined mysql/0") < pos(&h, "db-relation-changed mysql/0"),
-        "{h:?}"
-    );
+    in_order(&h, WORDPRESS_ORDER);
     assert_eq!(count(&h, "db-relation-joined mysql/0"), 1, "{h:?}");
     let my = hooks(&log(&j, "2", "mysql/0"));
-    assert!(
-        pos(&my, "start") < pos(&my, "db-relation-joined wordpress/0"),
-        "{my:?}"
-    );
-    assert!(
-        pos(&my, "db-relation-joined wordpress/0") < pos(&my, "db-relation-changed wordpress/0"),
-        "{my:?}"
-    );
+    in_order(&my, MYSQL_ORDER);
     // The subordinate records its principal.
     let logging = agents.join("machine-1/unit-logging-0/charm/principal");
     eventually("logging's principal", || logging.is_file());

@@ -295,10 +295,7 @@ impl Client {
         mode: u32,
         directory: bool,
     ) -> Result<std::result::Result<(), ApiError>> {
-        let at = format!(
-            "/1.0/instances/{container}/files?path={}",
-            query_escape(path)
-        );
+        let at = files_path(container, path);
         if !directory {
             match self.call(Method::DELETE, &at, None).await? {
                 Ok(_) => {}
@@ -329,10 +326,7 @@ impl Client {
 
     /// A file's bytes from a container; `None` when it does not exist.
     pub async fn read_file(&self, container: &str, path: &str) -> Result<Option<Bytes>> {
-        let at = format!(
-            "/1.0/instances/{container}/files?path={}",
-            query_escape(path)
-        );
+        let at = files_path(container, path);
         let (status, body) = self
             .send(Method::GET, &at, Bytes::new(), &[], PUSH_TIMEOUT)
             .await?;
@@ -349,10 +343,7 @@ impl Client {
     /// The names in a directory of a container; empty when it does not
     /// exist.
     pub async fn list_dir(&self, container: &str, path: &str) -> Result<Vec<String>> {
-        let at = format!(
-            "/1.0/instances/{container}/files?path={}",
-            query_escape(path)
-        );
+        let at = files_path(container, path);
         match self.get(&at).await? {
             Ok(v) => Ok(v
                 .as_array()
@@ -366,6 +357,14 @@ impl Client {
             Err(e) => Err(e.into_error(&format!("listing `{path}` in `{container}`"))),
         }
     }
+}
+
+/// LXD's file API for `path` in `container`.
+fn files_path(container: &str, path: &str) -> String {
+    format!(
+        "/1.0/instances/{container}/files?path={}",
+        query_escape(path)
+    )
 }
 
 /// How long a file push or read may take (a debug build of the binary is

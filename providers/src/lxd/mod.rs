@@ -760,8 +760,8 @@ impl LxdProvider {
     pub async fn agent_logs(&self) -> Result<Vec<(String, Vec<u8>)>> {
         let c = self.client();
         let mut out = Vec::new();
+        let dir = format!("{AGENT_DIR}/logs");
         for inst in Provider::instances(self).await? {
-            let dir = format!("{AGENT_DIR}/logs");
             for name in c.list_dir(&inst.id, &dir).await? {
                 let Some(tag) = name.strip_suffix(".log") else {
                     continue;
