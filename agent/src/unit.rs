@@ -685,7 +685,11 @@ impl Agent for UnitAgent {
                             return Ok(Step::Idle);
                         }
                         self.hook_state().stopped = true;
-                        self.save_hooks()?;
+                        // Without a stop hook nothing ran, and a restart
+                        // before Dead has nothing to run again: no write
+                        // (it was half the controller's work while 100,000
+                        // hookless units went).
+                        self.save_if_ran("stop", false)?;
                     }
                     if went_through(self.api.ensure_dead_unit(&self.name).await)? {
                         return Ok(Step::Done);

@@ -146,6 +146,7 @@ impl Store {
             },
         )?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
+        stable_plans(&conn)?;
         conn.set_prepared_statement_cache_capacity(128);
         migrate(&conn)?;
         let reader = Connection::open_with_flags(
@@ -154,6 +155,7 @@ impl Store {
         )?;
         reader.busy_timeout(BUSY_TIMEOUT)?;
         reader.pragma_update(None, "query_only", "ON")?;
+        stable_plans(&reader)?;
         reader.set_prepared_statement_cache_capacity(128);
         let head: i64 = conn.query_row(
             "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'changes'), 0)",
@@ -261,6 +263,21 @@ impl Store {
         tx.finish()?;
         Ok(value)
     }
+}
+
+/// Turns on SQLite's query planner stability guarantee. Without it, a
+/// statement whose plan the planner found could depend on a bound value
+/// (an integer compared with `=`, an `ORDER BY` next to `col = ?1`) is
+/// marked to be re-prepared whenever that value changes, so a cached
+/// statement was parsed and planned again on every use: the agents' reads,
+/// `unit_context` above all, spent most of their time in SQLite's parser.
+/// Our queries gain nothing from per-value plans (no `ANALYZE` statistics).
+fn stable_plans(conn: &Connection) -> Result<()> {
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )?;
+    Ok(())
 }
 
 fn migrate(conn: &Connection) -> Result<()> {

@@ -160,3 +160,49 @@ async fn a_subordinate_whose_principal_is_destroyed_goes_first() {
     assert_eq!(w.store.service("logging").unwrap().life, Life::Alive);
     host.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_agent_recalls_a_deployed_unit_no_longer_assigned_to_it() {
+    let w = World::new();
+    // No peer relation: the unit is in no scope, so it can be set Dead.
+    w.deploy(MYSQL, "mysql", 1);
+    w.provision();
+    let agents_dir = w.dir.path().join("agents");
+    let host = Host::start(w.store.clone(), agents_dir.clone()).unwrap();
+    until(&w.store, "mysql/0 started", |s| {
+        status(s, "mysql/0") == "started"
+    })
+    .await;
+    host.shutdown().await;
+    let db0 = agents_dir.join("machine-1/unit-mysql-0");
+    assert!(db0.join("agent.json").is_file());
+
+    // While no agent runs, the unit leaves the machine's view for good
+    // (Dying, Dead and removed, as its deployer would): what is left under
+    // the machine's directory is a deployment nobody assigned.
+    w.store.destroy_units(&["mysql/0".into()]).unwrap();
+    w.apply(
+        Caller::Machine(1),
+        AgentOp::EnsureDeadUnit {
+            unit: "mysql/0".into(),
+        },
+    );
+    w.apply(
+        Caller::Machine(1),
+        AgentOp::RemoveUnit {
+            unit: "mysql/0".into(),
+        },
+    );
+    assert!(db0.is_dir());
+
+    // The restarted machine agent recalls it; only then, with nothing left
+    // deployed, does it set its Dying machine Dead.
+    let host = Host::start(w.store.clone(), agents_dir.clone()).unwrap();
+    w.store.destroy_machines(&[1]).unwrap();
+    until(&w.store, "machine 1 is dead", |s| {
+        s.machine(1).unwrap().life == Life::Dead
+    })
+    .await;
+    assert!(!db0.exists(), "the unassigned deployment was recalled");
+    host.shutdown().await;
+}

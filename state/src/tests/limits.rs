@@ -344,3 +344,37 @@ fn an_enrollment_token_works_once_per_instance_of_its_batch_until_it_expires() {
     // An unknown token.
     e.refused(|s| s.enroll_machine("other", "i-9", ids[1], "machine-2", "h", 12));
 }
+
+/// A cached statement is parsed and planned once, whatever values are bound
+/// to it later. SQLite marks a statement for re-preparation on every new
+/// binding when its plan could depend on the value; unchecked, every agent
+/// read re-parsed its queries (four-fifths of a unit's context read).
+#[test]
+fn cached_statements_are_not_prepared_again_for_new_values() {
+    let e = env();
+    let units = e.deploy(WORDPRESS, "wordpress", 3);
+    e.st.add_machines(2, None, None).unwrap();
+    let subordinates = format!(
+        "SELECT {} FROM units WHERE principal = ?1 ORDER BY service, number",
+        crate::model::UNIT_COLS
+    );
+    let by_machine = format!(
+        "SELECT {} FROM units WHERE machine_id = ?1 ORDER BY service, number",
+        crate::model::UNIT_COLS
+    );
+    for u in &units {
+        e.st.unit_context(u).unwrap();
+    }
+    for id in 1..=3 {
+        let _ = e.st.machine_context(id);
+    }
+    let reprepared = |sql: &str| {
+        e.st.read(|c| {
+            Ok(c.prepare_cached(sql)?
+                .get_status(rusqlite::StatementStatus::RePrepare))
+        })
+        .unwrap()
+    };
+    assert_eq!(reprepared(&subordinates), 0, "{subordinates}");
+    assert_eq!(reprepared(&by_machine), 0, "{by_machine}");
+}
