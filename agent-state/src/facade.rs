@@ -31,6 +31,11 @@ use tracing::warn;
 /// largest transaction stays well under a thousand rows).
 pub const WRITE_BATCH: usize = 64;
 
+/// In-process agents in a pass at once: enough to keep the writer's
+/// batches full (it queues four batches) with reads going on beside them; a
+/// pass that runs a long hook holds its permit meanwhile.
+pub const PASSES: usize = 512;
+
 type WriteRequest = (Caller, AgentOp, oneshot::Sender<ApiResult<()>>);
 
 /// What every facade of one store shares.
@@ -38,11 +43,13 @@ pub(crate) struct Shared {
     pub(crate) store: Store,
     pub(crate) hub: Arc<Hub>,
     writes: mpsc::Sender<WriteRequest>,
+    /// Agents in a pass at once (see `jujube_agent::run_loop`).
+    passes: Arc<tokio::sync::Semaphore>,
 }
 
 impl Shared {
     /// Starts the writer thread (it ends when the last facade is dropped).
-    pub(crate) fn new(store: Store, hub: Arc<Hub>) -> Arc<Shared> {
+    pub(crate) fn new(store: Store, hub: Arc<Hub>, passes: usize) -> Arc<Shared> {
         let (writes, mut rx) = mpsc::channel::<WriteRequest>(4 * WRITE_BATCH);
         let writer = store.clone();
         std::thread::Builder::new()
@@ -85,7 +92,12 @@ impl Shared {
                 }
             })
             .expect("spawn the agent writer thread");
-        Arc::new(Shared { store, hub, writes })
+        Arc::new(Shared {
+            store,
+            hub,
+            writes,
+            passes: Arc::new(tokio::sync::Semaphore::new(passes.max(1))),
+        })
     }
 }
 
@@ -187,6 +199,10 @@ pub struct InProcessConnector(pub(crate) Arc<Shared>);
 impl Connector for InProcessConnector {
     fn connect(&self, tag: &Tag) -> Arc<dyn Facade> {
         Arc::new(InProcess::new(self.0.clone(), tag.clone()))
+    }
+
+    fn passes(&self) -> Option<Arc<tokio::sync::Semaphore>> {
+        Some(self.0.passes.clone())
     }
 }
 

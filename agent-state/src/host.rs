@@ -58,10 +58,21 @@ impl Host {
 
     /// As [`Host::start`], running the machine agents as `mode` says.
     pub fn start_with(store: Store, agents_dir: PathBuf, mode: Mode) -> jujube_state::Result<Host> {
+        Host::start_bounded(store, agents_dir, mode, crate::facade::PASSES)
+    }
+
+    /// As [`Host::start_with`], with at most `passes` in-process agents in
+    /// a pass at once (see `jujube_agent::run_loop`).
+    pub fn start_bounded(
+        store: Store,
+        agents_dir: PathBuf,
+        mode: Mode,
+        passes: usize,
+    ) -> jujube_state::Result<Host> {
         // Before any agent subscribes: see `Hub::run`.
         let from = store.head_revision()?;
         let hub = Arc::new(Hub::default());
-        let shared = Shared::new(store.clone(), hub.clone());
+        let shared = Shared::new(store.clone(), hub.clone(), passes);
         let (stop, stop_rx) = watch::channel(false);
         let hub_task = tokio::spawn(hub.clone().run(store.clone(), from, stop_rx.clone()));
         let runner = tokio::spawn(run(shared, hub, agents_dir, Arc::new(mode), stop_rx));

@@ -264,17 +264,14 @@ impl Hub {
             }
         }
         let mut keys: HashSet<Key> = runs.into_iter().map(|u| Key::Unit(u.to_string())).collect();
-        for name in units {
-            let now = match store.unit(name) {
-                Ok(u) => Some(UnitRoute {
-                    life: u.life,
-                    machine: u.machine_id,
-                    principal: u.principal,
-                    resolved: u.resolved,
-                }),
-                Err(jujube_state::Error::NotFound { .. }) => None,
-                Err(e) => return Err(e),
-            };
+        let units: Vec<&str> = units.into_iter().collect();
+        for (name, now) in units.iter().copied().zip(store.units_named(&units)?) {
+            let now = now.map(|u| UnitRoute {
+                life: u.life,
+                machine: u.machine_id,
+                principal: u.principal,
+                resolved: u.resolved,
+            });
             let before = known.units.get(name);
             if before.map(|r| &r.resolved) != now.as_ref().map(|r| &r.resolved) {
                 keys.insert(Key::Unit(name.to_string()));
@@ -351,12 +348,13 @@ impl Hub {
             }
         }
         let mut machine_events = Vec::new();
-        for id in machines {
-            let now = match store.machine(id) {
-                Ok(m) => Some((m.life, m.instance_id.is_some())),
-                Err(jujube_state::Error::NotFound { .. }) => None,
-                Err(e) => return Err(e),
-            };
+        let machines: Vec<i64> = machines.into_iter().collect();
+        for (id, now) in machines
+            .iter()
+            .copied()
+            .zip(store.machines_with_ids(&machines)?)
+        {
+            let now = now.map(|m| (m.life, m.instance_id.is_some()));
             if known.machines.get(&id) != now.as_ref() {
                 keys.insert(Key::Machine(id));
                 machine_events.push(id);

@@ -37,7 +37,7 @@ impl Facades {
     pub fn new(store: jujube_state::Store) -> jujube_state::Result<Facades> {
         let from = store.head_revision()?;
         let hub = Arc::new(hub::Hub::default());
-        let shared = facade::Shared::new(store.clone(), hub.clone());
+        let shared = facade::Shared::new(store.clone(), hub.clone(), facade::PASSES);
         let (stop, rx) = tokio::sync::watch::channel(false);
         tokio::spawn(hub.run(store, from, rx));
         Ok(Facades { shared, stop })

@@ -337,4 +337,11 @@ pub trait Facade: Send + Sync + 'static {
 /// connection with the credentials the deployer made for the unit.
 pub trait Connector: Send + Sync + 'static {
     fn connect(&self, tag: &Tag) -> std::sync::Arc<dyn Facade>;
+
+    /// Where many agents share one process (in the controller), how many
+    /// of them may be in a pass at once: see [`crate::run_loop`]. `None`:
+    /// no bound (an agent process of its own).
+    fn passes(&self) -> Option<std::sync::Arc<tokio::sync::Semaphore>> {
+        None
+    }
 }

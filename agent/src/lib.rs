@@ -72,6 +72,11 @@ pub trait Agent: Send {
     fn targets(&self) -> Vec<WatchTarget> {
         vec![self.target()]
     }
+    /// The bound on passes shared with the other agents of this process
+    /// (its connector's [`Connector::passes`](api::Connector::passes)).
+    fn passes(&self) -> Option<Arc<tokio::sync::Semaphore>> {
+        None
+    }
     async fn step(&mut self) -> Result<Step>;
     /// Reports a failed pass (best effort).
     async fn failed(&mut self, message: &str);
@@ -114,6 +119,20 @@ pub async fn run_loop<A: Agent>(mut agent: A, mut stop: watch::Receiver<bool>) {
         if *stop.borrow() {
             break;
         }
+        // A permit per pass where agents share a process: when one change
+        // wakes 100,000 agents (a service destroyed), at most a few hundred
+        // hold a pass's state (its future, the views it read, its pending
+        // writes) at once, instead of all of them — that was most of the
+        // controller's peak memory, and contention, not progress. Waiting
+        // for a permit never blocks a stop: recalling a unit waits for its
+        // agent to end, from inside its deployer's pass.
+        let permit = match agent.passes() {
+            Some(passes) => tokio::select! {
+                p = passes.acquire_owned() => p.ok(),
+                r = stop.changed() => if r.is_err() { break } else { continue },
+            },
+            None => None,
+        };
         // Boxed: a pass's state lives on the heap only while the pass runs,
         // so the many idle agents' tasks stay small.
         let wait = match Box::pin(agent.step()).await {
@@ -134,6 +153,7 @@ pub async fn run_loop<A: Agent>(mut agent: A, mut stop: watch::Receiver<bool>) {
                 Some(wait)
             }
         };
+        drop(permit);
         let wanted = agent.targets();
         if wanted != watching {
             // Subscribed before the next pass reads, so nothing falls

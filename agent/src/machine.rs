@@ -68,6 +68,10 @@ impl Agent for MachineAgent {
         WatchTarget::Machine(self.id)
     }
 
+    fn passes(&self) -> Option<Arc<tokio::sync::Semaphore>> {
+        self.connector.passes()
+    }
+
     async fn step(&mut self) -> Result<Step> {
         let view = match self.api.machine(self.id).await {
             Ok(v) => v,

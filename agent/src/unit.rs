@@ -500,6 +500,13 @@ impl UnitAgent {
         }
     }
 
+    /// Whether the charm's stop hook is still to run.
+    fn stop_hook_due(&mut self) -> bool {
+        self.hook_state().installed
+            && !self.hook_state().stopped
+            && self.dir().join("charm/hooks/stop").exists()
+    }
+
     fn relation_state(&mut self, id: i64) -> &mut RelationState {
         self.hook_state().relations.entry(id).or_default()
     }
@@ -576,6 +583,10 @@ impl Agent for UnitAgent {
         WatchTarget::Unit(self.name.clone())
     }
 
+    fn passes(&self) -> Option<Arc<tokio::sync::Semaphore>> {
+        self.connector.passes()
+    }
+
     fn targets(&self) -> Vec<WatchTarget> {
         let mut t = vec![self.target()];
         t.extend(self.scopes.iter().map(|&relation| WatchTarget::Scope {
@@ -639,13 +650,15 @@ impl Agent for UnitAgent {
         match view.life {
             Life::Dead => return Ok(Step::Done),
             Life::Alive => {
+                // Before any hook: a unit whose service is going has no
+                // business installing or reconfiguring itself.
+                if abandoned(&view) && went_through(self.api.ensure_dying_unit(&self.name).await)? {
+                    return Ok(Step::Again);
+                }
                 if !self.unit_hooks(&view, &in_scope).await? {
                     return Ok(Step::Idle);
                 }
                 self.report(AgentStatus::Started, "").await?;
-                if abandoned(&view) && went_through(self.api.ensure_dying_unit(&self.name).await)? {
-                    return Ok(Step::Again);
-                }
                 for rel in &view.relations {
                     if rel.life == Life::Alive && !rel.in_scope && belongs_in(&view, rel) {
                         // Its address with it, in one transaction, so
@@ -668,7 +681,15 @@ impl Agent for UnitAgent {
                 acted |= self.deployer()?.reconcile(&view.subordinates).await?;
             }
             Life::Dying => {
-                self.report(AgentStatus::Dying, "").await?;
+                // `dying` is worth a write only if the unit stays Dying a
+                // while: it is in a scope, has subordinates or a stop hook
+                // to run. Otherwise it is Dead within this pass.
+                let lingers = view.relations.iter().any(|r| r.in_scope)
+                    || !view.subordinates.is_empty()
+                    || self.stop_hook_due();
+                if lingers {
+                    self.report(AgentStatus::Dying, "").await?;
+                }
                 for rel in view.relations.iter().filter(|r| r.in_scope) {
                     if !self.break_relation(rel, &side(rel), &in_scope).await? {
                         return Ok(Step::Idle);
@@ -681,6 +702,11 @@ impl Agent for UnitAgent {
                     // stop last: after every relation is broken.
                     if self.has_charm() && self.hook_state().installed && !self.hook_state().stopped
                     {
+                        if self.stop_hook_due() {
+                            // Reported before the hook runs (`lingers` may
+                            // have been false on an earlier pass).
+                            self.report(AgentStatus::Dying, "").await?;
+                        }
                         if !self.run_hook(&BTreeMap::new(), Hook::unit("stop")).await? {
                             return Ok(Step::Idle);
                         }

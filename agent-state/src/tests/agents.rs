@@ -206,3 +206,35 @@ async fn a_machine_agent_recalls_a_deployed_unit_no_longer_assigned_to_it() {
     assert!(!db0.exists(), "the unassigned deployment was recalled");
     host.shutdown().await;
 }
+
+/// One pass at a time in the whole process: the bound only orders the
+/// agents' passes, it never stops a duty — principals wait (across passes)
+/// for their subordinates to be removed, deployers recall from inside
+/// their passes, and everything destroyed still goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_go_through_their_whole_lifecycle_one_pass_at_a_time() {
+    let w = World::new();
+    w.deploy(WORDPRESS, "wordpress", 2);
+    w.deploy(LOGGING, "logging", 0);
+    w.store.add_relation("logging", "wordpress").unwrap();
+    w.provision();
+    let host = Host::start_bounded(
+        w.store.clone(),
+        w.dir.path().join("agents"),
+        crate::Mode::InProcess,
+        1,
+    )
+    .unwrap();
+    until(&w.store, "both subordinates started", |s| {
+        ["logging/0", "logging/1"]
+            .iter()
+            .all(|u| status(s, u) == "started")
+    })
+    .await;
+    w.store.destroy_service("wordpress").unwrap();
+    until(&w.store, "wordpress and its subordinates are gone", |s| {
+        s.service("wordpress").is_err() && s.units_of("logging").unwrap().is_empty()
+    })
+    .await;
+    host.shutdown().await;
+}
