@@ -366,19 +366,27 @@ impl Deployer {
 /// the pass, it held one of the runtime's two worker threads in I/O waits
 /// per unit, and recalls were most of the time 100,000 units took to go.
 fn delete_in_background(path: PathBuf) {
+    const REAPERS: usize = 4;
     use std::sync::mpsc;
     static REAPER: std::sync::OnceLock<mpsc::Sender<PathBuf>> = std::sync::OnceLock::new();
     let reaper = REAPER.get_or_init(|| {
         let (tx, rx) = mpsc::channel::<PathBuf>();
-        let spawned = std::thread::Builder::new()
-            .name("recalled-dirs".into())
-            .spawn(move || {
-                for path in rx {
-                    remove_tree(&path);
-                }
-            });
-        if let Err(e) = spawned {
-            warn!(error = %e, "cannot start the thread that deletes recalled units' directories; deleting in place");
+        let rx = Arc::new(std::sync::Mutex::new(rx));
+        // A few threads: the deletions mostly wait on the disk.
+        for i in 0..REAPERS {
+            let rx = rx.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("recalled-dirs-{i}"))
+                .spawn(move || loop {
+                    let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                    match next {
+                        Ok(path) => remove_tree(&path),
+                        Err(_) => return,
+                    }
+                });
+            if let Err(e) = spawned {
+                warn!(error = %e, "cannot start a thread that deletes recalled units' directories");
+            }
         }
         tx
     });

@@ -95,20 +95,29 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 pub async fn run_loop<A: Agent>(mut agent: A, mut stop: watch::Receiver<bool>) {
     let mut retry = RETRY_MIN;
     let mut watching = agent.targets();
+    // Every await but the idle one (the last `select!`) is boxed: a task's
+    // future is as large as its largest await point, and 200,000 idle
+    // agents' tasks should hold only the agent and that wait.
     let mut notices = loop {
-        match subscribe(&agent, &watching).await {
+        match Box::pin(subscribe(&agent, &watching)).await {
             Ok(n) => break n,
             // The entity is gone (or was never the agent's): nothing to do.
             Err(e) if e.is_unauthorized() => {
                 debug!(agent = %agent.api().tag(), error = %e, "nothing to watch; stopping");
-                agent.finish().await;
+                Box::pin(agent.finish()).await;
                 return;
             }
             Err(e) => {
                 warn!(agent = %agent.api().tag(), error = %e, "cannot watch; retrying");
-                tokio::select! {
-                    _ = tokio::time::sleep(retry) => {}
-                    _ = stop.changed() => return,
+                let stopped = Box::pin(async {
+                    tokio::select! {
+                        _ = tokio::time::sleep(retry) => false,
+                        _ = stop.changed() => true,
+                    }
+                })
+                .await;
+                if stopped {
+                    return;
                 }
                 retry = (retry * 2).min(RETRY_MAX);
             }
@@ -127,10 +136,21 @@ pub async fn run_loop<A: Agent>(mut agent: A, mut stop: watch::Receiver<bool>) {
         // for a permit never blocks a stop: recalling a unit waits for its
         // agent to end, from inside its deployer's pass.
         let permit = match agent.passes() {
-            Some(passes) => tokio::select! {
-                p = passes.acquire_owned() => p.ok(),
-                r = stop.changed() => if r.is_err() { break } else { continue },
-            },
+            Some(passes) => {
+                let stop = &mut stop;
+                let got = Box::pin(async move {
+                    tokio::select! {
+                        p = passes.acquire_owned() => Ok(p.ok()),
+                        r = stop.changed() => Err(r.is_err()),
+                    }
+                })
+                .await;
+                match got {
+                    Ok(p) => p,
+                    Err(true) => break,
+                    Err(false) => continue,
+                }
+            }
             None => None,
         };
         // Boxed: a pass's state lives on the heap only while the pass runs,
@@ -158,7 +178,7 @@ pub async fn run_loop<A: Agent>(mut agent: A, mut stop: watch::Receiver<bool>) {
         if wanted != watching {
             // Subscribed before the next pass reads, so nothing falls
             // between; a refused scope (left meanwhile) is dropped.
-            match subscribe(&agent, &wanted).await {
+            match Box::pin(subscribe(&agent, &wanted)).await {
                 Ok(n) => {
                     notices = n;
                     watching = wanted;
@@ -169,9 +189,11 @@ pub async fn run_loop<A: Agent>(mut agent: A, mut stop: watch::Receiver<bool>) {
                 }
             }
         }
+        // Boxed: a timer only while a failed pass waits to be retried.
+        let mut sleep = wait.map(|d| Box::pin(tokio::time::sleep(d)));
         let sleep = async {
-            match wait {
-                Some(d) => tokio::time::sleep(d).await,
+            match sleep.as_mut() {
+                Some(s) => s.await,
                 None => std::future::pending().await,
             }
         };
@@ -181,7 +203,7 @@ pub async fn run_loop<A: Agent>(mut agent: A, mut stop: watch::Receiver<bool>) {
             r = stop.changed() => if r.is_err() { break },
         }
     }
-    agent.finish().await;
+    Box::pin(agent.finish()).await;
 }
 
 /// One stream of notices for all of `targets`; the first target (the

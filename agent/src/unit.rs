@@ -45,7 +45,8 @@ pub struct UnitAgent {
     deployer: Option<Deployer>,
     reported: Option<(AgentStatus, String)>,
     /// What hooks have run (loaded on the first pass, saved after each).
-    hooks: Option<HookState>,
+    /// Boxed: most agents sit idle, and the record is half the agent's size.
+    hooks: Option<Box<HookState>>,
     tools: Option<ToolServer>,
     /// Relations whose scope it is in: watched for members and settings.
     scopes: Vec<i64>,
@@ -156,7 +157,8 @@ impl UnitAgent {
 
     fn hook_state(&mut self) -> &mut HookState {
         let dir = self.dir();
-        self.hooks.get_or_insert_with(|| HookState::load(&dir))
+        self.hooks
+            .get_or_insert_with(|| Box::new(HookState::load(&dir)))
     }
 
     fn save_hooks(&mut self) -> Result<()> {

@@ -5,7 +5,9 @@
 //!
 //! `cargo bench -p jujube-cli --bench agents`; `JUJUBE_BENCH_UNITS` overrides
 //! 100,000 for a quick run. Goals: removal ≤ 60 s, peak RSS ≤ 300 MB,
-//! largest transaction ≤ 1,000 rows.
+//! largest transaction ≤ 1,000 rows. Also printed: how long the deletion of
+//! recalled units' directories (a background thread's disk work) went on
+//! after the units were removed.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -114,6 +116,28 @@ fn main() {
             && count(&db, "SELECT count(*) FROM services") == 0
     });
     let rss = peak_rss_mb(pid);
+    // A recall renames a unit's directory away and a background thread
+    // deletes it: say how long the disk work went on after the removal.
+    let agents = home.path().join("environments/bench/agents");
+    let recalled_left = || {
+        std::fs::read_dir(&agents)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .flat_map(|m| std::fs::read_dir(m.path()).into_iter().flatten().flatten())
+            .filter(|e| e.file_name().to_string_lossy().starts_with("unit-"))
+            .count()
+    };
+    let deleting = Instant::now();
+    let left = recalled_left();
+    while recalled_left() > 0 {
+        assert!(
+            deleting.elapsed() < limit,
+            "recalled directories are never deleted"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let deleted = deleting.elapsed();
     // SIGTERM; the controller logs its transaction figures as it stops.
     // SAFETY: sending a signal to our own child process.
     unsafe { kill(pid as i32, 15) };
@@ -131,6 +155,10 @@ fn main() {
     println!(
         "destroy-service of {n} units with agents: every unit Dying → Dead → removed and the service removed in {:.1} s (goal <= 60 s); controller peak RSS {rss:.0} MB (goal <= 300 MB); largest controller transaction {rows} rows (goal <= 1000)",
         removed.as_secs_f64()
+    );
+    println!(
+        "recalled units' directories: {left} still being deleted at that moment, all gone {:.1} s later",
+        deleted.as_secs_f64()
     );
 }
 
