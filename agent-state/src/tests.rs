@@ -579,6 +579,25 @@ fn the_pending_shortcut_keys_on_the_agent_started_marker_not_the_status() {
 }
 
 #[test]
+fn a_unit_whose_own_agent_sets_it_dying_is_not_removed_at_once() {
+    let w = World::new();
+    w.deploy(MYSQL, "mysql", 1);
+    // The service goes before its unit's agent reported anything (the
+    // cleaner that would set the unit Dying has not run).
+    w.store.destroy_service("mysql").unwrap();
+    assert!(!w.store.unit("mysql/0").unwrap().agent_started);
+    w.apply(
+        Caller::Unit(unit("mysql/0")),
+        AgentOp::EnsureDyingUnit {
+            unit: unit("mysql/0"),
+        },
+    );
+    let u = w.store.unit("mysql/0").expect("still there, Dying");
+    assert_eq!(u.life, jujube_core::Life::Dying);
+    assert!(u.agent_started);
+}
+
+#[test]
 fn scope_units_are_filtered_to_the_callers_container_and_counterparts() {
     let (w, db, info) = scoped_world();
     let seen = |rel, u: &str| w.store.scope_units_seen_by(rel, u).unwrap();

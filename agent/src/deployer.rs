@@ -177,10 +177,13 @@ impl Deployer {
                 // any unit agent runs) one that names no owner.
                 if mine == Some(true) || (mine.is_none() && matches!(owner, Tag::Machine(_))) {
                     debug!(%owner, dir = %path.display(), "clearing an interrupted deploy or recall");
-                    match std::fs::remove_dir_all(&path) {
-                        // Deleted meanwhile (by this process's reaper).
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                        r => r.map_err(io("remove", &path))?,
+                    if name.ends_with(RECALLING) {
+                        // Garbage only (never counted as deployed), and
+                        // perhaps being deleted by this process's reaper
+                        // right now: a failure is not the deployer's.
+                        remove_tree(&path);
+                    } else {
+                        std::fs::remove_dir_all(&path).map_err(io("remove", &path))?;
                     }
                 }
             } else if let (Some(true), Some(record)) = (mine, record) {
@@ -256,13 +259,20 @@ impl Deployer {
             let _ = (&mut running.handle).await;
         }
         let dir = self.unit_dir(unit);
-        let away = self
-            .machine_dir
-            .join(format!("{}{RECALLING}", unit_dir_name(unit)));
         if dir.exists() {
+            // A name of its own: an earlier recall's leftover may still be
+            // being deleted.
+            let mut away = self
+                .machine_dir
+                .join(format!("{}{RECALLING}", unit_dir_name(unit)));
+            let mut n = 0;
+            while away.exists() {
+                n += 1;
+                away = self
+                    .machine_dir
+                    .join(format!("{}.{n}{RECALLING}", unit_dir_name(unit)));
+            }
             std::fs::rename(&dir, &away).map_err(io("rename", &dir))?;
-        }
-        if away.exists() {
             delete_in_background(away);
         }
         self.deployed.remove(unit);

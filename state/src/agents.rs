@@ -329,6 +329,18 @@ fn apply_in(tx: &mut Tx<'_>, by: &Caller, op: &AgentOp) -> Result<()> {
                     }
                     None => false,
                 };
+            if abandoned && !u.agent_started {
+                // Its own agent asks: an agent runs, so the unit goes through
+                // Dying and Dead like any started unit (removal at once is
+                // for units no agent has taken up).
+                tx.prepare_cached("UPDATE units SET agent_started = 1 WHERE name = ?1")?
+                    .execute([unit])?;
+                let u = Unit {
+                    agent_started: true,
+                    ..u
+                };
+                return destroy_unit_in(tx, &u);
+            }
             if !abandoned {
                 return Err(Error::UnitBusy {
                     unit: unit.clone(),
