@@ -346,7 +346,7 @@ impl UnitAgent {
                 return Ok(false);
             }
             self.hook_state().installed = true;
-            dirty = self.save_if_ran("install", dirty)?;
+            dirty = self.save_if_ran("install")?;
         }
         // upgrade-charm when the service's charm changed: its files laid
         // over the charm directory (what the charm wrote there stays), the
@@ -380,14 +380,14 @@ impl UnitAgent {
             }
             self.ran_config_changed = true;
             self.hook_state().config = Some(config);
-            dirty = self.save_if_ran("config-changed", dirty)?;
+            dirty = self.save_if_ran("config-changed")?;
         }
         if !self.hook_state().started {
             if !self.run_hook(relations, Hook::unit("start")).await? {
                 return Ok(false);
             }
             self.hook_state().started = true;
-            dirty = self.save_if_ran("start", dirty)?;
+            dirty = self.save_if_ran("start")?;
         }
         if dirty {
             self.save_hooks()?;
@@ -493,7 +493,7 @@ impl UnitAgent {
 
     /// Saves the whole record now if `hook` exists (it ran), and then
     /// nothing is owed; otherwise a save is owed.
-    fn save_if_ran(&mut self, hook: &str, _owed: bool) -> Result<bool> {
+    fn save_if_ran(&mut self, hook: &str) -> Result<bool> {
         if self.dir().join("charm/hooks").join(hook).exists() {
             self.save_hooks()?;
             Ok(false)
@@ -502,7 +502,8 @@ impl UnitAgent {
         }
     }
 
-    /// Whether the charm's stop hook is still to run.
+    /// Whether the charm's stop hook is still to run (a deployed,
+    /// installed unit whose charm has one).
     fn stop_hook_due(&mut self) -> bool {
         self.hook_state().installed
             && !self.hook_state().stopped
@@ -702,22 +703,19 @@ impl Agent for UnitAgent {
                 let in_scope = view.relations.iter().any(|r| r.in_scope);
                 if !acted && !in_scope && view.subordinates.is_empty() {
                     // stop last: after every relation is broken.
-                    if self.has_charm() && self.hook_state().installed && !self.hook_state().stopped
-                    {
-                        if self.stop_hook_due() {
-                            // Reported before the hook runs (`lingers` may
-                            // have been false on an earlier pass).
-                            self.report(AgentStatus::Dying, "").await?;
-                        }
+                    // Without a stop hook nothing runs and nothing is
+                    // recorded: a restart before Dead has nothing to run
+                    // again (the write was half the controller's work while
+                    // 100,000 hookless units went).
+                    if self.stop_hook_due() {
+                        // Reported before the hook runs (`lingers` may have
+                        // been false on an earlier pass).
+                        self.report(AgentStatus::Dying, "").await?;
                         if !self.run_hook(&BTreeMap::new(), Hook::unit("stop")).await? {
                             return Ok(Step::Idle);
                         }
                         self.hook_state().stopped = true;
-                        // Without a stop hook nothing ran, and a restart
-                        // before Dead has nothing to run again: no write
-                        // (it was half the controller's work while 100,000
-                        // hookless units went).
-                        self.save_if_ran("stop", false)?;
+                        self.save_hooks()?;
                     }
                     if went_through(self.api.ensure_dead_unit(&self.name).await)? {
                         return Ok(Step::Done);

@@ -29,8 +29,8 @@
 use crate::db::{Store, Tx};
 use crate::feed::ChangeKind;
 use crate::model::{
-    agent_status, finish_unit, get_machine, get_service, get_unit, unit_row, Machine, Relation,
-    Service, Unit, UNIT_COLS,
+    agent_status, find_machine, find_unit, finish_unit, get_machine, get_service, get_unit,
+    unit_row, Machine, Relation, Service, Unit, UNIT_COLS,
 };
 use crate::relations::relations_of;
 use crate::units::destroy_unit_in;
@@ -168,6 +168,13 @@ fn alive_container_relation(c: &Connection, a: &str, b: &str) -> Result<bool> {
     .query_row((a, b), |r| r.get(0))?)
 }
 
+/// Records that the unit's agent has started (see [`Unit::agent_started`]).
+fn mark_agent_started(tx: &Tx<'_>, unit: &str) -> Result<()> {
+    tx.prepare_cached("UPDATE units SET agent_started = 1 WHERE name = ?1")?
+        .execute([unit])?;
+    Ok(())
+}
+
 fn apply_in(tx: &mut Tx<'_>, by: &Caller, op: &AgentOp) -> Result<()> {
     match op {
         AgentOp::SetUnitStatus { unit, status, info } => {
@@ -175,8 +182,7 @@ fn apply_in(tx: &mut Tx<'_>, by: &Caller, op: &AgentOp) -> Result<()> {
             let u = get_unit(tx, unit)?;
             if is_unit(by, unit) {
                 // An agent reporting is an agent that has started.
-                tx.prepare_cached("UPDATE units SET agent_started = 1 WHERE name = ?1")?
-                    .execute([unit])?;
+                mark_agent_started(tx, unit)?;
             } else if *by != deployer_of(&u) {
                 return Err(unauthorized(by, format!("set the status of unit `{unit}`")));
             }
@@ -329,18 +335,6 @@ fn apply_in(tx: &mut Tx<'_>, by: &Caller, op: &AgentOp) -> Result<()> {
                     }
                     None => false,
                 };
-            if abandoned && !u.agent_started {
-                // Its own agent asks: an agent runs, so the unit goes through
-                // Dying and Dead like any started unit (removal at once is
-                // for units no agent has taken up).
-                tx.prepare_cached("UPDATE units SET agent_started = 1 WHERE name = ?1")?
-                    .execute([unit])?;
-                let u = Unit {
-                    agent_started: true,
-                    ..u
-                };
-                return destroy_unit_in(tx, &u);
-            }
             if !abandoned {
                 return Err(Error::UnitBusy {
                     unit: unit.clone(),
@@ -351,7 +345,19 @@ fn apply_in(tx: &mut Tx<'_>, by: &Caller, op: &AgentOp) -> Result<()> {
                     ),
                 });
             }
-            destroy_unit_in(tx, &u)
+            // Its own agent asks, so an agent runs: the unit goes through
+            // Dying and Dead like any started unit (removal at once is for
+            // units no agent has taken up).
+            if !u.agent_started {
+                mark_agent_started(tx, unit)?;
+            }
+            destroy_unit_in(
+                tx,
+                &Unit {
+                    agent_started: true,
+                    ..u
+                },
+            )
         }
         AgentOp::EnsureDeadUnit { unit } => {
             let u = get_unit(tx, unit)?;
@@ -582,30 +588,13 @@ impl Store {
     /// the routing of 100,000 agents' changes cheap (one per unit cost a
     /// lock round and a snapshot each, contending with the agents' reads).
     pub fn units_named(&self, names: &[&str]) -> Result<Vec<Option<Unit>>> {
-        self.read(|c| {
-            names
-                .iter()
-                .map(|n| match get_unit(c, n) {
-                    Ok(u) => Ok(Some(u)),
-                    Err(Error::NotFound { .. }) => Ok(None),
-                    Err(e) => Err(e),
-                })
-                .collect()
-        })
+        self.read(|c| names.iter().map(|n| find_unit(c, n)).collect())
     }
 
     /// Several machines by id, in one read snapshot (see
     /// [`Store::units_named`]).
     pub fn machines_with_ids(&self, ids: &[i64]) -> Result<Vec<Option<Machine>>> {
-        self.read(|c| {
-            ids.iter()
-                .map(|&id| match get_machine(c, id) {
-                    Ok(m) => Ok(Some(m)),
-                    Err(Error::NotFound { .. }) => Ok(None),
-                    Err(e) => Err(e),
-                })
-                .collect()
-        })
+        self.read(|c| ids.iter().map(|&id| find_machine(c, id)).collect())
     }
 
     /// A service's settings as stored (JSON values by key; defaults are not

@@ -203,15 +203,18 @@ pub(crate) fn finish_machine((mut m, l, c): (Machine, i64, String)) -> Result<Ma
     Ok(m)
 }
 
+pub(crate) fn find_machine(c: &Connection, id: i64) -> Result<Option<Machine>> {
+    c.prepare_cached(&format!(
+        "SELECT {MACHINE_COLS} FROM machines WHERE id = ?1"
+    ))?
+    .query_row([id], machine_row)
+    .optional()?
+    .map(finish_machine)
+    .transpose()
+}
+
 pub(crate) fn get_machine(c: &Connection, id: i64) -> Result<Machine> {
-    let row = c
-        .prepare_cached(&format!(
-            "SELECT {MACHINE_COLS} FROM machines WHERE id = ?1"
-        ))?
-        .query_row([id], machine_row)
-        .optional()?
-        .ok_or_else(|| Error::not_found(Entity::Machine, id))?;
-    finish_machine(row)
+    find_machine(c, id)?.ok_or_else(|| Error::not_found(Entity::Machine, id))
 }
 
 pub(crate) const SERVICE_COLS: &str =
@@ -284,13 +287,16 @@ pub(crate) fn finish_unit((mut u, l, c): (Unit, i64, String)) -> Result<Unit> {
     Ok(u)
 }
 
-pub(crate) fn get_unit(c: &Connection, name: &str) -> Result<Unit> {
-    let row = c
-        .prepare_cached(&format!("SELECT {UNIT_COLS} FROM units WHERE name = ?1"))?
+pub(crate) fn find_unit(c: &Connection, name: &str) -> Result<Option<Unit>> {
+    c.prepare_cached(&format!("SELECT {UNIT_COLS} FROM units WHERE name = ?1"))?
         .query_row([name], unit_row)
         .optional()?
-        .ok_or_else(|| Error::not_found(Entity::Unit, name))?;
-    finish_unit(row)
+        .map(finish_unit)
+        .transpose()
+}
+
+pub(crate) fn get_unit(c: &Connection, name: &str) -> Result<Unit> {
+    find_unit(c, name)?.ok_or_else(|| Error::not_found(Entity::Unit, name))
 }
 
 pub(crate) fn find_relation(c: &Connection, id: i64) -> Result<Option<Relation>> {

@@ -299,10 +299,9 @@ fn machine_constraints_fill_unset_keys_from_the_environment_at_creation() {
 fn an_enrollment_token_works_once_per_instance_of_its_batch_until_it_expires() {
     let e = env();
     let ids = e.st.add_machines(3, None, None).unwrap();
-    let uuid = "6f1e0f4c-3d7e-4b53-9d3b-1a2b3c4d5e6f";
     // Machines 1 and 2 in one launch batch, 3 in another.
     let prepared =
-        e.st.prepare_batches(&[vec![ids[0], ids[1]], vec![ids[2]]], uuid)
+        e.st.prepare_batches(&[vec![ids[0], ids[1]], vec![ids[2]]], UUID)
             .unwrap();
     let nonce = |id: i64| {
         prepared
