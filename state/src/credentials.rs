@@ -58,6 +58,15 @@ impl Store {
     }
 }
 
+/// The batch a token is live for, if any.
+fn live_batch(c: &rusqlite::Connection, token_hash: &str, now: i64) -> Result<Option<String>> {
+    Ok(
+        c.prepare_cached("SELECT batch FROM enrollments WHERE token_hash = ?1 AND expires > ?2")?
+            .query_row((token_hash, now), |r| r.get(0))
+            .optional()?,
+    )
+}
+
 /// Why an enrollment was refused (said alike to everyone: an unknown, an
 /// expired and a used token look the same to an outsider).
 pub const ENROLLMENT_REFUSED: &str =
@@ -97,13 +106,7 @@ impl Store {
 
     /// The batch a live token was made for.
     pub fn enrollment_batch(&self, token_hash: &str, now: i64) -> Result<Option<String>> {
-        self.read(|c| {
-            Ok(c.prepare_cached(
-                "SELECT batch FROM enrollments WHERE token_hash = ?1 AND expires > ?2",
-            )?
-            .query_row((token_hash, now), |r| r.get(0))
-            .optional()?)
-        })
+        self.read(|c| live_batch(c, token_hash, now))
     }
 
     /// Instance `instance_id` enrolls as machine `machine` with `token_hash`:
@@ -121,13 +124,7 @@ impl Store {
     ) -> Result<()> {
         let refused = || Error::Relation(ENROLLMENT_REFUSED.to_string());
         self.write(|tx| {
-            let batch: Option<String> = tx
-                .prepare_cached(
-                    "SELECT batch FROM enrollments WHERE token_hash = ?1 AND expires > ?2",
-                )?
-                .query_row((token_hash, now), |r| r.get(0))
-                .optional()?;
-            let batch = batch.ok_or_else(refused)?;
+            let batch = live_batch(tx, token_hash, now)?.ok_or_else(refused)?;
             let nonce: Option<Option<String>> = tx
                 .prepare_cached("SELECT nonce FROM machines WHERE id = ?1 AND life = 0")?
                 .query_row([machine], |r| r.get(0))
