@@ -30,7 +30,7 @@ pub enum Mode {
 }
 
 struct Running {
-    stop: watch::Sender<bool>,
+    stop: jujube_agent::Stop,
     handle: JoinHandle<()>,
 }
 
@@ -106,19 +106,19 @@ async fn run(
         if running.get(&id).is_some_and(|r| !r.handle.is_finished()) {
             return;
         }
-        let (stop, stop_rx) = watch::channel(false);
+        let stop = jujube_agent::Stop::new();
         let handle = match &*mode {
             Mode::InProcess => {
                 let api = Arc::new(InProcess::new(shared.clone(), Tag::Machine(id)));
                 let agent = MachineAgent::new(api, connector.clone(), id, &machine_dir(&dir, id));
-                tokio::spawn(agent.run(stop_rx))
+                tokio::spawn(agent.run(stop.clone()))
             }
             Mode::Process(p) => tokio::spawn(crate::process::supervise(
                 shared.store.clone(),
                 p.clone(),
                 id,
                 machine_dir(&dir, id),
-                stop_rx,
+                stop.clone(),
             )),
         };
         running.insert(id, Running { stop, handle });
@@ -155,7 +155,7 @@ async fn run(
                 Ok(_) => {}
                 Err(jujube_state::Error::NotFound { .. }) => {
                     if let Some(r) = running.remove(&id) {
-                        r.stop.send_replace(true);
+                        r.stop.stop();
                         let _ = r.handle.await;
                     }
                     let d = machine_dir(&dir, id);
@@ -171,7 +171,7 @@ async fn run(
         running.retain(|_, r| !r.handle.is_finished());
     }
     for r in running.values() {
-        r.stop.send_replace(true);
+        r.stop.stop();
     }
     for (_, r) in running {
         let _ = r.handle.await;

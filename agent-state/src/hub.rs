@@ -23,7 +23,11 @@ use jujube_core::Life;
 use jujube_state::{ChangeKind, Changes, Store};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
+use futures_util::task::AtomicWaker;
+use futures_util::Stream;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use tracing::warn;
@@ -39,7 +43,84 @@ pub(crate) enum Key {
     Scope(i64, String),
 }
 
-type Subscribers = HashMap<Key, HashMap<u64, Arc<watch::Sender<Notice>>>>;
+/// One subscription: the latest notice not yet read, and the one task
+/// reading it. A process may hold 200,000 of these: a `tokio::sync::watch`
+/// channel, a boxed `unfold` and a map per key cost five times as much.
+struct Slot {
+    id: u64,
+    keys: Box<[Key]>,
+    unread: Mutex<Option<Notice>>,
+    /// Set when the hub goes: the stream ends.
+    closed: std::sync::atomic::AtomicBool,
+    waker: AtomicWaker,
+}
+
+impl Slot {
+    /// Notices coalesce: a slow reader sees the latest revision, never a
+    /// backlog, and a resync is never lost to a later plain notice.
+    fn post(&self, notice: Notice) {
+        {
+            let mut unread = lock(&self.unread);
+            *unread = Some(match *unread {
+                Some(old) => Notice {
+                    revision: old.revision.max(notice.revision),
+                    resync: old.resync || notice.resync,
+                },
+                None => notice,
+            });
+        }
+        self.waker.wake();
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.waker.wake();
+    }
+}
+
+/// The subscribers of one key: nearly always one (a unit's or a machine's
+/// own agent), so no map unless there are more.
+enum Subs {
+    One(Arc<Slot>),
+    Many(HashMap<u64, Arc<Slot>>),
+}
+
+impl Subs {
+    fn add(&mut self, slot: &Arc<Slot>) {
+        match self {
+            Subs::One(s) => {
+                let mut m = HashMap::with_capacity(2);
+                m.insert(s.id, s.clone());
+                m.insert(slot.id, slot.clone());
+                *self = Subs::Many(m);
+            }
+            Subs::Many(m) => {
+                m.insert(slot.id, slot.clone());
+            }
+        }
+    }
+
+    /// Whether none remain.
+    fn remove(&mut self, id: u64) -> bool {
+        match self {
+            Subs::One(s) => s.id == id,
+            Subs::Many(m) => {
+                m.remove(&id);
+                m.is_empty()
+            }
+        }
+    }
+
+    fn slots(&self) -> impl Iterator<Item = &Arc<Slot>> {
+        let (one, many) = match self {
+            Subs::One(s) => (Some(s), None),
+            Subs::Many(m) => (None, Some(m.values())),
+        };
+        one.into_iter().chain(many.into_iter().flatten())
+    }
+}
+
+type Subscribers = HashMap<Key, Subs>;
 
 #[derive(Default)]
 pub(crate) struct Hub {
@@ -53,27 +134,56 @@ pub(crate) struct Hub {
     loaded_notify: Notify,
 }
 
+impl Drop for Hub {
+    fn drop(&mut self) {
+        for subs in lock(&self.subs).values() {
+            for s in subs.slots() {
+                s.close();
+            }
+        }
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Removes a subscription when its stream is dropped.
-struct Unsubscribe {
+/// A subscription's notices; dropping it unsubscribes.
+struct Subscription {
     hub: Weak<Hub>,
-    id: u64,
-    keys: Vec<Key>,
+    slot: Arc<Slot>,
 }
 
-impl Drop for Unsubscribe {
+impl Stream for Subscription {
+    type Item = Notice;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Notice>> {
+        let slot = &self.slot;
+        if let Some(n) = lock(&slot.unread).take() {
+            return Poll::Ready(Some(n));
+        }
+        if slot.closed.load(Ordering::SeqCst) {
+            return Poll::Ready(None);
+        }
+        slot.waker.register(cx.waker());
+        // Posted between the check and the registration: nobody woke us.
+        if let Some(n) = lock(&slot.unread).take() {
+            return Poll::Ready(Some(n));
+        }
+        if slot.closed.load(Ordering::SeqCst) {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for Subscription {
     fn drop(&mut self) {
         if let Some(hub) = self.hub.upgrade() {
             let mut subs = lock(&hub.subs);
-            for k in &self.keys {
-                if let Some(m) = subs.get_mut(k) {
-                    m.remove(&self.id);
-                    if m.is_empty() {
-                        subs.remove(k);
-                    }
+            for k in self.slot.keys.iter() {
+                if subs.get_mut(k).is_some_and(|s| s.remove(self.slot.id)) {
+                    subs.remove(k);
                 }
             }
         }
@@ -84,39 +194,36 @@ impl Hub {
     /// A stream of notices for changes to any of `keys`. Notices coalesce:
     /// a slow reader sees the latest revision, never a backlog.
     pub(crate) fn subscribe(self: &Arc<Hub>, keys: Vec<Key>) -> NoticeStream {
-        let (tx, rx) = watch::channel(Notice {
-            revision: 0,
-            resync: false,
+        let slot = Arc::new(Slot {
+            id: self.next.fetch_add(1, Ordering::Relaxed),
+            keys: keys.into_boxed_slice(),
+            unread: Mutex::new(None),
+            closed: Default::default(),
+            waker: AtomicWaker::new(),
         });
-        let tx = Arc::new(tx);
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
         {
             let mut subs = lock(&self.subs);
-            for k in &keys {
-                subs.entry(k.clone()).or_default().insert(id, tx.clone());
+            for k in slot.keys.iter() {
+                match subs.get_mut(k) {
+                    Some(s) => s.add(&slot),
+                    None => {
+                        subs.insert(k.clone(), Subs::One(slot.clone()));
+                    }
+                }
             }
         }
-        let guard = Unsubscribe {
+        Box::pin(Subscription {
             hub: Arc::downgrade(self),
-            id,
-            keys,
-        };
-        Box::pin(futures_util::stream::unfold(
-            (rx, guard),
-            |(mut rx, guard)| async move {
-                rx.changed().await.ok()?;
-                let n = *rx.borrow_and_update();
-                Some((n, (rx, guard)))
-            },
-        ))
+            slot,
+        })
     }
 
     fn notify(&self, keys: &HashSet<Key>, notice: Notice) {
         let subs = lock(&self.subs);
         for k in keys {
             if let Some(m) = subs.get(k) {
-                for s in m.values() {
-                    s.send_replace(notice);
+                for s in m.slots() {
+                    s.post(notice);
                 }
             }
         }
@@ -124,8 +231,8 @@ impl Hub {
 
     fn notify_all(&self, notice: Notice) {
         for m in lock(&self.subs).values() {
-            for s in m.values() {
-                s.send_replace(notice);
+            for s in m.slots() {
+                s.post(notice);
             }
         }
     }

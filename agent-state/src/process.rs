@@ -19,7 +19,6 @@ use jujube_agent::wire::{new_secret, secret_hash, AgentConf};
 use jujube_state::Store;
 use std::path::PathBuf;
 use std::time::Duration;
-use tokio::sync::watch;
 use tracing::{info, warn};
 
 /// What an agent process is started with.
@@ -52,12 +51,12 @@ pub(crate) async fn supervise(
     p: ProcessAgents,
     id: i64,
     dir: PathBuf,
-    mut stop: watch::Receiver<bool>,
+    stop: jujube_agent::Stop,
 ) {
     let tag = Tag::Machine(id);
     let mut backoff = Duration::from_millis(200);
     loop {
-        if *stop.borrow() {
+        if stop.is_stopped() {
             return;
         }
         if let Some(pid) = running_agent(&dir) {
@@ -65,7 +64,7 @@ pub(crate) async fn supervise(
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(500)) => {}
-                    _ = stop.changed() => {
+                    _ = stop.stopped() => {
                         terminate(pid).await;
                         return;
                     }
@@ -93,7 +92,7 @@ pub(crate) async fn supervise(
                         Ok(s) => warn!(agent = %tag, status = %s, "agent process died; restarting"),
                         Err(e) => warn!(agent = %tag, error = %e, "cannot wait for the agent process"),
                     },
-                    _ = stop.changed() => {
+                    _ = stop.stopped() => {
                         // SIGTERM: it stops its unit agents and exits; what
                         // it deployed stays for the next start.
                         if let Some(pid) = pid {
@@ -111,7 +110,7 @@ pub(crate) async fn supervise(
         }
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
-            _ = stop.changed() => return,
+            _ = stop.stopped() => return,
         }
         backoff = (backoff * 2).min(Duration::from_secs(10));
     }

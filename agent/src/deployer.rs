@@ -24,10 +24,9 @@ use crate::api::{CharmRef, Connector, ErrorCode, Facade, Tag, UnitRef};
 use crate::{Error, Result};
 use jujube_core::Life;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
@@ -45,8 +44,47 @@ pub struct Record {
 }
 
 struct Running {
-    stop: watch::Sender<bool>,
+    stop: crate::Stop,
     handle: JoinHandle<()>,
+}
+
+/// The deployed units, sorted by name, and their agents (`None`: not
+/// started yet). A sorted `Vec`, not a map: most deployers hold one unit (a
+/// machine's principal), and a one-entry `BTreeMap` took 450 bytes.
+#[derive(Default)]
+struct Deployed(Vec<(String, Option<Running>)>);
+
+impl Deployed {
+    fn find(&self, unit: &str) -> std::result::Result<usize, usize> {
+        self.0.binary_search_by(|(u, _)| u.as_str().cmp(unit))
+    }
+
+    fn contains(&self, unit: &str) -> bool {
+        self.find(unit).is_ok()
+    }
+
+    fn get_mut(&mut self, unit: &str) -> Option<&mut Option<Running>> {
+        let i = self.find(unit).ok()?;
+        Some(&mut self.0[i].1)
+    }
+
+    fn insert(&mut self, unit: String, running: Option<Running>) {
+        match self.find(&unit) {
+            Ok(i) => self.0[i].1 = running,
+            Err(i) => {
+                // Exactly: a vector's usual growth would give the one-unit
+                // deployer room for four.
+                self.0.reserve_exact(1);
+                self.0.insert(i, (unit, running))
+            }
+        }
+    }
+
+    fn remove(&mut self, unit: &str) {
+        if let Ok(i) = self.find(unit) {
+            self.0.remove(i);
+        }
+    }
 }
 
 /// What one owner deployed, and the agents it runs for them.
@@ -55,8 +93,7 @@ pub struct Deployer {
     connector: Arc<dyn Connector>,
     /// Shared by every agent on the machine (one allocation per machine).
     machine_dir: Arc<Path>,
-    /// Deployed units and their running agents (`None`: not started yet).
-    deployed: BTreeMap<String, Option<Running>>,
+    deployed: Deployed,
 }
 
 fn io<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
@@ -164,7 +201,7 @@ impl Deployer {
     ) -> Result<Deployer> {
         std::fs::create_dir_all(&machine_dir).map_err(io("create", &machine_dir))?;
         let owner = api.tag().clone();
-        let mut deployed = BTreeMap::new();
+        let mut deployed = Deployed::default();
         for entry in std::fs::read_dir(&machine_dir).map_err(io("read", &machine_dir))? {
             let entry = entry.map_err(io("read", &machine_dir))?;
             let path = entry.path();
@@ -199,11 +236,11 @@ impl Deployer {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.deployed.is_empty()
+        self.deployed.0.is_empty()
     }
 
     pub fn deployed(&self) -> impl Iterator<Item = &str> {
-        self.deployed.keys().map(String::as_str)
+        self.deployed.0.iter().map(|(u, _)| u.as_str())
     }
 
     fn unit_dir(&self, unit: &str) -> PathBuf {
@@ -214,7 +251,7 @@ impl Deployer {
     /// (after [`Deployer::open`], or when one ended while its unit lives).
     pub fn start_agents(&mut self) {
         let dir = self.machine_dir.clone();
-        for (unit, running) in self.deployed.iter_mut() {
+        for (unit, running) in self.deployed.0.iter_mut() {
             if running.as_ref().is_none_or(|r| r.handle.is_finished()) {
                 *running = Some(start_unit_agent(&self.connector, &dir, unit));
             }
@@ -255,7 +292,7 @@ impl Deployer {
     /// recall) and has it deleted in the background.
     pub async fn recall(&mut self, unit: &str) -> Result<()> {
         if let Some(Some(running)) = self.deployed.get_mut(unit) {
-            running.stop.send_replace(true);
+            running.stop.stop();
             let _ = (&mut running.handle).await;
         }
         let dir = self.unit_dir(unit);
@@ -283,10 +320,10 @@ impl Deployer {
     /// Stops every agent this deployer runs, keeping the deployments (a
     /// restart resumes them).
     pub async fn stop(&mut self) {
-        for running in self.deployed.values_mut().flatten() {
-            running.stop.send_replace(true);
+        for running in self.deployed.0.iter().filter_map(|(_, r)| r.as_ref()) {
+            running.stop.stop();
         }
-        for running in self.deployed.values_mut() {
+        for (_, running) in self.deployed.0.iter_mut() {
             if let Some(r) = running.take() {
                 let _ = r.handle.await;
             }
@@ -310,17 +347,16 @@ impl Deployer {
         let mut failed: Option<Error> = None;
         let ours: HashSet<&str> = units.iter().map(|u| u.name.as_str()).collect();
         let gone: Vec<String> = self
-            .deployed
-            .keys()
-            .filter(|u| !ours.contains(u.as_str()))
-            .cloned()
+            .deployed()
+            .filter(|u| !ours.contains(u))
+            .map(str::to_string)
             .collect();
         for unit in gone {
             self.recall(&unit).await?;
             acted = true;
         }
         for u in units {
-            let deployed = self.deployed.contains_key(&u.name);
+            let deployed = self.deployed.contains(&u.name);
             match (u.life, deployed) {
                 (Life::Alive, false) => {
                     let charm = match self.api.charm(&u.name).await {
@@ -432,9 +468,9 @@ fn start_unit_agent(
     machine_dir: &Arc<Path>,
     unit: &str,
 ) -> Running {
-    let (stop, stop_rx) = watch::channel(false);
+    let stop = crate::Stop::new();
     let api = connector.connect(&Tag::unit(unit));
     let agent = crate::unit::UnitAgent::new(api, connector.clone(), machine_dir.clone(), unit);
-    let handle = tokio::spawn(agent.run(stop_rx));
+    let handle = tokio::spawn(agent.run(stop.clone()));
     Running { stop, handle }
 }

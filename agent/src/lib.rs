@@ -30,11 +30,13 @@ pub mod unit;
 pub mod wire;
 
 use api::{ApiError, Facade, WatchTarget};
-use futures_util::StreamExt;
+use futures_util::task::AtomicWaker;
+use std::future::Future;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::sync::watch;
 use tracing::{debug, warn};
 
 #[derive(Debug, thiserror::Error)]
@@ -84,22 +86,81 @@ pub trait Agent: Send {
     async fn finish(&mut self);
 }
 
+/// Tells one agent to stop. A flag and the one task that waits on it: a
+/// process may run 200,000 agents, and a `tokio::sync::watch` channel per
+/// agent cost seven times as much. Clones share the flag; only the agent's
+/// own task may wait on it (one waker is kept).
+#[derive(Clone, Default)]
+pub struct Stop(Arc<StopCell>);
+
+#[derive(Default)]
+struct StopCell {
+    stopped: AtomicBool,
+    waker: AtomicWaker,
+}
+
+impl Stop {
+    pub fn new() -> Stop {
+        Stop::default()
+    }
+
+    /// Asks the agent to stop; it finishes the pass it is in first.
+    pub fn stop(&self) {
+        self.0.stopped.store(true, Ordering::SeqCst);
+        self.0.waker.wake();
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.0.stopped.load(Ordering::SeqCst)
+    }
+
+    /// Ready once [`Stop::stop`] was called; registers the waiting task.
+    pub fn poll_stopped(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.is_stopped() {
+            return Poll::Ready(());
+        }
+        self.0.waker.register(cx.waker());
+        // A stop between the check and the registration woke nobody.
+        if self.is_stopped() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// Waits for [`Stop::stop`].
+    pub async fn stopped(&self) {
+        std::future::poll_fn(|cx| self.poll_stopped(cx)).await
+    }
+}
+
+/// What ended an idle agent's wait.
+enum Woken {
+    Notice,
+    NoMoreNotices,
+    Timer,
+    Stopped,
+}
+
 const RETRY_MIN: Duration = Duration::from_millis(500);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// Runs an agent: subscribes first (so no change after the first read is
 /// missed), then a pass, and another whenever a notice comes, until the
-/// entity is Dead or gone, or `stop` turns true. A failed pass is reported
+/// entity is Dead or gone, or `stop` is called. A failed pass is reported
 /// in the agent's status and retried with exponential backoff (a notice
 /// also retries it at once).
-pub async fn run_loop<A: Agent>(mut agent: A, mut stop: watch::Receiver<bool>) {
+///
+/// The agent is boxed: the future of an idle agent then holds a pointer, its
+/// notices and its stop signal, and little else (see `idle`).
+pub async fn run_loop<A: Agent>(mut agent: Box<A>, stop: Stop) {
     let mut retry = RETRY_MIN;
     let mut watching = agent.targets();
-    // Every await but the idle one (the last `select!`) is boxed: a task's
+    // Every await but the idle one (`idle`) is boxed: a task's
     // future is as large as its largest await point, and 200,000 idle
     // agents' tasks should hold only the agent and that wait.
     let mut notices = loop {
-        match Box::pin(subscribe(&agent, &watching)).await {
+        match Box::pin(subscribe(&*agent, &watching)).await {
             Ok(n) => break n,
             // The entity is gone (or was never the agent's): nothing to do.
             Err(e) if e.is_unauthorized() => {
@@ -112,7 +173,7 @@ pub async fn run_loop<A: Agent>(mut agent: A, mut stop: watch::Receiver<bool>) {
                 let stopped = Box::pin(async {
                     tokio::select! {
                         _ = tokio::time::sleep(retry) => false,
-                        _ = stop.changed() => true,
+                        _ = stop.stopped() => true,
                     }
                 })
                 .await;
@@ -125,7 +186,7 @@ pub async fn run_loop<A: Agent>(mut agent: A, mut stop: watch::Receiver<bool>) {
     };
     retry = RETRY_MIN;
     loop {
-        if *stop.borrow() {
+        if stop.is_stopped() {
             break;
         }
         // A permit per pass where agents share a process: when one change
@@ -137,18 +198,18 @@ pub async fn run_loop<A: Agent>(mut agent: A, mut stop: watch::Receiver<bool>) {
         // agent to end, from inside its deployer's pass.
         let permit = match agent.passes() {
             Some(passes) => {
-                let stop = &mut stop;
+                let stop = &stop;
                 let got = Box::pin(async move {
                     tokio::select! {
-                        p = passes.acquire_owned() => Ok(p.ok()),
-                        r = stop.changed() => Err(r.is_err()),
+                        p = passes.acquire_owned() => p.ok(),
+                        _ = stop.stopped() => None,
                     }
                 })
                 .await;
                 match got {
-                    Ok(p) => p,
-                    Err(true) => break,
-                    Err(false) => continue,
+                    Some(p) => Some(p),
+                    None if stop.is_stopped() => break,
+                    None => None,
                 }
             }
             None => None,
@@ -178,7 +239,7 @@ pub async fn run_loop<A: Agent>(mut agent: A, mut stop: watch::Receiver<bool>) {
         if wanted != watching {
             // Subscribed before the next pass reads, so nothing falls
             // between; a refused scope (left meanwhile) is dropped.
-            match Box::pin(subscribe(&agent, &wanted)).await {
+            match Box::pin(subscribe(&*agent, &wanted)).await {
                 Ok(n) => {
                     notices = n;
                     watching = wanted;
@@ -191,19 +252,38 @@ pub async fn run_loop<A: Agent>(mut agent: A, mut stop: watch::Receiver<bool>) {
         }
         // Boxed: a timer only while a failed pass waits to be retried.
         let mut sleep = wait.map(|d| Box::pin(tokio::time::sleep(d)));
-        let sleep = async {
-            match sleep.as_mut() {
-                Some(s) => s.await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            n = notices.next() => if n.is_none() { break },
-            _ = sleep => {}
-            r = stop.changed() => if r.is_err() { break },
+        match idle(&stop, &mut notices, &mut sleep).await {
+            Woken::Notice | Woken::Timer => {}
+            Woken::NoMoreNotices | Woken::Stopped => break,
         }
     }
     Box::pin(agent.finish()).await;
+}
+
+/// The wait of an idle agent, polled by hand: `select!` over the same three
+/// kept several times their size in an idle task's future.
+fn idle<'a>(
+    stop: &'a Stop,
+    notices: &'a mut api::NoticeStream,
+    sleep: &'a mut Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+) -> impl Future<Output = Woken> + 'a {
+    std::future::poll_fn(move |cx| {
+        if stop.poll_stopped(cx).is_ready() {
+            return Poll::Ready(Woken::Stopped);
+        }
+        if let Poll::Ready(n) = notices.as_mut().poll_next(cx) {
+            return Poll::Ready(match n {
+                Some(_) => Woken::Notice,
+                None => Woken::NoMoreNotices,
+            });
+        }
+        if let Some(s) = sleep.as_mut() {
+            if s.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Woken::Timer);
+            }
+        }
+        Poll::Pending
+    })
 }
 
 /// One stream of notices for all of `targets`; the first target (the

@@ -9,11 +9,10 @@
 
 use crate::api::{AgentStatus, Connector, ErrorCode, Facade, WatchTarget};
 use crate::deployer::Deployer;
-use crate::{run_loop, Agent, Result, Step};
+use crate::{run_loop, Agent, Result, Step, Stop};
 use jujube_core::Life;
 use std::path::Path;
 use std::sync::Arc;
-use tokio::sync::watch;
 use tracing::info;
 
 pub struct MachineAgent {
@@ -44,9 +43,10 @@ impl MachineAgent {
         }
     }
 
-    /// Runs until the machine is Dead or gone, or `stop` turns true.
-    pub async fn run(self, stop: watch::Receiver<bool>) {
-        run_loop(self, stop).await
+    /// Runs until the machine is Dead or gone, or `stop` is called. Not an
+    /// `async fn`: that would keep the agent in its future beside the box.
+    pub fn run(self, stop: Stop) -> impl std::future::Future<Output = ()> + Send {
+        run_loop(Box::new(self), stop)
     }
 
     async fn report(&mut self, status: AgentStatus, info: &str) -> Result<()> {

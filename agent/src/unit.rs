@@ -26,14 +26,13 @@ use crate::deployer::{unit_dir_name, Deployer};
 use crate::hooks::context::{HookContext, ToolServer};
 use crate::hooks::runner::{self, Hook, Outcome};
 use crate::hooks::state::{digest, HookRecord, HookState, RelationState};
-use crate::{run_loop, Agent, Result, Step};
+use crate::{run_loop, Agent, Result, Step, Stop};
 use futures_util::future::BoxFuture;
 use jujube_core::charm::Scope;
 use jujube_core::Life;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tokio::sync::watch;
 use tracing::debug;
 
 pub struct UnitAgent {
@@ -122,10 +121,10 @@ impl UnitAgent {
         self.machine_dir.join(unit_dir_name(&self.name))
     }
 
-    /// Runs until the unit is Dead or gone, or `stop` turns true. Boxed: a
+    /// Runs until the unit is Dead or gone, or `stop` is called. Boxed: a
     /// unit agent starts its subordinates' agents, of its own type.
-    pub fn run(self, stop: watch::Receiver<bool>) -> BoxFuture<'static, ()> {
-        Box::pin(run_loop(self, stop))
+    pub fn run(self, stop: Stop) -> BoxFuture<'static, ()> {
+        Box::pin(run_loop(Box::new(self), stop))
     }
 
     async fn report(&mut self, status: AgentStatus, info: &str) -> Result<()> {

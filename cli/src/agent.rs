@@ -15,7 +15,6 @@ use jujube_agent::remote::{Remote, RemoteConnector};
 use jujube_agent::wire::AgentConf;
 use std::path::Path;
 use std::sync::Arc;
-use tokio::sync::watch;
 use tracing::info;
 
 pub const CONF: &str = "agent.conf";
@@ -58,8 +57,8 @@ pub async fn run(data_dir: &Path) -> Result<()> {
         .with_context(|| format!("cannot create `{}`", creds.display()))?;
     let connector = Arc::new(RemoteConnector::new(api.clone(), creds));
     let agent = MachineAgent::new(api, connector, id, data_dir);
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut task = tokio::spawn(agent.run(stop_rx));
+    let stop = jujube_agent::Stop::new();
+    let mut task = tokio::spawn(agent.run(stop.clone()));
     info!(agent = %conf.tag, addresses = ?conf.api_addresses, "agent started");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
@@ -70,7 +69,7 @@ pub async fn run(data_dir: &Path) -> Result<()> {
             return Ok(());
         }
     }
-    stop_tx.send_replace(true);
+    stop.stop();
     let _ = task.await;
     info!(agent = %conf.tag, "agent stopped");
     drop(lock);
