@@ -111,7 +111,9 @@ async fn run(
             Mode::InProcess => {
                 let api = Arc::new(InProcess::new(shared.clone(), Tag::Machine(id)));
                 let agent = MachineAgent::new(api, connector.clone(), id, &machine_dir(&dir, id));
-                tokio::spawn(agent.run(stop.clone()))
+                // Boxed: a task's cell is aligned to 128 bytes, so a future
+                // inline in it costs its size rounded up (512 bytes here).
+                tokio::spawn(Box::pin(agent.run(stop.clone())))
             }
             Mode::Process(p) => tokio::spawn(crate::process::supervise(
                 shared.store.clone(),

@@ -79,10 +79,11 @@ impl Slot {
 }
 
 /// The subscribers of one key: nearly always one (a unit's or a machine's
-/// own agent), so no map unless there are more.
+/// own agent), so no map unless there are more (boxed: the map of keys holds
+/// 200,000 of these).
 enum Subs {
     One(Arc<Slot>),
-    Many(HashMap<u64, Arc<Slot>>),
+    Many(Box<HashMap<u64, Arc<Slot>>>),
 }
 
 impl Subs {
@@ -92,7 +93,7 @@ impl Subs {
                 let mut m = HashMap::with_capacity(2);
                 m.insert(s.id, s.clone());
                 m.insert(slot.id, slot.clone());
-                *self = Subs::Many(m);
+                *self = Subs::Many(Box::new(m));
             }
             Subs::Many(m) => {
                 m.insert(slot.id, slot.clone());

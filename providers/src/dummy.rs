@@ -279,62 +279,9 @@ enum LogEntry {
     Stop(String),
 }
 
-/// An instance as the dummy keeps it: its tags in one string rather than a
-/// map, a fraction of the memory with 100,000 instances (the dummy cloud
-/// lives in the controller's process).
-#[derive(Debug, Clone)]
-struct Stored {
-    id: String,
-    zone: Option<String>,
-    hardware: String,
-    /// `key \x1f value \x1e` for each tag.
-    tags: Box<str>,
-}
-
-impl Stored {
-    fn of(i: Instance) -> Stored {
-        let mut tags = String::new();
-        for (k, v) in &i.tags {
-            tags.push_str(k);
-            tags.push('\x1f');
-            tags.push_str(v);
-            tags.push('\x1e');
-        }
-        Stored {
-            id: i.id,
-            zone: i.zone,
-            hardware: i.hardware,
-            tags: tags.into_boxed_str(),
-        }
-    }
-
-    fn tags(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.tags
-            .split('\x1e')
-            .filter_map(|kv| kv.split_once('\x1f'))
-    }
-
-    fn owned_by(&self, env_uuid: &str) -> bool {
-        self.tags()
-            .any(|(k, v)| k == crate::TAG_ENV_UUID && v == env_uuid)
-    }
-
-    fn instance(&self) -> Instance {
-        Instance {
-            id: self.id.clone(),
-            zone: self.zone.clone(),
-            hardware: self.hardware.clone(),
-            tags: self
-                .tags()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        }
-    }
-}
-
 #[derive(Debug, Clone)]
 struct Entry {
-    instance: Stored,
+    instance: Instance,
     stopped: bool,
     /// When listings start (or stop) showing it: the eventual consistency.
     listed_from: Instant,
@@ -423,7 +370,7 @@ impl State {
                 self.instances.insert(
                     inst.id.clone(),
                     Entry {
-                        instance: Stored::of(inst),
+                        instance: inst,
                         stopped: false,
                         listed_from: now + delay,
                         listed_until: None,
@@ -640,7 +587,7 @@ impl DummyProvider {
             id: format!("i-{}", &uuid::Uuid::new_v4().simple().to_string()[..17]),
             zone,
             hardware,
-            tags: spec_tags,
+            tags: spec_tags.into(),
         }
     }
 
@@ -699,7 +646,7 @@ impl DummyProvider {
                 st.instances
                     .values()
                     .filter(|e| !e.stopped)
-                    .map(|e| e.instance.instance())
+                    .map(|e| e.instance.clone())
                     .collect(),
                 vec![],
             ))
@@ -798,7 +745,7 @@ impl DummyProvider {
                     .get(&s.nonce)
                     .and_then(|id| st.instances.get(id))
                     .filter(|e| !e.stopped)
-                    .map(|e| e.instance.instance())
+                    .map(|e| e.instance.clone())
             })
             .collect();
         let count = launch_count(st, batch, specs);
@@ -1022,7 +969,7 @@ impl Provider for DummyProvider {
                 .values()
                 .filter(|e| e.instance.owned_by(&uuid))
                 .filter(|e| e.listed_from <= now && e.listed_until.is_none_or(|u| now < u))
-                .map(|e| e.instance.instance())
+                .map(|e| e.instance.clone())
                 .collect();
             Ok((listed, vec![]))
         })
@@ -1036,7 +983,7 @@ impl Provider for DummyProvider {
                 ids.iter()
                     .filter_map(|id| st.instances.get(id))
                     .filter(|e| !e.stopped && e.instance.owned_by(&uuid))
-                    .map(|e| e.instance.instance())
+                    .map(|e| e.instance.clone())
                     .collect(),
                 vec![],
             ))

@@ -762,7 +762,7 @@ impl Ec2Provider {
                     if want.iter().any(|(k, v)| inst.tags.get(k) != Some(v)) {
                         to_tag.push((inst.id.clone(), want.clone()));
                     }
-                    inst.tags = want;
+                    inst.tags = want.into();
                     results.push(Ok(inst));
                 }
                 Some((_, false, inst)) => results.push(Err(Error::NotFound(format!(
@@ -870,7 +870,7 @@ impl Ec2Provider {
                 .and_then(|p| p.availability_zone())
                 .map(str::to_string),
             hardware,
-            tags,
+            tags: tags.into(),
         }
     }
 }

@@ -455,7 +455,7 @@ impl LxdProvider {
             id: name,
             zone: Some(location.unwrap_or(&host.server_name).to_string()),
             hardware,
-            tags,
+            tags: tags.into(),
         }
     }
 
