@@ -38,7 +38,8 @@ struct Running {
 pub struct Host {
     stop: watch::Sender<bool>,
     runner: JoinHandle<()>,
-    hub: JoinHandle<()>,
+    /// The change router, when the host started its own.
+    hub: Option<JoinHandle<()>>,
 }
 
 fn wants_agent(m: &Machine) -> bool {
@@ -79,15 +80,32 @@ impl Host {
         Ok(Host {
             stop,
             runner,
-            hub: hub_task,
+            hub: Some(hub_task),
         })
+    }
+
+    /// As [`Host::start_with`], on the change router and writer of
+    /// `facades` (the API server's): a controller then keeps one copy of
+    /// what routing needs, not two, and routes each change once.
+    pub fn on(facades: &crate::Facades, agents_dir: PathBuf, mode: Mode) -> Host {
+        let shared = facades.shared.clone();
+        let hub = shared.hub.clone();
+        let (stop, stop_rx) = watch::channel(false);
+        let runner = tokio::spawn(run(shared, hub, agents_dir, Arc::new(mode), stop_rx));
+        Host {
+            stop,
+            runner,
+            hub: None,
+        }
     }
 
     /// Stops every agent (keeping what they deployed) and waits for them.
     pub async fn shutdown(self) {
         self.stop.send_replace(true);
         let _ = self.runner.await;
-        let _ = self.hub.await;
+        if let Some(hub) = self.hub {
+            let _ = hub.await;
+        }
     }
 }
 

@@ -167,6 +167,7 @@ pub async fn start_api(
     home: &Home,
     env_name: &str,
     store: &Store,
+    facades: std::sync::Arc<jujube_agent_state::Facades>,
 ) -> Result<jujube_api::ApiServer> {
     let env = store.environment()?;
     let dir = home.env_dir(env_name);
@@ -176,7 +177,6 @@ pub async fn start_api(
         .get("api-address")
         .cloned()
         .unwrap_or_else(|| "127.0.0.1:0".to_string());
-    let facades = std::sync::Arc::new(jujube_agent_state::Facades::new(store.clone())?);
     let socket = dir.join("api.socket");
     // A unix socket path is limited to 107 bytes: without one, agents use
     // the TCP address.
@@ -502,7 +502,10 @@ pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
     info!(environment = env_name, "controller started");
     // The API first: agents the provisioner installs on instances are given
     // its CA and addresses.
-    let api = start_api(home, env_name, &store).await?;
+    // One change router and one writer for every agent, remote or in
+    // process: the API server and the host share them.
+    let facades = std::sync::Arc::new(jujube_agent_state::Facades::new(store.clone())?);
+    let api = start_api(home, env_name, &store, facades.clone()).await?;
     jujube_agent::hooks::runner::set_environment(jujube_agent::hooks::runner::Environment {
         name: env_name.to_string(),
         api_addresses: api.addresses(),
@@ -575,11 +578,11 @@ pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
     // instance, run from this machine (deploying under the environment's
     // data dir) unless they run on the instances themselves.
     let agents = match placement.host {
-        Some(mode) => Some(jujube_agent_state::Host::start_with(
-            store.clone(),
+        Some(mode) => Some(jujube_agent_state::Host::on(
+            &facades,
             home.env_dir(env_name).join("agents"),
             mode,
-        )?),
+        )),
         None => None,
     };
 
