@@ -40,13 +40,15 @@ pub struct UnitAgent {
     connector: Arc<dyn Connector>,
     name: String,
     machine_dir: Arc<Path>,
-    /// Opened on the first pass (the directory scan is the agent's own work).
-    deployer: Option<Deployer>,
+    /// Opened on the first pass that needs it (the directory scan is the
+    /// agent's own work). Boxed, as `tools`: most units have no
+    /// subordinates, and 100,000 idle agents each keep this struct.
+    deployer: Option<Box<Deployer>>,
     reported: Option<(AgentStatus, String)>,
     /// What hooks have run (loaded on the first pass, saved after each).
     /// Boxed: most agents sit idle, and the record is half the agent's size.
     hooks: Option<Box<HookState>>,
-    tools: Option<ToolServer>,
+    tools: Option<Box<ToolServer>>,
     /// Relations whose scope it is in: watched for members and settings.
     scopes: Vec<i64>,
     contexts: u64,
@@ -227,13 +229,13 @@ impl UnitAgent {
                 // A unix socket path is limited to 107 bytes.
                 socket = std::env::temp_dir().join(format!("jujube-{}.socket", digest(&socket)));
             }
-            self.tools = Some(
-                ToolServer::start(&socket).map_err(|source| crate::Error::Io {
+            self.tools = Some(Box::new(ToolServer::start(&socket).map_err(|source| {
+                crate::Error::Io {
                     action: "listen on",
                     path: socket.clone(),
                     source,
-                })?,
-            );
+                }
+            })?));
         }
         self.contexts += 1;
         let id = format!("{}-{}-{}", self.name, hook.name, self.contexts);
@@ -570,7 +572,7 @@ impl UnitAgent {
                 self.machine_dir.clone(),
             )?;
             d.start_agents();
-            self.deployer = Some(d);
+            self.deployer = Some(Box::new(d));
         }
         Ok(self.deployer.as_mut().expect("just opened"))
     }

@@ -577,14 +577,9 @@ pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
     // The machine agents (and their unit agents) of every machine with an
     // instance, run from this machine (deploying under the environment's
     // data dir) unless they run on the instances themselves.
-    let agents = match placement.host {
-        Some(mode) => Some(jujube_agent_state::Host::on(
-            &facades,
-            home.env_dir(env_name).join("agents"),
-            mode,
-        )),
-        None => None,
-    };
+    let agents = placement.host.map(|mode| {
+        jujube_agent_state::Host::on(&facades, home.env_dir(env_name).join("agents"), mode)
+    });
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {

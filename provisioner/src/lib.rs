@@ -150,7 +150,9 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 struct Attempt {
     spec: StartSpec,
     machine: i64,
-    zones: Vec<String>,
+    /// The batch's zone order, shared by its members (100,000 machines
+    /// being started hold one attempt each until their batch is done).
+    zones: Arc<[String]>,
     tried: Vec<String>,
     last_error: String,
 }
@@ -626,11 +628,12 @@ impl Provisioner {
             launch.sort_by_key(|p| launch_batch(&p.nonce).map_or(0, |(_, k)| k));
             // One zone order for the whole batch, its first member's, so
             // that a capacity error moves the batch on together.
-            let order = launch
+            let order: Arc<[String]> = launch
                 .first()
                 .and_then(|p| placed.get(&p.machine))
                 .cloned()
-                .unwrap_or_default();
+                .unwrap_or_default()
+                .into();
             let batch: Vec<Attempt> = launch
                 .iter()
                 .filter_map(|Prepared { machine, nonce }| {
