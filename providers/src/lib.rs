@@ -252,9 +252,7 @@ impl Tags {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.0
-            .split('\x1e')
-            .filter_map(|kv| kv.split_once('\x1f'))
+        self.0.split('\x1e').filter_map(|kv| kv.split_once('\x1f'))
     }
 
     pub fn to_map(&self) -> BTreeMap<String, String> {
