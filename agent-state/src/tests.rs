@@ -723,3 +723,44 @@ async fn a_machine_provisioned_before_the_hubs_first_load_is_announced() {
     assert!(hub.take_machine_events().contains(&id));
     task.abort();
 }
+
+/// What each of 200,000 idle agents keeps stays small: the task's future
+/// (312 bytes when `run_loop` kept a pass's locals in it), the agents and
+/// the unit's hook record (240 bytes with its rarely set hook records
+/// inline).
+#[tokio::test]
+async fn an_idle_agent_keeps_little() {
+    let w = World::new();
+    let f = Facades::new(w.store.clone()).unwrap();
+    let dir = w.dir.path();
+    let m = jujube_agent::machine::MachineAgent::new(
+        f.for_agent(Tag::Machine(1)),
+        f.connector(),
+        1,
+        dir,
+    );
+    assert!(
+        std::mem::size_of_val(&m) <= 136,
+        "{}",
+        std::mem::size_of_val(&m)
+    );
+    let run = m.run(jujube_agent::Stop::new());
+    assert!(
+        std::mem::size_of_val(&run) <= 64,
+        "{}",
+        std::mem::size_of_val(&run)
+    );
+    let u = jujube_agent::unit::UnitAgent::new(
+        f.for_agent(Tag::unit("a/0")),
+        f.connector(),
+        Arc::from(dir),
+        "a/0",
+    );
+    assert!(
+        std::mem::size_of_val(&u) <= 168,
+        "{}",
+        std::mem::size_of_val(&u)
+    );
+    let hooks = std::mem::size_of::<jujube_agent::hooks::state::HookState>();
+    assert!(hooks <= 96, "{hooks}");
+}

@@ -151,113 +151,153 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 /// in the agent's status and retried with exponential backoff (a notice
 /// also retries it at once).
 ///
-/// The agent is boxed: the future of an idle agent then holds a pointer, its
-/// notices and its stop signal, and little else (see `idle`).
-pub async fn run_loop<A: Agent>(mut agent: Box<A>, stop: Stop) {
-    let mut retry = RETRY_MIN;
-    let mut watching = agent.targets();
-    // Every await but the idle one (`idle`) is boxed: a task's
-    // future is as large as its largest await point, and 200,000 idle
-    // agents' tasks should hold only the agent and that wait.
-    let mut notices = loop {
-        match Box::pin(subscribe(&*agent, &watching)).await {
-            Ok(n) => break n,
-            // The entity is gone (or was never the agent's): nothing to do.
-            Err(e) if e.is_unauthorized() => {
-                debug!(agent = %agent.api().tag(), error = %e, "nothing to watch; stopping");
-                Box::pin(agent.finish()).await;
-                return;
-            }
-            Err(e) => {
-                warn!(agent = %agent.api().tag(), error = %e, "cannot watch; retrying");
-                let stopped = Box::pin(async {
-                    tokio::select! {
-                        _ = tokio::time::sleep(retry) => false,
-                        _ = stop.stopped() => true,
-                    }
-                })
-                .await;
-                if stopped {
-                    return;
-                }
-                retry = (retry * 2).min(RETRY_MAX);
-            }
-        }
-    };
-    retry = RETRY_MIN;
+/// An idle agent's task holds one pointer, to the agent and what its loop
+/// keeps between passes ([`Looping`]), and its wait (`idle`); everything
+/// between two waits is one boxed future (`Looping::turn`), on the heap
+/// only while it runs. A process may hold 200,000 idle agents.
+pub fn run_loop<A: Agent>(agent: A, stop: Stop) -> impl Future<Output = ()> {
+    let watching = agent.targets();
+    run_boxed(
+        Box::new(Looping {
+            agent,
+            retry: RETRY_MIN,
+            watching,
+            notices: None,
+            sleep: None,
+        }),
+        stop,
+    )
+}
+
+async fn run_boxed<A: Agent>(mut state: Box<Looping<A>>, stop: Stop) {
     loop {
-        if stop.is_stopped() {
+        if let Turn::End = Box::pin(state.turn(&stop)).await {
             break;
         }
-        // A permit per pass where agents share a process: when one change
-        // wakes 100,000 agents (a service destroyed), at most a few hundred
-        // hold a pass's state (its future, the views it read, its pending
-        // writes) at once, instead of all of them — that was most of the
-        // controller's peak memory, and contention, not progress. Waiting
-        // for a permit never blocks a stop: recalling a unit waits for its
-        // agent to end, from inside its deployer's pass.
-        let permit = match agent.passes() {
-            Some(passes) => {
-                let stop = &stop;
-                let got = Box::pin(async move {
-                    tokio::select! {
-                        p = passes.acquire_owned() => p.ok(),
-                        _ = stop.stopped() => None,
-                    }
-                })
-                .await;
-                match got {
-                    Some(p) => Some(p),
-                    None if stop.is_stopped() => break,
-                    None => None,
-                }
-            }
-            None => None,
+        let s = &mut *state;
+        let Some(notices) = s.notices.as_mut() else {
+            break;
         };
-        // Boxed: a pass's state lives on the heap only while the pass runs,
-        // so the many idle agents' tasks stay small.
-        let wait = match Box::pin(agent.step()).await {
-            Ok(Step::Again) => continue,
-            Ok(Step::Done) => {
-                debug!(agent = %agent.api().tag(), "done");
-                break;
-            }
-            Ok(Step::Idle) => {
-                retry = RETRY_MIN;
-                None
-            }
-            Err(e) => {
-                warn!(agent = %agent.api().tag(), error = %e, retry_in = ?retry, "agent pass failed");
-                Box::pin(agent.failed(&e.to_string())).await;
-                let wait = retry;
-                retry = (retry * 2).min(RETRY_MAX);
-                Some(wait)
-            }
-        };
-        drop(permit);
-        let wanted = agent.targets();
-        if wanted != watching {
-            // Subscribed before the next pass reads, so nothing falls
-            // between; a refused scope (left meanwhile) is dropped.
-            match Box::pin(subscribe(&*agent, &wanted)).await {
-                Ok(n) => {
-                    notices = n;
-                    watching = wanted;
-                    continue;
-                }
-                Err(e) => {
-                    debug!(agent = %agent.api().tag(), error = %e, "cannot watch the new targets yet")
-                }
-            }
-        }
-        // Boxed: a timer only while a failed pass waits to be retried.
-        let mut sleep = wait.map(|d| Box::pin(tokio::time::sleep(d)));
-        match idle(&stop, &mut notices, &mut sleep).await {
+        match idle(&stop, notices, &mut s.sleep).await {
             Woken::Notice | Woken::Timer => {}
             Woken::NoMoreNotices | Woken::Stopped => break,
         }
     }
-    Box::pin(agent.finish()).await;
+    Box::pin(state.agent.finish()).await;
+}
+
+/// An agent and what its loop keeps between passes.
+struct Looping<A> {
+    agent: A,
+    /// The next retry's delay after a failed pass or watch.
+    retry: Duration,
+    /// What `notices` is subscribed to.
+    watching: Vec<WatchTarget>,
+    notices: Option<api::NoticeStream>,
+    /// While a failed pass waits to be retried.
+    sleep: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+enum Turn {
+    /// Nothing to do until a notice (or the retry timer).
+    Idle,
+    /// Stopped, or the entity is Dead or gone.
+    End,
+}
+
+impl<A: Agent> Looping<A> {
+    /// Everything between two idle waits: the first subscription, then
+    /// passes until one finds nothing to do. Its own awaits are boxed in
+    /// turn: one change wakes 100,000 agents, and each waits for a pass's
+    /// permit holding this future — it must not be sized for a pass.
+    async fn turn(&mut self, stop: &Stop) -> Turn {
+        self.sleep = None;
+        if self.notices.is_none() {
+            loop {
+                match Box::pin(subscribe(&self.agent, &self.watching)).await {
+                    Ok(n) => {
+                        self.notices = Some(n);
+                        break;
+                    }
+                    // The entity is gone (or was never the agent's).
+                    Err(e) if e.is_unauthorized() => {
+                        debug!(agent = %self.agent.api().tag(), error = %e, "nothing to watch; stopping");
+                        return Turn::End;
+                    }
+                    Err(e) => {
+                        warn!(agent = %self.agent.api().tag(), error = %e, "cannot watch; retrying");
+                        let stopped = Box::pin(async {
+                            tokio::select! {
+                                _ = tokio::time::sleep(self.retry) => false,
+                                _ = stop.stopped() => true,
+                            }
+                        });
+                        if stopped.await {
+                            return Turn::End;
+                        }
+                        self.retry = (self.retry * 2).min(RETRY_MAX);
+                    }
+                }
+            }
+            self.retry = RETRY_MIN;
+        }
+        loop {
+            if stop.is_stopped() {
+                return Turn::End;
+            }
+            // A permit per pass where agents share a process: when one
+            // change wakes 100,000 agents (a service destroyed), at most a
+            // few hundred hold a pass's state (its future, the views it
+            // read, its pending writes) at once, instead of all of them —
+            // that was most of the controller's peak memory, and
+            // contention, not progress. Waiting for a permit never blocks a
+            // stop: recalling a unit waits for its agent to end, from
+            // inside its deployer's pass.
+            let permit = match self.agent.passes() {
+                Some(passes) => tokio::select! {
+                    p = passes.acquire_owned() => p.ok(),
+                    _ = stop.stopped() => return Turn::End,
+                },
+                None => None,
+            };
+            let wait = match Box::pin(self.agent.step()).await {
+                Ok(Step::Again) => continue,
+                Ok(Step::Done) => {
+                    debug!(agent = %self.agent.api().tag(), "done");
+                    return Turn::End;
+                }
+                Ok(Step::Idle) => {
+                    self.retry = RETRY_MIN;
+                    None
+                }
+                Err(e) => {
+                    let retry = self.retry;
+                    warn!(agent = %self.agent.api().tag(), error = %e, retry_in = ?retry, "agent pass failed");
+                    Box::pin(self.agent.failed(&e.to_string())).await;
+                    self.retry = (retry * 2).min(RETRY_MAX);
+                    Some(retry)
+                }
+            };
+            drop(permit);
+            let wanted = self.agent.targets();
+            if wanted != self.watching {
+                // Subscribed before the next pass reads, so nothing falls
+                // between; a refused scope (left meanwhile) is dropped.
+                match Box::pin(subscribe(&self.agent, &wanted)).await {
+                    Ok(n) => {
+                        self.notices = Some(n);
+                        self.watching = wanted;
+                        continue;
+                    }
+                    Err(e) => {
+                        debug!(agent = %self.agent.api().tag(), error = %e, "cannot watch the new targets yet")
+                    }
+                }
+            }
+            self.sleep = wait.map(|d| Box::pin(tokio::time::sleep(d)));
+            return Turn::Idle;
+        }
+    }
 }
 
 /// The wait of an idle agent, polled by hand: `select!` over the same three

@@ -46,7 +46,7 @@ impl MachineAgent {
     /// Runs until the machine is Dead or gone, or `stop` is called. Not an
     /// `async fn`: that would keep the agent in its future beside the box.
     pub fn run(self, stop: Stop) -> impl std::future::Future<Output = ()> + Send {
-        run_loop(Box::new(self), stop)
+        run_loop(self, stop)
     }
 
     async fn report(&mut self, status: AgentStatus, info: &str) -> Result<()> {

@@ -126,7 +126,7 @@ impl UnitAgent {
     /// Runs until the unit is Dead or gone, or `stop` is called. Boxed: a
     /// unit agent starts its subordinates' agents, of its own type.
     pub fn run(self, stop: Stop) -> BoxFuture<'static, ()> {
-        Box::pin(run_loop(Box::new(self), stop))
+        Box::pin(run_loop(self, stop))
     }
 
     async fn report(&mut self, status: AgentStatus, info: &str) -> Result<()> {
@@ -188,7 +188,7 @@ impl UnitAgent {
         if !dir.join("charm/hooks").join(&hook.name).exists() {
             return Ok(true);
         }
-        self.hook_state().running = Some(HookRecord::from(&hook));
+        self.hook_state().running = Some(Box::new(HookRecord::from(&hook)));
         self.save_hooks()?;
         let (id, ctx, socket) = self.open_context(&hook, relations).await?;
         let log = self.log_path();
@@ -207,7 +207,7 @@ impl UnitAgent {
             Outcome::Failed(message) => {
                 let h = self.hook_state();
                 h.running = None;
-                h.failed = Some(HookRecord::from(&hook));
+                h.failed = Some(Box::new(HookRecord::from(&hook)));
                 self.save_hooks()?;
                 self.report(AgentStatus::Error, &message).await?;
                 Ok(false)

@@ -23,9 +23,11 @@ pub struct HookState {
     pub config: Option<String>,
     pub relations: BTreeMap<i64, RelationState>,
     /// The hook under way; still set when the agent comes back, it failed.
-    pub running: Option<HookRecord>,
+    /// (Both boxed: each idle unit agent keeps this record, and these are
+    /// rarely set.)
+    pub running: Option<Box<HookRecord>>,
     /// A failed hook the unit waits on (`jujube resolved`).
-    pub failed: Option<HookRecord>,
+    pub failed: Option<Box<HookRecord>>,
     /// The charm URL the charm directory holds, once upgraded (before the
     /// first upgrade: the one it was deployed with, in `agent.json`).
     #[serde(default)]
