@@ -145,11 +145,17 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// One machine being started: its spec, the zones it may use (in order of
-/// preference) and those it has tried.
+/// One machine being started: its nonce, the zone to try, the zones it may
+/// use (in order of preference) and those it has tried. Its `StartSpec` is
+/// made right before each request (`Attempt::spec`): 100,000 machines being
+/// started hold an attempt each until their batch is done, and specs held
+/// that long were tens of megabytes.
 struct Attempt {
-    spec: StartSpec,
     machine: i64,
+    nonce: String,
+    zone: Option<String>,
+    /// What the machine is started as, shared by a batch's members.
+    shape: Arc<Shape>,
     /// The batch's zone order, shared by its members (100,000 machines
     /// being started hold one attempt each until their batch is done).
     zones: Arc<[String]>,
@@ -157,12 +163,48 @@ struct Attempt {
     last_error: String,
 }
 
+/// What a launch batch's machines share (a batch is formed of machines
+/// alike in these).
+#[derive(PartialEq)]
+struct Shape {
+    series: String,
+    constraints: jujube_core::Constraints,
+    controller: bool,
+}
+
+impl Shape {
+    fn of(m: &Machine) -> Shape {
+        Shape {
+            series: m.series.clone(),
+            constraints: m.constraints.clone(),
+            controller: m.manages_environ(),
+        }
+    }
+}
+
+fn start_spec(machine: i64, nonce: &str, shape: &Shape, zone: Option<String>) -> StartSpec {
+    StartSpec {
+        machine_id: machine.to_string(),
+        nonce: nonce.to_string(),
+        series: shape.series.clone(),
+        constraints: shape.constraints.clone(),
+        zone,
+        controller: shape.controller,
+        user_data: format!("#cloud-config\n# jujube machine {machine} nonce {nonce}\n"),
+        agent: None,
+    }
+}
+
 impl Attempt {
     fn prepared(&self) -> Prepared {
         Prepared {
             machine: self.machine,
-            nonce: self.spec.nonce.clone(),
+            nonce: self.nonce.clone(),
         }
+    }
+
+    fn spec(&self) -> StartSpec {
+        start_spec(self.machine, &self.nonce, &self.shape, self.zone.clone())
     }
 }
 
@@ -514,17 +556,9 @@ impl Provisioner {
         Ok(instances)
     }
 
+    #[cfg(test)]
     fn spec_for(&self, m: &Machine, nonce: &str) -> StartSpec {
-        StartSpec {
-            machine_id: m.id.to_string(),
-            nonce: nonce.to_string(),
-            series: m.series.clone(),
-            constraints: m.constraints.clone(),
-            zone: None,
-            controller: m.manages_environ(),
-            user_data: format!("#cloud-config\n# jujube machine {} nonce {nonce}\n", m.id),
-            agent: None,
-        }
+        start_spec(m.id, nonce, &Shape::of(m), None)
     }
 
     /// Lists the zones, places the candidates in zones, forms launch batches
@@ -634,14 +668,20 @@ impl Provisioner {
                 .cloned()
                 .unwrap_or_default()
                 .into();
+            let mut shape: Option<Arc<Shape>> = None;
             let batch: Vec<Attempt> = launch
                 .iter()
                 .filter_map(|Prepared { machine, nonce }| {
                     let m = by_id.get(machine)?;
-                    let mut spec = self.spec_for(m, nonce);
-                    spec.zone = order.first().cloned();
+                    let this = Shape::of(m);
+                    let shape = match &shape {
+                        Some(s) if **s == this => s.clone(),
+                        _ => shape.insert(Arc::new(this)).clone(),
+                    };
                     Some(Attempt {
-                        spec,
+                        nonce: nonce.clone(),
+                        zone: order.first().cloned(),
+                        shape,
                         machine: *machine,
                         zones: order.clone(),
                         tried: vec![],
@@ -653,7 +693,7 @@ impl Provisioner {
                 continue;
             }
             lock(&self.inner.inflight)
-                .extend(batch.iter().map(|a| (a.machine, a.spec.zone.clone())));
+                .extend(batch.iter().map(|a| (a.machine, a.zone.clone())));
             let this = self.clone();
             lock(&self.inner.tasks).spawn(async move {
                 let machines: Vec<i64> = batch.iter().map(|a| a.machine).collect();
@@ -725,7 +765,7 @@ impl Provisioner {
             if pending.is_empty() {
                 return Ok(());
             }
-            let mut specs: Vec<StartSpec> = pending.iter().map(|a| a.spec.clone()).collect();
+            let mut specs: Vec<StartSpec> = pending.iter().map(Attempt::spec).collect();
             if let Some(installer) = self.inner.installer.get() {
                 for (spec, a) in specs.iter_mut().zip(&pending) {
                     spec.agent =
@@ -746,7 +786,7 @@ impl Provisioner {
                 match r {
                     Ok(inst) => started.push(Started {
                         machine: a.machine,
-                        nonce: a.spec.nonce.clone(),
+                        nonce: a.nonce.clone(),
                         instance_id: inst.id,
                         zone: inst.zone,
                         hardware: inst.hardware,
@@ -758,7 +798,7 @@ impl Provisioner {
                             retry.push(a);
                         }
                         ErrorClass::Capacity => {
-                            if let Some(z) = a.spec.zone.take() {
+                            if let Some(z) = a.zone.take() {
                                 a.tried.push(z);
                             }
                             // Only zones the constraints allow, in the
@@ -766,12 +806,12 @@ impl Provisioner {
                             let next = a.zones.iter().find(|z| !a.tried.contains(z)).cloned();
                             if let Some(z) = next {
                                 info!(machine = a.machine, zone = %z, error = %e, "no capacity; trying the next zone");
-                                a.spec.zone = Some(z);
+                                a.zone = Some(z);
                                 a.last_error = e.to_string();
                                 moved_zone = true;
                                 retry.push(a);
                             } else {
-                                let wanted = a.spec.constraints.zones();
+                                let wanted = a.shape.constraints.zones();
                                 let tried = a.tried.join(", ");
                                 let scope = if wanted.is_empty() {
                                     format!("any zone (tried {tried})")
