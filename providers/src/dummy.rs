@@ -47,11 +47,11 @@ use async_trait::async_trait;
 use jujube_core::constraints::Key;
 use jujube_core::Constraints;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::OpenOptions;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use tokio::time::{Duration, Instant};
 use tracing::warn;
 
@@ -279,19 +279,41 @@ enum LogEntry {
     Stop(String),
 }
 
+/// An instance as the dummy keeps it: 100,000 of them live in the
+/// controller's process. Its id is the map's key (shared with the nonce
+/// index); zone and hardware, alike for many instances, are shared too.
 #[derive(Debug, Clone)]
 struct Entry {
-    instance: Instance,
+    zone: Option<Arc<str>>,
+    hardware: Arc<str>,
+    tags: crate::Tags,
     stopped: bool,
     /// When listings start (or stop) showing it: the eventual consistency.
     listed_from: Instant,
     listed_until: Option<Instant>,
 }
 
+impl Entry {
+    fn instance(&self, id: &str) -> Instance {
+        Instance {
+            id: id.to_string(),
+            zone: self.zone.as_deref().map(str::to_string),
+            hardware: self.hardware.to_string(),
+            tags: self.tags.clone(),
+        }
+    }
+
+    fn owned_by(&self, env_uuid: &str) -> bool {
+        self.tags.get(crate::TAG_ENV_UUID) == Some(env_uuid)
+    }
+}
+
 struct State {
     cfg: Config,
-    instances: BTreeMap<String, Entry>,
-    by_nonce: HashMap<String, String>,
+    instances: BTreeMap<Arc<str>, Entry>,
+    by_nonce: HashMap<Box<str>, Arc<str>>,
+    /// Zones and hardware descriptions, one copy each.
+    interned: HashSet<Arc<str>>,
     log_offset: u64,
     partial: Vec<u8>,
     buckets: Buckets,
@@ -364,13 +386,18 @@ impl State {
     fn apply(&mut self, e: LogEntry, now: Instant, delay: Duration) {
         match e {
             LogEntry::Start(inst) => {
-                if let Some(n) = inst.nonce() {
-                    self.by_nonce.insert(n.to_string(), inst.id.clone());
+                let id: Arc<str> = inst.id.into();
+                if let Some(n) = inst.tags.get(crate::TAG_NONCE) {
+                    self.by_nonce.insert(n.into(), id.clone());
                 }
+                let zone = inst.zone.map(|z| self.intern(&z));
+                let hardware = self.intern(&inst.hardware);
                 self.instances.insert(
-                    inst.id.clone(),
+                    id,
                     Entry {
-                        instance: inst,
+                        zone,
+                        hardware,
+                        tags: inst.tags,
                         stopped: false,
                         listed_from: now + delay,
                         listed_until: None,
@@ -378,7 +405,7 @@ impl State {
                 );
             }
             LogEntry::Stop(id) => {
-                if let Some(e) = self.instances.get_mut(&id) {
+                if let Some(e) = self.instances.get_mut(id.as_str()) {
                     if !e.stopped {
                         e.stopped = true;
                         e.listed_until = Some(now + delay);
@@ -386,6 +413,15 @@ impl State {
                 }
             }
         }
+    }
+
+    fn intern(&mut self, s: &str) -> Arc<str> {
+        if let Some(i) = self.interned.get(s) {
+            return i.clone();
+        }
+        let i: Arc<str> = s.into();
+        self.interned.insert(i.clone());
+        i
     }
 
     /// xorshift64*: deterministic per seed, good enough for fault injection.
@@ -479,6 +515,7 @@ impl DummyProvider {
             cfg,
             instances: BTreeMap::new(),
             by_nonce: HashMap::new(),
+            interned: HashSet::new(),
             log_offset: 0,
             partial: Vec::new(),
         };
@@ -607,7 +644,7 @@ impl DummyProvider {
         self.with_log(|st| {
             let unknown: Vec<String> = ids
                 .iter()
-                .filter(|id| st.instances.get(*id).is_none_or(|e| e.stopped))
+                .filter(|id| st.instances.get(id.as_str()).is_none_or(|e| e.stopped))
                 .map(|id| format!("`{id}`"))
                 .collect();
             if !unknown.is_empty() {
@@ -644,9 +681,9 @@ impl DummyProvider {
         self.with_log(|st| {
             Ok((
                 st.instances
-                    .values()
-                    .filter(|e| !e.stopped)
-                    .map(|e| e.instance.clone())
+                    .iter()
+                    .filter(|(_, e)| !e.stopped)
+                    .map(|(id, e)| e.instance(id))
                     .collect(),
                 vec![],
             ))
@@ -742,10 +779,10 @@ impl DummyProvider {
             .iter()
             .map(|s| {
                 st.by_nonce
-                    .get(&s.nonce)
-                    .and_then(|id| st.instances.get(id))
-                    .filter(|e| !e.stopped)
-                    .map(|e| e.instance.clone())
+                    .get(s.nonce.as_str())
+                    .and_then(|id| Some((id, st.instances.get(id)?)))
+                    .filter(|(_, e)| !e.stopped)
+                    .map(|(id, e)| e.instance(id))
             })
             .collect();
         let count = launch_count(st, batch, specs);
@@ -834,7 +871,7 @@ fn launch_count(st: &State, batch: bool, specs: &[&StartSpec]) -> u32 {
         .iter()
         .filter(|s| {
             st.by_nonce
-                .get(&s.nonce)
+                .get(s.nonce.as_str())
                 .and_then(|id| st.instances.get(id))
                 .is_none_or(|e| e.stopped)
         })
@@ -945,8 +982,8 @@ impl Provider for DummyProvider {
                 .iter()
                 .filter(|id| {
                     st.instances
-                        .get(*id)
-                        .is_some_and(|e| !e.stopped && e.instance.owned_by(&uuid))
+                        .get(id.as_str())
+                        .is_some_and(|e| !e.stopped && e.owned_by(&uuid))
                 })
                 .map(|id| LogEntry::Stop(id.clone()))
                 .collect();
@@ -966,10 +1003,10 @@ impl Provider for DummyProvider {
             let now = Instant::now();
             let listed = st
                 .instances
-                .values()
-                .filter(|e| e.instance.owned_by(&uuid))
-                .filter(|e| e.listed_from <= now && e.listed_until.is_none_or(|u| now < u))
-                .map(|e| e.instance.clone())
+                .iter()
+                .filter(|(_, e)| e.owned_by(&uuid))
+                .filter(|(_, e)| e.listed_from <= now && e.listed_until.is_none_or(|u| now < u))
+                .map(|(id, e)| e.instance(id))
                 .collect();
             Ok((listed, vec![]))
         })
@@ -981,9 +1018,9 @@ impl Provider for DummyProvider {
         self.with_log(|st| {
             Ok((
                 ids.iter()
-                    .filter_map(|id| st.instances.get(id))
-                    .filter(|e| !e.stopped && e.instance.owned_by(&uuid))
-                    .map(|e| e.instance.clone())
+                    .filter_map(|id| st.instances.get_key_value(id.as_str()))
+                    .filter(|(_, e)| !e.stopped && e.owned_by(&uuid))
+                    .map(|(id, e)| e.instance(id))
                     .collect(),
                 vec![],
             ))
