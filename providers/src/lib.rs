@@ -235,12 +235,13 @@ pub struct Instance {
     pub tags: Tags,
 }
 
-/// An instance's tags, sorted by key, kept as one string (`key \x1f value
-/// \x1e` each). A listing of 100,000 instances with a `BTreeMap` each held a
-/// 550-byte tree node and ten strings per instance; this is one allocation
-/// the size of the text. Serialised as a map.
+/// An instance's tags, sorted by key, kept as one shared string (`key \x1f
+/// value \x1e` each). A listing of 100,000 instances with a `BTreeMap` each
+/// held a 550-byte tree node and ten strings per instance; these are one
+/// allocation the size of the text, and a clone (the dummy's listings) is a
+/// reference count. Serialised as a map.
 #[derive(Clone, Default, PartialEq, Eq)]
-pub struct Tags(Box<str>);
+pub struct Tags(std::sync::Arc<str>);
 
 impl Tags {
     pub fn get(&self, key: &str) -> Option<&str> {
@@ -279,7 +280,7 @@ impl<K: AsRef<str>, V: AsRef<str>> FromIterator<(K, V)> for Tags {
             text.push_str(&clean(v));
             text.push('\x1e');
         }
-        Tags(text.into_boxed_str())
+        Tags(text.into())
     }
 }
 

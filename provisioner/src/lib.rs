@@ -417,17 +417,21 @@ impl Provisioner {
         // A pass runs on every commit. Most find nothing to do, so they read
         // only the machines they could act on (an index holds them); every
         // machine is read only when starting some (zones are spread over
-        // all of them) or when the cloud is to be listed (the poller and the
-        // harvest compare it with all of them).
+        // all of them). When the cloud is to be listed, the poller reads
+        // the (machine, instance) pairs it watches and the harvest its lean
+        // view of owners: 100,000 full rows every listing were a transient
+        // of tens of megabytes.
         let due = lock(&self.inner.last_listing).is_none_or(|t| t.elapsed() >= cfg.list_interval);
         let actionable = store.actionable_machines()?;
-        let needs_all = due
-            || actionable.iter().any(|m| {
-                !inflight.contains(&m.id)
-                    && m.instance_id.is_none()
-                    && ((m.life != Life::Alive && m.nonce.is_some())
-                        || (m.life == Life::Alive && m.status != machine_status::ERROR))
-            });
+        // Starting (or looking for a lost start) needs every machine; a pass
+        // that only lists the cloud needs only what the poller watches,
+        // read below (`Store::watched_instances`).
+        let needs_all = actionable.iter().any(|m| {
+            !inflight.contains(&m.id)
+                && m.instance_id.is_none()
+                && ((m.life != Life::Alive && m.nonce.is_some())
+                    || (m.life == Life::Alive && m.status != machine_status::ERROR))
+        });
         let machines = if needs_all {
             drop(actionable);
             store.machines()?
@@ -526,7 +530,13 @@ impl Provisioner {
         // machines (read before the listing, as it needs) is kept; the rest
         // of the pass's machine list is done with: with 100,000 machines it
         // is tens of megabytes, not to be held beside the listing below.
-        let watched = harvest::watched(&machines);
+        let watched = if needs_all {
+            harvest::watched(&machines)
+        } else if due {
+            store.watched_instances()?
+        } else {
+            Vec::new()
+        };
         drop(machines);
         if due || listing.is_some() {
             let instances = match listing {
@@ -692,8 +702,7 @@ impl Provisioner {
             if batch.is_empty() {
                 continue;
             }
-            lock(&self.inner.inflight)
-                .extend(batch.iter().map(|a| (a.machine, a.zone.clone())));
+            lock(&self.inner.inflight).extend(batch.iter().map(|a| (a.machine, a.zone.clone())));
             let this = self.clone();
             lock(&self.inner.tasks).spawn(async move {
                 let machines: Vec<i64> = batch.iter().map(|a| a.machine).collect();

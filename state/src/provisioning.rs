@@ -319,6 +319,24 @@ impl Store {
         })
     }
 
+    /// The machines the instance poller watches — Alive, not in error, with
+    /// an instance — as (machine, instance id), in id order: what a pass
+    /// that only lists the cloud needs of every machine (a few bytes each,
+    /// not 100,000 full rows).
+    pub fn watched_instances(&self) -> Result<Vec<(i64, String)>> {
+        self.read(|c| {
+            let rows = c
+                .prepare_cached(
+                    "SELECT id, instance_id FROM machines
+                     WHERE life = 0 AND instance_id IS NOT NULL AND status != ?1
+                     ORDER BY id",
+                )?
+                .query_map([machine_status::ERROR], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
+        })
+    }
+
     /// Every machine as the stray harvest sees it ([`Owner`]), in id order.
     pub fn owners(&self) -> Result<Vec<Owner>> {
         self.read(|c| {
