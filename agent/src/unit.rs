@@ -44,6 +44,9 @@ pub struct UnitAgent {
     /// agent's own work). Boxed, as `tools`: most units have no
     /// subordinates, and 100,000 idle agents each keep this struct.
     deployer: Option<Box<Deployer>>,
+    /// Whether the directory was read for deployed subordinates since the
+    /// agent started (see `reconcile_subordinates`).
+    scanned: bool,
     reported: Option<(AgentStatus, String)>,
     /// What hooks have run (loaded on the first pass, saved after each).
     /// Boxed: most agents sit idle, and the record is half the agent's size.
@@ -109,6 +112,7 @@ impl UnitAgent {
             name: name.to_string(),
             machine_dir,
             deployer: None,
+            scanned: false,
             reported: None,
             hooks: None,
             tools: None,
@@ -564,6 +568,26 @@ impl UnitAgent {
         Ok(true)
     }
 
+    /// The deployer's duties for the unit's subordinates. A deployer with
+    /// nothing deployed is not kept: most units never have a subordinate,
+    /// and 100,000 idle agents each kept one. Once the directory was read
+    /// (after a start, for what an earlier run deployed), it is opened again
+    /// only when there are subordinates.
+    async fn reconcile_subordinates(
+        &mut self,
+        subordinates: &[crate::api::UnitRef],
+    ) -> Result<bool> {
+        if self.deployer.is_none() && self.scanned && subordinates.is_empty() {
+            return Ok(false);
+        }
+        let acted = self.deployer()?.reconcile(subordinates).await?;
+        self.scanned = true;
+        if self.deployer.as_ref().is_some_and(|d| d.is_empty()) {
+            self.deployer = None;
+        }
+        Ok(acted)
+    }
+
     fn deployer(&mut self) -> Result<&mut Deployer> {
         if self.deployer.is_none() {
             let mut d = Deployer::open(
@@ -682,7 +706,7 @@ impl Agent for UnitAgent {
                         acted |= went_through(self.api.leave_scope(rel.id, &self.name).await)?;
                     }
                 }
-                acted |= self.deployer()?.reconcile(&view.subordinates).await?;
+                acted |= self.reconcile_subordinates(&view.subordinates).await?;
             }
             Life::Dying => {
                 // `dying` is worth a write only if the unit stays Dying a
@@ -700,7 +724,7 @@ impl Agent for UnitAgent {
                     }
                     acted |= went_through(self.api.leave_scope(rel.id, &self.name).await)?;
                 }
-                acted |= self.deployer()?.reconcile(&view.subordinates).await?;
+                acted |= self.reconcile_subordinates(&view.subordinates).await?;
                 let in_scope = view.relations.iter().any(|r| r.in_scope);
                 if !acted && !in_scope && view.subordinates.is_empty() {
                     // stop last: after every relation is broken.
