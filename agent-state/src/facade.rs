@@ -186,10 +186,10 @@ fn charm_files(root: &std::path::Path) -> ApiResult<Vec<CharmFile>> {
     Ok(out)
 }
 
-/// The store, scoped to one agent.
+/// The store, scoped to one agent. (Its `Caller` is made from the tag when
+/// needed rather than kept: 200,000 agents each hold one of these.)
 pub struct InProcess {
     tag: Tag,
-    caller: Caller,
     shared: Arc<Shared>,
 }
 
@@ -215,11 +215,7 @@ fn unit_ref(u: &Unit) -> UnitRef {
 
 impl InProcess {
     pub(crate) fn new(shared: Arc<Shared>, tag: Tag) -> InProcess {
-        InProcess {
-            caller: caller_of(&tag),
-            tag,
-            shared,
-        }
+        InProcess { tag, shared }
     }
 
     fn store(&self) -> &Store {
@@ -231,7 +227,7 @@ impl InProcess {
     }
 
     fn err(&self, e: jujube_state::Error) -> ApiError {
-        api_error(&self.caller, e)
+        api_error(&caller_of(&self.tag), e)
     }
 
     fn is_machine(&self, id: i64) -> bool {
@@ -254,7 +250,7 @@ impl InProcess {
     /// its principal's agent for a subordinate).
     fn deployed_by_me(&self, unit: &str, what: impl std::fmt::Display) -> ApiResult<Unit> {
         match self.store().unit(unit) {
-            Ok(u) if deployer_of(&u) == self.caller => Ok(u),
+            Ok(u) if deployer_of(&u) == caller_of(&self.tag) => Ok(u),
             _ => Err(self.denied(what)),
         }
     }
@@ -281,7 +277,7 @@ impl InProcess {
         let unavailable = || ApiError::new(ErrorCode::Unavailable, "the agent writer has stopped");
         self.shared
             .writes
-            .send((self.caller.clone(), op, tx))
+            .send((caller_of(&self.tag), op, tx))
             .await
             .map_err(|_| unavailable())?;
         rx.await.map_err(|_| unavailable())?

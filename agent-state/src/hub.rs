@@ -380,8 +380,8 @@ impl Hub {
             let now = now.map(|u| UnitRoute {
                 life: u.life,
                 machine: u.machine_id,
-                principal: u.principal,
-                resolved: u.resolved,
+                principal: u.principal.map(String::into_boxed_str),
+                resolved: u.resolved.map(String::into_boxed_str),
             });
             let before = known.units.get(name);
             if before.map(|r| &r.resolved) != now.as_ref().map(|r| &r.resolved) {
@@ -391,7 +391,7 @@ impl Hub {
                 keys.insert(Key::Unit(name.to_string()));
                 for r in before.into_iter().chain(now.as_ref()) {
                     if let Some(p) = &r.principal {
-                        keys.insert(Key::Unit(p.clone()));
+                        keys.insert(Key::Unit(p.to_string()));
                     }
                     if let Some(m) = r.machine {
                         keys.insert(Key::Machine(m));
@@ -484,7 +484,7 @@ impl Hub {
                 Some(Scope::Container) => known
                     .units
                     .get(unit)
-                    .and_then(|u| u.principal.clone())
+                    .and_then(|u| u.principal.as_deref().map(str::to_string))
                     .unwrap_or_else(|| unit.to_string()),
                 Some(Scope::Global) => String::new(),
                 None => continue,
@@ -509,12 +509,13 @@ impl Hub {
     }
 }
 
+/// (Boxed strings: the hub keeps one of these per unit.)
 struct UnitRoute {
     life: Life,
     machine: Option<i64>,
-    principal: Option<String>,
+    principal: Option<Box<str>>,
     /// `jujube resolved`'s mark: the unit's own agent waits for it.
-    resolved: Option<String>,
+    resolved: Option<Box<str>>,
 }
 
 struct RelationRoute {
@@ -546,7 +547,7 @@ impl Known {
                     UnitRoute {
                         life: u.life,
                         machine: u.machine,
-                        principal: u.principal,
+                        principal: u.principal.map(String::into_boxed_str),
                         // Agents read it at start; only changes matter.
                         resolved: None,
                     },
