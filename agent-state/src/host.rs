@@ -54,16 +54,12 @@ impl Host {
     /// Starts the change router, the writer and the machine agents. Must be
     /// called inside a tokio runtime.
     pub fn start(store: Store, agents_dir: PathBuf) -> jujube_state::Result<Host> {
-        Host::start_with(store, agents_dir, Mode::InProcess)
+        Host::start_bounded(store, agents_dir, Mode::InProcess, crate::facade::PASSES)
     }
 
-    /// As [`Host::start`], running the machine agents as `mode` says.
-    pub fn start_with(store: Store, agents_dir: PathBuf, mode: Mode) -> jujube_state::Result<Host> {
-        Host::start_bounded(store, agents_dir, mode, crate::facade::PASSES)
-    }
-
-    /// As [`Host::start_with`], with at most `passes` in-process agents in
-    /// a pass at once (see `jujube_agent::run_loop`).
+    /// As [`Host::start`], running the machine agents as `mode` says, with at
+    /// most `passes` in-process agents in a pass at once (see
+    /// `jujube_agent::run_loop`).
     pub fn start_bounded(
         store: Store,
         agents_dir: PathBuf,
@@ -75,28 +71,34 @@ impl Host {
         let hub = Arc::new(Hub::default());
         let shared = Shared::new(store.clone(), hub.clone(), passes);
         let (stop, stop_rx) = watch::channel(false);
-        let hub_task = tokio::spawn(hub.clone().run(store.clone(), from, stop_rx.clone()));
-        let runner = tokio::spawn(run(shared, hub, agents_dir, Arc::new(mode), stop_rx));
-        Ok(Host {
-            stop,
-            runner,
-            hub: Some(hub_task),
-        })
+        let hub_task = tokio::spawn(hub.run(store, from, stop_rx.clone()));
+        Ok(Host::spawn(
+            shared,
+            agents_dir,
+            mode,
+            (stop, stop_rx),
+            Some(hub_task),
+        ))
     }
 
-    /// As [`Host::start_with`], on the change router and writer of
+    /// As [`Host::start_bounded`], on the change router and writer of
     /// `facades` (the API server's): a controller then keeps one copy of
     /// what routing needs, not two, and routes each change once.
     pub fn on(facades: &crate::Facades, agents_dir: PathBuf, mode: Mode) -> Host {
         let shared = facades.shared.clone();
-        let hub = shared.hub.clone();
-        let (stop, stop_rx) = watch::channel(false);
-        let runner = tokio::spawn(run(shared, hub, agents_dir, Arc::new(mode), stop_rx));
-        Host {
-            stop,
-            runner,
-            hub: None,
-        }
+        Host::spawn(shared, agents_dir, mode, watch::channel(false), None)
+    }
+
+    fn spawn(
+        shared: Arc<Shared>,
+        agents_dir: PathBuf,
+        mode: Mode,
+        (stop, stop_rx): (watch::Sender<bool>, watch::Receiver<bool>),
+        hub: Option<JoinHandle<()>>,
+    ) -> Host {
+        let router = shared.hub.clone();
+        let runner = tokio::spawn(run(shared, router, agents_dir, Arc::new(mode), stop_rx));
+        Host { stop, runner, hub }
     }
 
     /// Stops every agent (keeping what they deployed) and waits for them.

@@ -163,21 +163,17 @@ impl Stream for Subscription {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Notice>> {
         let slot = &self.slot;
-        if let Some(n) = lock(&slot.unread).take() {
-            return Poll::Ready(Some(n));
-        }
-        if slot.closed.load(Ordering::SeqCst) {
-            return Poll::Ready(None);
+        let ready = || match lock(&slot.unread).take() {
+            Some(n) => Some(Some(n)),
+            None => slot.closed.load(Ordering::SeqCst).then_some(None),
+        };
+        if let Some(r) = ready() {
+            return Poll::Ready(r);
         }
         slot.waker.register(cx.waker());
-        // Posted between the check and the registration: nobody woke us.
-        if let Some(n) = lock(&slot.unread).take() {
-            return Poll::Ready(Some(n));
-        }
-        if slot.closed.load(Ordering::SeqCst) {
-            return Poll::Ready(None);
-        }
-        Poll::Pending
+        // Posted (or closed) between the check and the registration: nobody
+        // woke us.
+        ready().map_or(Poll::Pending, Poll::Ready)
     }
 }
 

@@ -248,18 +248,8 @@ impl Tags {
         self.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
     }
 
-    pub fn contains_key(&self, key: &str) -> bool {
-        self.get(key).is_some()
-    }
-
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
         self.0.split('\x1e').filter_map(|kv| kv.split_once('\x1f'))
-    }
-
-    pub fn to_map(&self) -> BTreeMap<String, String> {
-        self.iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
     }
 }
 

@@ -165,7 +165,6 @@ struct Attempt {
 
 /// What a launch batch's machines share (a batch is formed of machines
 /// alike in these).
-#[derive(PartialEq)]
 struct Shape {
     series: String,
     constraints: jujube_core::Constraints,
@@ -179,6 +178,12 @@ impl Shape {
             constraints: m.constraints.clone(),
             controller: m.manages_environ(),
         }
+    }
+
+    fn fits(&self, m: &Machine) -> bool {
+        self.series == m.series
+            && self.constraints == m.constraints
+            && self.controller == m.manages_environ()
     }
 }
 
@@ -683,10 +688,9 @@ impl Provisioner {
                 .iter()
                 .filter_map(|Prepared { machine, nonce }| {
                     let m = by_id.get(machine)?;
-                    let this = Shape::of(m);
                     let shape = match &shape {
-                        Some(s) if **s == this => s.clone(),
-                        _ => shape.insert(Arc::new(this)).clone(),
+                        Some(s) if s.fits(m) => s.clone(),
+                        _ => shape.insert(Arc::new(Shape::of(m))).clone(),
                     };
                     Some(Attempt {
                         nonce: nonce.clone(),

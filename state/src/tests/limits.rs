@@ -6,7 +6,6 @@
 
 use super::*;
 use crate::model::machine_status;
-use crate::provisioning::Started;
 use crate::Error;
 use jujube_core::Constraints;
 
@@ -147,16 +146,7 @@ fn preparing_many_machines_for_provisioning_keeps_every_transaction_bounded() {
     let again = e.st.prepare_provisioning(&ids, UUID).unwrap();
     assert_eq!(again, prepared);
     e.st.reset_stats();
-    let started: Vec<Started> = prepared
-        .iter()
-        .map(|p| Started {
-            machine: p.machine,
-            nonce: p.nonce.clone(),
-            instance_id: format!("i-{}", p.machine),
-            zone: None,
-            hardware: String::new(),
-        })
-        .collect();
+    let started = started_as_prepared(&prepared);
     let recorded = e.st.record_instances(&started).unwrap();
     assert_eq!(recorded.len(), 2000);
     let stats = e.st.stats();

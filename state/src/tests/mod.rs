@@ -56,6 +56,22 @@ pub(crate) fn env_with(cons: &str) -> Env {
     Env { _dir: dir, st }
 }
 
+/// Each prepared machine started as instance `i-<machine>`.
+pub(crate) fn started_as_prepared(
+    prepared: &[crate::provisioning::Prepared],
+) -> Vec<crate::provisioning::Started> {
+    prepared
+        .iter()
+        .map(|p| crate::provisioning::Started {
+            machine: p.machine,
+            nonce: p.nonce.clone(),
+            instance_id: format!("i-{}", p.machine),
+            zone: None,
+            hardware: String::new(),
+        })
+        .collect()
+}
+
 pub(crate) fn env() -> Env {
     env_with("")
 }

@@ -1205,20 +1205,10 @@ fn upgrade_charm_keeps_endpoints_in_use_and_settings_and_bumps_the_revision() {
 /// error that have an instance.
 #[test]
 fn watched_instances_are_the_alive_machines_with_an_instance_not_in_error() {
-    use crate::provisioning::Started;
     let e = env();
     let ms = e.st.add_machines(4, None, None).unwrap();
     let prepared = e.st.prepare_provisioning(&ms[..3], "6f1e0f4c").unwrap();
-    let started: Vec<Started> = prepared
-        .iter()
-        .map(|p| Started {
-            machine: p.machine,
-            nonce: p.nonce.clone(),
-            instance_id: format!("i-{}", p.machine),
-            zone: None,
-            hardware: String::new(),
-        })
-        .collect();
+    let started = started_as_prepared(&prepared);
     e.st.record_instances(&started).unwrap();
     // One in error (its instance gone), one Dying; the fourth has none.
     assert!(e
