@@ -152,9 +152,9 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 /// also retries it at once).
 ///
 /// An idle agent's task holds one pointer, to the agent and what its loop
-/// keeps between passes ([`Looping`]), and its wait (`idle`); everything
-/// between two waits is one boxed future (`Looping::turn`), on the heap
-/// only while it runs. A process may hold 200,000 idle agents.
+/// keeps between passes ([`Looping`]), and its wait (`idle`); the wait for
+/// a pass's permit and the pass itself are boxed futures of their own, on
+/// the heap only while they run. A process may hold 200,000 idle agents.
 pub fn run_loop<A: Agent>(agent: A, stop: Stop) -> impl Future<Output = ()> {
     let watching = agent.targets();
     run_boxed(
@@ -170,9 +170,32 @@ pub fn run_loop<A: Agent>(agent: A, stop: Stop) -> impl Future<Output = ()> {
 }
 
 async fn run_boxed<A: Agent>(mut state: Box<Looping<A>>, stop: Stop) {
-    loop {
-        if let Turn::End = Box::pin(state.turn(&stop)).await {
+    'agent: loop {
+        if state.notices.is_none() && !Box::pin(state.first_watch(&stop)).await {
             break;
+        }
+        loop {
+            // A permit per pass where agents share a process: when one
+            // change wakes 100,000 agents (a service destroyed, a controller
+            // started), at most a few hundred hold a pass's state (its
+            // future, the views it read, its pending writes) at once. The
+            // others wait holding only the wait for a permit: waiting inside
+            // the pass's future kept 100,000 pass-sized futures, a fifth of
+            // the controller's peak. Waiting never blocks a stop: recalling
+            // a unit waits for its agent to end, from inside its deployer's
+            // pass.
+            let permit = match state.agent.passes() {
+                Some(passes) => match Box::pin(permit(passes, &stop)).await {
+                    Some(p) => Some(p),
+                    None => break 'agent,
+                },
+                None => None,
+            };
+            match Box::pin(state.pass(&stop, permit)).await {
+                Pass::Again => {}
+                Pass::Idle => break,
+                Pass::End => break 'agent,
+            }
         }
         let s = &mut *state;
         let Some(notices) = s.notices.as_mut() else {
@@ -184,6 +207,22 @@ async fn run_boxed<A: Agent>(mut state: Box<Looping<A>>, stop: Stop) {
         }
     }
     Box::pin(state.agent.finish()).await;
+}
+
+/// A pass's permit, or `None` once the agent is stopped.
+async fn permit(
+    passes: Arc<tokio::sync::Semaphore>,
+    stop: &Stop,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    let acquire = passes.acquire_owned();
+    tokio::pin!(acquire);
+    std::future::poll_fn(|cx| {
+        if stop.poll_stopped(cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        acquire.as_mut().poll(cx).map(Result::ok)
+    })
+    .await
 }
 
 /// An agent and what its loop keeps between passes.
@@ -198,7 +237,10 @@ struct Looping<A> {
     sleep: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
 }
 
-enum Turn {
+/// What a pass found, for the loop.
+enum Pass {
+    /// Look again at once (after another permit).
+    Again,
     /// Nothing to do until a notice (or the retry timer).
     Idle,
     /// Stopped, or the entity is Dead or gone.
@@ -206,97 +248,83 @@ enum Turn {
 }
 
 impl<A: Agent> Looping<A> {
-    /// Everything between two idle waits: the first subscription, then
-    /// passes until one finds nothing to do. Its own awaits are boxed in
-    /// turn: one change wakes 100,000 agents, and each waits for a pass's
-    /// permit holding this future — it must not be sized for a pass.
-    async fn turn(&mut self, stop: &Stop) -> Turn {
-        self.sleep = None;
-        if self.notices.is_none() {
-            loop {
-                match Box::pin(subscribe(&self.agent, &self.watching)).await {
-                    Ok(n) => {
-                        self.notices = Some(n);
-                        break;
-                    }
-                    // The entity is gone (or was never the agent's).
-                    Err(e) if e.is_unauthorized() => {
-                        debug!(agent = %self.agent.api().tag(), error = %e, "nothing to watch; stopping");
-                        return Turn::End;
-                    }
-                    Err(e) => {
-                        warn!(agent = %self.agent.api().tag(), error = %e, "cannot watch; retrying");
-                        let stopped = Box::pin(async {
-                            tokio::select! {
-                                _ = tokio::time::sleep(self.retry) => false,
-                                _ = stop.stopped() => true,
-                            }
-                        });
-                        if stopped.await {
-                            return Turn::End;
-                        }
-                        self.retry = (self.retry * 2).min(RETRY_MAX);
-                    }
-                }
-            }
-            self.retry = RETRY_MIN;
-        }
+    /// The first subscription, retried until it is made; `false` when the
+    /// agent is to end (stopped, or nothing to watch).
+    async fn first_watch(&mut self, stop: &Stop) -> bool {
         loop {
-            if stop.is_stopped() {
-                return Turn::End;
-            }
-            // A permit per pass where agents share a process: when one
-            // change wakes 100,000 agents (a service destroyed), at most a
-            // few hundred hold a pass's state (its future, the views it
-            // read, its pending writes) at once, instead of all of them —
-            // that was most of the controller's peak memory, and
-            // contention, not progress. Waiting for a permit never blocks a
-            // stop: recalling a unit waits for its agent to end, from
-            // inside its deployer's pass.
-            let permit = match self.agent.passes() {
-                Some(passes) => tokio::select! {
-                    p = passes.acquire_owned() => p.ok(),
-                    _ = stop.stopped() => return Turn::End,
-                },
-                None => None,
-            };
-            let wait = match Box::pin(self.agent.step()).await {
-                Ok(Step::Again) => continue,
-                Ok(Step::Done) => {
-                    debug!(agent = %self.agent.api().tag(), "done");
-                    return Turn::End;
-                }
-                Ok(Step::Idle) => {
+            match Box::pin(subscribe(&self.agent, &self.watching)).await {
+                Ok(n) => {
+                    self.notices = Some(n);
                     self.retry = RETRY_MIN;
-                    None
+                    return true;
+                }
+                // The entity is gone (or was never the agent's).
+                Err(e) if e.is_unauthorized() => {
+                    debug!(agent = %self.agent.api().tag(), error = %e, "nothing to watch; stopping");
+                    return false;
                 }
                 Err(e) => {
-                    let retry = self.retry;
-                    warn!(agent = %self.agent.api().tag(), error = %e, retry_in = ?retry, "agent pass failed");
-                    Box::pin(self.agent.failed(&e.to_string())).await;
-                    self.retry = (retry * 2).min(RETRY_MAX);
-                    Some(retry)
-                }
-            };
-            drop(permit);
-            let wanted = self.agent.targets();
-            if wanted != self.watching {
-                // Subscribed before the next pass reads, so nothing falls
-                // between; a refused scope (left meanwhile) is dropped.
-                match Box::pin(subscribe(&self.agent, &wanted)).await {
-                    Ok(n) => {
-                        self.notices = Some(n);
-                        self.watching = wanted;
-                        continue;
+                    warn!(agent = %self.agent.api().tag(), error = %e, "cannot watch; retrying");
+                    let stopped = tokio::select! {
+                        _ = tokio::time::sleep(self.retry) => false,
+                        _ = stop.stopped() => true,
+                    };
+                    if stopped {
+                        return false;
                     }
-                    Err(e) => {
-                        debug!(agent = %self.agent.api().tag(), error = %e, "cannot watch the new targets yet")
-                    }
+                    self.retry = (self.retry * 2).min(RETRY_MAX);
                 }
             }
-            self.sleep = wait.map(|d| Box::pin(tokio::time::sleep(d)));
-            return Turn::Idle;
         }
+    }
+
+    /// One pass, holding `_permit` while the agent steps; then the watch
+    /// follows what the agent now wants to see.
+    async fn pass(
+        &mut self,
+        stop: &Stop,
+        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Pass {
+        self.sleep = None;
+        if stop.is_stopped() {
+            return Pass::End;
+        }
+        let wait = match Box::pin(self.agent.step()).await {
+            Ok(Step::Again) => return Pass::Again,
+            Ok(Step::Done) => {
+                debug!(agent = %self.agent.api().tag(), "done");
+                return Pass::End;
+            }
+            Ok(Step::Idle) => {
+                self.retry = RETRY_MIN;
+                None
+            }
+            Err(e) => {
+                let retry = self.retry;
+                warn!(agent = %self.agent.api().tag(), error = %e, retry_in = ?retry, "agent pass failed");
+                Box::pin(self.agent.failed(&e.to_string())).await;
+                self.retry = (retry * 2).min(RETRY_MAX);
+                Some(retry)
+            }
+        };
+        drop(permit);
+        let wanted = self.agent.targets();
+        if wanted != self.watching {
+            // Subscribed before the next pass reads, so nothing falls
+            // between; a refused scope (left meanwhile) is dropped.
+            match Box::pin(subscribe(&self.agent, &wanted)).await {
+                Ok(n) => {
+                    self.notices = Some(n);
+                    self.watching = wanted;
+                    return Pass::Again;
+                }
+                Err(e) => {
+                    debug!(agent = %self.agent.api().tag(), error = %e, "cannot watch the new targets yet")
+                }
+            }
+        }
+        self.sleep = wait.map(|d| Box::pin(tokio::time::sleep(d)));
+        Pass::Idle
     }
 }
 
