@@ -297,8 +297,8 @@ impl Entry {
     fn instance(&self, id: &str) -> Instance {
         Instance {
             id: id.to_string(),
-            zone: self.zone.as_deref().map(str::to_string),
-            hardware: self.hardware.to_string(),
+            zone: self.zone.clone(),
+            hardware: self.hardware.clone(),
             tags: self.tags.clone(),
         }
     }
@@ -390,7 +390,7 @@ impl State {
                 if let Some(n) = inst.tags.get(crate::TAG_NONCE) {
                     self.by_nonce.insert(n.into(), id.clone());
                 }
-                let zone = inst.zone.map(|z| self.intern(&z));
+                let zone = inst.zone.as_deref().map(|z| self.intern(z));
                 let hardware = self.intern(&inst.hardware);
                 self.instances.insert(
                     id,
@@ -622,8 +622,8 @@ impl DummyProvider {
     ) -> Instance {
         Instance {
             id: format!("i-{}", &uuid::Uuid::new_v4().simple().to_string()[..17]),
-            zone,
-            hardware,
+            zone: zone.map(Into::into),
+            hardware: hardware.into(),
             tags: spec_tags.into(),
         }
     }
@@ -1001,13 +1001,18 @@ impl Provider for DummyProvider {
                 return Err(throttled("DescribeInstances"));
             }
             let now = Instant::now();
-            let listed = st
-                .instances
-                .iter()
-                .filter(|(_, e)| e.owned_by(&uuid))
-                .filter(|(_, e)| e.listed_from <= now && e.listed_until.is_none_or(|u| now < u))
-                .map(|(id, e)| e.instance(id))
-                .collect();
+            let shown = |e: &Entry| {
+                e.owned_by(&uuid) && e.listed_from <= now && e.listed_until.is_none_or(|u| now < u)
+            };
+            // Counted first: a growing vector of 100,000 held its old and
+            // new buffers at once, twice the listing.
+            let mut listed = Vec::with_capacity(st.instances.values().filter(|e| shown(e)).count());
+            listed.extend(
+                st.instances
+                    .iter()
+                    .filter(|(_, e)| shown(e))
+                    .map(|(id, e)| e.instance(id)),
+            );
             Ok((listed, vec![]))
         })
     }

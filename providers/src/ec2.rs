@@ -868,8 +868,8 @@ impl Ec2Provider {
             zone: i
                 .placement()
                 .and_then(|p| p.availability_zone())
-                .map(str::to_string),
-            hardware,
+                .map(Into::into),
+            hardware: hardware.into(),
             tags: tags.into(),
         }
     }

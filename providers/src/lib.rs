@@ -33,6 +33,7 @@ use jujube_core::Constraints;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Tag holding the environment's full UUID: the proof of ownership.
 pub const TAG_ENV_UUID: &str = "jujube-env-uuid";
@@ -228,10 +229,12 @@ impl StartSpec {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Instance {
     pub id: String,
-    pub zone: Option<String>,
+    /// Shared: a listing of 100,000 instances names a handful of zones and
+    /// instance types, and a copy each was a fifth of the listing.
+    pub zone: Option<Arc<str>>,
     /// What the instance has, as constraints (`arch cores mem root-disk
     /// instance-type ...`).
-    pub hardware: String,
+    pub hardware: Arc<str>,
     pub tags: Tags,
 }
 

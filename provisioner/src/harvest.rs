@@ -139,16 +139,39 @@ impl Provisioner {
             .copied()
             .chain(owners.iter().filter(|m| m.provisioning).map(|m| m.machine))
             .collect();
-        let by_instance: HashSet<&str> = owners
-            .iter()
-            .filter_map(|m| m.instance_id.as_deref())
-            .collect();
+        // Owners are in machine id order: an instance is found through the
+        // machine its tags name (nearly all are), without a set of 100,000
+        // ids beside the listing; the set is made only when some instance is
+        // not where its tags say (then whichever machine recorded it owns it).
+        let owner = |id: i64| {
+            owners
+                .binary_search_by_key(&id, |o| o.machine)
+                .ok()
+                .map(|i| &owners[i])
+        };
+        let mut by_instance: Option<HashSet<&str>> = None;
+        let mut recorded = |inst: &Instance| {
+            let tagged = inst.machine_id().and_then(|t| t.parse::<i64>().ok());
+            if tagged
+                .and_then(owner)
+                .is_some_and(|o| o.instance_id.as_deref() == Some(inst.id.as_str()))
+            {
+                return true;
+            }
+            by_instance
+                .get_or_insert_with(|| {
+                    owners
+                        .iter()
+                        .filter_map(|m| m.instance_id.as_deref())
+                        .collect()
+                })
+                .contains(inst.id.as_str())
+        };
         // `Owner::nonce` is there only while the machine has no instance.
         let by_nonce: HashMap<&str, &Owner> = owners
             .iter()
             .filter_map(|m| m.nonce.as_deref().map(|n| (n, m)))
             .collect();
-        let existing: HashSet<i64> = owners.iter().map(|m| m.machine).collect();
         let now = self.inner.clock.unix_ms();
         let grace = cfg.grace.as_millis() as i64;
         let mut seen = self.seen()?;
@@ -157,7 +180,7 @@ impl Provisioner {
         let mut next: Option<Duration> = None;
         let mut seen_now = HashSet::new();
         for inst in instances {
-            if by_instance.contains(inst.id.as_str()) {
+            if recorded(inst) {
                 continue;
             }
             let machine = inst.machine_id().and_then(|t| t.parse::<i64>().ok());
@@ -173,7 +196,7 @@ impl Provisioner {
                 Some(m) if !m.in_error => continue,
                 Some(_) => "errored",
                 None => match machine {
-                    Some(id) if id < next_id && !existing.contains(&id) => "destroyed",
+                    Some(id) if id < next_id && owner(id).is_none() => "destroyed",
                     _ => "unknown",
                 },
             };

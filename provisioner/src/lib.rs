@@ -801,8 +801,8 @@ impl Provisioner {
                         machine: a.machine,
                         nonce: a.nonce.clone(),
                         instance_id: inst.id,
-                        zone: inst.zone,
-                        hardware: inst.hardware,
+                        zone: inst.zone.as_deref().map(str::to_string),
+                        hardware: inst.hardware.to_string(),
                     }),
                     Err(e) => match e.class() {
                         ErrorClass::Transient => {

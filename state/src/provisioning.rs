@@ -325,28 +325,26 @@ impl Store {
     /// not 100,000 full rows).
     pub fn watched_instances(&self) -> Result<Vec<(i64, String)>> {
         self.read(|c| {
-            let rows = c
-                .prepare_cached(
-                    "SELECT id, instance_id FROM machines
+            let mut stmt = c.prepare_cached(
+                "SELECT id, instance_id FROM machines
                      WHERE life = 0 AND instance_id IS NOT NULL AND status != ?1
                      ORDER BY id",
-                )?
-                .query_map([machine_status::ERROR], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            Ok(rows)
+            )?;
+            let rows = stmt.query_map([machine_status::ERROR], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            collect_sized(c, rows)
         })
     }
 
     /// Every machine as the stray harvest sees it ([`Owner`]), in id order.
     pub fn owners(&self) -> Result<Vec<Owner>> {
         self.read(|c| {
-            let rows = c
-                .prepare_cached(
-                    "SELECT id, instance_id, CASE WHEN instance_id IS NULL THEN nonce END, status = ?1,
+            let mut stmt = c.prepare_cached(
+                "SELECT id, instance_id, CASE WHEN instance_id IS NULL THEN nonce END, status = ?1,
                             status = ?2
                      FROM machines ORDER BY id",
-                )?
-                .query_map([machine_status::ERROR, machine_status::PROVISIONING], |r| {
+            )?;
+            let rows =
+                stmt.query_map([machine_status::ERROR, machine_status::PROVISIONING], |r| {
                     Ok(Owner {
                         machine: r.get(0)?,
                         instance_id: r.get(1)?,
@@ -354,9 +352,8 @@ impl Store {
                         in_error: r.get(3)?,
                         provisioning: r.get(4)?,
                     })
-                })?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            Ok(rows)
+                })?;
+            collect_sized(c, rows)
         })
     }
 
@@ -580,4 +577,19 @@ pub(crate) fn strays_in(c: &rusqlite::Connection) -> Result<Vec<Stray>> {
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     Ok(rows)
+}
+
+/// Collects rows of the machines table into a vector sized once, by the
+/// number of machines (an upper bound): grown by doubling, a list of
+/// 100,000 held its old and new buffers at once.
+fn collect_sized<T>(
+    c: &rusqlite::Connection,
+    rows: impl Iterator<Item = rusqlite::Result<T>>,
+) -> Result<Vec<T>> {
+    let n: i64 = c.query_row("SELECT count(*) FROM machines", [], |r| r.get(0))?;
+    let mut out = Vec::with_capacity(n.max(0) as usize);
+    for r in rows {
+        out.push(r?);
+    }
+    Ok(out)
 }

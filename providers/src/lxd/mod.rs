@@ -453,8 +453,8 @@ impl LxdProvider {
             .filter(|l| !l.is_empty() && *l != "none");
         Instance {
             id: name,
-            zone: Some(location.unwrap_or(&host.server_name).to_string()),
-            hardware,
+            zone: Some(location.unwrap_or(&host.server_name).into()),
+            hardware: hardware.into(),
             tags: tags.into(),
         }
     }

@@ -183,11 +183,11 @@ fn instances_report_tags_hardware_and_zone() {
     assert!(i.owned_by(UUID));
     assert_eq!(i.machine_id(), Some("3"));
     assert_eq!(i.nonce(), Some("n-3"));
-    assert_eq!(i.hardware, "arch=amd64 cores=2 mem=512M root-disk=10G");
+    assert_eq!(&*i.hardware, "arch=amd64 cores=2 mem=512M root-disk=10G");
     // Without limits, the container may use the whole host.
     let v = json!({"name": "jujube-0a1b2c3d-4", "architecture": "x86_64", "config": {}});
     assert_eq!(
-        p.instance(&v, &host()).hardware,
+        &*p.instance(&v, &host()).hardware,
         "arch=amd64 cores=4 mem=8G"
     );
 }
