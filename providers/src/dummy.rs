@@ -311,7 +311,12 @@ impl Entry {
 struct State {
     cfg: Config,
     instances: BTreeMap<Arc<str>, Entry>,
-    by_nonce: HashMap<Box<str>, Arc<str>>,
+    /// Instances by the nonce they were started with, by the nonce's hash
+    /// (the instance's tags hold the nonce itself: a copy of each was a
+    /// fifth of what the dummy keeps per instance); a nonce whose hash is
+    /// taken by another is kept in `nonce_collisions`.
+    by_nonce: HashMap<u64, Arc<str>>,
+    nonce_collisions: HashMap<Box<str>, Arc<str>>,
     /// Zones and hardware descriptions, one copy each.
     interned: HashSet<Arc<str>>,
     log_offset: u64,
@@ -388,7 +393,22 @@ impl State {
             LogEntry::Start(inst) => {
                 let id: Arc<str> = inst.id.into();
                 if let Some(n) = inst.tags.get(crate::TAG_NONCE) {
-                    self.by_nonce.insert(n.into(), id.clone());
+                    match self.by_nonce.entry(nonce_hash(n)) {
+                        std::collections::hash_map::Entry::Vacant(v) => {
+                            v.insert(id.clone());
+                        }
+                        std::collections::hash_map::Entry::Occupied(mut o) => {
+                            let same = self
+                                .instances
+                                .get(o.get())
+                                .is_none_or(|e| e.tags.get(crate::TAG_NONCE) == Some(n));
+                            if same {
+                                o.insert(id.clone());
+                            } else {
+                                self.nonce_collisions.insert(n.into(), id.clone());
+                            }
+                        }
+                    }
                 }
                 let zone = inst.zone.as_deref().map(|z| self.intern(z));
                 let hardware = self.intern(&inst.hardware);
@@ -413,6 +433,19 @@ impl State {
                 }
             }
         }
+    }
+
+    /// The instance last started with `nonce`.
+    fn by_nonce(&self, nonce: &str) -> Option<(&Arc<str>, &Entry)> {
+        let found = |id: &Arc<str>| {
+            self.instances
+                .get_key_value(id)
+                .filter(|(_, e)| e.tags.get(crate::TAG_NONCE) == Some(nonce))
+        };
+        self.by_nonce
+            .get(&nonce_hash(nonce))
+            .and_then(found)
+            .or_else(|| self.nonce_collisions.get(nonce).and_then(found))
     }
 
     fn intern(&mut self, s: &str) -> Arc<str> {
@@ -515,6 +548,7 @@ impl DummyProvider {
             cfg,
             instances: BTreeMap::new(),
             by_nonce: HashMap::new(),
+            nonce_collisions: HashMap::new(),
             interned: HashSet::new(),
             log_offset: 0,
             partial: Vec::new(),
@@ -778,9 +812,7 @@ impl DummyProvider {
         let existing: Vec<Option<Instance>> = specs
             .iter()
             .map(|s| {
-                st.by_nonce
-                    .get(s.nonce.as_str())
-                    .and_then(|id| Some((id, st.instances.get(id)?)))
+                st.by_nonce(&s.nonce)
                     .filter(|(_, e)| !e.stopped)
                     .map(|(id, e)| e.instance(id))
             })
@@ -863,18 +895,20 @@ impl DummyProvider {
     }
 }
 
+fn nonce_hash(nonce: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    nonce.hash(&mut h);
+    h.finish()
+}
+
 /// How many instances the launch of `specs` asks for: none when all exist;
 /// as EC2, a batch launches its size (up to its highest launch index) in one
 /// request, all or nothing.
 fn launch_count(st: &State, batch: bool, specs: &[&StartSpec]) -> u32 {
     let missing = specs
         .iter()
-        .filter(|s| {
-            st.by_nonce
-                .get(s.nonce.as_str())
-                .and_then(|id| st.instances.get(id))
-                .is_none_or(|e| e.stopped)
-        })
+        .filter(|s| st.by_nonce(&s.nonce).is_none_or(|(_, e)| e.stopped))
         .count();
     if batch && missing == specs.len() {
         specs

@@ -239,7 +239,8 @@ pub struct Instance {
 }
 
 /// An instance's tags, sorted by key, kept as one shared string (`key \x1f
-/// value \x1e` each). A listing of 100,000 instances with a `BTreeMap` each
+/// value \x1e` each, jujube's own keys as one character each: see
+/// [`KNOWN_KEYS`]). A listing of 100,000 instances with a `BTreeMap` each
 /// held a 550-byte tree node and ten strings per instance; these are one
 /// allocation the size of the text, and a clone (the dummy's listings) is a
 /// reference count. Serialised as a map.
@@ -251,24 +252,67 @@ impl Tags {
         self.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
     }
 
+    /// The bytes its text takes.
+    #[cfg(test)]
+    fn text_len(&self) -> usize {
+        self.0.len()
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.0.split('\x1e').filter_map(|kv| kv.split_once('\x1f'))
+        self.0
+            .split('\x1e')
+            .filter_map(|kv| kv.split_once('\x1f'))
+            .map(|(k, v)| (decode_key(k), v))
+    }
+}
+
+/// The tag keys every instance jujube starts carries, stored as one
+/// character each (`\x01` for the first): a third of each instance's tag
+/// text, 100,000 times over in the dummy cloud.
+const KNOWN_KEYS: [&str; 6] = [
+    TAG_ENV_UUID,
+    TAG_MACHINE_ID,
+    TAG_NONCE,
+    TAG_CONTROLLER,
+    TAG_NAME,
+    TAG_BATCH,
+];
+
+fn encode_key(k: &str) -> Option<char> {
+    let i = KNOWN_KEYS.iter().position(|known| *known == k)?;
+    Some(char::from(i as u8 + 1))
+}
+
+fn decode_key(k: &str) -> &str {
+    match k.as_bytes() {
+        [b @ 1..=6] => KNOWN_KEYS[usize::from(*b - 1)],
+        _ => k,
     }
 }
 
 impl<K: AsRef<str>, V: AsRef<str>> FromIterator<(K, V)> for Tags {
-    /// Sorted by key, the last value of a repeated key kept. The two
-    /// separators are control characters no cloud allows in a tag; they
-    /// become spaces.
+    /// Sorted by key, the last value of a repeated key kept. The separators
+    /// and the known keys' codes are control characters no cloud allows in
+    /// a tag; they become spaces.
     fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Tags {
         let sorted: BTreeMap<String, String> = iter
             .into_iter()
             .map(|(k, v)| (k.as_ref().to_string(), v.as_ref().to_string()))
             .collect();
-        let clean = |s: &str| s.replace(['\x1e', '\x1f'], " ");
+        let clean = |s: &str| {
+            s.replace(
+                [
+                    '\x1e', '\x1f', '\x01', '\x02', '\x03', '\x04', '\x05', '\x06',
+                ],
+                " ",
+            )
+        };
         let mut text = String::new();
         for (k, v) in &sorted {
-            text.push_str(&clean(k));
+            match encode_key(k) {
+                Some(code) => text.push(code),
+                None => text.push_str(&clean(k)),
+            }
             text.push('\x1f');
             text.push_str(&clean(v));
             text.push('\x1e');

@@ -303,3 +303,36 @@ fn unsupported_constraint_keys_are_refused_per_provider_without_a_cloud() {
     // The dummy cloud takes every key.
     assert!(refused("dummy", "instance-type=m5.large virt-type=kvm tags=a").is_none());
 }
+
+/// Tags keep jujube's own keys as one character each: what goes in comes
+/// out, in key order, and a key that looks like a code is not mistaken for
+/// one.
+#[test]
+fn tags_round_trip_with_known_keys_stored_short() {
+    let given = [
+        (crate::TAG_NONCE, "b-1/7"),
+        ("owner", "ops"),
+        (crate::TAG_ENV_UUID, "6f1e0f4c-3d7e-4b53-9d3b-1a2b3c4d5e6f"),
+        ("\u{1}", "forged code"),
+        (crate::TAG_NAME, "jujube-env-7"),
+        (crate::TAG_MACHINE_ID, "7"),
+    ];
+    let tags: crate::Tags = given.iter().copied().collect();
+    let mut want: Vec<(&str, &str)> = given
+        .iter()
+        .map(|&(k, v)| (if k == "\u{1}" { " " } else { k }, v))
+        .collect();
+    want.sort();
+    assert_eq!(tags.iter().collect::<Vec<_>>(), want);
+    assert_eq!(tags.get(crate::TAG_MACHINE_ID), Some("7"));
+    assert_eq!(tags.get(" "), Some("forged code"));
+    let json = serde_json::to_value(&tags).unwrap();
+    assert_eq!(json[crate::TAG_NONCE], "b-1/7");
+    assert_eq!(serde_json::from_value::<crate::Tags>(json).unwrap(), tags);
+    let values: usize = given.iter().map(|(_, v)| v.len()).sum();
+    let text = format!("{tags:?}");
+    assert!(text.contains(crate::TAG_ENV_UUID), "{text}");
+    // Each tag: its value, two separators and, for a known key, one
+    // character; the two unknown keys ("owner", the cleaned code) in full.
+    assert_eq!(tags.text_len(), values + 6 * 2 + 4 + "owner".len() + 1);
+}
