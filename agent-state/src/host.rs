@@ -29,9 +29,39 @@ pub enum Mode {
     Process(crate::process::ProcessAgents),
 }
 
-struct Running {
-    stop: jujube_agent::Stop,
-    handle: JoinHandle<()>,
+/// A machine's agent: parked between passes in this process, or a
+/// supervised agent process.
+enum Running {
+    InProcess(jujube_agent::Running),
+    Process {
+        stop: jujube_agent::Stop,
+        handle: JoinHandle<()>,
+    },
+}
+
+impl Running {
+    fn is_finished(&self) -> bool {
+        match self {
+            Running::InProcess(r) => r.is_finished(),
+            Running::Process { handle, .. } => handle.is_finished(),
+        }
+    }
+
+    fn stop(&self) {
+        match self {
+            Running::InProcess(r) => r.stop(),
+            Running::Process { stop, .. } => stop.stop(),
+        }
+    }
+
+    async fn finished(self) {
+        match self {
+            Running::InProcess(r) => r.finished().await,
+            Running::Process { handle, .. } => {
+                let _ = handle.await;
+            }
+        }
+    }
 }
 
 /// The agents of one environment, running in this process.
@@ -123,27 +153,28 @@ async fn run(
     let store = shared.store.clone();
     let mut running: HashMap<i64, Running> = HashMap::new();
     let start = |id: i64, running: &mut HashMap<i64, Running>| {
-        if running.get(&id).is_some_and(|r| !r.handle.is_finished()) {
+        if running.get(&id).is_some_and(|r| !r.is_finished()) {
             return;
         }
-        let stop = jujube_agent::Stop::new();
-        let handle = match &*mode {
+        let r = match &*mode {
             Mode::InProcess => {
                 let api = Arc::new(InProcess::new(shared.clone(), Tag::Machine(id)));
                 let agent = MachineAgent::new(api, connector.clone(), id, &machine_dir(&dir, id));
-                // Boxed: a task's cell is aligned to 128 bytes, so a future
-                // inline in it costs its size rounded up (512 bytes here).
-                tokio::spawn(Box::pin(agent.run(stop.clone())))
+                Running::InProcess(agent.spawn())
             }
-            Mode::Process(p) => tokio::spawn(crate::process::supervise(
-                shared.store.clone(),
-                p.clone(),
-                id,
-                machine_dir(&dir, id),
-                stop.clone(),
-            )),
+            Mode::Process(p) => {
+                let stop = jujube_agent::Stop::new();
+                let handle = tokio::spawn(crate::process::supervise(
+                    shared.store.clone(),
+                    p.clone(),
+                    id,
+                    machine_dir(&dir, id),
+                    stop.clone(),
+                ));
+                Running::Process { stop, handle }
+            }
         };
-        running.insert(id, Running { stop, handle });
+        running.insert(id, r);
     };
     // Everything once; then only what the hub says changed.
     loop {
@@ -177,8 +208,8 @@ async fn run(
                 Ok(_) => {}
                 Err(jujube_state::Error::NotFound { .. }) => {
                     if let Some(r) = running.remove(&id) {
-                        r.stop.stop();
-                        let _ = r.handle.await;
+                        r.stop();
+                        r.finished().await;
                     }
                     let d = machine_dir(&dir, id);
                     if let Err(e) = std::fs::remove_dir_all(&d) {
@@ -190,13 +221,13 @@ async fn run(
                 Err(e) => warn!(machine = id, error = %e, "cannot read machine"),
             }
         }
-        running.retain(|_, r| !r.handle.is_finished());
+        running.retain(|_, r| !r.is_finished());
     }
     for r in running.values() {
-        r.stop.stop();
+        r.stop();
     }
     for (_, r) in running {
-        let _ = r.handle.await;
+        r.finished().await;
     }
 }
 

@@ -21,13 +21,12 @@
 //! ([`Deployer::reconcile`]), as lifecycles.txt lists them.
 
 use crate::api::{CharmRef, Connector, ErrorCode, Facade, Tag, UnitRef};
-use crate::{Error, Result};
+use crate::{Error, Result, Running};
 use jujube_core::Life;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
 const RECORD: &str = "agent.json";
@@ -43,10 +42,6 @@ pub struct Record {
     pub charm_url: String,
 }
 
-struct Running {
-    stop: crate::Stop,
-    handle: JoinHandle<()>,
-}
 
 /// The deployed units, sorted by name, and their agents (`None`: not
 /// started yet). A sorted `Vec`, not a map: most deployers hold one unit (a
@@ -252,7 +247,7 @@ impl Deployer {
     pub fn start_agents(&mut self) {
         let dir = self.machine_dir.clone();
         for (unit, running) in self.deployed.0.iter_mut() {
-            if running.as_ref().is_none_or(|r| r.handle.is_finished()) {
+            if running.as_ref().is_none_or(|r| r.is_finished()) {
                 *running = Some(start_unit_agent(&self.connector, &dir, unit));
             }
         }
@@ -292,8 +287,8 @@ impl Deployer {
     /// recall) and has it deleted in the background.
     pub async fn recall(&mut self, unit: &str) -> Result<()> {
         if let Some(Some(running)) = self.deployed.get_mut(unit) {
-            running.stop.stop();
-            let _ = (&mut running.handle).await;
+            running.stop();
+            running.finished().await;
         }
         let dir = self.unit_dir(unit);
         if dir.exists() {
@@ -321,11 +316,11 @@ impl Deployer {
     /// restart resumes them).
     pub async fn stop(&mut self) {
         for running in self.deployed.0.iter().filter_map(|(_, r)| r.as_ref()) {
-            running.stop.stop();
+            running.stop();
         }
         for (_, running) in self.deployed.0.iter_mut() {
             if let Some(r) = running.take() {
-                let _ = r.handle.await;
+                r.finished().await;
             }
         }
     }
@@ -468,9 +463,6 @@ fn start_unit_agent(
     machine_dir: &Arc<Path>,
     unit: &str,
 ) -> Running {
-    let stop = crate::Stop::new();
     let api = connector.connect(&Tag::unit(unit));
-    let agent = crate::unit::UnitAgent::new(api, connector.clone(), machine_dir.clone(), unit);
-    let handle = tokio::spawn(agent.run(stop.clone()));
-    Running { stop, handle }
+    crate::unit::UnitAgent::new(api, connector.clone(), machine_dir.clone(), unit).spawn()
 }

@@ -26,18 +26,18 @@ pub mod deployer;
 pub mod hooks;
 pub mod machine;
 pub mod remote;
+mod run;
 pub mod unit;
 pub mod wire;
 
+pub use run::Running;
+
 use api::{ApiError, Facade, WatchTarget};
 use futures_util::task::AtomicWaker;
-use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
-use tracing::{debug, warn};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -86,10 +86,10 @@ pub trait Agent: Send {
     async fn finish(&mut self);
 }
 
-/// Tells one agent to stop. A flag and the one task that waits on it: a
-/// process may run 200,000 agents, and a `tokio::sync::watch` channel per
-/// agent cost seven times as much. Clones share the flag; only the agent's
-/// own task may wait on it (one waker is kept).
+/// Tells a task to stop (an agent process's supervisor; an agent itself is
+/// stopped through its [`Running`]). A flag and the one task that waits on
+/// it; clones share the flag; only one task may wait on it (one waker is
+/// kept).
 #[derive(Clone, Default)]
 pub struct Stop(Arc<StopCell>);
 
@@ -134,242 +134,3 @@ impl Stop {
     }
 }
 
-/// What ended an idle agent's wait.
-enum Woken {
-    Notice,
-    NoMoreNotices,
-    Timer,
-    Stopped,
-}
-
-const RETRY_MIN: Duration = Duration::from_millis(500);
-const RETRY_MAX: Duration = Duration::from_secs(30);
-
-/// Runs an agent: subscribes first (so no change after the first read is
-/// missed), then a pass, and another whenever a notice comes, until the
-/// entity is Dead or gone, or `stop` is called. A failed pass is reported
-/// in the agent's status and retried with exponential backoff (a notice
-/// also retries it at once).
-///
-/// An idle agent's task holds one pointer, to the agent and what its loop
-/// keeps between passes ([`Looping`]), and its wait (`idle`); the wait for
-/// a pass's permit and the pass itself are boxed futures of their own, on
-/// the heap only while they run. A process may hold 200,000 idle agents.
-pub fn run_loop<A: Agent>(agent: A, stop: Stop) -> impl Future<Output = ()> {
-    let watching = agent.targets();
-    run_boxed(
-        Box::new(Looping {
-            agent,
-            retry: RETRY_MIN,
-            watching,
-            notices: None,
-            sleep: None,
-        }),
-        stop,
-    )
-}
-
-async fn run_boxed<A: Agent>(mut state: Box<Looping<A>>, stop: Stop) {
-    'agent: loop {
-        if state.notices.is_none() && !Box::pin(state.first_watch(&stop)).await {
-            break;
-        }
-        loop {
-            // A permit per pass where agents share a process: when one
-            // change wakes 100,000 agents (a service destroyed, a controller
-            // started), at most a few hundred hold a pass's state (its
-            // future, the views it read, its pending writes) at once. The
-            // others wait holding only the wait for a permit: waiting inside
-            // the pass's future kept 100,000 pass-sized futures, a fifth of
-            // the controller's peak. Waiting never blocks a stop: recalling
-            // a unit waits for its agent to end, from inside its deployer's
-            // pass.
-            let permit = match state.agent.passes() {
-                Some(passes) => match Box::pin(permit(passes, &stop)).await {
-                    Some(p) => Some(p),
-                    None => break 'agent,
-                },
-                None => None,
-            };
-            match Box::pin(state.pass(&stop, permit)).await {
-                Pass::Again => {}
-                Pass::Idle => break,
-                Pass::End => break 'agent,
-            }
-        }
-        let s = &mut *state;
-        let Some(notices) = s.notices.as_mut() else {
-            break;
-        };
-        match idle(&stop, notices, &mut s.sleep).await {
-            Woken::Notice | Woken::Timer => {}
-            Woken::NoMoreNotices | Woken::Stopped => break,
-        }
-    }
-    Box::pin(state.agent.finish()).await;
-}
-
-/// A pass's permit, or `None` once the agent is stopped.
-async fn permit(
-    passes: Arc<tokio::sync::Semaphore>,
-    stop: &Stop,
-) -> Option<tokio::sync::OwnedSemaphorePermit> {
-    let acquire = passes.acquire_owned();
-    tokio::pin!(acquire);
-    std::future::poll_fn(|cx| {
-        if stop.poll_stopped(cx).is_ready() {
-            return Poll::Ready(None);
-        }
-        acquire.as_mut().poll(cx).map(Result::ok)
-    })
-    .await
-}
-
-/// An agent and what its loop keeps between passes.
-struct Looping<A> {
-    agent: A,
-    /// The next retry's delay after a failed pass or watch.
-    retry: Duration,
-    /// What `notices` is subscribed to.
-    watching: Vec<WatchTarget>,
-    notices: Option<api::NoticeStream>,
-    /// While a failed pass waits to be retried.
-    sleep: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
-}
-
-/// What a pass found, for the loop.
-enum Pass {
-    /// Look again at once (after another permit).
-    Again,
-    /// Nothing to do until a notice (or the retry timer).
-    Idle,
-    /// Stopped, or the entity is Dead or gone.
-    End,
-}
-
-impl<A: Agent> Looping<A> {
-    /// The first subscription, retried until it is made; `false` when the
-    /// agent is to end (stopped, or nothing to watch).
-    async fn first_watch(&mut self, stop: &Stop) -> bool {
-        loop {
-            match Box::pin(subscribe(&self.agent, &self.watching)).await {
-                Ok(n) => {
-                    self.notices = Some(n);
-                    self.retry = RETRY_MIN;
-                    return true;
-                }
-                // The entity is gone (or was never the agent's).
-                Err(e) if e.is_unauthorized() => {
-                    debug!(agent = %self.agent.api().tag(), error = %e, "nothing to watch; stopping");
-                    return false;
-                }
-                Err(e) => {
-                    warn!(agent = %self.agent.api().tag(), error = %e, "cannot watch; retrying");
-                    let stopped = tokio::select! {
-                        _ = tokio::time::sleep(self.retry) => false,
-                        _ = stop.stopped() => true,
-                    };
-                    if stopped {
-                        return false;
-                    }
-                    self.retry = (self.retry * 2).min(RETRY_MAX);
-                }
-            }
-        }
-    }
-
-    /// One pass, holding `_permit` while the agent steps; then the watch
-    /// follows what the agent now wants to see.
-    async fn pass(
-        &mut self,
-        stop: &Stop,
-        permit: Option<tokio::sync::OwnedSemaphorePermit>,
-    ) -> Pass {
-        self.sleep = None;
-        if stop.is_stopped() {
-            return Pass::End;
-        }
-        let wait = match Box::pin(self.agent.step()).await {
-            Ok(Step::Again) => return Pass::Again,
-            Ok(Step::Done) => {
-                debug!(agent = %self.agent.api().tag(), "done");
-                return Pass::End;
-            }
-            Ok(Step::Idle) => {
-                self.retry = RETRY_MIN;
-                None
-            }
-            Err(e) => {
-                let retry = self.retry;
-                warn!(agent = %self.agent.api().tag(), error = %e, retry_in = ?retry, "agent pass failed");
-                Box::pin(self.agent.failed(&e.to_string())).await;
-                self.retry = (retry * 2).min(RETRY_MAX);
-                Some(retry)
-            }
-        };
-        drop(permit);
-        let wanted = self.agent.targets();
-        if wanted != self.watching {
-            // Subscribed before the next pass reads, so nothing falls
-            // between; a refused scope (left meanwhile) is dropped.
-            match Box::pin(subscribe(&self.agent, &wanted)).await {
-                Ok(n) => {
-                    self.notices = Some(n);
-                    self.watching = wanted;
-                    return Pass::Again;
-                }
-                Err(e) => {
-                    debug!(agent = %self.agent.api().tag(), error = %e, "cannot watch the new targets yet")
-                }
-            }
-        }
-        self.sleep = wait.map(|d| Box::pin(tokio::time::sleep(d)));
-        Pass::Idle
-    }
-}
-
-/// The wait of an idle agent, polled by hand: `select!` over the same three
-/// kept several times their size in an idle task's future.
-fn idle<'a>(
-    stop: &'a Stop,
-    notices: &'a mut api::NoticeStream,
-    sleep: &'a mut Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
-) -> impl Future<Output = Woken> + 'a {
-    std::future::poll_fn(move |cx| {
-        if stop.poll_stopped(cx).is_ready() {
-            return Poll::Ready(Woken::Stopped);
-        }
-        if let Poll::Ready(n) = notices.as_mut().poll_next(cx) {
-            return Poll::Ready(match n {
-                Some(_) => Woken::Notice,
-                None => Woken::NoMoreNotices,
-            });
-        }
-        if let Some(s) = sleep.as_mut() {
-            if s.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(Woken::Timer);
-            }
-        }
-        Poll::Pending
-    })
-}
-
-/// One stream of notices for all of `targets`; the first target (the
-/// agent's own entity) must be watchable, the others are best effort.
-async fn subscribe<A: Agent>(
-    agent: &A,
-    targets: &[WatchTarget],
-) -> std::result::Result<api::NoticeStream, ApiError> {
-    let mut streams = Vec::with_capacity(targets.len());
-    for (i, t) in targets.iter().enumerate() {
-        match agent.api().watch(t.clone()).await {
-            Ok(s) => streams.push(s),
-            Err(e) if i == 0 => return Err(e),
-            Err(e) => debug!(agent = %agent.api().tag(), error = %e, target = ?t, "not watched"),
-        }
-    }
-    if streams.len() == 1 {
-        return Ok(streams.pop().expect("one"));
-    }
-    Ok(Box::pin(futures_util::stream::select_all(streams)))
-}

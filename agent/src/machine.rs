@@ -9,7 +9,7 @@
 
 use crate::api::{AgentStatus, Connector, ErrorCode, Facade, WatchTarget};
 use crate::deployer::Deployer;
-use crate::{run_loop, Agent, Result, Step, Stop};
+use crate::{Agent, Result, Running, Step};
 use jujube_core::Life;
 use std::path::Path;
 use std::sync::Arc;
@@ -43,10 +43,12 @@ impl MachineAgent {
         }
     }
 
-    /// Runs until the machine is Dead or gone, or `stop` is called. Not an
-    /// `async fn`: that would keep the agent in its future beside the box.
-    pub fn run(self, stop: Stop) -> impl std::future::Future<Output = ()> + Send {
-        run_loop(self, stop)
+    /// Starts the agent on the current tokio runtime; it runs until the
+    /// machine is Dead or gone, or it is stopped.
+    pub fn spawn(self) -> Running {
+        crate::run::spawn_with(self, |cell, state, woken| {
+            Box::pin(crate::run::drive(cell, state, woken))
+        })
     }
 
     async fn report(&mut self, status: AgentStatus, info: &str) -> Result<()> {

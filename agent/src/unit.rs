@@ -26,8 +26,7 @@ use crate::deployer::{unit_dir_name, Deployer};
 use crate::hooks::context::{HookContext, ToolServer};
 use crate::hooks::runner::{self, Hook, Outcome};
 use crate::hooks::state::{digest, HookRecord, HookState, RelationState};
-use crate::{run_loop, Agent, Result, Step, Stop};
-use futures_util::future::BoxFuture;
+use crate::{Agent, Result, Running, Step};
 use jujube_core::charm::Scope;
 use jujube_core::Life;
 use std::collections::BTreeMap;
@@ -127,10 +126,12 @@ impl UnitAgent {
         self.machine_dir.join(unit_dir_name(&self.name))
     }
 
-    /// Runs until the unit is Dead or gone, or `stop` is called. Boxed: a
-    /// unit agent starts its subordinates' agents, of its own type.
-    pub fn run(self, stop: Stop) -> BoxFuture<'static, ()> {
-        Box::pin(run_loop(self, stop))
+    /// Starts the agent on the current tokio runtime; it runs until the
+    /// unit is Dead or gone, or it is stopped.
+    pub fn spawn(self) -> Running {
+        crate::run::spawn_with(self, |cell, state, woken| {
+            Box::pin(crate::run::drive(cell, state, woken))
+        })
     }
 
     async fn report(&mut self, status: AgentStatus, info: &str) -> Result<()> {

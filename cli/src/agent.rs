@@ -57,20 +57,19 @@ pub async fn run(data_dir: &Path) -> Result<()> {
         .with_context(|| format!("cannot create `{}`", creds.display()))?;
     let connector = Arc::new(RemoteConnector::new(api.clone(), creds));
     let agent = MachineAgent::new(api, connector, id, data_dir);
-    let stop = jujube_agent::Stop::new();
-    let mut task = tokio::spawn(agent.run(stop.clone()));
+    let running = agent.spawn();
     info!(agent = %conf.tag, addresses = ?conf.api_addresses, "agent started");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
-        _ = &mut task => {
+        _ = running.finished() => {
             info!(agent = %conf.tag, "machine is dead; agent stopped");
             return Ok(());
         }
     }
-    stop.stop();
-    let _ = task.await;
+    running.stop();
+    running.finished().await;
     info!(agent = %conf.tag, "agent stopped");
     drop(lock);
     Ok(())

@@ -238,3 +238,58 @@ async fn agents_go_through_their_whole_lifecycle_one_pass_at_a_time() {
     .await;
     host.shutdown().await;
 }
+
+/// An idle agent has no task: its state is parked until something it
+/// watches changes, which spawns one (a task each — its 128-byte cell, its
+/// boxed future, its own stop flag — was three fifths of what 200,000 idle
+/// agents kept). Parked agents still wake for every change and for a stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_agents_are_parked_without_a_task_and_wake_for_changes() {
+    logs();
+    let w = World::new();
+    let units = w.deploy(WORDPRESS, "wordpress", 4);
+    w.provision();
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let before = metrics.num_alive_tasks();
+    let host = Host::start(w.store.clone(), w.dir.path().join("agents")).unwrap();
+    until(&w.store, "every unit's agent started", |s| {
+        units.iter().all(|u| status(s, u) == "started")
+    })
+    .await;
+    // Eight agents; once they are idle only the host's two tasks (its
+    // machine watcher and the change router) remain. A task's end is no
+    // event anyone can wait on: this polls, bounded.
+    let parked = async {
+        while metrics.num_alive_tasks() > before + 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(30), parked)
+        .await
+        .is_err()
+    {
+        panic!(
+            "{} tasks alive with every agent idle (before the host: {before})",
+            metrics.num_alive_tasks()
+        );
+    }
+    // A change wakes them: the units go Dying, Dead, and are removed.
+    w.store.destroy_service("wordpress").unwrap();
+    until(&w.store, "the units are gone", |s| {
+        units.iter().all(|u| life(s, u).is_none())
+    })
+    .await;
+    for u in &units {
+        assert!(
+            !w.dir
+                .path()
+                .join("agents/machine-1")
+                .join(jujube_agent::deployer::unit_dir_name(u))
+                .exists(),
+            "{u} recalled"
+        );
+    }
+    // A stop reaches parked agents too: the shutdown waits for each.
+    host.shutdown().await;
+    assert_eq!(metrics.num_alive_tasks(), before);
+}
