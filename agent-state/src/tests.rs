@@ -798,9 +798,9 @@ mod heap {
 
 /// One change wakes every agent of a service (100,000 in the benchmark, as
 /// at a controller's start), and each then waits for a pass's permit: what
-/// it holds meanwhile is most of the controller's peak. When the wait held
-/// the whole pass-sized future, a waiting machine agent kept 1,160 bytes
-/// (before its stop flag joined its parking cell: 1,230 now).
+/// it holds meanwhile is most of the controller's peak. It waits parked,
+/// without a task: waiting inside the whole pass-sized future, a waiting
+/// machine agent kept 1,160 bytes.
 #[tokio::test(flavor = "current_thread")]
 async fn an_agent_waiting_for_a_pass_keeps_little() {
     const N: usize = 500;
@@ -818,6 +818,9 @@ async fn an_agent_waiting_for_a_pass_keeps_little() {
         .unwrap();
     let mut running = Vec::with_capacity(N);
     let dir = w.dir.path().to_path_buf();
+    let tasks = tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks();
     let before = heap::live_here();
     for &id in &ids {
         let agent = jujube_agent::machine::MachineAgent::new(
@@ -832,9 +835,13 @@ async fn an_agent_waiting_for_a_pass_keeps_little() {
         tokio::task::yield_now().await;
     }
     let per_agent = (heap::live_here() - before) / N as isize;
-    // Each has subscribed and waits: its task, its boxed loop state, its
-    // facade handle, stop and subscription, and the wait itself.
-    assert!(per_agent <= 1100, "{per_agent} bytes per waiting agent");
+    // Each has subscribed and waits: its cell, its boxed loop state, its
+    // facade handle and subscription, and its place in the queue.
+    assert!(per_agent <= 900, "{per_agent} bytes per waiting agent");
+    let alive = tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks();
+    assert_eq!(alive, tasks, "waiting agents hold no task");
     drop(all);
     for r in &running {
         r.stop();

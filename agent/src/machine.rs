@@ -46,9 +46,7 @@ impl MachineAgent {
     /// Starts the agent on the current tokio runtime; it runs until the
     /// machine is Dead or gone, or it is stopped.
     pub fn spawn(self) -> Running {
-        crate::run::spawn_with(self, |cell, state, woken| {
-            Box::pin(crate::run::drive(cell, state, woken))
-        })
+        crate::run::spawn_with(self, |cell, state| Box::pin(crate::run::drive(cell, state)))
     }
 
     async fn report(&mut self, status: AgentStatus, info: &str) -> Result<()> {

@@ -68,7 +68,7 @@ trait Control: Send + Sync {
 /// concrete agent type (see `MachineAgent::spawn`): a generic one could not
 /// prove the future `Send`, and a unit agent's future would contain itself
 /// (it starts its subordinates' agents).
-pub(crate) type Driver<A> = fn(Arc<Cell<A>>, Box<Looping<A>>, bool) -> BoxFuture<'static, ()>;
+pub(crate) type Driver<A> = fn(Arc<Cell<A>>, Box<Looping<A>>) -> BoxFuture<'static, ()>;
 
 /// Starts `agent` on the current tokio runtime.
 pub(crate) fn spawn_with<A: Agent + 'static>(agent: A, driver: Driver<A>) -> Running {
@@ -87,8 +87,10 @@ pub(crate) fn spawn_with<A: Agent + 'static>(agent: A, driver: Driver<A>) -> Run
         watching,
         notices: None,
         sleep: None,
+        wants_pass: true,
+        acquiring: None,
     });
-    tokio::spawn(driver(cell.clone(), looping, false));
+    tokio::spawn(driver(cell.clone(), looping));
     Running(cell)
 }
 
@@ -140,8 +142,7 @@ impl<A: Agent + 'static> Wake for Cell<A> {
                 drop(park);
                 // A runtime shutting down drops the future, and with it the
                 // agent's state: as its tasks' futures are dropped.
-                self.runtime
-                    .spawn((self.driver)(self.clone(), looping, true));
+                self.runtime.spawn((self.driver)(self.clone(), looping));
             }
         }
     }
@@ -194,72 +195,47 @@ impl<A> Cell<A> {
     }
 }
 
-/// What ended an idle agent's wait.
-enum Woken {
-    Notice,
-    NoMoreNotices,
-    Timer,
-    Stopped,
+/// What a parked agent's wait came to.
+enum Next {
+    /// Run a pass (holding the permit, where passes are bounded).
+    Pass(Option<tokio::sync::OwnedSemaphorePermit>),
+    /// Stopped, or no more notices will come.
+    End,
 }
 
-/// The task of a cell's agent: from its start (`woken` false: subscribe and
-/// pass at once) or from a wake of its parked state (`woken`: look at what
-/// woke it first). Ends by parking the agent, or with the agent.
-pub(crate) async fn drive<A: Agent + 'static>(
-    cell: Arc<Cell<A>>,
-    mut state: Box<Looping<A>>,
-    mut woken: bool,
-) {
+/// The task of a cell's agent, from its start or from a wake of its parked
+/// state: runs passes until the agent waits (for a notice, its retry timer
+/// or a pass's permit), then parks it. Ends with the agent.
+pub(crate) async fn drive<A: Agent + 'static>(cell: Arc<Cell<A>>, mut state: Box<Looping<A>>) {
     'agent: loop {
-        if woken {
-            loop {
-                *lock(&cell.park) = Park::Running { woken: false };
-                let ready = {
-                    let waker = Waker::from(cell.clone());
-                    let mut cx = Context::from_waker(&waker);
-                    poll_idle(&cell, &mut state, &mut cx)
-                };
-                match ready {
-                    Poll::Ready(Woken::Notice | Woken::Timer) => break,
-                    Poll::Ready(Woken::NoMoreNotices | Woken::Stopped) => break 'agent,
-                    Poll::Pending => {
-                        let mut park = lock(&cell.park);
-                        if let Park::Running { woken: true } = *park {
-                            // Woken while looking: look again.
-                            continue;
-                        }
-                        *park = Park::Parked(state);
-                        return;
-                    }
-                }
-            }
-        }
-        woken = true;
         if state.notices.is_none() && !Box::pin(state.first_watch(&cell)).await {
             break;
         }
-        loop {
-            // A permit per pass where agents share a process: when one
-            // change wakes 100,000 agents (a service destroyed, a controller
-            // started), at most a few hundred hold a pass's state (its
-            // future, the views it read, its pending writes) at once. The
-            // others wait holding only the wait for a permit: waiting inside
-            // the pass's future kept 100,000 pass-sized futures, a fifth of
-            // the controller's peak. Waiting never blocks a stop: recalling
-            // a unit waits for its agent to end, from inside its deployer's
-            // pass.
-            let permit = match state.agent.passes() {
-                Some(passes) => match Box::pin(permit(passes, &cell)).await {
-                    Some(p) => Some(p),
-                    None => break 'agent,
-                },
-                None => None,
+        let permit = loop {
+            *lock(&cell.park) = Park::Running { woken: false };
+            let next = {
+                let waker = Waker::from(cell.clone());
+                let mut cx = Context::from_waker(&waker);
+                poll_wait(&cell, &mut state, &mut cx)
             };
-            match Box::pin(state.pass(&cell, permit)).await {
-                Pass::Again => {}
-                Pass::Idle => break,
-                Pass::End => break 'agent,
+            match next {
+                Poll::Ready(Next::Pass(permit)) => break permit,
+                Poll::Ready(Next::End) => break 'agent,
+                Poll::Pending => {
+                    let mut park = lock(&cell.park);
+                    if let Park::Running { woken: true } = *park {
+                        // Woken while looking: look again.
+                        continue;
+                    }
+                    *park = Park::Parked(state);
+                    return;
+                }
             }
+        };
+        match Box::pin(state.pass(&cell, permit)).await {
+            Pass::Again => state.wants_pass = true,
+            Pass::Idle => {}
+            Pass::End => break,
         }
     }
     Box::pin(state.agent.finish()).await;
@@ -269,44 +245,53 @@ pub(crate) async fn drive<A: Agent + 'static>(
     cell.waiter.wake();
 }
 
-/// Whether an idle agent has something to look at; registers `cx` (the
-/// cell's own waker) with its notices and timer. Its stop needs no
-/// registration: stopping wakes the cell.
-fn poll_idle<A>(cell: &Cell<A>, state: &mut Looping<A>, cx: &mut Context<'_>) -> Poll<Woken> {
+/// What an agent waits for, polled with its cell's own waker (registered
+/// with its notices, its timer or its place in the queue for permits; its
+/// stop needs no registration: stopping wakes the cell).
+///
+/// A permit per pass where agents share a process: when one change wakes
+/// 100,000 agents (a service destroyed, a controller started), at most a
+/// few hundred hold a pass's state (its future, the views it read, its
+/// pending writes) at once. The others wait parked, holding only their
+/// place in the queue: waiting in a task held the task, and waiting inside
+/// the pass's future 100,000 pass-sized futures — most of the controller's
+/// peak either way.
+fn poll_wait<A: Agent>(cell: &Cell<A>, state: &mut Looping<A>, cx: &mut Context<'_>) -> Poll<Next> {
     if cell.is_stopped() {
-        return Poll::Ready(Woken::Stopped);
+        return Poll::Ready(Next::End);
     }
-    let Some(notices) = state.notices.as_mut() else {
-        return Poll::Ready(Woken::NoMoreNotices);
+    if !state.wants_pass {
+        let Some(notices) = state.notices.as_mut() else {
+            return Poll::Ready(Next::End);
+        };
+        match notices.as_mut().poll_next(cx) {
+            Poll::Ready(Some(_)) => state.wants_pass = true,
+            Poll::Ready(None) => return Poll::Ready(Next::End),
+            Poll::Pending => {
+                let timer = state.sleep.as_mut().map(|s| s.as_mut().poll(cx));
+                if !timer.is_some_and(|t| t.is_ready()) {
+                    return Poll::Pending;
+                }
+                state.wants_pass = true;
+            }
+        }
+    }
+    let Some(passes) = state.agent.passes() else {
+        state.wants_pass = false;
+        return Poll::Ready(Next::Pass(None));
     };
-    if let Poll::Ready(n) = notices.as_mut().poll_next(cx) {
-        return Poll::Ready(match n {
-            Some(_) => Woken::Notice,
-            None => Woken::NoMoreNotices,
-        });
-    }
-    if let Some(s) = state.sleep.as_mut() {
-        if s.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Woken::Timer);
+    let acquire = state
+        .acquiring
+        .get_or_insert_with(|| Box::pin(passes.acquire_owned()));
+    match acquire.as_mut().poll(cx) {
+        Poll::Ready(permit) => {
+            state.acquiring = None;
+            state.wants_pass = false;
+            // Closed only if its owner went: pass without it.
+            Poll::Ready(Next::Pass(permit.ok()))
         }
+        Poll::Pending => Poll::Pending,
     }
-    Poll::Pending
-}
-
-/// A pass's permit, or `None` once the agent is stopped.
-async fn permit<A>(
-    passes: Arc<tokio::sync::Semaphore>,
-    cell: &Cell<A>,
-) -> Option<tokio::sync::OwnedSemaphorePermit> {
-    let acquire = passes.acquire_owned();
-    tokio::pin!(acquire);
-    std::future::poll_fn(|cx| {
-        if cell.poll_stopped(cx).is_ready() {
-            return Poll::Ready(None);
-        }
-        acquire.as_mut().poll(cx).map(Result::ok)
-    })
-    .await
 }
 
 /// An agent and what its loop keeps between passes.
@@ -319,7 +304,19 @@ pub(crate) struct Looping<A> {
     notices: Option<api::NoticeStream>,
     /// While a failed pass waits to be retried.
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// A notice (or the timer) came, or the last pass asked for another:
+    /// it waits for a pass's permit.
+    wants_pass: bool,
+    /// Its place in the queue for a pass's permit, while it waits.
+    acquiring: Option<Acquiring>,
 }
+
+type Acquiring = Pin<
+    Box<
+        dyn Future<Output = Result<tokio::sync::OwnedSemaphorePermit, tokio::sync::AcquireError>>
+            + Send,
+    >,
+>;
 
 /// What a pass found, for the loop.
 enum Pass {
