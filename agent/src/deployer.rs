@@ -42,7 +42,6 @@ pub struct Record {
     pub charm_url: String,
 }
 
-
 /// The deployed units, sorted by name, and their agents (`None`: not
 /// started yet). A sorted `Vec`, not a map: most deployers hold one unit (a
 /// machine's principal), and a one-entry `BTreeMap` took 450 bytes.
@@ -194,8 +193,41 @@ impl Deployer {
         connector: Arc<dyn Connector>,
         machine_dir: Arc<Path>,
     ) -> Result<Deployer> {
+        let mut d = Deployer::new(api, connector, machine_dir);
+        d.scan()?;
+        Ok(d)
+    }
+
+    /// A deployer that has not read its directory yet (see
+    /// [`Deployer::scan`]): a machine agent keeps one from its start, and
+    /// no second copy of its facade and directory.
+    pub fn new(
+        api: Arc<dyn Facade>,
+        connector: Arc<dyn Connector>,
+        machine_dir: Arc<Path>,
+    ) -> Deployer {
+        Deployer {
+            api,
+            connector,
+            machine_dir,
+            deployed: Deployed::default(),
+        }
+    }
+
+    pub fn api(&self) -> &Arc<dyn Facade> {
+        &self.api
+    }
+
+    pub fn connector(&self) -> &Arc<dyn Connector> {
+        &self.connector
+    }
+
+    /// What [`Deployer::open`] reads: replaces what this deployer knew of
+    /// its units (their agents are not started).
+    pub fn scan(&mut self) -> Result<()> {
+        let machine_dir = self.machine_dir.clone();
         std::fs::create_dir_all(&machine_dir).map_err(io("create", &machine_dir))?;
-        let owner = api.tag().clone();
+        let owner = self.api.tag().clone();
         let mut deployed = Deployed::default();
         for entry in std::fs::read_dir(&machine_dir).map_err(io("read", &machine_dir))? {
             let entry = entry.map_err(io("read", &machine_dir))?;
@@ -222,12 +254,8 @@ impl Deployer {
                 deployed.insert(record.unit, None);
             }
         }
-        Ok(Deployer {
-            api,
-            connector,
-            machine_dir,
-            deployed,
-        })
+        self.deployed = deployed;
+        Ok(())
     }
 
     pub fn is_empty(&self) -> bool {
@@ -464,5 +492,5 @@ fn start_unit_agent(
     unit: &str,
 ) -> Running {
     let api = connector.connect(&Tag::unit(unit));
-    crate::unit::UnitAgent::new(api, connector.clone(), machine_dir.clone(), unit).spawn()
+    crate::unit::UnitAgent::new(api, connector.clone(), machine_dir.clone()).spawn()
 }

@@ -133,4 +133,3 @@ impl Stop {
         std::future::poll_fn(|cx| self.poll_stopped(cx)).await
     }
 }
-

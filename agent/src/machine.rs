@@ -16,11 +16,11 @@ use std::sync::Arc;
 use tracing::info;
 
 pub struct MachineAgent {
-    api: Arc<dyn Facade>,
-    connector: Arc<dyn Connector>,
+    /// Holds the agent's facade, connector and directory too (one copy of
+    /// each for 100,000 agents); read on the first pass.
+    deployer: Deployer,
+    opened: bool,
     id: i64,
-    dir: Arc<Path>,
-    deployer: Option<Deployer>,
     reported: Option<AgentStatus>,
 }
 
@@ -34,11 +34,9 @@ impl MachineAgent {
         dir: &Path,
     ) -> MachineAgent {
         MachineAgent {
-            api,
-            connector,
+            deployer: Deployer::new(api, connector, Arc::from(dir)),
+            opened: false,
             id,
-            dir: Arc::from(dir),
-            deployer: None,
             reported: None,
         }
     }
@@ -53,7 +51,10 @@ impl MachineAgent {
         if self.reported == Some(status) && info.is_empty() {
             return Ok(());
         }
-        self.api.set_machine_status(self.id, status, info).await?;
+        self.deployer
+            .api()
+            .set_machine_status(self.id, status, info)
+            .await?;
         self.reported = Some(status);
         Ok(())
     }
@@ -61,7 +62,7 @@ impl MachineAgent {
 
 impl Agent for MachineAgent {
     fn api(&self) -> &Arc<dyn Facade> {
-        &self.api
+        self.deployer.api()
     }
 
     fn target(&self) -> WatchTarget {
@@ -69,11 +70,11 @@ impl Agent for MachineAgent {
     }
 
     fn passes(&self) -> Option<Arc<tokio::sync::Semaphore>> {
-        self.connector.passes()
+        self.deployer.connector().passes()
     }
 
     async fn step(&mut self) -> Result<Step> {
-        let view = match self.api.machine(self.id).await {
+        let view = match self.deployer.api().machine(self.id).await {
             Ok(v) => v,
             Err(e) if e.is_unauthorized() => return Ok(Step::Done),
             Err(e) => return Err(e.into()),
@@ -83,15 +84,14 @@ impl Agent for MachineAgent {
             Life::Alive => self.report(AgentStatus::Started, "").await?,
             Life::Dying => self.report(AgentStatus::Dying, "").await?,
         }
-        if self.deployer.is_none() {
-            let mut d = Deployer::open(self.api.clone(), self.connector.clone(), self.dir.clone())?;
-            d.start_agents();
-            self.deployer = Some(d);
+        if !self.opened {
+            self.deployer.scan()?;
+            self.deployer.start_agents();
+            self.opened = true;
         }
-        let deployer = self.deployer.as_mut().expect("just opened");
-        let acted = deployer.reconcile(&view.units).await?;
-        if view.life == Life::Dying && !acted && view.units.is_empty() && deployer.is_empty() {
-            match self.api.ensure_dead_machine(self.id).await {
+        let acted = self.deployer.reconcile(&view.units).await?;
+        if view.life == Life::Dying && !acted && view.units.is_empty() && self.deployer.is_empty() {
+            match self.deployer.api().ensure_dead_machine(self.id).await {
                 Ok(()) => {
                     info!(machine = self.id, "machine is dead");
                     return Ok(Step::Done);
@@ -107,14 +107,15 @@ impl Agent for MachineAgent {
     async fn failed(&mut self, message: &str) {
         self.reported = None;
         let _ = self
-            .api
+            .deployer
+            .api()
             .set_machine_status(self.id, AgentStatus::Error, message)
             .await;
     }
 
     async fn finish(&mut self) {
-        if let Some(d) = self.deployer.as_mut() {
-            d.stop().await;
+        if self.opened {
+            self.deployer.stop().await;
         }
     }
 }

@@ -19,7 +19,7 @@
 //! unit Dead and stops for good. Its deployer then recalls and removes it.
 
 use crate::api::{
-    AgentStatus, ApiError, Connector, ErrorCode, Facade, RelationView, RunResult, UnitView,
+    AgentStatus, ApiError, Connector, ErrorCode, Facade, RelationView, RunResult, Tag, UnitView,
     WatchTarget,
 };
 use crate::deployer::{unit_dir_name, Deployer};
@@ -37,7 +37,6 @@ use tracing::debug;
 pub struct UnitAgent {
     api: Arc<dyn Facade>,
     connector: Arc<dyn Connector>,
-    name: String,
     machine_dir: Arc<Path>,
     /// Opened on the first pass that needs it (the directory scan is the
     /// agent's own work). Boxed, as `tools`: most units have no
@@ -46,14 +45,14 @@ pub struct UnitAgent {
     /// Whether the directory was read for deployed subordinates since the
     /// agent started (see `reconcile_subordinates`).
     scanned: bool,
-    reported: Option<(AgentStatus, String)>,
+    reported: Option<(AgentStatus, Box<str>)>,
     /// What hooks have run (loaded on the first pass, saved after each).
     /// Boxed: most agents sit idle, and the record is half the agent's size.
     hooks: Option<Box<HookState>>,
     tools: Option<Box<ToolServer>>,
     /// Relations whose scope it is in: watched for members and settings.
     scopes: Vec<i64>,
-    contexts: u64,
+    contexts: u32,
     /// config-changed runs once whenever the agent (re)starts: how
     /// charms-in-action.txt's "recovering from transient unit agent errors"
     /// happens (Juju's uniter does the same).
@@ -103,12 +102,10 @@ impl UnitAgent {
         api: Arc<dyn Facade>,
         connector: Arc<dyn Connector>,
         machine_dir: Arc<Path>,
-        name: &str,
     ) -> UnitAgent {
         UnitAgent {
             api,
             connector,
-            name: name.to_string(),
             machine_dir,
             deployer: None,
             scanned: false,
@@ -121,9 +118,18 @@ impl UnitAgent {
         }
     }
 
+    /// The unit's name: its facade's tag (one copy, not two, for 100,000
+    /// agents).
+    pub fn name(&self) -> &str {
+        match self.api.tag() {
+            Tag::Unit(name) => name,
+            Tag::Machine(_) => "",
+        }
+    }
+
     /// The unit's directory (its charm is in `charm/`).
     pub fn dir(&self) -> PathBuf {
-        self.machine_dir.join(unit_dir_name(&self.name))
+        self.machine_dir.join(unit_dir_name(self.name()))
     }
 
     /// Starts the agent on the current tokio runtime; it runs until the
@@ -136,12 +142,12 @@ impl UnitAgent {
         if self
             .reported
             .as_ref()
-            .is_some_and(|(s, i)| *s == status && i == info)
+            .is_some_and(|(s, i)| *s == status && **i == *info)
         {
             return Ok(());
         }
-        self.api.set_unit_status(&self.name, status, info).await?;
-        self.reported = Some((status, info.to_string()));
+        self.api.set_unit_status(self.name(), status, info).await?;
+        self.reported = Some((status, info.into()));
         Ok(())
     }
 
@@ -151,7 +157,7 @@ impl UnitAgent {
     pub fn log_path(&self) -> PathBuf {
         self.machine_dir
             .join("logs")
-            .join(format!("{}.log", unit_dir_name(&self.name)))
+            .join(format!("{}.log", unit_dir_name(self.name())))
     }
 
     /// Whether this unit has a charm to run hooks from (a deployed unit).
@@ -195,13 +201,13 @@ impl UnitAgent {
         self.save_hooks()?;
         let (id, ctx, socket) = self.open_context(&hook, relations).await?;
         let log = self.log_path();
-        let outcome = runner::run(&dir, &log, &self.name, &id, &socket, &hook).await;
+        let outcome = runner::run(&dir, &log, self.name(), &id, &socket, &hook).await;
         self.close_context().await;
         match outcome {
             Outcome::Missing | Outcome::Succeeded => {
                 self.commit_context(&ctx).await?;
                 if outcome == Outcome::Succeeded {
-                    debug!(unit = %self.name, hook = %hook.name, "hook ran");
+                    debug!(unit = %self.name(), hook = %hook.name, "hook ran");
                 }
                 self.hook_state().running = None;
                 self.save_hooks()?;
@@ -241,10 +247,10 @@ impl UnitAgent {
             })?));
         }
         self.contexts += 1;
-        let id = format!("{}-{}-{}", self.name, hook.name, self.contexts);
+        let id = format!("{}-{}-{}", self.name(), hook.name, self.contexts);
         let ctx = Arc::new(HookContext::new(
             id.clone(),
-            &self.name,
+            self.name(),
             hook.relation.clone(),
             hook.remote.clone(),
             relations.clone(),
@@ -268,7 +274,7 @@ impl UnitAgent {
         let pending = std::mem::take(&mut *ctx.pending.lock().await);
         for (rel, changes) in pending {
             self.api
-                .update_relation_settings(rel, &self.name, changes.into_iter().collect())
+                .update_relation_settings(rel, self.name(), changes.into_iter().collect())
                 .await?;
         }
         Ok(())
@@ -277,8 +283,8 @@ impl UnitAgent {
     /// Lays the service's current charm over the unit's charm directory:
     /// its files replace theirs, anything else there stays.
     async fn lay_charm(&mut self) -> Result<()> {
-        let charm = self.api.charm(&self.name).await?;
-        crate::deployer::install_charm(&*self.api, &self.name, &charm, &self.dir().join("charm"))
+        let charm = self.api.charm(self.name()).await?;
+        crate::deployer::install_charm(&*self.api, self.name(), &charm, &self.dir().join("charm"))
             .await
     }
 
@@ -299,7 +305,7 @@ impl UnitAgent {
                 let out = runner::run_command(
                     &self.dir(),
                     &self.log_path(),
-                    &self.name,
+                    self.name(),
                     &id,
                     &socket,
                     &run.argv,
@@ -321,11 +327,11 @@ impl UnitAgent {
                     stdout: String::new(),
                     stderr: format!(
                         "error: unit `{}` has no charm deployed yet; try again once `jujube wait` succeeds\n",
-                        self.name
+                        self.name()
                     ),
                 }
             };
-            self.api.finish_run(&self.name, run.id, result).await?;
+            self.api.finish_run(self.name(), run.id, result).await?;
         }
         Ok(true)
     }
@@ -408,7 +414,7 @@ impl UnitAgent {
         name: &str,
         relations: &BTreeMap<i64, String>,
     ) -> Result<bool> {
-        let mut remote = self.api.scope_units(rel.id, &self.name).await?;
+        let mut remote = self.api.scope_units(rel.id, self.name()).await?;
         remote.sort();
         let known = self
             .hook_state()
@@ -607,7 +613,7 @@ impl Agent for UnitAgent {
     }
 
     fn target(&self) -> WatchTarget {
-        WatchTarget::Unit(self.name.clone())
+        WatchTarget::Unit(self.name().to_string())
     }
 
     fn passes(&self) -> Option<Arc<tokio::sync::Semaphore>> {
@@ -618,13 +624,13 @@ impl Agent for UnitAgent {
         let mut t = vec![self.target()];
         t.extend(self.scopes.iter().map(|&relation| WatchTarget::Scope {
             relation,
-            unit: self.name.clone(),
+            unit: self.name().to_string(),
         }));
         t
     }
 
     async fn step(&mut self) -> Result<Step> {
-        let view = match self.api.unit(&self.name).await {
+        let view = match self.api.unit(self.name()).await {
             Ok(v) => v,
             // Removed (or never ours): nothing left to do.
             Err(e) if e.is_unauthorized() => return Ok(Step::Done),
@@ -669,7 +675,7 @@ impl Agent for UnitAgent {
                 }
             }
             self.save_hooks()?;
-            self.api.clear_resolved(&self.name).await?;
+            self.api.clear_resolved(self.name()).await?;
             return Ok(Step::Again);
         }
         self.scopes = in_scope.keys().copied().collect();
@@ -679,7 +685,8 @@ impl Agent for UnitAgent {
             Life::Alive => {
                 // Before any hook: a unit whose service is going has no
                 // business installing or reconfiguring itself.
-                if abandoned(&view) && went_through(self.api.ensure_dying_unit(&self.name).await)? {
+                if abandoned(&view) && went_through(self.api.ensure_dying_unit(self.name()).await)?
+                {
                     return Ok(Step::Again);
                 }
                 if !self.unit_hooks(&view, &in_scope).await? {
@@ -693,7 +700,7 @@ impl Agent for UnitAgent {
                         // always read it.
                         let address = vec![("private-address".into(), runner::private_address())];
                         acted |=
-                            went_through(self.api.enter_scope(rel.id, &self.name, address).await)?;
+                            went_through(self.api.enter_scope(rel.id, self.name(), address).await)?;
                     } else if rel.life == Life::Alive && rel.in_scope {
                         if !self.relation_hooks(rel, &side(rel), &in_scope).await? {
                             return Ok(Step::Idle);
@@ -702,7 +709,7 @@ impl Agent for UnitAgent {
                         if !self.break_relation(rel, &side(rel), &in_scope).await? {
                             return Ok(Step::Idle);
                         }
-                        acted |= went_through(self.api.leave_scope(rel.id, &self.name).await)?;
+                        acted |= went_through(self.api.leave_scope(rel.id, self.name()).await)?;
                     }
                 }
                 acted |= self.reconcile_subordinates(&view.subordinates).await?;
@@ -721,7 +728,7 @@ impl Agent for UnitAgent {
                     if !self.break_relation(rel, &side(rel), &in_scope).await? {
                         return Ok(Step::Idle);
                     }
-                    acted |= went_through(self.api.leave_scope(rel.id, &self.name).await)?;
+                    acted |= went_through(self.api.leave_scope(rel.id, self.name()).await)?;
                 }
                 acted |= self.reconcile_subordinates(&view.subordinates).await?;
                 let in_scope = view.relations.iter().any(|r| r.in_scope);
@@ -741,7 +748,7 @@ impl Agent for UnitAgent {
                         self.hook_state().stopped = true;
                         self.save_hooks()?;
                     }
-                    if went_through(self.api.ensure_dead_unit(&self.name).await)? {
+                    if went_through(self.api.ensure_dead_unit(self.name()).await)? {
                         return Ok(Step::Done);
                     }
                 }
