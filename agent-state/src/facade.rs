@@ -295,7 +295,7 @@ impl Facade for InProcess {
             WatchTarget::Machine(id) if self.is_machine(*id) => vec![Key::Machine(*id)],
             WatchTarget::Unit(name) if self.is_unit(name) => {
                 let u = self.own_unit(format!("watch unit `{name}`"))?;
-                vec![Key::Unit(u.name), Key::Service(u.service)]
+                vec![Key::Unit(u.name.into()), Key::Service(u.service.into())]
             }
             WatchTarget::Scope { relation, unit } => {
                 let what = format!("watch the scope of relation `{relation}` for unit `{unit}`");
@@ -307,7 +307,7 @@ impl Facade for InProcess {
                         me.principal.clone().unwrap_or(me.name.clone())
                     }
                 };
-                vec![Key::Scope(*relation, container)]
+                vec![Key::Scope(Box::new((*relation, container.into())))]
             }
             other => return Err(self.denied(format!("watch {other:?}"))),
         };
