@@ -43,7 +43,7 @@ pub(crate) struct Shared {
     pub(crate) store: Store,
     pub(crate) hub: Arc<Hub>,
     writes: mpsc::Sender<WriteRequest>,
-    /// Agents in a pass at once (see `jujube_agent::run_loop`).
+    /// Agents in a pass at once (see `jujube_agent::Running`).
     passes: Arc<tokio::sync::Semaphore>,
 }
 

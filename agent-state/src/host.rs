@@ -89,7 +89,7 @@ impl Host {
 
     /// As [`Host::start`], running the machine agents as `mode` says, with at
     /// most `passes` in-process agents in a pass at once (see
-    /// `jujube_agent::run_loop`).
+    /// `jujube_agent::Running`).
     pub fn start_bounded(
         store: Store,
         agents_dir: PathBuf,

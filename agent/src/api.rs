@@ -339,7 +339,7 @@ pub trait Connector: Send + Sync + 'static {
     fn connect(&self, tag: &Tag) -> std::sync::Arc<dyn Facade>;
 
     /// Where many agents share one process (in the controller), how many
-    /// of them may be in a pass at once: see [`crate::run_loop`]. `None`:
+    /// of them may be in a pass at once: see the `run` module. `None`:
     /// no bound (an agent process of its own).
     fn passes(&self) -> Option<std::sync::Arc<tokio::sync::Semaphore>> {
         None

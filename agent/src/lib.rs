@@ -9,8 +9,10 @@
 //!   deployer's duties shared by machine agents (principals) and unit agents
 //!   (subordinates). The directories are the record of what was deployed.
 //! - [`machine`], [`unit`]: the agents' duties as one idempotent pass each,
-//!   run by [`run_loop`] whenever a notice says something they can see
-//!   changed.
+//!   run whenever a notice says something they can see changed.
+//! - `run`: the loop of passes; an agent waiting for anything (a notice,
+//!   its retry timer, a pass's permit) is parked without a task
+//!   ([`Running`] is its handle).
 //!
 //! - [`wire`]: the facade on the wire (one `Call` per method), agent
 //!   credentials and `agent.conf`; [`remote`]: the facade as a client of

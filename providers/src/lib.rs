@@ -240,7 +240,7 @@ pub struct Instance {
 
 /// An instance's tags, sorted by key, kept as one shared string (`key \x1f
 /// value \x1e` each, jujube's own keys as one character each: see
-/// [`KNOWN_KEYS`]). A listing of 100,000 instances with a `BTreeMap` each
+/// `KNOWN_KEYS`). A listing of 100,000 instances with a `BTreeMap` each
 /// held a 550-byte tree node and ten strings per instance; these are one
 /// allocation the size of the text, and a clone (the dummy's listings) is a
 /// reference count. Serialised as a map.
