@@ -44,7 +44,7 @@ pub(crate) struct Shared {
     pub(crate) hub: Arc<Hub>,
     writes: mpsc::Sender<WriteRequest>,
     /// Agents in a pass at once (see `jujube_agent::Running`).
-    passes: Arc<tokio::sync::Semaphore>,
+    passes: Arc<jujube_agent::Passes>,
 }
 
 impl Shared {
@@ -96,7 +96,7 @@ impl Shared {
             store,
             hub,
             writes,
-            passes: Arc::new(tokio::sync::Semaphore::new(passes.max(1))),
+            passes: jujube_agent::Passes::new(passes),
         })
     }
 }
@@ -201,7 +201,7 @@ impl Connector for InProcessConnector {
         Arc::new(InProcess::new(self.0.clone(), tag.clone()))
     }
 
-    fn passes(&self) -> Option<Arc<tokio::sync::Semaphore>> {
+    fn passes(&self) -> Option<Arc<jujube_agent::Passes>> {
         Some(self.0.passes.clone())
     }
 }

@@ -341,7 +341,7 @@ pub trait Connector: Send + Sync + 'static {
     /// Where many agents share one process (in the controller), how many
     /// of them may be in a pass at once: see the `run` module. `None`:
     /// no bound (an agent process of its own).
-    fn passes(&self) -> Option<std::sync::Arc<tokio::sync::Semaphore>> {
+    fn passes(&self) -> Option<std::sync::Arc<crate::Passes>> {
         None
     }
 }

@@ -32,7 +32,7 @@ mod run;
 pub mod unit;
 pub mod wire;
 
-pub use run::Running;
+pub use run::{PassPermit, Passes, Running};
 
 use api::{ApiError, Facade, WatchTarget};
 use futures_util::task::AtomicWaker;
@@ -78,7 +78,7 @@ pub trait Agent: Send {
     }
     /// The bound on passes shared with the other agents of this process
     /// (its connector's [`Connector::passes`](api::Connector::passes)).
-    fn passes(&self) -> Option<Arc<tokio::sync::Semaphore>> {
+    fn passes(&self) -> Option<Arc<crate::Passes>> {
         None
     }
     async fn step(&mut self) -> Result<Step>;

@@ -69,7 +69,7 @@ impl Agent for MachineAgent {
         WatchTarget::Machine(self.id)
     }
 
-    fn passes(&self) -> Option<Arc<tokio::sync::Semaphore>> {
+    fn passes(&self) -> Option<Arc<crate::Passes>> {
         self.deployer.connector().passes()
     }
 

@@ -55,6 +55,87 @@ impl Running {
     }
 }
 
+/// How many agents of a process may be in a pass at once. Agents waiting
+/// for a pass queue as their cells — 16 bytes each, no future: a change that
+/// wakes 200,000 agents queues 200,000 of them — and a released permit is
+/// handed to the first that still wants it.
+pub struct Passes {
+    gate: Mutex<Gate>,
+}
+
+struct Gate {
+    free: usize,
+    queue: std::collections::VecDeque<Arc<dyn Waiter>>,
+}
+
+/// An agent queued for a pass.
+trait Waiter: Send + Sync {
+    /// Hands it a permit; `false` if it no longer wants one (stopped or
+    /// ended), and the permit goes to the next.
+    fn grant(self: Arc<Self>) -> bool;
+}
+
+/// A pass's permit; dropping it hands it on.
+pub struct PassPermit(Arc<Passes>);
+
+impl Drop for PassPermit {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+impl Passes {
+    pub fn new(permits: usize) -> Arc<Passes> {
+        Arc::new(Passes {
+            gate: Mutex::new(Gate {
+                free: permits.max(1),
+                queue: Default::default(),
+            }),
+        })
+    }
+
+    /// A permit if one is free and nobody queues for it (not queuing).
+    pub fn try_acquire(self: &Arc<Self>) -> Option<PassPermit> {
+        let mut gate = lock(&self.gate);
+        if gate.free > 0 && gate.queue.is_empty() {
+            gate.free -= 1;
+            return Some(PassPermit(self.clone()));
+        }
+        None
+    }
+
+    /// A permit now, or `waiter` queued for one (it is granted one later).
+    fn acquire_or_queue(self: &Arc<Self>, waiter: Arc<dyn Waiter>) -> Option<PassPermit> {
+        let mut gate = lock(&self.gate);
+        if gate.free > 0 && gate.queue.is_empty() {
+            gate.free -= 1;
+            return Some(PassPermit(self.clone()));
+        }
+        gate.queue.push_back(waiter);
+        None
+    }
+
+    fn release(&self) {
+        loop {
+            let next = {
+                let mut gate = lock(&self.gate);
+                match gate.queue.pop_front() {
+                    Some(w) => w,
+                    None => {
+                        gate.free += 1;
+                        return;
+                    }
+                }
+            };
+            // Granted outside the gate's lock: granting wakes (and may
+            // spawn) the agent.
+            if next.grant() {
+                return;
+            }
+        }
+    }
+}
+
 trait Control: Send + Sync {
     fn stop(self: Arc<Self>);
     fn is_finished(&self) -> bool;
@@ -92,6 +173,8 @@ const STOPPED: u8 = 1;
 const FINISHED: u8 = 2;
 /// Something the running task waits on changed since it last looked.
 const WOKEN: u8 = 4;
+/// Queued for a pass's permit, and handed one: its pass may run.
+const GRANTED: u8 = 8;
 
 /// One agent: its flags, and its state while parked. Nothing of it waits
 /// in a task: 200,000 of these are most of an idle controller.
@@ -131,6 +214,22 @@ impl<A: Agent + 'static> Wake for Cell<A> {
     }
 }
 
+impl<A: Agent + 'static> Waiter for Cell<A> {
+    fn grant(self: Arc<Self>) -> bool {
+        {
+            // Under the lock its end takes too: a permit granted is either
+            // seen by its end (and released) or refused here.
+            let _parked = lock(&self.parked);
+            if self.flags.load(Ordering::SeqCst) & (STOPPED | FINISHED) != 0 {
+                return false;
+            }
+            self.flags.fetch_or(GRANTED, Ordering::SeqCst);
+        }
+        self.wake_by_ref();
+        true
+    }
+}
+
 impl<A: Agent + 'static> Control for Cell<A> {
     fn stop(self: Arc<Self>) {
         self.flags.fetch_or(STOPPED, Ordering::SeqCst);
@@ -165,7 +264,7 @@ enum Next {
     /// Subscribe (first, or again after a failed try).
     Watch,
     /// Run a pass (holding the permit, where passes are bounded).
-    Pass(Option<tokio::sync::OwnedSemaphorePermit>),
+    Pass(Option<PassPermit>),
     /// Stopped, or no more notices will come.
     End,
 }
@@ -208,8 +307,17 @@ pub(crate) async fn drive<A: Agent + 'static>(cell: Arc<Cell<A>>, mut state: Box
         }
     }
     Box::pin(state.agent.finish()).await;
+    let granted = {
+        let _parked = lock(&cell.parked);
+        cell.flags.fetch_or(FINISHED, Ordering::SeqCst) & GRANTED != 0
+    };
+    if granted {
+        // Handed a permit it will not use: on to the next.
+        if let Some(passes) = state.agent.passes() {
+            passes.release();
+        }
+    }
     drop(state);
-    cell.flags.fetch_or(FINISHED, Ordering::SeqCst);
     cell.waiter.wake();
 }
 
@@ -224,7 +332,11 @@ pub(crate) async fn drive<A: Agent + 'static>(cell: Arc<Cell<A>>, mut state: Box
 /// place in the queue: waiting in a task held the task, and waiting inside
 /// the pass's future 100,000 pass-sized futures — most of the controller's
 /// peak either way.
-fn poll_wait<A: Agent>(cell: &Cell<A>, state: &mut Looping<A>, cx: &mut Context<'_>) -> Poll<Next> {
+fn poll_wait<A: Agent + 'static>(
+    cell: &Arc<Cell<A>>,
+    state: &mut Looping<A>,
+    cx: &mut Context<'_>,
+) -> Poll<Next> {
     if cell.is_stopped() {
         return Poll::Ready(Next::End);
     }
@@ -258,19 +370,24 @@ fn poll_wait<A: Agent>(cell: &Cell<A>, state: &mut Looping<A>, cx: &mut Context<
         state.wait = Wait::Idle;
         return Poll::Ready(Next::Pass(None));
     };
-    if let Wait::Pass = state.wait {
-        state.wait = Wait::Acquiring(Box::pin(passes.acquire_owned()));
-    }
-    let Wait::Acquiring(acquire) = &mut state.wait else {
-        unreachable!("a pass is wanted")
-    };
-    match acquire.as_mut().poll(cx) {
-        Poll::Ready(permit) => {
+    match state.wait {
+        Wait::Queued => {
+            if cell.flags.fetch_and(!GRANTED, Ordering::SeqCst) & GRANTED == 0 {
+                return Poll::Pending;
+            }
             state.wait = Wait::Idle;
-            // Closed only if its owner went: pass without it.
-            Poll::Ready(Next::Pass(permit.ok()))
+            Poll::Ready(Next::Pass(Some(PassPermit(passes))))
         }
-        Poll::Pending => Poll::Pending,
+        _ => match passes.acquire_or_queue(cell.clone()) {
+            Some(permit) => {
+                state.wait = Wait::Idle;
+                Poll::Ready(Next::Pass(Some(permit)))
+            }
+            None => {
+                state.wait = Wait::Queued;
+                Poll::Pending
+            }
+        },
     }
 }
 
@@ -296,16 +413,9 @@ enum Wait {
     Retry(Pin<Box<tokio::time::Sleep>>),
     /// A pass: a notice came, or the last pass asked for another.
     Pass,
-    /// A pass's permit: its place in the queue.
-    Acquiring(Acquiring),
+    /// A pass's permit: queued for one (see [`Passes`]).
+    Queued,
 }
-
-type Acquiring = Pin<
-    Box<
-        dyn Future<Output = Result<tokio::sync::OwnedSemaphorePermit, tokio::sync::AcquireError>>
-            + Send,
-    >,
->;
 
 /// What a pass found, for the loop.
 enum Pass {
@@ -351,11 +461,7 @@ impl<A: Agent> Looping<A> {
 
     /// One pass, holding `permit` while the agent steps; then the watch
     /// follows what the agent now wants to see.
-    async fn pass(
-        &mut self,
-        cell: &Cell<A>,
-        permit: Option<tokio::sync::OwnedSemaphorePermit>,
-    ) -> Pass {
+    async fn pass(&mut self, cell: &Cell<A>, permit: Option<PassPermit>) -> Pass {
         if cell.is_stopped() {
             return Pass::End;
         }
@@ -448,5 +554,50 @@ mod tests {
         assert!(sizes[0].1 <= 72, "{sizes:?}");
         assert!(sizes[1].1 <= 152, "{sizes:?}");
         assert!(sizes[2].1 <= 192, "{sizes:?}");
+    }
+
+    struct Wants {
+        wants: bool,
+        granted: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Waiter for Wants {
+        fn grant(self: Arc<Self>) -> bool {
+            if self.wants {
+                self.granted.fetch_add(1, Ordering::SeqCst);
+            }
+            self.wants
+        }
+    }
+
+    fn waiter(wants: bool) -> Arc<Wants> {
+        Arc::new(Wants {
+            wants,
+            granted: Default::default(),
+        })
+    }
+
+    /// Queued agents come first, in order; a permit released goes to the
+    /// first that still wants one (a stopped agent is skipped), and back to
+    /// the free count when nobody does.
+    #[test]
+    fn a_released_permit_goes_to_the_first_queued_agent_that_wants_it() {
+        let passes = Passes::new(1);
+        let held = passes.try_acquire().expect("one free");
+        let (a, stopped, c) = (waiter(true), waiter(false), waiter(true));
+        for w in [a.clone(), stopped.clone(), c.clone()] {
+            assert!(passes.acquire_or_queue(w).is_none());
+        }
+        assert!(passes.try_acquire().is_none(), "the queue comes first");
+        drop(held);
+        let granted = |w: &Arc<Wants>| w.granted.load(Ordering::SeqCst);
+        assert_eq!((granted(&a), granted(&c)), (1, 0));
+        // `a`'s pass ends: `stopped` refuses, `c` gets it.
+        drop(PassPermit(passes.clone()));
+        assert_eq!((granted(&a), granted(&c)), (1, 1));
+        drop(PassPermit(passes.clone()));
+        let again = passes.try_acquire().expect("free again");
+        assert!(passes.try_acquire().is_none(), "one permit, not two");
+        drop(again);
     }
 }

@@ -616,7 +616,7 @@ impl Agent for UnitAgent {
         WatchTarget::Unit(self.name().to_string())
     }
 
-    fn passes(&self) -> Option<Arc<tokio::sync::Semaphore>> {
+    fn passes(&self) -> Option<Arc<crate::Passes>> {
         self.connector.passes()
     }
 
