@@ -835,7 +835,7 @@ async fn an_agent_waiting_for_a_pass_keeps_little() {
     let per_agent = (heap::live_here() - before) / N as isize;
     // Each has subscribed and waits: its cell, its boxed loop state, its
     // facade handle and subscription, and its place in the queue.
-    assert!(per_agent <= 650, "{per_agent} bytes per waiting agent");
+    assert!(per_agent <= 600, "{per_agent} bytes per waiting agent");
     let alive = tokio::runtime::Handle::current()
         .metrics()
         .num_alive_tasks();

@@ -190,7 +190,7 @@ pub struct CharmFile {
 pub const MAX_CHARM_BYTES: usize = 8 << 20;
 
 /// What a watch names.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum WatchTarget {
     /// The machine's life and the principals assigned to it.

@@ -322,18 +322,14 @@ impl Deployer {
         if dir.exists() {
             // A name of its own: an earlier recall's leftover may still be
             // being deleted.
-            let mut away = self
-                .machine_dir
-                .join(format!("{}{RECALLING}", unit_dir_name(unit)));
+            let mut away = format!("{}{RECALLING}", unit_dir_name(unit));
             let mut n = 0;
-            while away.exists() {
+            while self.machine_dir.join(&away).exists() {
                 n += 1;
-                away = self
-                    .machine_dir
-                    .join(format!("{}.{n}{RECALLING}", unit_dir_name(unit)));
+                away = format!("{}.{n}{RECALLING}", unit_dir_name(unit));
             }
-            std::fs::rename(&dir, &away).map_err(io("rename", &dir))?;
-            delete_in_background(away);
+            std::fs::rename(&dir, self.machine_dir.join(&away)).map_err(io("rename", &dir))?;
+            delete_in_background(self.machine_dir.clone(), away.into());
         }
         self.deployed.remove(unit);
         debug!(owner = %self.api.tag(), unit, "recalled");
@@ -434,12 +430,17 @@ impl Deployer {
 /// work, and slow work where the filesystem discards freed blocks: done in
 /// the pass, it held one of the runtime's two worker threads in I/O waits
 /// per unit, and recalls were most of the time 100,000 units took to go.
-fn delete_in_background(path: PathBuf) {
+///
+/// A queued deletion is the machine's directory (shared with its deployer)
+/// and the name in it: 70,000 recalls can wait in the queue, and a full
+/// path each was 9 MB of it.
+fn delete_in_background(machine_dir: Arc<Path>, name: Box<str>) {
     const REAPERS: usize = 4;
     use std::sync::mpsc;
-    static REAPER: std::sync::OnceLock<mpsc::Sender<PathBuf>> = std::sync::OnceLock::new();
+    type Queued = (Arc<Path>, Box<str>);
+    static REAPER: std::sync::OnceLock<mpsc::Sender<Queued>> = std::sync::OnceLock::new();
     let reaper = REAPER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<PathBuf>();
+        let (tx, rx) = mpsc::channel::<Queued>();
         let rx = Arc::new(std::sync::Mutex::new(rx));
         // A few threads: the deletions mostly wait on the disk.
         for i in 0..REAPERS {
@@ -449,7 +450,7 @@ fn delete_in_background(path: PathBuf) {
                 .spawn(move || loop {
                     let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
                     match next {
-                        Ok(path) => remove_tree(&path),
+                        Ok((dir, name)) => remove_tree(&dir.join(&*name)),
                         Err(_) => return,
                     }
                 });
@@ -459,8 +460,8 @@ fn delete_in_background(path: PathBuf) {
         }
         tx
     });
-    if let Err(mpsc::SendError(path)) = reaper.send(path) {
-        remove_tree(&path);
+    if let Err(mpsc::SendError((dir, name))) = reaper.send((machine_dir, name)) {
+        remove_tree(&dir.join(&*name));
     }
 }
 
