@@ -287,7 +287,6 @@ struct Entry {
     zone: Option<Arc<str>>,
     hardware: Arc<str>,
     tags: crate::Tags,
-    stopped: bool,
     /// When listings start (or stop) showing it: the eventual consistency.
     listed_from: Instant,
     listed_until: Option<Instant>,
@@ -301,6 +300,11 @@ impl Entry {
             hardware: self.hardware.clone(),
             tags: self.tags.clone(),
         }
+    }
+
+    /// Stopped: it leaves listings at `listed_until`.
+    fn stopped(&self) -> bool {
+        self.listed_until.is_some()
     }
 
     fn owned_by(&self, env_uuid: &str) -> bool {
@@ -418,7 +422,6 @@ impl State {
                         zone,
                         hardware,
                         tags: inst.tags,
-                        stopped: false,
                         listed_from: now + delay,
                         listed_until: None,
                     },
@@ -426,8 +429,7 @@ impl State {
             }
             LogEntry::Stop(id) => {
                 if let Some(e) = self.instances.get_mut(id.as_str()) {
-                    if !e.stopped {
-                        e.stopped = true;
+                    if !e.stopped() {
                         e.listed_until = Some(now + delay);
                     }
                 }
@@ -468,7 +470,7 @@ impl State {
     }
 
     fn live(&self) -> usize {
-        self.instances.values().filter(|e| !e.stopped).count()
+        self.instances.values().filter(|e| !e.stopped()).count()
     }
 }
 
@@ -678,7 +680,7 @@ impl DummyProvider {
         self.with_log(|st| {
             let unknown: Vec<String> = ids
                 .iter()
-                .filter(|id| st.instances.get(id.as_str()).is_none_or(|e| e.stopped))
+                .filter(|id| st.instances.get(id.as_str()).is_none_or(|e| e.stopped()))
                 .map(|id| format!("`{id}`"))
                 .collect();
             if !unknown.is_empty() {
@@ -716,7 +718,7 @@ impl DummyProvider {
             Ok((
                 st.instances
                     .iter()
-                    .filter(|(_, e)| !e.stopped)
+                    .filter(|(_, e)| !e.stopped())
                     .map(|(id, e)| e.instance(id))
                     .collect(),
                 vec![],
@@ -813,7 +815,7 @@ impl DummyProvider {
             .iter()
             .map(|s| {
                 st.by_nonce(&s.nonce)
-                    .filter(|(_, e)| !e.stopped)
+                    .filter(|(_, e)| !e.stopped())
                     .map(|(id, e)| e.instance(id))
             })
             .collect();
@@ -908,7 +910,7 @@ fn nonce_hash(nonce: &str) -> u64 {
 fn launch_count(st: &State, batch: bool, specs: &[&StartSpec]) -> u32 {
     let missing = specs
         .iter()
-        .filter(|s| st.by_nonce(&s.nonce).is_none_or(|(_, e)| e.stopped))
+        .filter(|s| st.by_nonce(&s.nonce).is_none_or(|(_, e)| e.stopped()))
         .count();
     if batch && missing == specs.len() {
         specs
@@ -1017,7 +1019,7 @@ impl Provider for DummyProvider {
                 .filter(|id| {
                     st.instances
                         .get(id.as_str())
-                        .is_some_and(|e| !e.stopped && e.owned_by(&uuid))
+                        .is_some_and(|e| !e.stopped() && e.owned_by(&uuid))
                 })
                 .map(|id| LogEntry::Stop(id.clone()))
                 .collect();
@@ -1058,7 +1060,7 @@ impl Provider for DummyProvider {
             Ok((
                 ids.iter()
                     .filter_map(|id| st.instances.get_key_value(id.as_str()))
-                    .filter(|(_, e)| !e.stopped && e.owned_by(&uuid))
+                    .filter(|(_, e)| !e.stopped() && e.owned_by(&uuid))
                     .map(|(id, e)| e.instance(id))
                     .collect(),
                 vec![],

@@ -549,6 +549,8 @@ impl Provisioner {
                 None => self.list().await?,
             };
             self.poll(&instances, &watched).await?;
+            // Not held beside the harvest's view of every machine.
+            drop(watched);
             if let Some(next) = self.harvest(&instances, &cfg).await? {
                 soon(next, &mut requeue);
             }
