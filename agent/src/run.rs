@@ -9,14 +9,15 @@
 //! # Parking
 //! A controller runs 200,000 agents, nearly all idle at any moment. An idle
 //! agent has no task: its state ([`Looping`]) is parked in its [`Cell`],
-//! and the cell itself is the waker its notices, its retry timer and its
-//! stop hold. Waking a parked cell spawns a task that looks at what woke it
-//! and runs passes until the agent is idle again, then parks it again. A
-//! task per idle agent (its 128-byte cell, its boxed future and a separate
-//! stop flag) was three fifths of what an idle agent kept.
+//! and the cell itself is the waker its notices and its retry timer hold
+//! and what it queues in [`Passes`] as; a stop wakes it directly. Waking a
+//! parked cell spawns a task that looks at what woke it and runs passes
+//! until the agent waits again, then parks it again. A task per idle agent
+//! (its 128-byte cell, its boxed future and a separate stop flag) was three
+//! fifths of what an idle agent kept.
 //!
-//! The race between parking and a wake is closed by the cell's state: a
-//! wake while a task runs the agent only marks it `woken`, and the task
+//! The race between parking and a wake is closed by the cell's `WOKEN`
+//! flag: a wake while a task runs the agent only sets it, and the task
 //! looks again instead of parking.
 
 use crate::api::{self, ApiError, WatchTarget};
@@ -68,6 +69,17 @@ struct Gate {
     queue: std::collections::VecDeque<Arc<dyn Waiter>>,
 }
 
+impl Gate {
+    /// Takes a free permit, unless agents queue for one (they come first).
+    fn take(&mut self) -> bool {
+        let free = self.free > 0 && self.queue.is_empty();
+        if free {
+            self.free -= 1;
+        }
+        free
+    }
+}
+
 /// An agent queued for a pass.
 trait Waiter: Send + Sync {
     /// Hands it a permit; `false` if it no longer wants one (stopped or
@@ -96,19 +108,13 @@ impl Passes {
 
     /// A permit if one is free and nobody queues for it (not queuing).
     pub fn try_acquire(self: &Arc<Self>) -> Option<PassPermit> {
-        let mut gate = lock(&self.gate);
-        if gate.free > 0 && gate.queue.is_empty() {
-            gate.free -= 1;
-            return Some(PassPermit(self.clone()));
-        }
-        None
+        lock(&self.gate).take().then(|| PassPermit(self.clone()))
     }
 
     /// A permit now, or `waiter` queued for one (it is granted one later).
     fn acquire_or_queue(self: &Arc<Self>, waiter: Arc<dyn Waiter>) -> Option<PassPermit> {
         let mut gate = lock(&self.gate);
-        if gate.free > 0 && gate.queue.is_empty() {
-            gate.free -= 1;
+        if gate.take() {
             return Some(PassPermit(self.clone()));
         }
         gate.queue.push_back(waiter);
