@@ -544,14 +544,18 @@ impl Facade for InProcess {
             .store()
             .service_settings(service)
             .map_err(|e| self.err(e))?;
+        // An option with neither a value nor a default is there as null
+        // (`config-get --all` lists it; without `--all` it is left out).
         Ok(settings
             .into_iter()
-            .filter_map(|s| {
-                let v = s.value.or(s.option.default)?;
-                Some((
+            .map(|s| {
+                let v = s.value.or(s.option.default);
+                (
                     s.key,
-                    serde_json::to_value(v).unwrap_or(serde_json::Value::Null),
-                ))
+                    v.map_or(serde_json::Value::Null, |v| {
+                        serde_json::to_value(v).unwrap_or(serde_json::Value::Null)
+                    }),
+                )
             })
             .collect())
     }
@@ -566,14 +570,12 @@ impl Facade for InProcess {
             return Err(self.denied(what));
         };
         self.my_relation(relation, me, what.clone())?;
-        if unit != me {
-            let seen = self
-                .store()
-                .scope_units_seen_by(relation, me)
-                .map_err(|e| self.err(e))?;
-            if !seen.iter().any(|u| u == unit) {
-                return Err(self.denied(what));
-            }
+        let readable = self
+            .store()
+            .may_read_relation_settings(relation, me, unit)
+            .map_err(|e| self.err(e))?;
+        if !readable {
+            return Err(self.denied(what));
         }
         self.store()
             .relation_settings(relation, unit)

@@ -4,6 +4,7 @@
 
 mod agents;
 mod prop;
+mod tools;
 
 use crate::Facades;
 use jujube_agent::api::{AgentStatus, ErrorCode, Facade, Tag, WatchTarget};

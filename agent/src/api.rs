@@ -310,7 +310,8 @@ pub trait Facade: Send + Sync + 'static {
     /// The units `unit` sees in the relation's scope (its counterparts, in
     /// its own container for a container-scoped relation).
     async fn scope_units(&self, relation: i64, unit: &str) -> ApiResult<Vec<String>>;
-    /// The service's settings with defaults applied, as JSON values.
+    /// The service's settings with defaults applied, as JSON values; an
+    /// option with neither a value nor a default is null.
     async fn service_config(&self, service: &str)
         -> ApiResult<BTreeMap<String, serde_json::Value>>;
     /// A unit's settings in a relation: the caller's own, or those of a unit

@@ -117,36 +117,80 @@ fn read_record(dir: &Path) -> Option<Record> {
 /// Puts `unit`'s charm into `to` (over what is there: its files replace
 /// theirs): copied where the controller keeps it when that is here, else
 /// fetched through the API (an agent on another machine).
+///
+/// The files a charm put there are listed in a manifest beside `to`
+/// (`charm.manifest`, one relative path a line), as Juju's charm deployer
+/// keeps one: laying a new revision removes the files the old one had and
+/// the new one has not (a hook the new revision dropped must not run),
+/// while whatever the charm's hooks wrote themselves stays.
 pub(crate) async fn install_charm(
     api: &dyn Facade,
     unit: &str,
     charm: &CharmRef,
     to: &Path,
 ) -> Result<()> {
+    let mut laid = Vec::new();
     if Path::new(&charm.path).is_dir() {
-        copy_tree(Path::new(&charm.path), to)
+        copy_tree(Path::new(&charm.path), to, Path::new(""), &mut laid)?;
     } else {
-        write_files(&api.charm_files(unit).await?, to)
+        write_files(&api.charm_files(unit).await?, to, &mut laid)?;
     }
+    let manifest = manifest_path(to);
+    let old = std::fs::read_to_string(&manifest).unwrap_or_default();
+    let new: std::collections::BTreeSet<&str> = laid.iter().map(String::as_str).collect();
+    for gone in old.lines().filter(|l| !l.is_empty() && !new.contains(l)) {
+        let rel = Path::new(gone);
+        // A manifest line is a path this code wrote; still, never leave
+        // the charm directory.
+        if rel
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)))
+        {
+            let path = to.join(rel);
+            let _ = std::fs::remove_file(&path);
+            // Directories the old revision brought, if now empty.
+            let mut dir = path.parent();
+            while let Some(d) = dir.filter(|d| *d != to) {
+                if std::fs::remove_dir(d).is_err() {
+                    break;
+                }
+                dir = d.parent();
+            }
+        }
+    }
+    let mut text = laid.join("\n");
+    text.push('\n');
+    let tmp = manifest.with_extension("tmp");
+    std::fs::write(&tmp, text).map_err(io("write", &tmp))?;
+    std::fs::rename(&tmp, &manifest).map_err(io("rename", &manifest))
 }
 
-fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+/// Where the manifest of the charm laid at `charm_dir` is kept.
+fn manifest_path(charm_dir: &Path) -> PathBuf {
+    charm_dir.with_file_name("charm.manifest")
+}
+
+/// Copies a charm directory (files, subdirectories, permissions), adding
+/// each file's path relative to the charm's root to `laid`.
+fn copy_tree(from: &Path, to: &Path, rel: &Path, laid: &mut Vec<String>) -> Result<()> {
     std::fs::create_dir_all(to).map_err(io("create", to))?;
     for entry in std::fs::read_dir(from).map_err(io("read", from))? {
         let entry = entry.map_err(io("read", from))?;
         let src = entry.path();
         let dst = to.join(entry.file_name());
+        let rel = rel.join(entry.file_name());
         if entry.file_type().map_err(io("read", &src))?.is_dir() {
-            copy_tree(&src, &dst)?;
+            copy_tree(&src, &dst, &rel, laid)?;
         } else {
             std::fs::copy(&src, &dst).map_err(io("copy", &src))?;
+            laid.push(rel.to_string_lossy().into_owned());
         }
     }
     Ok(())
 }
 
 /// Writes a charm fetched through the API under `to`, with its modes.
-fn write_files(files: &[crate::api::CharmFile], to: &Path) -> Result<()> {
+fn write_files(files: &[crate::api::CharmFile], to: &Path, laid: &mut Vec<String>) -> Result<()> {
     use base64::Engine;
     use std::os::unix::fs::PermissionsExt;
     for f in files {
@@ -179,6 +223,7 @@ fn write_files(files: &[crate::api::CharmFile], to: &Path) -> Result<()> {
         std::fs::write(&path, data).map_err(io("write", &path))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(f.mode & 0o777))
             .map_err(io("chmod", &path))?;
+        laid.push(f.path.clone());
     }
     Ok(())
 }

@@ -23,7 +23,7 @@ use crate::api::{
     WatchTarget,
 };
 use crate::deployer::{unit_dir_name, Deployer};
-use crate::hooks::context::{HookContext, ToolServer};
+use crate::hooks::context::{HookContext, HookView, ToolServer};
 use crate::hooks::runner::{self, Hook, Outcome};
 use crate::hooks::state::{digest, HookRecord, HookState, RelationState};
 use crate::{Agent, Result, Running, Step};
@@ -248,18 +248,48 @@ impl UnitAgent {
         }
         self.contexts += 1;
         let id = format!("{}-{}-{}", self.name(), hook.name, self.contexts);
+        let members = self.members(hook);
+        let view = HookView {
+            relation: hook.relation.clone(),
+            remote: hook.remote.clone(),
+            relations: relations.clone(),
+            members,
+        };
         let ctx = Arc::new(HookContext::new(
             id.clone(),
             self.name(),
-            hook.relation.clone(),
-            hook.remote.clone(),
-            relations.clone(),
+            view,
             self.api.clone(),
             self.log_path(),
         ));
         let tools = self.tools.as_ref().expect("just started");
         tools.set(Some(ctx.clone())).await;
         Ok((id, ctx, tools.path.clone()))
+    }
+
+    /// What `relation-list` shows in `hook`'s context: per relation, the
+    /// units whose `-joined` ran and that have not departed (the record of
+    /// what the hooks saw, not the live scope). The hook's remote unit
+    /// counts as joined from its own `-joined` on, and is gone in its
+    /// `-departed`; a `-broken` relation has none (Juju's relationer).
+    fn members(&mut self, hook: &Hook) -> BTreeMap<i64, Vec<String>> {
+        let mut members: BTreeMap<i64, Vec<String>> = self
+            .hook_state()
+            .relations
+            .iter()
+            .map(|(id, r)| (*id, r.joined.keys().cloned().collect()))
+            .collect();
+        if let Some((rel, _)) = &hook.relation {
+            let units = members.entry(*rel).or_default();
+            let kind = hook.name.rsplit('-').next().unwrap_or("");
+            match (kind, &hook.remote) {
+                ("departed", Some(remote)) => units.retain(|u| u != remote),
+                ("broken", _) => units.clear(),
+                (_, Some(remote)) if !units.contains(remote) => units.push(remote.clone()),
+                _ => {}
+            }
+        }
+        members
     }
 
     async fn close_context(&mut self) {
@@ -478,6 +508,9 @@ impl UnitAgent {
             ("config-changed", None, _) => {
                 let config = digest(&self.api.service_config(&view.service).await?);
                 self.hook_state().config = Some(config);
+                // Done for this run of the agent too: without this the
+                // once-per-start config-changed ran it again at once.
+                self.ran_config_changed = true;
             }
             (_, Some((rel, _)), Some(remote)) if kind == "joined" => {
                 self.relation_state(*rel)

@@ -74,6 +74,30 @@ fn logs(env_dir: &Path) -> BTreeMap<String, PathBuf> {
     out
 }
 
+/// A log line as `debug-log` shows it: a line the agent stamped with
+/// `YYYY-MM-DD HH:MM:SS` (UTC) shows only the time of day, as Juju's
+/// `debug-log` does; anything else (a hook's own output) as it is.
+fn as_shown(line: &str) -> &str {
+    let b = line.as_bytes();
+    let stamped = b.len() > 20
+        && b[..10].iter().enumerate().all(|(i, c)| {
+            if i == 4 || i == 7 {
+                *c == b'-'
+            } else {
+                c.is_ascii_digit()
+            }
+        })
+        && b[10] == b' '
+        && b[13] == b':'
+        && b[16] == b':'
+        && b[19] == b' ';
+    if stamped {
+        &line[11..]
+    } else {
+        line
+    }
+}
+
 fn last_lines(text: &str, n: usize) -> Vec<&str> {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].to_vec()
@@ -99,7 +123,7 @@ pub async fn run(
         .filter(|(u, _)| wanted(u))
     {
         for l in last_lines(&String::from_utf8_lossy(&text), lines) {
-            writeln!(out, "{unit}: {l}")?;
+            writeln!(out, "{unit}: {}", as_shown(l))?;
         }
         shown.insert(unit, text.len());
     }
@@ -123,10 +147,29 @@ pub async fn run(
             // Whole lines only; the rest next time.
             let end = buf.iter().rposition(|&b| b == b'\n').map_or(0, |p| p + 1);
             for l in String::from_utf8_lossy(&buf[..end]).lines() {
-                writeln!(out, "{unit}: {l}")?;
+                writeln!(out, "{unit}: {}", as_shown(l))?;
             }
             shown.insert(unit, from + end);
         }
         out.flush()?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn stamped_lines_show_the_time_of_day_and_others_are_untouched() {
+        assert_eq!(
+            super::as_shown("2026-11-25 07:14:42 INFO unit.a/0.juju-log: hi"),
+            "07:14:42 INFO unit.a/0.juju-log: hi"
+        );
+        for plain in [
+            "hook output",
+            "2026-11-25 not a time",
+            "1795590882.123 INFO a/0: x",
+            "",
+        ] {
+            assert_eq!(super::as_shown(plain), plain);
+        }
     }
 }

@@ -387,9 +387,22 @@ fn limit_malloc_arenas() {}
 
 fn main() -> ExitCode {
     // Run under a hook tool's name: be that tool.
-    let mut argv = std::env::args();
-    if let Some(tool) = argv.next().as_deref().and_then(hooktool::tool_name) {
+    // (Arguments are taken as the OS gives them: `std::env::args` panics on
+    // one that is not UTF-8.)
+    let mut argv = std::env::args_os();
+    let argv0 = argv.next().unwrap_or_default();
+    if let Some(tool) = argv0.to_str().and_then(hooktool::tool_name) {
         return hooktool::run(tool, argv.collect());
+    }
+    // A hook runs its tools, never jujube's user commands (it gets no
+    // `JUJUBE_HOME`; this says so plainly instead of failing to find an
+    // environment).
+    if std::env::var_os("JUJU_CONTEXT_ID").is_some() {
+        eprintln!(
+            "error: `jujube` commands cannot run inside a hook context; a hook uses the hook tools ({})",
+            jujube_agent::hooks::TOOLS.join(", ")
+        );
+        return ExitCode::from(2);
     }
     limit_malloc_arenas();
     let cli = Cli::parse();

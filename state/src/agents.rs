@@ -195,28 +195,33 @@ fn apply_in(tx: &mut Tx<'_>, by: &Caller, op: &AgentOp) -> Result<()> {
                     format!("open or close ports of unit `{unit}`"),
                 ));
             }
-            check_port(port)?;
+            let range = PortRange::parse(port)?;
             get_unit(tx, unit)?;
             let now: String = tx
                 .prepare_cached("SELECT ports FROM units WHERE name = ?1")?
                 .query_row([unit], |r| r.get(0))?;
-            let mut ports: std::collections::BTreeSet<(u16, String)> = now
+            let mut ranges: Vec<PortRange> = now
                 .split_whitespace()
-                .filter_map(|p| {
-                    let (n, proto) = p.split_once('/')?;
-                    Some((n.parse().ok()?, proto.to_string()))
-                })
+                .filter_map(|p| PortRange::parse(p).ok())
                 .collect();
-            let (n, proto) = port.split_once('/').expect("checked");
-            let key = (n.parse::<u16>().expect("checked"), proto.to_string());
             if *open {
-                ports.insert(key);
+                // Juju: opening the same range again is a no-op; a range
+                // overlapping another one of the unit is refused.
+                if let Some(other) = ranges.iter().find(|r| **r != range && r.overlaps(&range)) {
+                    return Err(Error::Relation(format!(
+                        "cannot open {range} (unit `{unit}`): conflicts with {other} already open; close it first"
+                    )));
+                }
+                if !ranges.contains(&range) {
+                    ranges.push(range);
+                }
             } else {
-                ports.remove(&key);
+                ranges.retain(|r| *r != range);
             }
-            let next = ports
+            ranges.sort();
+            let next = ranges
                 .iter()
-                .map(|(n, p)| format!("{n}/{p}"))
+                .map(ToString::to_string)
                 .collect::<Vec<_>>()
                 .join(" ");
             if next != now {
@@ -431,18 +436,66 @@ fn units_where(c: &Connection, clause: &str, arg: &dyn rusqlite::ToSql) -> Resul
 }
 
 /// `N/tcp` or `N/udp`, N in 1..=65535.
-fn check_port(port: &str) -> Result<()> {
-    let ok = port.split_once('/').is_some_and(|(n, proto)| {
-        n.parse::<u16>().is_ok_and(|n| n > 0)
-            && !n.starts_with('0')
-            && matches!(proto, "tcp" | "udp")
-    });
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::Relation(format!(
-            "invalid port `{port}`: expected PORT/tcp or PORT/udp with PORT in 1-65535, e.g. `80/tcp`"
-        )))
+/// A unit's open port or range of ports: `80/tcp`, `100-200/udp`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct PortRange {
+    from: u16,
+    to: u16,
+    protocol: Protocol,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Protocol {
+    Tcp,
+    Udp,
+}
+
+impl PortRange {
+    /// `PORT/PROTO` or `FROM-TO/PROTO` (the hook tools send it so).
+    fn parse(port: &str) -> Result<PortRange> {
+        let bad = || {
+            Error::Relation(format!(
+                "invalid port `{port}`: expected PORT/PROTOCOL or FROM-TO/PROTOCOL with ports in 1-65535 and tcp or udp, e.g. `80/tcp` or `100-200/udp`"
+            ))
+        };
+        let (ports, proto) = port.split_once('/').ok_or_else(bad)?;
+        let protocol = match proto {
+            "tcp" => Protocol::Tcp,
+            "udp" => Protocol::Udp,
+            _ => return Err(bad()),
+        };
+        let number = |n: &str| -> Result<u16> {
+            if n.starts_with('0') {
+                return Err(bad());
+            }
+            n.parse::<u16>().ok().filter(|n| *n > 0).ok_or_else(bad)
+        };
+        let (from, to) = match ports.split_once('-') {
+            Some((a, b)) => (number(a)?, number(b)?),
+            None => (number(ports)?, number(ports)?),
+        };
+        if from > to {
+            return Err(bad());
+        }
+        Ok(PortRange { from, to, protocol })
+    }
+
+    fn overlaps(&self, other: &PortRange) -> bool {
+        self.protocol == other.protocol && self.from <= other.to && other.from <= self.to
+    }
+}
+
+impl std::fmt::Display for PortRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let proto = match self.protocol {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+        };
+        if self.from == self.to {
+            write!(f, "{}/{proto}", self.from)
+        } else {
+            write!(f, "{}-{}/{proto}", self.from, self.to)
+        }
     }
 }
 
@@ -553,6 +606,48 @@ impl Store {
                 })?
                 .collect::<rusqlite::Result<Vec<String>>>()?;
             Ok(names)
+        })
+    }
+
+    /// Whether `reader` may read `unit`'s settings in the relation: its
+    /// own; in a global relation those of any unit of the other service (of
+    /// its own, in a peer relation) that ever entered the scope, also one
+    /// that departed or was removed since: settings stay readable for the
+    /// relation's lifetime (charms-in-action.txt); in a container-scoped
+    /// relation only the units it sees now, in its own container.
+    pub fn may_read_relation_settings(
+        &self,
+        relation_id: i64,
+        reader: &str,
+        unit: &str,
+    ) -> Result<bool> {
+        if reader == unit {
+            return Ok(true);
+        }
+        let rel = self.read(|c| crate::model::get_relation(c, relation_id))?;
+        if rel.scope == Scope::Container {
+            return Ok(self
+                .scope_units_seen_by(relation_id, reader)?
+                .iter()
+                .any(|u| u == unit));
+        }
+        let service_of = |u: &str| u.split_once('/').map(|(s, _)| s.to_string());
+        let (Some(mine), Some(theirs)) = (service_of(reader), service_of(unit)) else {
+            return Ok(false);
+        };
+        let counterpart = if rel.endpoints.len() == 1 {
+            theirs == mine
+        } else {
+            theirs != mine && rel.endpoints.iter().any(|e| e.service == theirs)
+        };
+        if !counterpart {
+            return Ok(false);
+        }
+        self.read(|c| {
+            Ok(c.prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM relation_settings WHERE relation_id = ?1 AND unit = ?2)",
+            )?
+            .query_row((relation_id, unit), |r| r.get(0))?)
         })
     }
 

@@ -549,6 +549,8 @@ fn upgrade_charm_runs_its_hook_then_config_changed_and_keeps_what_the_charm_wrot
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // It drops a hook the old revision had.
+    std::fs::remove_file(next.join("hooks/db-relation-broken")).unwrap();
 
     j.run(&["deploy", &j.charm("wordpress")]).ok();
     let ctl = j.controller();
@@ -599,8 +601,10 @@ fn upgrade_charm_runs_its_hook_then_config_changed_and_keeps_what_the_charm_wrot
         "config-changed after upgrade-charm: {h:?}"
     );
     assert_eq!(count(&h, "install"), 1, "{h:?}");
-    // The new files are in; what the charm wrote there before stays.
+    // The new files are in, the dropped hook is gone (it must not run
+    // again); what the charm wrote there before stays.
     assert!(charm.join("hooks/upgrade-charm").is_file());
+    assert!(!charm.join("hooks/db-relation-broken").exists());
     assert_eq!(
         std::fs::read_to_string(charm.join("version")).unwrap(),
         "next\n"

@@ -3,6 +3,7 @@
 //! codes — and that a refused command left the environment unchanged.
 
 mod agents;
+mod charmhelpers;
 mod ec2;
 mod hooks;
 mod input;

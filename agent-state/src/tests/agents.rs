@@ -300,3 +300,65 @@ async fn idle_agents_are_parked_without_a_task_and_wake_for_changes() {
     host.shutdown().await;
     settles_to(before, "after the host's shutdown").await;
 }
+
+/// Writes an executable hook `name` into the deployed charm `charm`.
+fn hook(w: &World, charm: &str, name: &str, body: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let path = w
+        .dir
+        .path()
+        .join("charms")
+        .join(charm)
+        .join("hooks")
+        .join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolved_without_retry_counts_a_failed_config_changed_done() {
+    logs();
+    let w = World::new();
+    w.deploy(MYSQL, "mysql", 1);
+    hook(
+        &w,
+        "mysql",
+        "config-changed",
+        "echo ran >> ../config-changed.runs; exit 1",
+    );
+    hook(&w, "mysql", "start", "touch ../started");
+    w.provision();
+    let agents_dir = w.dir.path().join("agents");
+    let host = Host::start(w.store.clone(), agents_dir.clone()).unwrap();
+    until(&w.store, "config-changed failed", |s| {
+        status(s, "mysql/0") == "error"
+    })
+    .await;
+    w.store.resolve_unit("mysql/0", false).unwrap();
+    let unit = agents_dir.join("machine-1/unit-mysql-0");
+    let runs = unit.join("config-changed.runs");
+    until(
+        &w.store,
+        "the unit started, or config-changed ran again",
+        |s| {
+            status(s, "mysql/0") == "started"
+                || std::fs::read_to_string(&runs)
+                    .unwrap_or_default()
+                    .lines()
+                    .count()
+                    > 1
+        },
+    )
+    .await;
+    assert_eq!(
+        status(&w.store, "mysql/0"),
+        "started",
+        "held again: config-changed ran again"
+    );
+    assert_eq!(
+        std::fs::read_to_string(unit.join("config-changed.runs")).unwrap(),
+        "ran\n"
+    );
+    assert!(unit.join("started").is_file(), "start ran after it");
+    host.shutdown().await;
+}

@@ -23,7 +23,19 @@ pub struct Request {
     pub context_id: String,
     pub tool: String,
     pub args: Vec<String>,
+    /// The tool's working directory (relative `--file` paths).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// The tool's standard input, sent only when the tool reads it
+    /// (`relation-set --file -`; see [`super::tools::reads_stdin`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
 }
+
+/// The most a tool request (arguments, and standard input where it is
+/// read) may hold on the tool channel. A tool refuses a larger one itself,
+/// naming this limit; the socket never reads more.
+pub const MAX_REQUEST_BYTES: usize = 1 << 20;
 
 /// What the tool prints and exits with.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -31,6 +43,10 @@ pub struct Output {
     pub code: i32,
     pub stdout: String,
     pub stderr: String,
+    /// `--output FILE`: the client writes `stdout` there instead, relative
+    /// to its own working directory, with its own permissions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
 }
 
 impl Output {
@@ -39,6 +55,7 @@ impl Output {
             code: 0,
             stdout: stdout.into(),
             stderr: String::new(),
+            file: None,
         }
     }
 
@@ -47,6 +64,7 @@ impl Output {
             code,
             stdout: String::new(),
             stderr: format!("error: {}\n", message.into()),
+            file: None,
         }
     }
 }
@@ -63,22 +81,42 @@ pub struct HookContext {
     pub api: Arc<dyn Facade>,
     pub log: PathBuf,
     pub(crate) settings: Mutex<HashMap<(i64, String), BTreeMap<String, String>>>,
-    pub(crate) members: Mutex<HashMap<i64, Vec<String>>>,
+    /// What `relation-list` answers: per relation, the remote units whose
+    /// `-joined` has run and that have not departed, as the hooks have seen
+    /// them (not the live scope), with the hook's own remote unit in a
+    /// `-joined`/`-changed` and without it in a `-departed`.
+    pub(crate) members: BTreeMap<i64, Vec<String>>,
     pub(crate) config: Mutex<Option<BTreeMap<String, serde_json::Value>>>,
     /// `relation-set`s of this hook, per relation, written on success.
     pub pending: Mutex<BTreeMap<i64, BTreeMap<String, Option<String>>>>,
+}
+
+/// What a hook is about and what its relations look like to it.
+#[derive(Debug, Clone, Default)]
+pub struct HookView {
+    /// The relation the hook is about (`id`, this side's relation name).
+    pub relation: Option<(i64, String)>,
+    pub remote: Option<String>,
+    /// Relations whose scope the unit is in: id → this side's name.
+    pub relations: BTreeMap<i64, String>,
+    /// See [`HookContext::members_of`].
+    pub members: BTreeMap<i64, Vec<String>>,
 }
 
 impl HookContext {
     pub fn new(
         id: String,
         unit: &str,
-        relation: Option<(i64, String)>,
-        remote: Option<String>,
-        relations: BTreeMap<i64, String>,
+        view: HookView,
         api: Arc<dyn Facade>,
         log: PathBuf,
     ) -> HookContext {
+        let HookView {
+            relation,
+            remote,
+            relations,
+            members,
+        } = view;
         HookContext {
             id,
             unit: unit.to_string(),
@@ -88,10 +126,17 @@ impl HookContext {
             api,
             log,
             settings: Mutex::default(),
-            members: Mutex::default(),
+            members,
             config: Mutex::default(),
             pending: Mutex::default(),
         }
+    }
+
+    /// `relation-list`'s answer for `rel`, sorted as strings (Juju's order).
+    pub fn members_of(&self, rel: i64) -> Vec<String> {
+        let mut m = self.members.get(&rel).cloned().unwrap_or_default();
+        m.sort();
+        m
     }
 }
 
@@ -114,19 +159,33 @@ impl ToolServer {
                 let cur = cur.clone();
                 tokio::spawn(async move {
                     let (r, mut w) = stream.into_split();
-                    let mut line = String::new();
-                    // One request per connection, at most 1 MiB.
-                    let mut r = BufReader::new(tokio::io::AsyncReadExt::take(r, 1 << 20));
-                    if r.read_line(&mut line).await.is_err() {
+                    let mut line = Vec::new();
+                    // One request per connection, at most the limit (and
+                    // its newline); JSON escapes make the line longer than
+                    // what it carries, so allow for them.
+                    let cap = (2 * MAX_REQUEST_BYTES + 4096) as u64;
+                    let mut r = BufReader::new(tokio::io::AsyncReadExt::take(r, cap + 1));
+                    if r.read_until(b'\n', &mut line).await.is_err() {
                         return;
                     }
-                    let out = match serde_json::from_str::<Request>(&line) {
+                    let out = match serde_json::from_slice::<Request>(&line) {
+                        Err(_) if line.len() as u64 > cap || !line.ends_with(b"\n") => Output::fail(
+                            1,
+                            format!(
+                                "the tool's request is larger than the tool channel's limit of {} bytes",
+                                MAX_REQUEST_BYTES
+                            ),
+                        ),
                         Err(e) => Output::fail(2, format!("malformed tool request: {e}")),
                         Ok(req) => {
                             let ctx = cur.lock().await.clone();
                             match ctx {
                                 Some(ctx) if ctx.id == req.context_id => {
-                                    super::tools::run(&ctx, &req.tool, &req.args).await
+                                    let inv = super::tools::Invocation {
+                                        cwd: req.cwd.as_deref(),
+                                        stdin: req.stdin.as_deref(),
+                                    };
+                                    super::tools::run(&ctx, &req.tool, &req.args, &inv).await
                                 }
                                 _ => Output::fail(
                                     1,

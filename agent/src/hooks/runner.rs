@@ -3,6 +3,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+/// The `PATH` a hook gets when the agent has none.
+const SYSTEM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
 /// What every hook of this process is told about its environment.
 #[derive(Debug, Clone, Default)]
 pub struct Environment {
@@ -128,10 +131,16 @@ pub async fn run(
         Err(_) => return Outcome::Missing,
     };
     if meta.permissions().mode() & 0o111 == 0 {
-        return Outcome::Failed(format!(
+        let message = format!(
             "hook \"{}\" is not executable; `chmod +x hooks/{}` in the charm",
             hook.name, hook.name
-        ));
+        );
+        // Said in the unit's log (and so in `debug-log`), not only in status.
+        if let Ok(mut f) = open_log(log) {
+            use std::io::Write;
+            let _ = writeln!(f, "{} ERROR {message}", super::log_time());
+        }
+        return Outcome::Failed(message);
     }
     let log = match open_log(log) {
         Ok(f) => f,
@@ -176,23 +185,39 @@ fn command(
     let env = environment();
     let charm = unit_dir.join("charm");
     let tools = ensure_tools(unit_dir)?;
-    let mut path_var = std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into());
+    // Juju's hook PATH: the tools first, then the agent's own.
+    let mut path_var = std::env::var("PATH")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| SYSTEM_PATH.into());
     if let Some(t) = &tools {
         path_var = format!("{}:{path_var}", t.display());
     }
     let mut cmd = tokio::process::Command::new(program);
+    // A hook inherits nothing of the agent's environment (the controller's
+    // `JUJUBE_HOME`, cloud credentials, `RUST_LOG`...): it gets exactly the
+    // spec's variables, and what Juju sets besides them.
+    cmd.env_clear();
+    if let Some(home) = std::env::var_os("HOME") {
+        cmd.env("HOME", home);
+    }
     cmd.current_dir(&charm)
         .env("PATH", path_var)
+        .env("LANG", "C.UTF-8")
+        .env("TERM", "tty")
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .env("APT_LISTCHANGES_FRONTEND", "none")
         .env("CHARM_DIR", &charm)
+        .env("JUJU_CHARM_DIR", &charm)
         .env("JUJU_UNIT_NAME", unit)
         .env("JUJU_CONTEXT_ID", context_id)
         .env("JUJU_AGENT_SOCKET", socket)
         .env("JUJU_API_ADDRESSES", env.api_addresses.join(" "))
         .env("JUJU_ENV_NAME", &env.name)
-        .env_remove("JUJU_RELATION")
-        .env_remove("JUJU_RELATION_ID")
-        .env_remove("JUJU_REMOTE_UNIT")
         .stdin(std::process::Stdio::null())
+        // Its own process group, so that the whole of it can be killed
+        // (a timed-out `jujube run`, a hook left by a dead agent).
+        .process_group(0)
         .kill_on_drop(true);
     if let Some((id, name)) = &hook.relation {
         cmd.env("JUJU_RELATION", name)
@@ -252,6 +277,7 @@ pub async fn run_command(
         Ok(c) => c,
         Err(e) => return fail(format!("error: cannot run `{program}`: {e}\n")),
     };
+    let group = child.id();
     let captured = match tokio::time::timeout(timeout, child.wait_with_output()).await {
         Ok(Ok(out)) => Captured {
             code: out.status.code().unwrap_or(-1),
@@ -259,11 +285,18 @@ pub async fn run_command(
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         },
         Ok(Err(e)) => fail(format!("error: cannot run `{program}`: {e}\n")),
-        // Dropping the child kills it (kill_on_drop).
-        Err(_) => fail(format!(
-            "error: `{program}` did not finish within {}s and was killed\n",
-            timeout.as_secs()
-        )),
+        // Dropping the child kills it (kill_on_drop); what it started in its
+        // process group goes with it.
+        Err(_) => {
+            if let Some(g) = group.and_then(|g| i32::try_from(g).ok()) {
+                // SAFETY: kill(2) on the command's own process group.
+                unsafe { libc::kill(-g, libc::SIGKILL) };
+            }
+            fail(format!(
+                "error: `{program}` did not finish within {}s and was killed\n",
+                timeout.as_secs()
+            ))
+        }
     };
     if let Ok(mut f) = open_log(log) {
         use std::io::Write;
@@ -272,4 +305,53 @@ pub async fn run_command(
         let _ = f.write_all(captured.stderr.as_bytes());
     }
     captured
+}
+
+/// Kills what is left of a hook whose agent died while it ran: every
+/// process group led by a process of a hook context (`JUJU_CONTEXT_ID` in
+/// its environment) working in `unit_dir/charm`. Called before the
+/// restarted agent runs anything, so a unit never runs two hooks at once.
+/// Returns how many groups were killed. Linux only (`/proc`); elsewhere
+/// nothing is found.
+pub fn kill_leftovers(unit_dir: &Path) -> usize {
+    let charm = unit_dir.join("charm");
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let mut groups = std::collections::BTreeSet::new();
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        if std::fs::read_link(p.path().join("cwd")).ok().as_deref() != Some(charm.as_path()) {
+            continue;
+        }
+        let in_context = std::fs::read(p.path().join("environ"))
+            .map(|env| {
+                env.split(|b| *b == 0)
+                    .any(|v| v.starts_with(b"JUJU_CONTEXT_ID="))
+            })
+            .unwrap_or(false);
+        if !in_context {
+            continue;
+        }
+        // /proc/PID/stat: `pid (comm) state ppid pgrp ...`; comm may hold
+        // spaces and parentheses, so count from the last `)`.
+        let pgrp = std::fs::read_to_string(p.path().join("stat"))
+            .ok()
+            .and_then(|s| {
+                let rest = &s[s.rfind(')')? + 1..];
+                rest.split_whitespace().nth(2)?.parse::<i32>().ok()
+            });
+        groups.insert(pgrp.filter(|g| *g > 1).unwrap_or(pid));
+    }
+    let mut killed = 0;
+    for g in groups {
+        // SAFETY: kill(2) with a negative pid signals that process group
+        // (the process alone when it leads none).
+        if unsafe { libc::kill(-g, libc::SIGKILL) == 0 || libc::kill(g, libc::SIGKILL) == 0 } {
+            killed += 1;
+        }
+    }
+    killed
 }

@@ -60,13 +60,18 @@ impl HookState {
     }
 
     /// The record, or a fresh one. A hook that was running when the agent
-    /// stopped (killed, crashed) is a failed hook now.
+    /// stopped (killed, crashed) is a failed hook now, and whatever of it
+    /// still runs is killed first: the next hook must not run beside it.
     pub fn load(unit_dir: &Path) -> HookState {
         let mut s: HookState = std::fs::read(Self::path(unit_dir))
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or_default();
         if let Some(h) = s.running.take() {
+            let killed = super::runner::kill_leftovers(unit_dir);
+            if killed > 0 {
+                tracing::info!(hook = %h.name, dir = %unit_dir.display(), killed, "killed what was left of a hook whose agent died");
+            }
             s.failed.get_or_insert(h);
         }
         s

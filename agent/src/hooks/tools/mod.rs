@@ -1,0 +1,740 @@
+//! The hook tools, as Juju 1.25's `jujuc` commands behave: the same flags,
+//! output formats, messages and exit statuses (where later Juju versions
+//! differ, 1.25 is followed and the place says so).
+//!
+//! # Layout
+//! - [`flags`]: the command line as Juju's command framework parses it, and
+//!   each tool's usage for `--help`.
+//! - [`format`]: `--format smart|json|yaml` as Juju prints values.
+//! - this module: one [`Spec`] per tool and what it does with the hook
+//!   context. A usage error (bad flag, missing or extra argument, bad value)
+//!   exits 2 with `error: MSG`, a failure while running exits 1: charms
+//!   (charmhelpers' `relation_get`) tell the two apart.
+//!
+//! The `jujube` binary run under a tool's name is only a client: it sends
+//! the arguments, its working directory and, when `relation-set --file -`
+//! asks for it, its standard input, and writes what comes back to its
+//! stdout, stderr or the `--output` file.
+
+pub mod flags;
+pub mod format;
+
+use super::context::{HookContext, Output};
+use flags::{check_empty, Flag, Line, Parsed, Spec};
+use format::Format;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// The most a `relation-set --file` may hold: the tool channel's request
+/// limit, so a file is bounded as arguments are.
+pub const MAX_FILE_BYTES: u64 = super::context::MAX_REQUEST_BYTES as u64;
+
+const FORMAT: Flag = Flag::value(
+    None,
+    "format",
+    "smart",
+    "specify output format (json|smart|yaml)",
+);
+const OUTPUT: Flag = Flag::string(Some('o'), "output", "", "specify an output file");
+const RELATION: Flag = Flag::value(Some('r'), "relation", "", "specify a relation by id");
+/// Accepted and ignored with a warning, as Juju 1.25 does.
+const DEPRECATED_FORMAT: Flag = Flag::string(None, "format", "", "deprecated format flag");
+
+/// Every tool: its command line. [`super::TOOLS`] names the same ones.
+pub const SPECS: &[Spec] = &[
+    Spec {
+        name: "juju-log",
+        args: "<message>",
+        purpose: "write a message to the juju log",
+        flags: &[
+            Flag::bool(None, "debug", "log at debug level"),
+            DEPRECATED_FORMAT,
+            Flag::string(
+                Some('l'),
+                "log-level",
+                "INFO",
+                "Send log message at the given level",
+            ),
+        ],
+        doc: "",
+    },
+    Spec {
+        name: "unit-get",
+        args: "<setting>",
+        purpose: "print public-address or private-address",
+        flags: &[FORMAT, OUTPUT],
+        doc: "",
+    },
+    Spec {
+        name: "config-get",
+        args: "[<key>]",
+        purpose: "print service configuration",
+        flags: &[
+            Flag::bool(Some('a'), "all", "print all keys"),
+            FORMAT,
+            OUTPUT,
+        ],
+        doc: "When no <key> is supplied, all keys with values or defaults are printed. If\n\
+              --all is set, all known keys are printed; those without defaults or values are\n\
+              reported as null. <key> and --all are mutually exclusive.",
+    },
+    Spec {
+        name: "relation-ids",
+        args: "<name>",
+        purpose: "list all relation ids with the given relation name",
+        flags: &[FORMAT, OUTPUT],
+        doc: "In a relation hook, <name> defaults to the hook's own relation name.",
+    },
+    Spec {
+        name: "relation-list",
+        args: "",
+        purpose: "list relation units",
+        flags: &[FORMAT, OUTPUT, RELATION],
+        doc: "-r must be specified when not in a relation hook. The units listed are those\n\
+              whose -joined hook has run and that have not departed.",
+    },
+    Spec {
+        name: "relation-get",
+        args: "<key> <unit id>",
+        purpose: "get relation settings",
+        flags: &[FORMAT, OUTPUT, RELATION],
+        doc: "relation-get prints the value of a unit's relation setting, specified by key.\n\
+              If no key is given, or if the key is \"-\", all keys and values will be printed.\n\
+              -r must be specified when not in a relation hook; <unit id> may be omitted\n\
+              in a hook about a remote unit.",
+    },
+    Spec {
+        name: "relation-set",
+        args: "key=value [key=value ...]",
+        purpose: "set relation settings",
+        flags: &[
+            Flag::value(None, "file", "", "file containing key-value pairs"),
+            DEPRECATED_FORMAT,
+            RELATION,
+        ],
+        doc: "\"relation-set\" writes the local unit's settings for some relation. If no\n\
+              relation is specified then the current relation is used. The setting values\n\
+              are not inspected and are stored as strings. Setting an empty string causes\n\
+              the setting to be removed. Duplicate settings are not allowed.\n\
+              \n\
+              The --file option should be used when one or more key-value pairs are too\n\
+              long to fit within the command length limit of the shell or operating\n\
+              system. The file will contain a YAML map containing the settings. Settings\n\
+              in the file will be overridden by any duplicate key-value arguments. A value\n\
+              of \"-\" for the filename means <stdin>. The changes are written when the\n\
+              hook exits 0.",
+    },
+    Spec {
+        name: "open-port",
+        args: "<port>[/<protocol>] or <from>-<to>[/<protocol>]",
+        purpose: "register a port or range to open",
+        flags: &[DEPRECATED_FORMAT],
+        doc: "The port range will only be open while the service is exposed.",
+    },
+    Spec {
+        name: "close-port",
+        args: "<port>[/<protocol>] or <from>-<to>[/<protocol>]",
+        purpose: "ensure a port or range is always closed",
+        flags: &[DEPRECATED_FORMAT],
+        doc: "",
+    },
+];
+
+/// Why a tool did not do its job: a usage error exits 2, a failure while
+/// running exits 1.
+#[derive(Debug)]
+enum Failure {
+    Usage(String),
+    Run(String),
+}
+
+impl From<String> for Failure {
+    fn from(s: String) -> Failure {
+        Failure::Run(s)
+    }
+}
+
+impl From<&str> for Failure {
+    fn from(s: &str) -> Failure {
+        Failure::Run(s.to_string())
+    }
+}
+
+fn usage(msg: impl Into<String>) -> Failure {
+    Failure::Usage(msg.into())
+}
+
+fn spec(tool: &str) -> Option<&'static Spec> {
+    SPECS.iter().find(|s| s.name == tool)
+}
+
+/// Whether the client must send its standard input: `relation-set --file -`.
+/// Uses the tool's own parser, so the client and the tool never disagree.
+pub fn reads_stdin(tool: &str, args: &[String]) -> bool {
+    match spec(tool).map(|s| s.parse(args)) {
+        Some(Ok(Line::Run(p))) => tool == "relation-set" && p.get("file") == Some("-"),
+        _ => false,
+    }
+}
+
+/// What a tool's client sent besides its arguments.
+#[derive(Debug, Default, Clone)]
+pub struct Invocation<'a> {
+    /// The tool's working directory: relative `--file` paths start there.
+    pub cwd: Option<&'a str>,
+    /// Standard input, when [`reads_stdin`] said it was needed.
+    pub stdin: Option<&'a str>,
+}
+
+/// Runs `tool` with `args` in `ctx`.
+pub async fn run(ctx: &HookContext, tool: &str, args: &[String], inv: &Invocation<'_>) -> Output {
+    let Some(spec) = spec(tool) else {
+        return Output::fail(1, format!("unknown hook tool `{tool}`"));
+    };
+    let parsed = match spec.parse(args) {
+        Ok(Line::Help) => return Output::ok(spec.usage()),
+        Ok(Line::Run(p)) => p,
+        Err(e) => return Output::fail(2, e),
+    };
+    let mut out = match run_tool(ctx, spec, parsed, inv).await {
+        Ok(out) => out,
+        Err(Failure::Usage(e)) => Output::fail(2, e),
+        Err(Failure::Run(e)) => Output::fail(1, e),
+    };
+    if out.code == 0 && out.file.is_some() {
+        // Written by the client, where the tool runs.
+        out.file = out.file.filter(|f| !f.is_empty());
+    }
+    out
+}
+
+/// The output flags of a printing tool.
+fn output(p: &Parsed) -> Result<(Format, Option<String>), Failure> {
+    let format = Format::parse(p.get("format").unwrap_or("smart")).map_err(usage)?;
+    Ok((format, p.get("output").map(str::to_string)))
+}
+
+fn print(p: &Parsed, v: &Value) -> Result<Output, Failure> {
+    let (format, file) = output(p)?;
+    let mut out = Output::ok(format.render(v));
+    out.file = file;
+    Ok(out)
+}
+
+/// Juju 1.25's warning for the deprecated `--format` of tools that print
+/// nothing (written before the tool runs, as Juju's is).
+fn deprecated_format(spec: &Spec, p: &Parsed) -> String {
+    match p.get("format") {
+        Some(f) if !f.is_empty() => format!("--format flag deprecated for command {:?}", spec.name),
+        _ => String::new(),
+    }
+}
+
+/// Resolves `-r` (`name:id` or `id`) among the unit's relations, or the
+/// hook's relation. Both errors are usage errors, as in Juju.
+fn relation_id(ctx: &HookContext, p: &Parsed) -> Result<i64, Failure> {
+    let Some(text) = p.get("relation").filter(|t| !t.is_empty()) else {
+        return ctx
+            .relation
+            .as_ref()
+            .map(|(id, _)| *id)
+            .ok_or_else(|| usage("no relation id specified"));
+    };
+    let trimmed = text.rsplit(':').next().unwrap_or(text);
+    let id: i64 = trimmed.parse().map_err(|_| {
+        usage(format!(
+            "invalid value {text:?} for flag -r: invalid relation id"
+        ))
+    })?;
+    if ctx.relations.contains_key(&id) || ctx.relation.as_ref().is_some_and(|(r, _)| *r == id) {
+        Ok(id)
+    } else {
+        Err(usage(format!(
+            "invalid value {text:?} for flag -r: unknown relation id"
+        )))
+    }
+}
+
+async fn settings_of(
+    ctx: &HookContext,
+    rel: i64,
+    unit: &str,
+) -> Result<BTreeMap<String, String>, Failure> {
+    let key = (rel, unit.to_string());
+    let mut cache = ctx.settings.lock().await;
+    let mut settings = match cache.get(&key) {
+        Some(s) => s.clone(),
+        None => {
+            let s = ctx.api.relation_settings(rel, unit).await.map_err(|e| {
+                format!("cannot read settings for unit {unit:?} in relation {rel}: {e}")
+            })?;
+            cache.insert(key, s.clone());
+            s
+        }
+    };
+    drop(cache);
+    // A unit reads its own settings with this hook's changes in.
+    if unit == ctx.unit {
+        if let Some(changes) = ctx.pending.lock().await.get(&rel) {
+            for (k, v) in changes {
+                match v {
+                    Some(v) => settings.insert(k.clone(), v.clone()),
+                    None => settings.remove(k),
+                };
+            }
+        }
+    }
+    Ok(settings)
+}
+
+async fn run_tool(
+    ctx: &HookContext,
+    spec: &Spec,
+    p: Parsed,
+    inv: &Invocation<'_>,
+) -> Result<Output, Failure> {
+    match spec.name {
+        "juju-log" => juju_log(ctx, spec, p),
+        "unit-get" => {
+            let (_, _) = output(&p)?;
+            let [key, rest @ ..] = p.args.as_slice() else {
+                return Err(usage("no setting specified"));
+            };
+            if key != "private-address" && key != "public-address" {
+                return Err(usage(format!("unknown setting {key:?}")));
+            }
+            check_empty(rest).map_err(usage)?;
+            // This machine's address (the spec's unit-get; with no public
+            // network of their own, both are the same).
+            print(&p, &json!(super::runner::private_address()))
+        }
+        "config-get" => {
+            output(&p)?;
+            let all = p.is_set("all");
+            let key = match p.args.as_slice() {
+                [] => None,
+                [key, rest @ ..] => {
+                    if all {
+                        return Err(usage(format!(
+                            "cannot use argument --all together with key {key:?}"
+                        )));
+                    }
+                    check_empty(rest).map_err(usage)?;
+                    Some(key.clone())
+                }
+            };
+            let config = config(ctx).await?;
+            let v = match key {
+                Some(k) => config.get(&k).cloned().unwrap_or(Value::Null),
+                // Unset options (no value, no default) only with --all.
+                None => Value::Object(
+                    config
+                        .into_iter()
+                        .filter(|(_, v)| all || !v.is_null())
+                        .collect(),
+                ),
+            };
+            print(&p, &v)
+        }
+        "relation-ids" => {
+            output(&p)?;
+            let name = match p.args.as_slice() {
+                [] => match &ctx.relation {
+                    Some((_, n)) => n.clone(),
+                    None => return Err(usage("no relation name specified")),
+                },
+                [n, rest @ ..] => {
+                    check_empty(rest).map_err(usage)?;
+                    n.clone()
+                }
+            };
+            let mut ids: Vec<String> = ctx
+                .relations
+                .iter()
+                .filter(|(_, n)| **n == name)
+                .map(|(id, n)| format!("{n}:{id}"))
+                .collect();
+            ids.sort();
+            print(&p, &json!(ids))
+        }
+        "relation-list" => {
+            output(&p)?;
+            let rel = relation_id(ctx, &p)?;
+            check_empty(&p.args).map_err(usage)?;
+            print(&p, &json!(ctx.members_of(rel)))
+        }
+        "relation-get" => {
+            output(&p)?;
+            let rel = relation_id(ctx, &p)?;
+            let mut args = p.args.iter();
+            let key = args.next().filter(|k| *k != "-").cloned();
+            let unit = match args.next() {
+                Some(u) => u.clone(),
+                None => ctx
+                    .remote
+                    .clone()
+                    .ok_or_else(|| usage("no unit id specified"))?,
+            };
+            check_empty(args.as_slice()).map_err(usage)?;
+            let settings = settings_of(ctx, rel, &unit).await?;
+            let v = match key {
+                None => json!(settings),
+                Some(k) => settings.get(&k).map_or(Value::Null, |v| json!(v)),
+            };
+            print(&p, &v)
+        }
+        "relation-set" => {
+            let rel = relation_id(ctx, &p)?;
+            let mut changes: BTreeMap<String, Option<String>> = BTreeMap::new();
+            let mut parsed_args = Vec::new();
+            for kv in &p.args {
+                match kv.split_once('=') {
+                    Some((k, _)) if parsed_args.iter().any(|(seen, _)| seen == k) => {
+                        return Err(usage(format!("key {k:?} specified more than once")))
+                    }
+                    Some((k, v)) if !k.is_empty() => {
+                        parsed_args.push((k.to_string(), v.to_string()))
+                    }
+                    _ => return Err(usage(format!("expected \"key=value\", got {kv:?}"))),
+                }
+            }
+            let warning = deprecated_format(spec, &p);
+            if let Some(file) = p.get("file").filter(|f| !f.is_empty()) {
+                let text = read_settings_file(file, inv)?;
+                for (k, v) in parse_settings(&text)? {
+                    changes.insert(k, v);
+                }
+            }
+            // key=value arguments win over the file.
+            for (k, v) in parsed_args {
+                changes.insert(k, (!v.is_empty()).then_some(v));
+            }
+            // `-r ID` with no settings is valid (Juju 1.25; later versions
+            // refuse it): nothing changes.
+            let mut pending = ctx.pending.lock().await;
+            let entry = pending.entry(rel).or_default();
+            for (k, v) in changes {
+                entry.insert(k, v);
+            }
+            Ok(warn(warning))
+        }
+        "open-port" | "close-port" => {
+            let warning = deprecated_format(spec, &p);
+            let [port, rest @ ..] = p.args.as_slice() else {
+                return Err(usage("no port or range specified"));
+            };
+            let range = parse_port_range(port).map_err(usage)?;
+            check_empty(rest).map_err(usage)?;
+            // Acts at once, not when the hook ends (charms-in-action.txt).
+            ctx.api
+                .set_port(&ctx.unit, &range, spec.name == "open-port")
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(warn(warning))
+        }
+        other => Err(format!("unknown hook tool `{other}`").into()),
+    }
+}
+
+/// Success with Juju's deprecation warning, if any, on stderr (without a
+/// newline, as Juju writes it).
+fn warn(warning: String) -> Output {
+    let mut out = Output::ok("");
+    out.stderr = warning;
+    out
+}
+
+async fn config(ctx: &HookContext) -> Result<BTreeMap<String, Value>, Failure> {
+    let mut cache = ctx.config.lock().await;
+    if cache.is_none() {
+        let unit = ctx.api.unit(&ctx.unit).await.map_err(|e| e.to_string())?;
+        *cache = Some(
+            ctx.api
+                .service_config(&unit.service)
+                .await
+                .map_err(|e| format!("cannot read the service's settings: {e}"))?,
+        );
+    }
+    Ok(cache.clone().expect("just read"))
+}
+
+/// The longest message `juju-log` writes whole: charmhelpers cuts at
+/// 131,071 characters; a longer one is cut here, marked, so a hook cannot
+/// fill the disk through the log faster than through its own output.
+pub const MAX_LOG_MESSAGE: usize = 128 << 10;
+
+fn juju_log(ctx: &HookContext, spec: &Spec, p: Parsed) -> Result<Output, Failure> {
+    if p.args.is_empty() {
+        return Err(usage("no message specified"));
+    }
+    let warning = deprecated_format(spec, &p);
+    let given = p.get("log-level").unwrap_or("INFO");
+    let mut lines = Vec::new();
+    let level = if p.is_set("debug") {
+        "DEBUG"
+    } else {
+        match given.to_uppercase().as_str() {
+            "TRACE" => "TRACE",
+            "DEBUG" => "DEBUG",
+            "INFO" => "INFO",
+            "WARN" | "WARNING" => "WARNING",
+            "ERROR" => "ERROR",
+            "CRITICAL" => "CRITICAL",
+            // Juju logs a warning and the message at INFO.
+            _ => {
+                lines.push((
+                    "WARNING",
+                    format!("Specified log level of {given:?} is not valid"),
+                ));
+                "INFO"
+            }
+        }
+    };
+    let mut message = p.args.join(" ");
+    if message.len() > MAX_LOG_MESSAGE {
+        let mut cut = MAX_LOG_MESSAGE;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+        message.push_str(" [truncated]");
+    }
+    // In a relation hook the message names the relation, as Juju's does.
+    if let Some((id, name)) = &ctx.relation {
+        message = format!("{name}:{id}: {message}");
+    }
+    lines.push((level, message));
+    let time = super::log_time();
+    let text: String = lines
+        .iter()
+        .map(|(level, m)| format!("{time} {level} unit.{}.juju-log: {m}\n", ctx.unit))
+        .collect();
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&ctx.log)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .map_err(|e| format!("cannot write the unit's log: {e}"))?;
+    Ok(warn(warning))
+}
+
+/// The contents `--file` names: a path (relative to the tool's working
+/// directory) or `-`, standard input.
+fn read_settings_file(file: &str, inv: &Invocation<'_>) -> Result<String, Failure> {
+    if file == "-" {
+        return Ok(inv.stdin.unwrap_or_default().to_string());
+    }
+    let path = match inv.cwd {
+        Some(cwd) => Path::new(cwd).join(file),
+        None => Path::new(file).to_path_buf(),
+    };
+    use std::io::Read;
+    let f = std::fs::File::open(&path).map_err(|e| format!("cannot read {file:?}: {e}"))?;
+    let mut text = String::new();
+    f.take(MAX_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("cannot read {file:?}: {e}"))?;
+    if text.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!(
+            "{file:?} is larger than {} bytes, the most relation-set reads from a file",
+            MAX_FILE_BYTES
+        )
+        .into());
+    }
+    Ok(text)
+}
+
+/// A `--file`'s settings: a YAML (or JSON, which is YAML) mapping of keys
+/// to scalars; `null` or an empty value unsets the key.
+fn parse_settings(text: &str) -> Result<Vec<(String, Option<String>)>, Failure> {
+    if text.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    let v: Value =
+        yaml_serde::from_str(text).map_err(|e| format!("cannot parse settings file: {e}"))?;
+    let map = match v {
+        Value::Object(map) => map,
+        Value::Null => return Ok(Vec::new()),
+        other => {
+            return Err(format!("expected YAML map, got {}", format::json(&other)).into());
+        }
+    };
+    map.into_iter()
+        .map(|(k, v)| {
+            if k.is_empty() {
+                return Err(Failure::from("cannot parse settings file: empty key"));
+            }
+            let v = match v {
+                Value::Null => None,
+                Value::String(s) => (!s.is_empty()).then_some(s),
+                Value::Bool(b) => Some(if b { "true" } else { "false" }.to_string()),
+                Value::Number(n) => Some(n.to_string()),
+                _ => {
+                    return Err(Failure::Run(format!(
+                        "expected YAML map of strings, got a list or map as the value of {k:?}"
+                    )))
+                }
+            };
+            Ok((k, v))
+        })
+        .collect()
+}
+
+/// `PORT[/PROTOCOL]` or `FROM-TO[/PROTOCOL]` as the store keeps it
+/// (`80/tcp`, `100-200/udp`); the protocol's case does not matter and
+/// defaults to tcp. Checked in Juju's order, with Juju's messages.
+pub fn parse_port_range(text: &str) -> Result<String, String> {
+    let lower = text.to_lowercase();
+    let shape =
+        || format!("expected <port>[/<protocol>] or <from>-<to>[/<protocol>]; got {text:?}");
+    let (ports, protocol) = match lower.split_once('/') {
+        Some((ports, proto)) => (ports, proto),
+        None => (lower.as_str(), "tcp"),
+    };
+    let digits = |d: &str| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit());
+    if protocol.is_empty() || !protocol.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(shape());
+    }
+    let (from, to) = match ports.split_once('-') {
+        Some((a, b)) if digits(a) && digits(b) => (a, b),
+        None if digits(ports) => (ports, ports),
+        _ => return Err(shape()),
+    };
+    let number = |d: &str| -> Result<u64, String> {
+        d.parse::<u64>()
+            .map_err(|e| format!("expected port number; got {d:?}: {e}"))
+    };
+    let (lo, hi) = (number(from)?, number(to)?);
+    let valid = |n: u64| (1..=65535).contains(&n);
+    if lo == hi {
+        if !valid(lo) {
+            return Err(format!(
+                "port must be in the range [1, 65535]; got \"{lo}\""
+            ));
+        }
+    } else {
+        if lo > hi {
+            return Err(format!(
+                "invalid port range {lo}-{hi}/{protocol}; expected fromPort <= toPort"
+            ));
+        }
+        if !valid(lo) {
+            return Err(format!(
+                "fromPort must be in the range [1, 65535]; got \"{lo}\""
+            ));
+        }
+        if !valid(hi) {
+            return Err(format!(
+                "toPort must be in the range [1, 65535]; got \"{hi}\""
+            ));
+        }
+    }
+    if protocol != "tcp" && protocol != "udp" {
+        return Err(format!(
+            "protocol must be \"tcp\" or \"udp\"; got {protocol:?}"
+        ));
+    }
+    Ok(if lo == hi {
+        format!("{lo}/{protocol}")
+    } else {
+        format!("{lo}-{hi}/{protocol}")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn port_ranges_as_juju_takes_them() {
+        assert_eq!(parse_port_range("80").unwrap(), "80/tcp");
+        assert_eq!(parse_port_range("80/TCP").unwrap(), "80/tcp");
+        assert_eq!(parse_port_range("53/Udp").unwrap(), "53/udp");
+        assert_eq!(parse_port_range("100-200/udp").unwrap(), "100-200/udp");
+        assert_eq!(parse_port_range("8000-8000").unwrap(), "8000/tcp");
+        assert_eq!(
+            parse_port_range("80/http").unwrap_err(),
+            r#"protocol must be "tcp" or "udp"; got "http""#
+        );
+        assert_eq!(
+            parse_port_range("0").unwrap_err(),
+            r#"port must be in the range [1, 65535]; got "0""#
+        );
+        assert_eq!(
+            parse_port_range("65536/tcp").unwrap_err(),
+            r#"port must be in the range [1, 65535]; got "65536""#
+        );
+        assert_eq!(
+            parse_port_range("http").unwrap_err(),
+            r#"expected <port>[/<protocol>] or <from>-<to>[/<protocol>]; got "http""#
+        );
+        assert_eq!(
+            parse_port_range("20-10/tcp").unwrap_err(),
+            "invalid port range 20-10/tcp; expected fromPort <= toPort"
+        );
+        assert_eq!(
+            parse_port_range("99999/UDP").unwrap_err(),
+            r#"port must be in the range [1, 65535]; got "99999""#
+        );
+        assert_eq!(
+            parse_port_range("0-80").unwrap_err(),
+            r#"fromPort must be in the range [1, 65535]; got "0""#
+        );
+        for bad in ["80/tcp/x", "blah/blah/blah", " 80", "80-", "two"] {
+            assert_eq!(
+                parse_port_range(bad).unwrap_err(),
+                format!("expected <port>[/<protocol>] or <from>-<to>[/<protocol>]; got {bad:?}")
+            );
+        }
+    }
+
+    #[test]
+    fn settings_files_are_yaml_or_json_mappings() {
+        let s = parse_settings("a: b\nn: 5\nt: true\ngone: null\nempty: ''\n").unwrap();
+        assert_eq!(
+            s,
+            vec![
+                ("a".into(), Some("b".into())),
+                ("empty".into(), None),
+                ("gone".into(), None),
+                ("n".into(), Some("5".into())),
+                ("t".into(), Some("true".into())),
+            ]
+        );
+        assert_eq!(
+            parse_settings("{\"x\": \"1\"}").unwrap(),
+            vec![("x".into(), Some("1".into()))]
+        );
+        assert!(parse_settings("- a\n- b\n").is_err());
+        assert!(parse_settings("a: [1]\n").is_err());
+        assert_eq!(parse_settings("").unwrap(), vec![]);
+    }
+
+    #[test]
+    fn every_tool_has_a_spec_and_help_that_names_its_flags() {
+        for tool in super::super::TOOLS {
+            let spec = spec(tool).unwrap_or_else(|| panic!("no spec for {tool}"));
+            let usage = spec.usage();
+            assert!(usage.starts_with(&format!("usage: {tool} ")), "{usage}");
+            for f in spec.flags {
+                assert!(usage.contains(&format!("--{}", f.long)), "{tool}: {usage}");
+            }
+        }
+        assert!(spec("relation-set").unwrap().usage().contains("--file"));
+    }
+
+    #[test]
+    fn only_relation_set_with_file_dash_reads_stdin() {
+        let a = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(reads_stdin("relation-set", &a(&["--file", "-"])));
+        assert!(reads_stdin(
+            "relation-set",
+            &a(&["-r", "1", "--file=-", "k=v"])
+        ));
+        assert!(!reads_stdin("relation-set", &a(&["--file", "f.yaml"])));
+        assert!(!reads_stdin("relation-set", &a(&["--", "--file", "-"])));
+        assert!(!reads_stdin("relation-get", &a(&["-"])));
+    }
+}
