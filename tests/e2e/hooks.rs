@@ -284,6 +284,7 @@ case "$name" in
 esac
 if [ "$(config-get block-hook)" = "$name" ]; then
   juju-log "read title=$(config-get title)"
+  echo $$ > "$CHARM_DIR/../hook.pid"
   touch "$CHARM_DIR/../blocked"
   i=0
   while [ ! -f "$CHARM_DIR/../go" ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done
@@ -410,17 +411,188 @@ fn a_hook_killed_with_its_agent_is_a_failed_hook_when_the_agent_comes_back() {
         unit_dir.join("blocked").exists()
     });
     ctl.kill9();
+    // The hook outlived its agent (it waits for `go`, up to 30 s).
+    let pid = std::fs::read_to_string(unit_dir.join("hook.pid")).unwrap();
+    let alive = || {
+        std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).is_ok_and(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+    };
+    assert!(
+        alive(),
+        "the blocked install still runs after its agent died"
+    );
     j.run(&["set", "flaky", "block-hook="]).ok();
     let _ctl = j.controller();
     eventually("the killed install to count as failed", || {
         agent_status(&j, "flaky/0") == ("error".into(), "hook failed: \"install\"".into())
     });
+    // The restarted agent killed it before running anything: a unit
+    // never runs two hooks at once.
+    assert!(
+        !alive(),
+        "the dead agent's hook still runs beside the new agent"
+    );
     j.run(&["resolved", "--retry", "flaky/0"]).ok();
     eventually("the unit started", || {
         agent_status(&j, "flaky/0").0 == "started"
     });
     let h = hooks(&log(&j, "1", "flaky/0"));
     assert_eq!(count(&h, "install"), 2, "{h:?}");
+}
+
+#[test]
+fn hooks_get_exactly_jujus_environment_and_cannot_run_jujubes_commands() {
+    let mut j = Jujube::new();
+    // What the controller has that a hook must not see.
+    j.envs
+        .push(("AWS_SECRET_ACCESS_KEY".into(), "do-not-leak".into()));
+    j.envs
+        .push(("JUJUBE_TEST_MARKER".into(), "do-not-leak".into()));
+    let charms = tempfile::tempdir().unwrap();
+    j.run(&["bootstrap", "t"]).ok();
+    j.run(&["deploy", &flaky_charm(charms.path())]).ok();
+    let _ctl = j.controller();
+    j.run(&["wait", "--timeout", "60s"]).ok();
+    let env = j.run(&["run", "flaky/0", "--", "env"]).ok().stdout;
+    let mut names: Vec<&str> = env
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, _)| k)
+        .collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(
+        names,
+        [
+            "APT_LISTCHANGES_FRONTEND",
+            "CHARM_DIR",
+            "DEBIAN_FRONTEND",
+            "HOME",
+            "JUJU_AGENT_SOCKET",
+            "JUJU_API_ADDRESSES",
+            "JUJU_CHARM_DIR",
+            "JUJU_CONTEXT_ID",
+            "JUJU_ENV_NAME",
+            "JUJU_UNIT_NAME",
+            "LANG",
+            "PATH",
+            "TERM",
+        ],
+        "{env}"
+    );
+    assert!(!env.contains("do-not-leak"), "{env}");
+    // The tools are the jujube binary; run under its own name in a hook
+    // context it refuses its user commands.
+    let r = j.run(&[
+        "run",
+        "flaky/0",
+        "--",
+        "sh",
+        "-c",
+        "\"$(readlink -f \"$(command -v relation-get)\")\" status",
+    ]);
+    assert_eq!(r.code, 2, "{} {}", r.stdout, r.stderr);
+    assert!(
+        r.stderr
+            .contains("error: `jujube` commands cannot run inside a hook context"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn relation_list_answers_what_the_hooks_have_seen_not_the_live_scope() {
+    let j = Jujube::new();
+    let charms = tempfile::tempdir().unwrap();
+    let charm = charms.path().join("lister");
+    std::fs::create_dir_all(charm.join("hooks")).unwrap();
+    std::fs::write(
+        charm.join("metadata.yaml"),
+        "name: lister\nsummary: lists\npeers:\n  peer:\n    interface: lister\n",
+    )
+    .unwrap();
+    // lister/0 installs only once `go` exists; its relation hooks log what
+    // relation-list answers.
+    let hook = r#"#!/bin/sh
+name=$(basename "$0")
+if [ "$name" = install ] && [ "$JUJU_UNIT_NAME" = lister/0 ]; then
+  i=0
+  while [ ! -f "$CHARM_DIR/../go" ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done
+fi
+case "$name" in
+  peer-relation-*) juju-log "hook: $name $JUJU_REMOTE_UNIT sees [$(relation-list | tr '\n' ' ')]" ;;
+esac
+"#;
+    for h in ["install", "peer-relation-joined", "peer-relation-departed"] {
+        let p = charm.join("hooks").join(h);
+        std::fs::write(&p, hook).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    j.run(&["bootstrap", "t"]).ok();
+    j.run(&["deploy", charm.to_str().unwrap(), "-n", "3"]).ok();
+    let _ctl = j.controller();
+    let agents = j.home.path().join("environments/t/agents");
+    let unit_log = |u: &str| -> PathBuf {
+        let machine = j.status()["services"]["lister"]["units"][u]["machine"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        log(&j, &machine, u)
+    };
+    // lister/1 and lister/2 joined each other: both are in the scope
+    // before lister/0 runs any relation hook.
+    eventually("lister/1 and lister/2 in the peer scope", || {
+        hooks(&unit_log("lister/1"))
+            .iter()
+            .any(|h| h.starts_with("peer-relation-joined lister/2"))
+            && hooks(&unit_log("lister/2"))
+                .iter()
+                .any(|h| h.starts_with("peer-relation-joined lister/1"))
+    });
+    let zero = agents
+        .read_dir()
+        .unwrap()
+        .flatten()
+        .map(|m| m.path().join("unit-lister-0"))
+        .find(|d| d.exists())
+        .unwrap();
+    std::fs::write(zero.join("go"), "").unwrap();
+    eventually("lister/0 joined both", || {
+        hooks(&unit_log("lister/0"))
+            .iter()
+            .filter(|h| h.starts_with("peer-relation-joined"))
+            .count()
+            == 2
+    });
+    let h: Vec<String> = hooks(&unit_log("lister/0"))
+        .into_iter()
+        .filter(|h| h.starts_with("peer-relation-joined"))
+        .collect();
+    assert_eq!(
+        h,
+        [
+            "peer-relation-joined lister/1 sees [lister/1 ]",
+            "peer-relation-joined lister/2 sees [lister/1 lister/2 ]",
+        ]
+    );
+    // -departed: the departing unit is gone from the list.
+    j.run(&["remove-unit", "lister/2"]).ok();
+    eventually("lister/0's -departed", || {
+        hooks(&unit_log("lister/0"))
+            .iter()
+            .any(|h| h.starts_with("peer-relation-departed"))
+    });
+    let departed = hooks(&unit_log("lister/0"))
+        .into_iter()
+        .find(|h| h.starts_with("peer-relation-departed"))
+        .unwrap();
+    assert_eq!(departed, "peer-relation-departed lister/2 sees [lister/1 ]");
 }
 
 #[test]
