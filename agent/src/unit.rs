@@ -704,7 +704,12 @@ impl Agent for UnitAgent {
                         &format!("hook failed: \"{}\"", failed.name),
                     )
                     .await?;
-                    return Ok(Step::Idle);
+                    // Held, but the deployer's duties run no hook: a Dead
+                    // subordinate is still recalled and removed (and a new
+                    // one deployed), as Juju's deployer works apart from
+                    // the uniter.
+                    let acted = self.reconcile_subordinates(&view.subordinates).await?;
+                    return Ok(if acted { Step::Again } else { Step::Idle });
                 }
             }
             self.save_hooks()?;

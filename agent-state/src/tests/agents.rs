@@ -362,3 +362,32 @@ async fn resolved_without_retry_counts_a_failed_config_changed_done() {
     assert!(unit.join("started").is_file(), "start ran after it");
     host.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_principal_held_by_a_failed_hook_still_removes_its_dead_subordinate() {
+    logs();
+    let w = World::new();
+    w.deploy(WORDPRESS, "wordpress", 1);
+    w.deploy(MYSQL, "mysql", 1);
+    w.deploy(LOGGING, "logging", 0);
+    hook(&w, "wordpress", "db-relation-joined", "exit 1");
+    w.store.add_relation("logging", "wordpress").unwrap();
+    w.provision();
+    let agents_dir = w.dir.path().join("agents");
+    let host = Host::start(w.store.clone(), agents_dir.clone()).unwrap();
+    until(&w.store, "the subordinate started", |s| {
+        status(s, "logging/0") == "started" && status(s, "wordpress/0") == "started"
+    })
+    .await;
+    w.store.add_relation("wordpress", "mysql").unwrap();
+    until(&w.store, "the principal held by its failed hook", |s| {
+        status(s, "wordpress/0") == "error"
+    })
+    .await;
+    // The subordinate goes Dying, then Dead by its own agent; recalling and
+    // removing it is its principal's deployer's duty, which needs no hook.
+    w.store.destroy_relation("logging", "wordpress").unwrap();
+    until(&w.store, "the subordinate removed", |s| life(s, "logging/0").is_none()).await;
+    assert_eq!(status(&w.store, "wordpress/0"), "error", "still held until resolved");
+    host.shutdown().await;
+}
