@@ -427,6 +427,7 @@ impl Facade for InProcess {
                         })
                         .collect(),
                     in_scope: r.in_scope,
+                    belongs: r.belongs,
                 })
                 .collect(),
             subordinates: c.subordinates.iter().map(unit_ref).collect(),

@@ -106,6 +106,15 @@ pub struct RelationView {
     pub scope: Scope,
     pub endpoints: Vec<EndpointView>,
     pub in_scope: bool,
+    /// Whether the unit belongs in the scope (the store's rule: a
+    /// subordinate joins a container-scoped relation with its principal's
+    /// service or with another subordinate service).
+    #[serde(default = "yes")]
+    pub belongs: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl RelationView {

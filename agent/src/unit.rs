@@ -74,15 +74,6 @@ pub fn abandoned(view: &UnitView) -> bool {
     }
 }
 
-/// Whether the unit belongs in the relation's scope: a subordinate joins a
-/// container-scoped relation only with its principal's service.
-pub fn belongs_in(view: &UnitView, rel: &RelationView) -> bool {
-    match (rel.scope, &view.principal_service) {
-        (Scope::Container, Some(ps)) => rel.counterpart_of(&view.service) == Some(ps),
-        _ => true,
-    }
-}
-
 /// `Ok(true)` when the call went through; `Ok(false)` when refused, or when
 /// what it was about went meanwhile (the next notice brings whatever
 /// explains it).
@@ -732,7 +723,7 @@ impl Agent for UnitAgent {
                 }
                 self.report(AgentStatus::Started, "").await?;
                 for rel in &view.relations {
-                    if rel.life == Life::Alive && !rel.in_scope && belongs_in(&view, rel) {
+                    if rel.life == Life::Alive && !rel.in_scope && rel.belongs {
                         // Its address with it, in one transaction, so
                         // that the other side's -joined/-changed can
                         // always read it.

@@ -401,6 +401,11 @@ fn apply_in(tx: &mut Tx<'_>, by: &Caller, op: &AgentOp) -> Result<()> {
 pub struct RelationContext {
     pub relation: Relation,
     pub in_scope: bool,
+    /// Whether the unit belongs in the relation's scope: a subordinate
+    /// joins a container-scoped relation only with its principal's service
+    /// or with another subordinate service (whose units under the same
+    /// principal share its container).
+    pub belongs: bool,
 }
 
 /// Where a unit sits: what routing its changes needs.
@@ -549,11 +554,24 @@ impl Store {
             let scopes = scope_ids(c, name)?;
             let relations = relations_of(c, &unit.service)?
                 .into_iter()
-                .map(|relation| RelationContext {
-                    in_scope: scopes.contains(&relation.id),
-                    relation,
+                .map(|relation| {
+                    let belongs = match (relation.scope, &principal_service) {
+                        (Scope::Container, Some(ps)) => {
+                            let counterpart = relation
+                                .counterpart_of(&unit.service)
+                                .map(|e| e.service.clone())
+                                .unwrap_or_default();
+                            counterpart == *ps || get_service(c, &counterpart)?.subordinate
+                        }
+                        _ => true,
+                    };
+                    Ok(RelationContext {
+                        in_scope: scopes.contains(&relation.id),
+                        belongs,
+                        relation,
+                    })
                 })
-                .collect();
+                .collect::<Result<Vec<_>>>()?;
             let subordinates = units_where(c, "principal = ?1", &name)?;
             let runs = crate::runs::pending_runs_in(c, name)?;
             Ok(UnitContext {

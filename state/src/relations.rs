@@ -405,9 +405,12 @@ impl Store {
                 (Scope::Global, _) => String::new(),
                 (Scope::Container, Some(principal)) => {
                     let p = get_unit(tx, principal)?;
-                    if p.service != counterpart {
+                    // With its principal's service, or with another
+                    // subordinate service: that one's unit under the same
+                    // principal shares the container.
+                    if p.service != counterpart && !get_service(tx, &counterpart)?.subordinate {
                         return Err(Error::Relation(format!(
-                            "unit `{unit}` cannot join container relation `{}`: its principal `{principal}` is not a unit of `{counterpart}`",
+                            "unit `{unit}` cannot join container relation `{}`: its principal `{principal}` is not a unit of `{counterpart}`, and `{counterpart}` is not a subordinate",
                             rel.key
                         )));
                     }

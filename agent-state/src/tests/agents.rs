@@ -387,7 +387,69 @@ async fn a_principal_held_by_a_failed_hook_still_removes_its_dead_subordinate() 
     // The subordinate goes Dying, then Dead by its own agent; recalling and
     // removing it is its principal's deployer's duty, which needs no hook.
     w.store.destroy_relation("logging", "wordpress").unwrap();
-    until(&w.store, "the subordinate removed", |s| life(s, "logging/0").is_none()).await;
-    assert_eq!(status(&w.store, "wordpress/0"), "error", "still held until resolved");
+    until(&w.store, "the subordinate removed", |s| {
+        life(s, "logging/0").is_none()
+    })
+    .await;
+    assert_eq!(
+        status(&w.store, "wordpress/0"),
+        "error",
+        "still held until resolved"
+    );
+    host.shutdown().await;
+}
+
+/// A second subordinate, related to wordpress and to logging (both
+/// container-scoped).
+const MONITOR: &str = "name: monitor\nsummary: monitors\nsubordinate: true\nrequires:\n  juju-info:\n    interface: juju-info\n    scope: container\n  logs:\n    interface: logs\n    scope: container\n";
+const LOGGING_WITH_LOGS: &str = "name: logging\nsummary: logs\nsubordinate: true\nrequires:\n  juju-info:\n    interface: juju-info\n    scope: container\nprovides:\n  logs:\n    interface: logs\n    scope: container\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_subordinates_of_one_principal_join_their_container_relation() {
+    logs();
+    let w = World::new();
+    w.deploy(WORDPRESS, "wordpress", 2);
+    w.deploy(LOGGING_WITH_LOGS, "logging", 0);
+    w.deploy(MONITOR, "monitor", 0);
+    w.store
+        .add_relation("logging:juju-info", "wordpress")
+        .unwrap();
+    w.store
+        .add_relation("monitor:juju-info", "wordpress")
+        .unwrap();
+    w.store
+        .add_relation("monitor:logs", "logging:logs")
+        .unwrap();
+    let logs_rel = w.relation_id("monitor:logs logging:logs");
+    w.provision();
+    let agents_dir = w.dir.path().join("agents");
+    let host = Host::start(w.store.clone(), agents_dir.clone()).unwrap();
+    until(
+        &w.store,
+        "each subordinate in the scope with its neighbour",
+        |s| {
+            let subs =
+                |p: &str| -> Vec<String> { s.subordinates(p).unwrap().into_iter().collect() };
+            ["wordpress/0", "wordpress/1"].iter().all(|p| {
+                let subs = subs(p);
+                subs.len() == 2
+                    && subs.iter().all(|u| {
+                        s.scope_units_seen_by(logs_rel, u)
+                            .map(|seen| seen.len() == 1)
+                            .unwrap_or(false)
+                    })
+            })
+        },
+    )
+    .await;
+    // Each sees exactly the other subordinate of its own principal.
+    for p in ["wordpress/0", "wordpress/1"] {
+        let subs = w.store.subordinates(p).unwrap();
+        for u in &subs {
+            let seen = w.store.scope_units_seen_by(logs_rel, u).unwrap();
+            let other: Vec<String> = subs.iter().filter(|x| *x != u).cloned().collect();
+            assert_eq!(seen, other, "{u} under {p}");
+        }
+    }
     host.shutdown().await;
 }
