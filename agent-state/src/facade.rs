@@ -432,6 +432,7 @@ impl Facade for InProcess {
                 .collect(),
             subordinates: c.subordinates.iter().map(unit_ref).collect(),
             resolved: c.unit.resolved,
+            force_upgrade: c.service.force_charm,
             charm_url: c.service.charm_url,
             runs: c
                 .runs

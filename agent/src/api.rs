@@ -151,6 +151,10 @@ pub struct UnitView {
     /// another one upgrades it (`upgrade-charm`).
     #[serde(default)]
     pub charm_url: String,
+    /// `charm_url` was set by `upgrade-charm --force`: a unit held by a
+    /// failed hook lays it down and retries the hook from it.
+    #[serde(default)]
+    pub force_upgrade: bool,
 }
 
 /// A command `jujube run` asked the unit's agent to run in a hook context.

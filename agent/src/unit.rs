@@ -301,6 +301,17 @@ impl UnitAgent {
         Ok(())
     }
 
+    /// Whether the service's charm is not the one laid in the unit's charm
+    /// directory.
+    fn charm_differs(&mut self, view: &UnitView) -> bool {
+        if self.hook_state().charm.is_none() {
+            let deployed = crate::deployer::deployed_charm(&self.dir());
+            self.hook_state().charm = deployed;
+        }
+        !view.charm_url.is_empty()
+            && self.hook_state().charm.as_deref() != Some(view.charm_url.as_str())
+    }
+
     /// Lays the service's current charm over the unit's charm directory:
     /// its files replace theirs, anything else there stays.
     async fn lay_charm(&mut self) -> Result<()> {
@@ -688,6 +699,17 @@ impl Agent for UnitAgent {
                 Some(_) => {
                     self.count_as_done(&failed, &view).await?;
                     self.hook_state().failed = None;
+                }
+                None if view.force_upgrade && self.charm_differs(&view) => {
+                    // A forced upgrade from an error: the new charm laid
+                    // down, the failed hook retried from it; no
+                    // upgrade-charm hook (nor the config-changed after it),
+                    // as the spec says of forced upgrades from an error.
+                    self.lay_charm().await?;
+                    self.hook_state().charm = Some(view.charm_url.clone());
+                    self.hook_state().failed = None;
+                    self.save_hooks()?;
+                    return Ok(Step::Again);
                 }
                 None => {
                     self.report(

@@ -127,6 +127,10 @@ enum Command {
         /// Where `local:` charms are found (default: $JUJUBE_REPOSITORY).
         #[arg(long)]
         repository: Option<PathBuf>,
+        /// Upgrade units held by a failed hook too: the new charm is laid
+        /// down and the failed hook retried from it (no upgrade-charm hook).
+        #[arg(long)]
+        force: bool,
     },
     /// Add units to a service, each on a new machine unless `--to` is given.
     AddUnit {
@@ -841,6 +845,7 @@ fn model_command(
             service,
             path,
             repository,
+            force,
         } => {
             let svc = store.service(&service)?;
             let from = match path {
@@ -850,7 +855,7 @@ fn model_command(
             let loaded = charm::load(&from, repository.as_deref())?;
             let mut c = loaded.charm;
             c.url = format!("local:{}/{}", svc.series, c.url);
-            let url = store.upgrade_charm(&service, &c)?;
+            let url = store.upgrade_charm(&service, &c, force)?;
             writeln!(out, "service `{service}` upgraded to charm `{url}`")?;
         }
         Command::RetryProvisioning { machines, all } => {

@@ -90,6 +90,8 @@ pub struct Service {
     pub life: Life,
     pub unit_count: i64,
     pub relation_count: i64,
+    /// The current charm was set by `upgrade-charm --force`.
+    pub force_charm: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -218,7 +220,7 @@ pub(crate) fn get_machine(c: &Connection, id: i64) -> Result<Machine> {
 }
 
 pub(crate) const SERVICE_COLS: &str =
-    "name, charm_url, series, subordinate, constraints, life, unit_count, relation_count";
+    "name, charm_url, series, subordinate, constraints, life, unit_count, relation_count, force_charm";
 
 pub(crate) fn service_row(r: &Row<'_>) -> rusqlite::Result<(Service, i64, String)> {
     Ok((
@@ -231,6 +233,7 @@ pub(crate) fn service_row(r: &Row<'_>) -> rusqlite::Result<(Service, i64, String
             life: Life::Alive,
             unit_count: r.get(6)?,
             relation_count: r.get(7)?,
+            force_charm: r.get(8)?,
         },
         r.get(5)?,
         r.get(4)?,

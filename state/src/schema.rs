@@ -260,4 +260,10 @@ CREATE TABLE enrolled (
     PRIMARY KEY (token_hash, instance_id)
 ) WITHOUT ROWID;
 "#,
+    // 11 (forced upgrades): `upgrade-charm --force` set the service's
+    // current charm: a unit held by a failed hook lays it down too, and
+    // retries the hook from it (charms-in-action.txt's forced upgrades).
+    r#"
+ALTER TABLE services ADD COLUMN force_charm INTEGER NOT NULL DEFAULT 0;
+"#,
 ];

@@ -177,7 +177,10 @@ impl Store {
     /// a subordinate exactly when the old one is, still has every endpoint
     /// the service's relations use (same role and interface), and still
     /// knows every setting the user set.
-    pub fn upgrade_charm(&self, service: &str, charm: &Charm) -> Result<String> {
+    ///
+    /// `force` (`--force`): units held by a failed hook upgrade too, laying
+    /// the new charm down and retrying the failed hook from it.
+    pub fn upgrade_charm(&self, service: &str, charm: &Charm, force: bool) -> Result<String> {
         names::validate_service(service)?;
         charm.meta.validate()?;
         self.write(|tx| {
@@ -262,8 +265,8 @@ impl Store {
                     &charm.path,
                 ),
             )?;
-            tx.prepare_cached("UPDATE services SET charm_url = ?1 WHERE name = ?2")?
-                .execute((&url, service))?;
+            tx.prepare_cached("UPDATE services SET charm_url = ?1, force_charm = ?2 WHERE name = ?3")?
+                .execute((&url, force, service))?;
             tx.changed(ChangeKind::Service, service)?;
             Ok(url)
         })

@@ -787,3 +787,55 @@ fn upgrade_charm_runs_its_hook_then_config_changed_and_keeps_what_the_charm_wrot
     );
     assert_eq!(ctl.terminate().code(), Some(0));
 }
+
+#[test]
+fn a_forced_upgrade_lays_the_new_charm_over_a_unit_in_error_and_retries_the_failed_hook() {
+    let j = Jujube::new();
+    let charms = tempfile::tempdir().unwrap();
+    j.run(&["bootstrap", "t"]).ok();
+    let broken = flaky_charm(charms.path());
+    // This revision's install always fails.
+    let install = Path::new(&broken).join("hooks/install");
+    std::fs::write(&install, "#!/bin/sh\njuju-log \"hook: install\"\nexit 1\n").unwrap();
+    j.run(&["deploy", &broken]).ok();
+    let _ctl = j.controller();
+    eventually("install failed", || holds_on_failure(&j, "flaky/0"));
+    // The fixed revision: an install that works, and an upgrade-charm hook
+    // that must not run after a forced upgrade from an error (the spec).
+    let fixed = j.home.path().join("flaky-fixed");
+    let copied = std::process::Command::new("cp")
+        .args(["-r", &broken])
+        .arg(&fixed)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    std::fs::write(
+        fixed.join("hooks/install"),
+        "#!/bin/sh\njuju-log \"hook: install fixed\"\n",
+    )
+    .unwrap();
+    let upgrade = fixed.join("hooks/upgrade-charm");
+    std::fs::write(&upgrade, "#!/bin/sh\njuju-log \"hook: upgrade-charm\"\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&upgrade, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    j.run(&[
+        "upgrade-charm",
+        "flaky",
+        "--force",
+        "--path",
+        fixed.to_str().unwrap(),
+    ])
+    .ok();
+    eventually("the unit started from the fixed charm", || {
+        agent_status(&j, "flaky/0").0 == "started"
+    });
+    let h = hooks(&log(&j, "1", "flaky/0"));
+    assert_eq!(count(&h, "install fixed"), 1, "{h:?}");
+    assert_eq!(
+        count(&h, "upgrade-charm"),
+        0,
+        "no upgrade-charm after a forced upgrade from an error: {h:?}"
+    );
+    in_order(&h, &["install", "install fixed", "start"]);
+}

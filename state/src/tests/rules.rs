@@ -1167,38 +1167,42 @@ fn upgrade_charm_keeps_endpoints_in_use_and_settings_and_bumps_the_revision() {
     // Another charm's name; an endpoint the relation uses dropped; a set
     // setting the new charm does not know; a principal turned subordinate
     // (refused by the charm's own rules or by the upgrade's).
-    let err = e.refused(|s| s.upgrade_charm("wordpress", &charm(MYSQL)));
+    let err = e.refused(|s| s.upgrade_charm("wordpress", &charm(MYSQL), false));
     assert!(
         err.to_string().contains("a service keeps its charm's name"),
         "{err}"
     );
     let no_db = WORDPRESS.replace("requires:\n  db:\n    interface: mysql\n", "");
-    let err = e.refused(|s| s.upgrade_charm("wordpress", &charm(&no_db)));
+    let err = e.refused(|s| s.upgrade_charm("wordpress", &charm(&no_db), false));
     assert_eq!(
         err.to_string(),
         "cannot upgrade service `wordpress` to charm `wordpress`: relation `wordpress:db mysql:db` uses its endpoint `db` (requirer of `mysql`), which the new charm lacks; remove the relation first"
     );
     let mut no_title = charm(WORDPRESS);
     no_title.config.options.remove("title");
-    let err = e.refused(|s| s.upgrade_charm("wordpress", &no_title));
+    let err = e.refused(|s| s.upgrade_charm("wordpress", &no_title, false));
     assert!(err.to_string().contains("setting `title`"), "{err}");
     let mut sub = charm(WORDPRESS);
     sub.meta.subordinate = true;
-    let err = e.refused(|s| s.upgrade_charm("wordpress", &sub));
+    let err = e.refused(|s| s.upgrade_charm("wordpress", &sub, false));
     assert!(err.to_string().contains("subordinate"), "{err}");
 
     // The same charm again is still an upgrade: a new revision, above the
     // current one even when the directory's revision is older.
-    let url = e.st.upgrade_charm("wordpress", &charm(WORDPRESS)).unwrap();
+    let url =
+        e.st.upgrade_charm("wordpress", &charm(WORDPRESS), false)
+            .unwrap();
     assert_eq!(before, "local:jammy/wordpress-1");
     assert_eq!(url, "local:jammy/wordpress-2");
     assert_eq!(e.st.service("wordpress").unwrap().charm_url, url);
-    let url = e.st.upgrade_charm("wordpress", &charm(WORDPRESS)).unwrap();
+    let url =
+        e.st.upgrade_charm("wordpress", &charm(WORDPRESS), false)
+            .unwrap();
     assert_eq!(url, "local:jammy/wordpress-3");
 
     // Not on a dying service.
     e.st.destroy_service("wordpress").unwrap();
-    e.refused(|s| s.upgrade_charm("wordpress", &charm(WORDPRESS)));
+    e.refused(|s| s.upgrade_charm("wordpress", &charm(WORDPRESS), false));
 }
 
 /// The poller's lean view is exactly what it watches: Alive machines not in
