@@ -441,6 +441,7 @@ impl Facade for InProcess {
                     id: r.id,
                     argv: r.argv,
                     timeout: r.timeout,
+                    waited: r.waited,
                 })
                 .collect(),
         })

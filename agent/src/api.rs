@@ -162,8 +162,12 @@ pub struct UnitView {
 pub struct RunRequest {
     pub id: i64,
     pub argv: Vec<String>,
-    /// Seconds before the agent kills it.
+    /// Seconds before the agent kills it, counted from when it was queued.
     pub timeout: u64,
+    /// Seconds it has waited (behind a running hook, say), by the
+    /// controller's clock when the view was read.
+    #[serde(default)]
+    pub waited: u64,
 }
 
 /// What a run printed and exited with (`-1`: killed or could not start).

@@ -332,7 +332,19 @@ impl UnitAgent {
             return Ok(false);
         }
         for run in &view.runs {
-            let result = if self.has_charm() {
+            // `--timeout` counts from the request: what it waited behind a
+            // hook is spent.
+            let left = run.timeout.saturating_sub(run.waited);
+            let result = if left == 0 {
+                RunResult {
+                    code: -1,
+                    stdout: String::new(),
+                    stderr: format!(
+                        "error: the command did not start within its {}s timeout: the unit's agent was busy (a hook ran meanwhile); it was not run; try again, or give `--timeout` more time\n",
+                        run.timeout
+                    ),
+                }
+            } else if self.has_charm() {
                 let (id, ctx, socket) = self.open_context(&Hook::unit("run"), relations).await?;
                 let out = runner::run_command(
                     &self.dir(),
@@ -341,7 +353,7 @@ impl UnitAgent {
                     &id,
                     &socket,
                     &run.argv,
-                    std::time::Duration::from_secs(run.timeout),
+                    std::time::Duration::from_secs(left),
                 )
                 .await;
                 self.close_context().await;

@@ -26,8 +26,11 @@ pub const MAX_RUN_OUTPUT: usize = 1 << 20;
 pub struct RunRequest {
     pub id: i64,
     pub argv: Vec<String>,
-    /// Seconds the agent lets it run before killing it.
+    /// Seconds the agent lets it run before killing it, counted from when
+    /// it was queued.
     pub timeout: u64,
+    /// Seconds since it was queued, as the store's clock reads now.
+    pub waited: u64,
 }
 
 /// What a run printed and exited with.
@@ -79,12 +82,15 @@ impl Store {
                     action: "run commands",
                 });
             }
-            tx.prepare_cached("INSERT INTO runs (unit, argv, timeout) VALUES (?1, ?2, ?3)")?
-                .execute((
-                    unit,
-                    serde_json::to_string(argv).expect("strings serialise"),
-                    timeout as i64,
-                ))?;
+            tx.prepare_cached(
+                "INSERT INTO runs (unit, argv, timeout, queued) VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute((
+                unit,
+                serde_json::to_string(argv).expect("strings serialise"),
+                timeout as i64,
+                unix_now() as i64,
+            ))?;
             let id = tx.last_insert_rowid();
             tx.changed(ChangeKind::Run, unit)?;
             Ok(id)
@@ -129,18 +135,20 @@ impl Store {
 pub(crate) fn pending_runs_in(c: &rusqlite::Connection, unit: &str) -> Result<Vec<RunRequest>> {
     let rows = c
         .prepare_cached(
-            "SELECT id, argv, timeout FROM runs WHERE unit = ?1 AND code IS NULL ORDER BY id",
+            "SELECT id, argv, timeout, queued FROM runs WHERE unit = ?1 AND code IS NULL ORDER BY id",
         )?
         .query_map([unit], |r| {
             Ok((
                 r.get::<_, i64>(0)?,
                 r.get::<_, String>(1)?,
                 r.get::<_, i64>(2)?,
+                r.get::<_, i64>(3)?,
             ))
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
+    let now = unix_now();
     rows.into_iter()
-        .map(|(id, argv, timeout)| {
+        .map(|(id, argv, timeout, queued)| {
             let argv = serde_json::from_str(&argv).map_err(|_| Error::Corrupt {
                 what: "run command",
                 value: argv,
@@ -149,9 +157,20 @@ pub(crate) fn pending_runs_in(c: &rusqlite::Connection, unit: &str) -> Result<Ve
                 id,
                 argv,
                 timeout: timeout.max(1) as u64,
+                waited: match u64::try_from(queued) {
+                    Ok(q) if q > 0 => now.saturating_sub(q),
+                    _ => 0,
+                },
             })
         })
         .collect()
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default()
 }
 
 /// The unit's agent answers run `id` (once; a second answer is a no-op).

@@ -266,4 +266,10 @@ CREATE TABLE enrolled (
     r#"
 ALTER TABLE services ADD COLUMN force_charm INTEGER NOT NULL DEFAULT 0;
 "#,
+    // 12 (run): when a `jujube run` was queued (unix seconds; 0 for one
+    // queued before), so that its timeout counts the time it waited behind
+    // a running hook.
+    r#"
+ALTER TABLE runs ADD COLUMN queued INTEGER NOT NULL DEFAULT 0;
+"#,
 ];

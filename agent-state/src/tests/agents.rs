@@ -453,3 +453,56 @@ async fn two_subordinates_of_one_principal_join_their_container_relation() {
     }
     host.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_timeout_counts_the_time_it_waited_behind_hooks() {
+    logs();
+    let w = World::new();
+    w.deploy(MYSQL, "mysql", 1);
+    let late = w
+        .store
+        .queue_run(
+            "mysql/0",
+            &["sh".into(), "-c".into(), "touch ../late".into()],
+            60,
+        )
+        .unwrap();
+    // It waited 100 s behind a hook (aged here rather than waited for).
+    let db = rusqlite::Connection::open(w.dir.path().join("state.db")).unwrap();
+    db.execute(
+        "UPDATE runs SET queued = queued - 100 WHERE id = ?1",
+        [late],
+    )
+    .unwrap();
+    let fresh = w
+        .store
+        .queue_run(
+            "mysql/0",
+            &["sh".into(), "-c".into(), "touch ../fresh".into()],
+            60,
+        )
+        .unwrap();
+    w.provision();
+    let agents_dir = w.dir.path().join("agents");
+    let host = Host::start(w.store.clone(), agents_dir.clone()).unwrap();
+    until(&w.store, "both runs answered", |s| {
+        s.run_result(late).unwrap().is_some() && s.run_result(fresh).unwrap().is_some()
+    })
+    .await;
+    let answer = w.store.run_result(late).unwrap().unwrap();
+    assert_eq!(answer.code, -1, "{answer:?}");
+    assert!(
+        answer
+            .stderr
+            .contains("did not start within its 60s timeout"),
+        "{answer:?}"
+    );
+    assert_eq!(w.store.run_result(fresh).unwrap().unwrap().code, 0);
+    let unit = agents_dir.join("machine-1/unit-mysql-0");
+    assert!(
+        !unit.join("late").exists(),
+        "a run past its timeout must not run"
+    );
+    assert!(unit.join("fresh").exists());
+    host.shutdown().await;
+}
