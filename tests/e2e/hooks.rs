@@ -503,6 +503,38 @@ fn hooks_get_exactly_jujus_environment_and_cannot_run_jujubes_commands() {
         "{}",
         r.stderr
     );
+    // A tool never panics: an argument that is not UTF-8 is a usage error;
+    // a request above the tool channel's limit is refused naming it.
+    let r = j.run(&[
+        "run",
+        "flaky/0",
+        "--",
+        "sh",
+        "-c",
+        "config-get \"$(printf '\\377')\"",
+    ]);
+    assert_eq!(
+        (r.code, r.stderr.as_str()),
+        (
+            2,
+            "error: argument 1 is not valid UTF-8; hook tools take text\n"
+        )
+    );
+    let r = j.run(&[
+        "run",
+        "flaky/0",
+        "--",
+        "sh",
+        "-c",
+        "head -c 2000000 /dev/zero | tr '\\0' a | relation-set --file -",
+    ]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("more than the tool channel's limit of 1048576 bytes"),
+        "{}",
+        r.stderr
+    );
 }
 
 #[test]
