@@ -506,3 +506,27 @@ async fn a_runs_timeout_counts_the_time_it_waited_behind_hooks() {
     assert!(unit.join("fresh").exists());
     host.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hook_that_cannot_run_says_so_in_the_units_log() {
+    logs();
+    let w = World::new();
+    w.deploy(MYSQL, "mysql", 1);
+    let path = w.dir.path().join("charms/mysql/hooks/install");
+    std::fs::write(&path, "#!/bin/sh\n").unwrap();
+    w.provision();
+    let agents_dir = w.dir.path().join("agents");
+    let host = Host::start(w.store.clone(), agents_dir.clone()).unwrap();
+    until(&w.store, "install failed", |s| {
+        status(s, "mysql/0") == "error"
+    })
+    .await;
+    let log = std::fs::read_to_string(agents_dir.join("machine-1/logs/unit-mysql-0.log")).unwrap();
+    assert!(
+        log.contains(
+            "ERROR hook \"install\" is not executable; `chmod +x hooks/install` in the charm"
+        ),
+        "{log}"
+    );
+    host.shutdown().await;
+}

@@ -300,11 +300,30 @@ pub async fn run_command(
     };
     if let Ok(mut f) = open_log(log) {
         use std::io::Write;
-        let _ = writeln!(f, "jujube run {:?} (exit {})", argv, captured.code);
+        let _ = writeln!(f, "jujube run {} (exit {})", loggable(argv), captured.code);
         let _ = f.write_all(captured.stdout.as_bytes());
         let _ = f.write_all(captured.stderr.as_bytes());
     }
     captured
+}
+
+/// The most of a command line the unit's log shows.
+const MAX_LOGGED_ARGV: usize = 1024;
+
+/// `argv` for the log: quoted, and cut (marked) past [`MAX_LOGGED_ARGV`]
+/// bytes, so that a huge argument is not written to the log in full.
+fn loggable(argv: &[String]) -> String {
+    let mut s = format!("{argv:?}");
+    if s.len() > MAX_LOGGED_ARGV {
+        let mut cut = MAX_LOGGED_ARGV;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let total = s.len();
+        s.truncate(cut);
+        s.push_str(&format!("... ({total} bytes)"));
+    }
+    s
 }
 
 /// Kills what is left of a hook whose agent died while it ran: every
@@ -354,4 +373,17 @@ pub fn kill_leftovers(unit_dir: &Path) -> usize {
         }
     }
     killed
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_huge_command_line_is_cut_in_the_log() {
+        let small = vec!["echo".to_string(), "hi".to_string()];
+        assert_eq!(super::loggable(&small), r#"["echo", "hi"]"#);
+        let huge = vec!["echo".to_string(), "é".repeat(100_000)];
+        let logged = super::loggable(&huge);
+        assert!(logged.len() < 1100, "{}", logged.len());
+        assert!(logged.ends_with("... (200012 bytes)"), "{logged}");
+    }
 }
