@@ -206,6 +206,10 @@ pub struct CharmFile {
 /// The most a charm's files may add up to over the API.
 pub const MAX_CHARM_BYTES: usize = 8 << 20;
 
+/// The most a unit's settings in one relation may hold, as JSON (the
+/// store refuses more at the write; `relation-set` refuses it at once).
+pub const MAX_RELATION_SETTINGS_BYTES: usize = 256 << 10;
+
 /// What a watch names.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

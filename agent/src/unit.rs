@@ -194,9 +194,23 @@ impl UnitAgent {
         let log = self.log_path();
         let outcome = runner::run(&dir, &log, self.name(), &id, &socket, &hook).await;
         self.close_context().await;
+        // What the hook set is written now; the store refusing it (a bound
+        // the tool did not see coming) fails the hook, it is no agent error.
+        let outcome = match outcome {
+            Outcome::Missing | Outcome::Succeeded => match self.commit_context(&ctx).await {
+                Err(crate::Error::Api(e)) if e.code == ErrorCode::Refused => {
+                    Outcome::Failed(format!(
+                        "hook \"{}\" succeeded but its relation settings were refused: {e}",
+                        hook.name
+                    ))
+                }
+                Err(e) => return Err(e),
+                Ok(()) => outcome,
+            },
+            failed => failed,
+        };
         match outcome {
             Outcome::Missing | Outcome::Succeeded => {
-                self.commit_context(&ctx).await?;
                 if outcome == Outcome::Succeeded {
                     debug!(unit = %self.name(), hook = %hook.name, "hook ran");
                 }

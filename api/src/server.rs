@@ -3,11 +3,15 @@
 //!
 //! Bounded by construction ([`Limits`]): request bodies are read up to a
 //! size, a connection holds a bounded number of watches, a connection with
-//! no request and no watch for the idle time is closed, a TLS handshake must
-//! finish in time, and the number of connections is capped. A slow reader
-//! cannot make the server buffer: a watch's notices coalesce (only the
-//! latest revision is kept) and HTTP/2 flow control stops the server from
-//! producing more than the client reads.
+//! no request and no watch for the idle time is closed (one that never
+//! proved a credential much sooner), a TLS handshake must finish in time,
+//! and the number of connections is capped — in all, per peer address while
+//! unauthenticated, and per credential. A slow reader cannot make the
+//! server buffer: a watch's notices coalesce (only the latest revision is
+//! kept), HTTP/2 flow control stops the server from producing more than the
+//! client reads, the answers a connection has not read yet share a byte
+//! budget (a call waits for room before it runs), and the tools binary is
+//! read from disk as it is sent.
 
 use crate::tls;
 use crate::{Error, Result};
@@ -31,7 +35,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{watch, Semaphore};
 use tokio::time::Instant;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 /// The server's bounds.
 #[derive(Debug, Clone)]
@@ -48,7 +52,23 @@ pub struct Limits {
     /// Connections open at once (over both transports, counted from
     /// accept, before the TLS handshake); beyond it, one connection per
     /// listener waits for a slot and further ones wait to be accepted.
+    /// [`ApiServer::start`] lowers it to three quarters of the process's
+    /// open-files limit, so that the cap acts before descriptors run out.
     pub max_connections: usize,
+    /// Connections from one peer address (a unix socket's peers count as
+    /// one) that have not proved a credential yet, handshakes included;
+    /// beyond it a new one is closed at once.
+    pub max_unauthenticated_per_peer: usize,
+    /// A connection that has not proved a credential within this long is
+    /// closed.
+    pub unauthenticated_timeout: Duration,
+    /// Connections one credential may hold open at once (an agent needs
+    /// one); a call on one more is refused (429).
+    pub max_connections_per_credential: usize,
+    /// Bytes of answers a connection may hold unread: a call waits for
+    /// room before it runs, so an agent that sends calls and reads nothing
+    /// costs the server this much, not a copy of every answer.
+    pub max_unread_bytes_per_connection: usize,
 }
 
 impl Default for Limits {
@@ -59,6 +79,10 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(300),
             handshake_timeout: Duration::from_secs(10),
             max_connections: 20_000,
+            max_unauthenticated_per_peer: 256,
+            unauthenticated_timeout: Duration::from_secs(15),
+            max_connections_per_credential: 8,
+            max_unread_bytes_per_connection: 24 << 20,
         }
     }
 }
@@ -72,6 +96,10 @@ struct Shared {
     /// The agent binary served at [`TOOLS_PATH`], with its SHA-256.
     tools: std::sync::OnceLock<(PathBuf, String)>,
     enroller: std::sync::OnceLock<Arc<dyn Enroller>>,
+    /// Per peer address: connections not yet proven.
+    unproven: Mutex<std::collections::HashMap<String, usize>>,
+    /// Per credential (tag): connections that proved it.
+    per_credential: Mutex<std::collections::HashMap<String, usize>>,
 }
 
 /// `GET` [`TOOLS_PATH`] — the `jujube` binary, for instances installing
@@ -125,6 +153,18 @@ impl ApiServer {
         limits: Limits,
     ) -> Result<ApiServer> {
         let acceptor = tokio_rustls::TlsAcceptor::from(tls::server_config(env_dir)?);
+        let mut limits = limits;
+        let files = open_files_limit();
+        let fitting = files.saturating_mul(3) / 4;
+        if limits.max_connections > fitting {
+            info!(
+                asked = limits.max_connections,
+                open_files = files,
+                cap = fitting,
+                "API connections capped below the open-files limit"
+            );
+            limits.max_connections = fitting.max(1);
+        }
         let shared = Arc::new(Shared {
             store,
             facades,
@@ -133,6 +173,8 @@ impl ApiServer {
             acceptor,
             tools: std::sync::OnceLock::new(),
             enroller: std::sync::OnceLock::new(),
+            unproven: Mutex::default(),
+            per_credential: Mutex::default(),
         });
         let (stop, stopped) = watch::channel(0u8);
         let mut tcp_addr = None;
@@ -150,9 +192,9 @@ impl ApiServer {
             let (shared, stopped) = (shared.clone(), stopped.clone());
             tokio::spawn(async move {
                 accept_loop(shared, stopped, || async {
-                    let (s, _) = listener.accept().await?;
+                    let (s, peer) = listener.accept().await?;
                     let _ = s.set_nodelay(true);
-                    Ok(s)
+                    Ok((s, peer.ip().to_string()))
                 })
                 .await
             });
@@ -168,7 +210,7 @@ impl ApiServer {
             tokio::spawn(async move {
                 accept_loop(shared, stopped, || async {
                     let (s, _) = listener.accept().await?;
-                    Ok(s)
+                    Ok((s, "unix".to_string()))
                 })
                 .await
             });
@@ -185,7 +227,7 @@ impl ApiServer {
     /// Serves `binary` at [`TOOLS_PATH`] from now on; returns its SHA-256
     /// (hex), which instances check the download against.
     pub fn serve_tools(&self, binary: &Path) -> std::io::Result<String> {
-        let sum = jujube_agent::wire::sha256_hex(&std::fs::read(binary)?);
+        let sum = sha256_file(binary)?;
         let _ = self.shared.tools.set((binary.to_path_buf(), sum.clone()));
         Ok(sum)
     }
@@ -237,7 +279,7 @@ async fn accept_loop<IO, F, Fut>(shared: Arc<Shared>, mut stopped: watch::Receiv
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     F: Fn() -> Fut,
-    Fut: std::future::Future<Output = std::io::Result<IO>>,
+    Fut: std::future::Future<Output = std::io::Result<(IO, String)>>,
 {
     loop {
         let io = tokio::select! {
@@ -245,7 +287,13 @@ where
             _ = stopped.changed() => return,
         };
         match io {
-            Ok(io) => {
+            Ok((io, peer)) => {
+                // One peer may not hold more than its share of unproven
+                // connections (an idle TLS flood from one address).
+                let Some(unproven) = Unproven::take(&shared, &peer) else {
+                    refused_peer(&peer, shared.limits.max_unauthenticated_per_peer);
+                    continue;
+                };
                 // A slot is taken for a connection accepted, never held by
                 // a listener waiting for one: the listeners share the cap,
                 // and an idle one holding a slot would leave the other a
@@ -258,16 +306,102 @@ where
                 };
                 let (shared, stopped) = (shared.clone(), stopped.clone());
                 tokio::spawn(async move {
-                    serve_connection(shared, io, stopped).await;
+                    serve_connection(shared, io, stopped, unproven).await;
                     drop(permit);
                 });
             }
             Err(e) => {
-                // Out of file descriptors and the like: do not spin.
-                debug!("accept failed: {e}");
+                // Out of file descriptors and the like: do not spin, and
+                // say so (the connection cap should have acted first).
+                warn!("accepting an API connection failed: {e}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
+    }
+}
+
+/// The process's soft limit on open files, raised to the hard limit first
+/// (a controller serves thousands of agents; the default soft limit of
+/// 1,024 would make the connection cap meaningless).
+fn open_files_limit() -> usize {
+    // SAFETY: getrlimit/setrlimit on this process, with a valid struct.
+    unsafe {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 1024;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim.rlim_cur = lim.rlim_max;
+            }
+        }
+        usize::try_from(lim.rlim_cur).unwrap_or(usize::MAX)
+    }
+}
+
+/// A refused peer is logged above DEBUG, at most once a second (a flood
+/// must not flood the log too).
+fn refused_peer(peer: &str, max: usize) {
+    static LAST: Mutex<Option<Instant>> = Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+    if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+        *last = Some(Instant::now());
+        warn!(
+            peer,
+            max, "refused an API connection: its peer holds too many unauthenticated connections"
+        );
+    }
+}
+
+/// A connection counted against its peer's unproven connections until it
+/// proves a credential (or closes).
+struct Unproven {
+    shared: Arc<Shared>,
+    peer: Option<String>,
+}
+
+impl Unproven {
+    fn take(shared: &Arc<Shared>, peer: &str) -> Option<Unproven> {
+        let mut m = shared.unproven.lock().unwrap_or_else(|e| e.into_inner());
+        let n = m.entry(peer.to_string()).or_default();
+        if *n >= shared.limits.max_unauthenticated_per_peer {
+            return None;
+        }
+        *n += 1;
+        Some(Unproven {
+            shared: shared.clone(),
+            peer: Some(peer.to_string()),
+        })
+    }
+
+    /// The connection proved a credential: it no longer counts.
+    fn proven(&mut self) {
+        if let Some(peer) = self.peer.take() {
+            let mut m = self
+                .shared
+                .unproven
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if let Some(n) = m.get_mut(&peer) {
+                *n -= 1;
+                if *n == 0 {
+                    m.remove(&peer);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Unproven {
+    fn drop(&mut self) {
+        self.proven();
     }
 }
 
@@ -282,6 +416,38 @@ struct Activity {
     /// once per connection). A removed entity still loses everything at
     /// once: its facade refuses every call about it.
     proven: Mutex<Option<(String, String)>>,
+    /// Until a credential is proven here: its place among its peer's
+    /// unproven connections.
+    unproven: Mutex<Option<Unproven>>,
+    /// The credential this connection counts against (see
+    /// [`Limits::max_connections_per_credential`]).
+    counted: Mutex<Option<String>>,
+    /// Room for answers not yet read (KiB).
+    unread: Arc<Semaphore>,
+    shared: Arc<Shared>,
+}
+
+impl Drop for Activity {
+    fn drop(&mut self) {
+        if let Some(tag) = self
+            .counted
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            let mut m = self
+                .shared
+                .per_credential
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if let Some(n) = m.get_mut(&tag) {
+                *n -= 1;
+                if *n == 0 {
+                    m.remove(&tag);
+                }
+            }
+        }
+    }
 }
 
 impl Activity {
@@ -289,9 +455,53 @@ impl Activity {
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
     }
 
-    /// Resolves once the connection has been idle for `idle`.
-    async fn idle(&self, idle: Duration) {
+    /// Counts this connection against `tag`'s connections (once); false
+    /// when `tag` holds too many already.
+    fn count_for(&self, tag: &str) -> bool {
+        let mut counted = self.counted.lock().unwrap_or_else(|e| e.into_inner());
+        if counted.as_deref() == Some(tag) {
+            return true;
+        }
+        let mut m = self
+            .shared
+            .per_credential
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let n = m.entry(tag.to_string()).or_default();
+        if *n >= self.shared.limits.max_connections_per_credential {
+            return false;
+        }
+        *n += 1;
+        if let Some(old) = counted.replace(tag.to_string()) {
+            if let Some(n) = m.get_mut(&old) {
+                *n -= 1;
+            }
+        }
+        if let Some(mut u) = self
+            .unproven
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            u.proven();
+        }
+        true
+    }
+
+    /// Resolves once the connection has been idle for `idle`, or, while it
+    /// has proven no credential, for `unproven`.
+    async fn idle(&self, idle: Duration, unproven: Duration) {
         loop {
+            let idle = if self
+                .counted
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_none()
+            {
+                unproven.min(idle)
+            } else {
+                idle
+            };
             let busy = self.in_flight.load(Ordering::Acquire) > 0
                 || self.watches.load(Ordering::Acquire) > 0;
             let last = *self.last.lock().unwrap_or_else(|e| e.into_inner());
@@ -319,8 +529,12 @@ impl Drop for Held {
     }
 }
 
-async fn serve_connection<IO>(shared: Arc<Shared>, io: IO, mut stopped: watch::Receiver<u8>)
-where
+async fn serve_connection<IO>(
+    shared: Arc<Shared>,
+    io: IO,
+    mut stopped: watch::Receiver<u8>,
+    unproven: Unproven,
+) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let tls =
@@ -342,6 +556,12 @@ where
         watches: AtomicUsize::new(0),
         last: Mutex::new(Instant::now()),
         proven: Mutex::new(None),
+        unproven: Mutex::new(Some(unproven)),
+        counted: Mutex::new(None),
+        unread: Arc::new(Semaphore::new(
+            (shared.limits.max_unread_bytes_per_connection >> 10).max(1),
+        )),
+        shared: shared.clone(),
     });
     let svc = {
         let (shared, activity) = (shared.clone(), activity.clone());
@@ -378,7 +598,7 @@ where
         };
         tokio::select! {
             _ = conn.as_mut() => return,
-            _ = activity.idle(shared.limits.idle_timeout), if !closing => {
+            _ = activity.idle(shared.limits.idle_timeout, shared.limits.unauthenticated_timeout), if !closing => {
                 debug!("closing an idle connection");
                 closing = true;
                 conn.as_mut().graceful_shutdown();
@@ -408,14 +628,17 @@ fn reply(status: StatusCode, r: &Reply) -> Response<Body> {
         .expect("a valid response")
 }
 
-fn refuse(e: ApiError) -> Response<Body> {
-    let status = match e.code {
+fn status_of(e: &ApiError) -> StatusCode {
+    match e.code {
         ErrorCode::Unauthorized => StatusCode::FORBIDDEN,
         ErrorCode::Refused => StatusCode::CONFLICT,
         ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-    };
-    reply(status, &Reply::Error(e))
+    }
+}
+
+fn refuse(e: ApiError) -> Response<Body> {
+    reply(status_of(&e), &Reply::Error(e))
 }
 
 /// Who is calling, proven: the tag and the secret checked against the
@@ -470,6 +693,17 @@ async fn authenticate(
         .flatten();
     match hash {
         Some(h) if !secret.is_empty() && wire::secret_matches(&secret, &h) => {
+            if !activity.count_for(&tag_text) {
+                let max = shared.limits.max_connections_per_credential;
+                warn!(agent = %tag, max, "refused a call: its credential holds too many connections");
+                return Err(reply(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    &Reply::Error(ApiError::new(
+                        ErrorCode::Unavailable,
+                        format!("agent `{tag}` holds {max} connections already, the most one credential may; close one"),
+                    )),
+                ));
+            }
             *activity.proven.lock().unwrap_or_else(|e| e.into_inner()) = Some((tag_text, h));
             Ok(tag)
         }
@@ -539,15 +773,106 @@ async fn handle(
         return refuse(ApiError::new(ErrorCode::Refused, "malformed call"));
     };
     debug!(agent = %tag, method = call.method(), "call");
+    // Room for the answer among this connection's unread answers, taken
+    // before the call runs: the most it can be, given back down to what
+    // it is once it is made, the rest when it has been sent.
+    let most = match call {
+        Call::CharmFiles { .. } => jujube_agent::api::MAX_CHARM_BYTES / 3 * 4 + (1 << 20),
+        _ => shared.limits.max_request_bytes,
+    };
+    let room = |bytes: usize| u32::try_from((bytes >> 10) + 1).unwrap_or(u32::MAX);
+    let want = room(most).min(u32::try_from(activity_budget(&shared)).unwrap_or(u32::MAX));
+    let Ok(mut permit) = activity.unread.clone().acquire_many_owned(want).await else {
+        return refuse(ApiError::new(
+            ErrorCode::Unavailable,
+            "the server is stopping",
+        ));
+    };
     let result = match call {
         Call::SetUnitCredential { unit, secret } => {
             set_unit_credential(&shared, &tag, unit, secret).await
         }
         call => wire::dispatch(&*facade, call).await,
     };
-    match result {
-        Ok(v) => reply(StatusCode::OK, &Reply::Ok(v)),
-        Err(e) => refuse(e),
+    let (status, r) = match result {
+        Ok(v) => (StatusCode::OK, Reply::Ok(v)),
+        Err(e) => (status_of(&e), Reply::Error(e)),
+    };
+    let bytes = Bytes::from(serde_json::to_vec(&r).expect("plain data"));
+    let keep = room(bytes.len()).min(want) as usize;
+    if let Some(extra) = permit.split(permit.num_permits() - keep) {
+        drop(extra);
+    }
+    Response::builder()
+        .status(status)
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .body(
+            Chunked {
+                data: bytes,
+                _room: permit,
+            }
+            .boxed_unsync(),
+        )
+        .expect("a valid response")
+}
+
+/// The SHA-256 (hex) of a file, read a buffer at a time.
+fn sha256_file(path: &Path) -> std::io::Result<String> {
+    use sha2::Digest;
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
+
+/// The whole unread-answer budget of a connection, in permits (KiB).
+fn activity_budget(shared: &Shared) -> usize {
+    (shared.limits.max_unread_bytes_per_connection >> 10).max(1)
+}
+
+/// An answer handed to HTTP/2 a frame at a time, holding its room in the
+/// connection's unread budget until its last frame is taken: a client that
+/// does not read keeps the answer here, counted, not in a send buffer.
+struct Chunked {
+    data: Bytes,
+    _room: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl hyper::body::Body for Chunked {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<std::result::Result<Frame<Bytes>, Infallible>>> {
+        const FRAME: usize = 16 << 10;
+        if self.data.is_empty() {
+            return std::task::Poll::Ready(None);
+        }
+        let n = self.data.len().min(FRAME);
+        let chunk = self.data.split_to(n);
+        std::task::Poll::Ready(Some(Ok(Frame::data(chunk))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::SizeHint::with_exact(self.data.len() as u64)
     }
 }
 
@@ -560,13 +885,42 @@ async fn tools(shared: &Shared) -> Response<Body> {
             "this controller serves no agent binary",
         ));
     };
-    match tokio::fs::read(path).await {
-        Ok(bytes) => Response::builder()
-            .status(StatusCode::OK)
-            .header(hyper::header::CONTENT_TYPE, "application/octet-stream")
-            .header("x-jujube-sha256", sum.as_str())
-            .body(Full::new(Bytes::from(bytes)).boxed_unsync())
-            .expect("a valid response"),
+    let opened = async {
+        let f = tokio::fs::File::open(path).await?;
+        let len = f.metadata().await?.len();
+        Ok::<_, std::io::Error>((f, len))
+    };
+    match opened.await {
+        // Read as it is sent: flow control stops the reading when the
+        // client stops reading, so a download costs one buffer, not the
+        // binary.
+        Ok((file, len)) => {
+            let frames = futures_util::stream::unfold(Some(file), |file| async move {
+                use tokio::io::AsyncReadExt;
+                let mut file = file?;
+                let mut buf = vec![0u8; 64 << 10];
+                match file.read(&mut buf).await {
+                    Ok(0) => None,
+                    Ok(n) => {
+                        buf.truncate(n);
+                        Some((Ok(Frame::data(Bytes::from(buf))), Some(file)))
+                    }
+                    // Cut short: the length and the client's SHA-256 check
+                    // tell it so.
+                    Err(e) => {
+                        warn!("reading the agent binary failed mid-download: {e}");
+                        None
+                    }
+                }
+            });
+            Response::builder()
+                .status(StatusCode::OK)
+                .header(hyper::header::CONTENT_TYPE, "application/octet-stream")
+                .header(hyper::header::CONTENT_LENGTH, len)
+                .header("x-jujube-sha256", sum.as_str())
+                .body(StreamBody::new(frames).boxed_unsync())
+                .expect("a valid response")
+        }
         Err(e) => refuse(ApiError::new(
             ErrorCode::Internal,
             format!("cannot read the agent binary: {e}"),

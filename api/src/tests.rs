@@ -1016,39 +1016,13 @@ async fn a_stalled_handshake_gives_its_slot_back_at_the_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_body_left_unread_costs_the_server_a_window_not_a_backlog() {
     use http_body_util::{BodyExt, Full};
-    use hyper_util::rt::{TokioExecutor, TokioIo};
     use jujube_agent::wire::{WatchRequest, SERVER_NAME, TAG_HEADER, WATCH_PATH};
-    use rustls::pki_types::pem::PemObject;
     const WINDOW: u32 = 256;
     let w = World::new().await;
     let m1 = w.machine_of("wordpress/0");
     let conf = w.machine_conf(m1);
 
-    let mut roots = rustls::RootCertStore::empty();
-    for c in rustls::pki_types::CertificateDer::pem_slice_iter(conf.ca_cert.as_bytes()) {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![b"h2".to_vec()];
-    let tcp = tokio::net::TcpStream::connect(w.server.as_ref().unwrap().tcp_addr().unwrap())
-        .await
-        .unwrap();
-    let name = rustls::pki_types::ServerName::try_from(SERVER_NAME).unwrap();
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(tls))
-        .connect(name, tcp)
-        .await
-        .unwrap();
-    let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-        .initial_stream_window_size(WINDOW)
-        .handshake(TokioIo::new(tls))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let mut sender = h2(&w, &conf, WINDOW).await;
     let req = WatchRequest {
         target: WatchTarget::Machine(m1),
         since: 0,
@@ -1103,4 +1077,266 @@ async fn a_watch_body_left_unread_costs_the_server_a_window_not_a_backlog() {
         notices.len()
     );
     assert_eq!(notices.last().unwrap().revision, head);
+}
+
+/// A bare HTTP/2 connection to the server over TCP and TLS, trusting the
+/// environment's CA, with `window` bytes of flow-control window per stream.
+async fn h2(
+    w: &World,
+    conf: &AgentConf,
+    window: u32,
+) -> hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>> {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use jujube_agent::wire::SERVER_NAME;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_slice_iter(conf.ca_cert.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(w.server.as_ref().unwrap().tcp_addr().unwrap())
+        .await
+        .unwrap();
+    let name = rustls::pki_types::ServerName::try_from(SERVER_NAME).unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(tls))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(window)
+        // Room on the connection for every stream's window: a stream left
+        // unread must not starve the others.
+        .initial_connection_window_size(16 << 20)
+        .handshake(TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
+/// This process's resident memory, bytes.
+fn rss() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tools_download_is_streamed_from_disk_not_read_whole() {
+    use http_body_util::{BodyExt, Full};
+    use jujube_agent::wire::{SERVER_NAME, TOOLS_PATH};
+    let w = World::new().await;
+    let binary = w.dir.path().join("jujube-binary");
+    // 64 MiB (sparse: the disk holds none of it).
+    std::fs::File::create(&binary)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    w.server.as_ref().unwrap().serve_tools(&binary).unwrap();
+    let conf = w.machine_conf(w.machine_of("wordpress/0"));
+    let mut sender = h2(&w, &conf, 1 << 16).await;
+    let before = rss();
+    // Sixteen downloads nobody reads.
+    let mut bodies = Vec::new();
+    for _ in 0..16 {
+        let resp = sender
+            .send_request(
+                hyper::Request::get(format!("https://{SERVER_NAME}{TOOLS_PATH}"))
+                    .body(Full::new(bytes::Bytes::new()))
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), hyper::StatusCode::OK);
+        assert_eq!(
+            resp.headers()[hyper::header::CONTENT_LENGTH],
+            (64u64 << 20).to_string().as_str()
+        );
+        bodies.push(resp.into_body());
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let grown = rss().saturating_sub(before);
+    assert!(
+        grown < 256 << 20,
+        "16 unread 64 MiB downloads grew the process by {} MiB",
+        grown >> 20
+    );
+    // A download read to its end is the whole binary.
+    let mut n = 0usize;
+    let mut body = bodies.pop().unwrap();
+    while let Some(frame) = body.frame().await {
+        n += frame.unwrap().into_data().map(|d| d.len()).unwrap_or(0);
+    }
+    assert_eq!(n, 64 << 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_charm_files_answers_are_bounded_per_connection() {
+    use http_body_util::{BodyExt, Full};
+    use jujube_agent::wire::{Call, CALL_PATH, SERVER_NAME, TAG_HEADER};
+    let w = World::new().await;
+    // A charm with a 7.5 MiB file (random: nothing compresses it).
+    let charm = w.dir.path().join("charms/wordpress");
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let big: Vec<u8> = (0..7_500_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(charm.join("blob"), &big).unwrap();
+    drop(big);
+    let unit = "wordpress/0";
+    let conf = w.machine_conf(w.machine_of(unit));
+    let mut sender = h2(&w, &conf, 1 << 16).await;
+    let call = serde_json::to_vec(&Call::CharmFiles { unit: unit.into() }).unwrap();
+    let before = rss();
+    // Thirty calls, none of whose answers is read: the server may hold a
+    // bounded number of answers per connection, never thirty.
+    let mut pending = Vec::new();
+    for _ in 0..30 {
+        let req = hyper::Request::post(format!("https://{SERVER_NAME}{CALL_PATH}"))
+            .header(TAG_HEADER, conf.tag.to_string())
+            .header(
+                hyper::header::AUTHORIZATION,
+                format!("Bearer {}", conf.secret),
+            )
+            .body(Full::new(bytes::Bytes::from(call.clone())))
+            .unwrap();
+        pending.push(tokio::spawn(sender.send_request(req)));
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let grown = rss().saturating_sub(before);
+    assert!(
+        grown < 256 << 20,
+        "30 unread 10 MiB answers on one connection grew the process by {} MiB",
+        grown >> 20
+    );
+    // Read them all (each as it comes, as an agent does): every one is
+    // answered in full as room frees up.
+    let readers: Vec<_> = pending
+        .into_iter()
+        .map(|p| {
+            tokio::spawn(async move {
+                let resp = p.await.unwrap().unwrap();
+                assert_eq!(resp.status(), hyper::StatusCode::OK);
+                resp.into_body().collect().await.unwrap().to_bytes().len()
+            })
+        })
+        .collect();
+    for r in readers {
+        let n = r.await.unwrap();
+        assert!(n > 10_000_000, "{n}");
+    }
+}
+
+/// One peer address holds a bounded number of connections that proved no
+/// credential (a flood of idle TLS connections from one host): beyond it a
+/// connection is closed at once, while an agent's connection, once it
+/// proves its credential, no longer counts; one that never does is closed
+/// at the (short) unauthenticated timeout, not the idle timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_connections_are_capped_per_peer_and_closed_soon() {
+    let mut w = World::new().await;
+    w.start(Limits {
+        max_unauthenticated_per_peer: 3,
+        unauthenticated_timeout: Duration::from_millis(700),
+        ..Limits::default()
+    })
+    .await;
+    let addr = w.server.as_ref().unwrap().tcp_addr().unwrap();
+    let m1 = w.machine_of("wordpress/0");
+    let conf = tcp_only(w.machine_conf(m1));
+    // An agent proves its credential: it does not count against the peer.
+    let agent = w.remote(&conf);
+    agent.machine(m1).await.unwrap();
+    let start = std::time::Instant::now();
+    let idle: Vec<_> = (0..3)
+        .map(|_| std::net::TcpStream::connect(addr).unwrap())
+        .collect();
+    // Let the server take them.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let fourth = std::net::TcpStream::connect(addr).unwrap();
+    let took = time_until_closed(fourth, start)
+        .await
+        .expect("the fourth is closed at once");
+    assert!(took < Duration::from_millis(600), "closed after {took:?}");
+    // The agent is still served (its connection is proven).
+    agent.machine(m1).await.unwrap();
+    drop(idle);
+    // A TLS connection that never proves a credential goes at the
+    // unauthenticated timeout (the idle timeout is 300 s).
+    let mut silent = h2(&w, &conf, 65_535).await;
+    let opened = std::time::Instant::now();
+    assert!(
+        eventually(5, || silent.is_closed()).await,
+        "still open after 5 s"
+    );
+    let took = opened.elapsed();
+    assert!(took >= Duration::from_millis(600), "closed after {took:?}");
+    let _ = silent.ready().await;
+}
+
+/// One credential holds a bounded number of connections: a call on one
+/// more is refused with 429, and served once one of the others closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credential_holds_a_bounded_number_of_connections() {
+    use http_body_util::{BodyExt, Full};
+    use jujube_agent::wire::{Call, CALL_PATH, SERVER_NAME, TAG_HEADER};
+    let mut w = World::new().await;
+    w.start(Limits {
+        max_connections_per_credential: 2,
+        ..Limits::default()
+    })
+    .await;
+    let m1 = w.machine_of("wordpress/0");
+    let conf = w.machine_conf(m1);
+    let call = serde_json::to_vec(&Call::Machine { id: m1 }).unwrap();
+    let send = |sender: &mut hyper::client::conn::http2::SendRequest<Full<bytes::Bytes>>| {
+        let req = hyper::Request::post(format!("https://{SERVER_NAME}{CALL_PATH}"))
+            .header(TAG_HEADER, conf.tag.to_string())
+            .header(
+                hyper::header::AUTHORIZATION,
+                format!("Bearer {}", conf.secret),
+            )
+            .body(Full::new(bytes::Bytes::from(call.clone())))
+            .unwrap();
+        sender.send_request(req)
+    };
+    let mut a = h2(&w, &conf, 65_535).await;
+    let mut b = h2(&w, &conf, 65_535).await;
+    let mut c = h2(&w, &conf, 65_535).await;
+    assert_eq!(send(&mut a).await.unwrap().status(), hyper::StatusCode::OK);
+    assert_eq!(send(&mut b).await.unwrap().status(), hyper::StatusCode::OK);
+    let refused = send(&mut c).await.unwrap();
+    assert_eq!(refused.status(), hyper::StatusCode::TOO_MANY_REQUESTS);
+    let text = refused.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8_lossy(&text);
+    assert!(
+        text.contains("holds 2 connections already, the most one credential may"),
+        "{text}"
+    );
+    // The first connection still works; once it closes, the third is served.
+    assert_eq!(send(&mut a).await.unwrap().status(), hyper::StatusCode::OK);
+    drop(a);
+    let mut served = false;
+    for _ in 0..100 {
+        if send(&mut c).await.unwrap().status() == hyper::StatusCode::OK {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        served,
+        "the third connection was not served after the first closed"
+    );
 }

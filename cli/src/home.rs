@@ -64,6 +64,35 @@ impl Home {
             .filter(|s| !s.is_empty())
     }
 
+    /// Creates `JUJUBE_HOME`, `environments/` and environment `name`'s
+    /// directory, the owner's alone (0700: they hold the state, the CA's
+    /// key, agents' credentials); existing ones are tightened.
+    pub fn create_env_dir(&self, name: &str) -> Result<PathBuf> {
+        let dir = self.env_dir(name);
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create `{}`", dir.display()))?;
+        self.tighten(name)?;
+        Ok(dir)
+    }
+
+    /// Takes group and other permissions off `JUJUBE_HOME`, `environments/`
+    /// and environment `name`'s directory.
+    fn tighten(&self, name: &str) -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let environments = self.root.join("environments");
+        for d in [&self.root, &environments, &self.env_dir(name)] {
+            let Ok(meta) = std::fs::metadata(d) else {
+                continue;
+            };
+            let mode = meta.permissions().mode();
+            if mode & 0o077 != 0 {
+                std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode & 0o700))
+                    .with_context(|| format!("cannot make `{}` private (0700)", d.display()))?;
+            }
+        }
+        Ok(())
+    }
+
     pub fn set_current(&self, name: &str) -> Result<()> {
         std::fs::create_dir_all(&self.root)?;
         // Write-then-rename, so a crash never leaves a half-written name.
@@ -108,6 +137,7 @@ impl Home {
     }
 
     pub fn open(&self, name: &str) -> Result<Store> {
+        self.tighten(name)?;
         Ok(Store::open(self.state_path(name))?)
     }
 }

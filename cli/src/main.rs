@@ -409,6 +409,13 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     limit_malloc_arenas();
+    // What jujube creates is its user's alone (the state, logs, agents'
+    // directories: relation settings hold charms' passwords); hooks get
+    // Juju's usual 022 back (see the hook runner).
+    // SAFETY: umask only sets this process's file-creation mask.
+    unsafe {
+        libc::umask(0o077);
+    }
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -460,9 +467,7 @@ fn run(cli: Cli) -> Result<()> {
                 constraints,
                 config,
             };
-            let dir = home.env_dir(&name);
-            std::fs::create_dir_all(&dir)
-                .with_context(|| format!("cannot create `{}`", dir.display()))?;
+            let dir = home.create_env_dir(&name)?;
             // Leave nothing behind if bootstrap fails half-way.
             let result = (|| {
                 let store = home.open(&name)?;

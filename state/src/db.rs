@@ -126,8 +126,13 @@ impl Store {
         Store::open_with(path, Durability::Full)
     }
 
+    /// The database, its WAL and shared-memory files are the owner's
+    /// alone (0600: relation settings hold charms' passwords): a new
+    /// database is created so (SQLite gives its WAL the database's mode),
+    /// and an existing one is tightened at open.
     pub fn open_with(path: impl AsRef<Path>, durability: Durability) -> Result<Store> {
         let path = path.as_ref().to_path_buf();
+        private_files(&path)?;
         let conn = Connection::open_with_flags(
             &path,
             OpenFlags::SQLITE_OPEN_READ_WRITE
@@ -307,6 +312,40 @@ fn migrate(conn: &Connection) -> Result<()> {
         Err(e) => {
             let _ = conn.execute_batch("ROLLBACK");
             return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Creates the database file 0600 if it is not there, and takes group and
+/// other permissions off it and its WAL and shared-memory files if they
+/// are.
+fn private_files(path: &Path) -> Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let io = |e: std::io::Error| Error::Io {
+        path: path.display().to_string(),
+        source: e,
+    };
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io(e)),
+    }
+    for suffix in ["", "-wal", "-shm"] {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        let p = std::path::PathBuf::from(p);
+        if let Ok(meta) = std::fs::metadata(&p) {
+            let mode = meta.permissions().mode();
+            if mode & 0o077 != 0 {
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode & 0o700))
+                    .map_err(io)?;
+            }
         }
     }
     Ok(())

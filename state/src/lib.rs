@@ -149,6 +149,11 @@ pub enum Error {
     SchemaTooNew { found: i64, known: i64 },
     #[error("state database error: {0}")]
     Database(#[from] rusqlite::Error),
+    #[error("cannot secure the state database `{path}`: {source}; check its directory's owner and permissions")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("state database error: stored {what} `{value}` is invalid")]
     Corrupt { what: &'static str, value: String },
     #[error("cannot add {asked} {what} at once: at most {max} per command; add them in several commands")]

@@ -16,6 +16,13 @@ use jujube_core::Life;
 use rusqlite::{Connection, OptionalExtension};
 use std::collections::BTreeMap;
 
+/// The most a unit's settings in one relation may hold, as stored (JSON):
+/// what every counterpart reads in full, whenever it changes.
+pub const MAX_RELATION_SETTINGS_BYTES: usize = 256 << 10;
+
+/// The longest key of a relation setting.
+pub const MAX_RELATION_SETTING_KEY_BYTES: usize = 256;
+
 /// Who destroys a relation decides whose relation counts it may touch.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum DestroyedBy<'a> {
@@ -569,7 +576,9 @@ impl Store {
     }
 
     /// Applies changes (`None` deletes a key) to a unit's settings in a
-    /// relation whose scope it is in.
+    /// relation whose scope it is in; refused, changing nothing, when the
+    /// result would exceed [`MAX_RELATION_SETTINGS_BYTES`] or a key
+    /// [`MAX_RELATION_SETTING_KEY_BYTES`].
     pub(crate) fn update_relation_settings_in(
         tx: &mut Tx<'_>,
         relation_id: i64,
@@ -595,19 +604,28 @@ impl Store {
                     value: raw,
                 })?;
             for (k, v) in changes {
+                if k.is_empty() || k.len() > MAX_RELATION_SETTING_KEY_BYTES {
+                    return Err(Error::Relation(format!(
+                        "unit `{unit}` cannot set a relation setting whose key is {} bytes long: a key is 1 to {MAX_RELATION_SETTING_KEY_BYTES} bytes",
+                        k.len()
+                    )));
+                }
                 match v {
                     Some(v) => settings.insert(k.clone(), v.clone()),
                     None => settings.remove(k),
                 };
             }
+            let text = serde_json::to_string(&settings).expect("settings serialise");
+            if text.len() > MAX_RELATION_SETTINGS_BYTES {
+                return Err(Error::Relation(format!(
+                    "unit `{unit}`'s settings in relation `{relation_id}` would be {} bytes, more than the {MAX_RELATION_SETTINGS_BYTES} a unit may hold in one relation; nothing was changed: pass large data another way (a file the charm serves, a reference)",
+                    text.len()
+                )));
+            }
             tx.execute(
                 "UPDATE relation_settings SET settings = ?1, version = version + 1
                  WHERE relation_id = ?2 AND unit = ?3",
-                (
-                    serde_json::to_string(&settings).expect("settings serialise"),
-                    relation_id,
-                    unit,
-                ),
+                (text, relation_id, unit),
             )?;
             tx.changed(ChangeKind::Settings, format!("{relation_id}#{unit}"))
         }

@@ -76,12 +76,22 @@ fn store_charm(tx: &mut Tx<'_>, charm: &Charm) -> Result<String> {
     }
 }
 
+/// The longest value of one service setting (`jujube set`, `deploy
+/// --config`): every unit's agent reads the whole configuration.
+pub const MAX_SERVICE_SETTING_BYTES: usize = 256 << 10;
+
 fn validate_settings(
     charm: &Charm,
     kvs: &[(String, String)],
 ) -> Result<Vec<(String, Option<String>)>> {
     kvs.iter()
         .map(|(k, v)| {
+            if v.len() > MAX_SERVICE_SETTING_BYTES {
+                return Err(Error::Relation(format!(
+                    "the value of setting `{k}` is {} bytes, more than the {MAX_SERVICE_SETTING_BYTES} a setting may hold; nothing was changed: pass large data another way (a file, a URL)",
+                    v.len()
+                )));
+            }
             if v.is_empty() {
                 // `key=` resets the option to its default; the key must still
                 // be one the charm knows.

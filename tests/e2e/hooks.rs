@@ -871,3 +871,38 @@ fn a_forced_upgrade_lays_the_new_charm_over_a_unit_in_error_and_retries_the_fail
     );
     in_order(&h, &["install", "install fixed", "start"]);
 }
+
+#[test]
+fn an_environments_files_are_its_users_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let j = Jujube::new();
+    let charms = tempfile::tempdir().unwrap();
+    // A home made 0755 by someone else's umask is tightened.
+    std::fs::set_permissions(j.home.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    j.run(&["bootstrap", "t"]).ok();
+    j.run(&["deploy", &flaky_charm(charms.path())]).ok();
+    let _ctl = j.controller();
+    j.run(&["wait", "--timeout", "60s"]).ok();
+    let env = j.home.path().join("environments/t");
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(j.home.path()), 0o700);
+    assert_eq!(mode(&env), 0o700);
+    for f in ["state.db", "state.db-wal"] {
+        assert_eq!(mode(&env.join(f)), 0o600, "{f}");
+    }
+    let log = log(&j, "1", "flaky/0");
+    eventually("the unit's log", || log.is_file());
+    assert_eq!(mode(&log), 0o600);
+    // A hook's own files get the usual 022.
+    let r = j
+        .run(&[
+            "run",
+            "flaky/0",
+            "--",
+            "sh",
+            "-c",
+            "touch ../made-by-hook && stat -c %a ../made-by-hook",
+        ])
+        .ok();
+    assert_eq!(r.stdout.trim(), "644");
+}

@@ -523,3 +523,36 @@ async fn juju_log_writes_juju_levels_and_names_the_relation() {
         "{time}"
     );
 }
+
+#[tokio::test]
+async fn relation_set_refuses_settings_beyond_the_bound_at_once() {
+    // The tool's bound is the store's.
+    assert_eq!(
+        jujube_agent::api::MAX_RELATION_SETTINGS_BYTES,
+        jujube_state::relations::MAX_RELATION_SETTINGS_BYTES
+    );
+    let f = fixture();
+    let ctx = f.ctx(Some("mysql/0"));
+    let dir = tempfile::tempdir().unwrap();
+    let half = "x".repeat(jujube_agent::api::MAX_RELATION_SETTINGS_BYTES / 2);
+    std::fs::write(dir.path().join("a.yaml"), format!("a: {half}\n")).unwrap();
+    std::fs::write(dir.path().join("b.yaml"), format!("b: {half}\n")).unwrap();
+    let inv = Invocation {
+        cwd: dir.path().to_str(),
+        stdin: None,
+    };
+    let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let out = tools::run(&ctx, "relation-set", &args(&["--file", "a.yaml"]), &inv).await;
+    assert_eq!((out.code, out.stderr.as_str()), (0, ""));
+    // The second half more, across two calls of one hook: refused at once.
+    let out = tools::run(&ctx, "relation-set", &args(&["--file", "b.yaml"]), &inv).await;
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("a unit may hold in one relation; nothing was set"),
+        "{}",
+        out.stderr
+    );
+    let pending = ctx.pending.lock().await.get(&f.db).cloned().unwrap();
+    assert_eq!(pending.keys().collect::<Vec<_>>(), ["a"]);
+}

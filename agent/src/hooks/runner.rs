@@ -219,6 +219,16 @@ fn command(
         // (a timed-out `jujube run`, a hook left by a dead agent).
         .process_group(0)
         .kill_on_drop(true);
+    // jujube itself creates files 0600 (umask 077); a charm's hooks write
+    // files other system users read (a web server's configuration), so
+    // they get the usual 022.
+    // SAFETY: umask(2) is async-signal-safe, all pre_exec may call.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::umask(0o022);
+            Ok(())
+        });
+    }
     if let Some((id, name)) = &hook.relation {
         cmd.env("JUJU_RELATION", name)
             .env("JUJU_RELATION_ID", format!("{name}:{id}"));

@@ -367,3 +367,91 @@ fn cached_statements_are_not_prepared_again_for_new_values() {
     assert_eq!(reprepared(&subordinates), 0, "{subordinates}");
     assert_eq!(reprepared(&by_machine), 0, "{by_machine}");
 }
+
+#[test]
+fn the_database_and_its_wal_are_the_owners_alone_and_loose_ones_are_tightened() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    {
+        let st = crate::Store::open(&path).unwrap();
+        // A write, so that the WAL exists.
+        st.initialize(&crate::environment::EnvironmentSpec {
+            name: "test".into(),
+            uuid: UUID.into(),
+            provider: "dummy".into(),
+            default_series: "jammy".into(),
+            constraints: Constraints::default(),
+            config: Default::default(),
+        })
+        .unwrap();
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(mode(&dir.path().join("state.db-wal")), 0o600);
+        assert_eq!(mode(&dir.path().join("state.db-shm")), 0o600);
+    }
+    // One made 0644 by an earlier version is tightened at open.
+    for f in ["state.db", "state.db-wal"] {
+        let p = dir.path().join(f);
+        if p.exists() {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+    }
+    let _st = crate::Store::open(&path).unwrap();
+    assert_eq!(mode(&path), 0o600);
+}
+
+#[test]
+fn relation_settings_and_service_settings_are_bounded_at_the_write() {
+    use crate::relations::{MAX_RELATION_SETTINGS_BYTES, MAX_RELATION_SETTING_KEY_BYTES};
+    let e = env();
+    let ws = e.deploy(WORDPRESS, "wordpress", 1);
+    e.deploy(MYSQL, "mysql", 0);
+    let rel = e.st.add_relation("wordpress", "mysql").unwrap();
+    let w = &ws[0];
+    e.st.enter_scope(rel.id, w).unwrap();
+    let big = "x".repeat(900 << 10);
+    let half = "y".repeat(MAX_RELATION_SETTINGS_BYTES / 2);
+    e.st.update_relation_settings(rel.id, w, &[("a".into(), Some(half.clone()))])
+        .unwrap();
+    let before = e.st.head_revision().unwrap();
+    // One value too big, or many that add up: refused, nothing changed.
+    for changes in [
+        vec![("big".to_string(), Some(big.clone()))],
+        vec![("b".to_string(), Some(half.clone()))],
+        vec![(
+            "k".repeat(MAX_RELATION_SETTING_KEY_BYTES + 1),
+            Some("v".to_string()),
+        )],
+    ] {
+        let err =
+            e.st.update_relation_settings(rel.id, w, &changes)
+                .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("a unit may hold in one relation")
+                || text.contains("a key is 1 to 256 bytes"),
+            "{text}"
+        );
+    }
+    assert_eq!(
+        e.st.head_revision().unwrap(),
+        before,
+        "a refused write changed nothing"
+    );
+    assert_eq!(e.st.relation_settings(rel.id, w).unwrap()["a"], half);
+    // Deleting to make room, then setting, fits.
+    e.st.update_relation_settings(rel.id, w, &[("a".into(), None), ("b".into(), Some(half))])
+        .unwrap();
+
+    // A service setting's value.
+    let huge = "z".repeat(crate::services::MAX_SERVICE_SETTING_BYTES + 1);
+    let err =
+        e.st.set_service_settings("wordpress", &[("title".into(), huge)])
+            .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("more than the 262144 a setting may hold"),
+        "{err}"
+    );
+}

@@ -410,6 +410,22 @@ async fn run_tool(
             for (k, v) in parsed_args {
                 changes.insert(k, (!v.is_empty()).then_some(v));
             }
+            // Refused here, at the write, when the unit's settings would
+            // outgrow the bound: never discovered by the reader.
+            let mut after = settings_of(ctx, rel, &ctx.unit).await?;
+            for (k, v) in &changes {
+                match v {
+                    Some(v) => after.insert(k.clone(), v.clone()),
+                    None => after.remove(k),
+                };
+            }
+            let size = serde_json::to_string(&after).map(|t| t.len()).unwrap_or(0);
+            if size > crate::api::MAX_RELATION_SETTINGS_BYTES {
+                return Err(Failure::Run(format!(
+                    "the unit's settings in relation {rel} would be {size} bytes, more than the {} a unit may hold in one relation; nothing was set: pass large data another way",
+                    crate::api::MAX_RELATION_SETTINGS_BYTES
+                )));
+            }
             // `-r ID` with no settings is valid (Juju 1.25; later versions
             // refuse it): nothing changes.
             let mut pending = ctx.pending.lock().await;
