@@ -239,6 +239,10 @@ pub type NoticeStream = Pin<Box<dyn Stream<Item = Notice> + Send>>;
 pub enum ErrorCode {
     /// Out of the caller's scope, or does not exist.
     Unauthorized,
+    /// The caller's credential was refused (wrong, replaced, or its entity
+    /// removed): it says nothing about any entity, and an agent refused so
+    /// is not done — it waits for a new credential.
+    Unauthenticated,
     /// A rule of the model said no; nothing changed.
     Refused,
     /// Try again later (the store is busy, the connection dropped).

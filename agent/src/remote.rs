@@ -49,6 +49,9 @@ struct Inner {
     bearer: Mutex<Option<String>>,
     deferred: Option<Deferred>,
     conn: Mutex<Option<SendRequest<Full<Bytes>>>>,
+    /// The server refused this client's own credential on its last call
+    /// (cleared by the next call it accepts).
+    refused: std::sync::atomic::AtomicBool,
 }
 
 /// A unit agent's credential, obtained on its first call: read from its
@@ -102,8 +105,18 @@ impl Remote {
                 bearer: Mutex::new(Some(format!("Bearer {}", conf.secret))),
                 deferred: None,
                 conn: Mutex::new(None),
+                refused: std::sync::atomic::AtomicBool::new(false),
             }),
         })
+    }
+
+    /// Whether the server refused this client's credential on its last
+    /// call: an agent process then exits non-zero (it is not done; its
+    /// supervisor restarts it, with whatever `agent.conf` holds then).
+    pub fn credential_refused(&self) -> bool {
+        self.inner
+            .refused
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// A client for `tag` whose credential its deployer `deployer` makes on
@@ -128,6 +141,7 @@ impl Remote {
                     conf,
                     path: conf_path,
                 }),
+                refused: std::sync::atomic::AtomicBool::new(false),
                 conn: Mutex::new(None),
             }),
         }
@@ -333,12 +347,15 @@ impl Inner {
                 Ok(resp) => {
                     // A deferred credential refused (its file is stale):
                     // made afresh by the deployer on the next call.
-                    if resp.status() == hyper::StatusCode::UNAUTHORIZED {
+                    let refused = resp.status() == hyper::StatusCode::UNAUTHORIZED;
+                    if refused {
                         if let Some(d) = &self.deferred {
                             *self.bearer.lock().await = None;
                             let _ = std::fs::remove_file(&d.path);
                         }
                     }
+                    self.refused
+                        .store(refused, std::sync::atomic::Ordering::Release);
                     return Ok(resp);
                 }
                 Err(e) => {

@@ -410,12 +410,15 @@ struct Activity {
     in_flight: AtomicUsize,
     watches: AtomicUsize,
     last: Mutex<Instant>,
-    /// The tag and the hash of the secret this connection last proved (never
-    /// the secret itself), so that the store
-    /// is asked once per connection and credential (as a Juju agent logs in
-    /// once per connection). A removed entity still loses everything at
-    /// once: its facade refuses every call about it.
-    proven: Mutex<Option<(String, String)>>,
+    /// The credential this connection last proved (never the secret
+    /// itself), so that the store is not asked on every call; it is asked
+    /// again when the store's credential epoch moved (a credential set or
+    /// replaced) and at least every [`RECHECK`], so a replaced or removed
+    /// credential stops working on a connection that logged in with it.
+    proven: Mutex<Option<Proven>>,
+    /// Set when the connection's credential was found replaced or removed:
+    /// the connection is closed.
+    revoked: tokio::sync::Notify,
     /// Until a credential is proven here: its place among its peer's
     /// unproven connections.
     unproven: Mutex<Option<Unproven>>,
@@ -518,6 +521,17 @@ impl Activity {
     }
 }
 
+/// How long a connection's proven credential is trusted without asking the
+/// store (changes made through this controller's store are seen at once).
+const RECHECK: Duration = Duration::from_secs(5);
+
+struct Proven {
+    tag: String,
+    hash: String,
+    epoch: u64,
+    at: Instant,
+}
+
 /// Counts down on drop: a request in flight, or a watch held open by its
 /// response body.
 struct Held(Arc<Activity>, fn(&Activity) -> &AtomicUsize);
@@ -556,6 +570,7 @@ async fn serve_connection<IO>(
         watches: AtomicUsize::new(0),
         last: Mutex::new(Instant::now()),
         proven: Mutex::new(None),
+        revoked: tokio::sync::Notify::new(),
         unproven: Mutex::new(Some(unproven)),
         counted: Mutex::new(None),
         unread: Arc::new(Semaphore::new(
@@ -598,6 +613,16 @@ async fn serve_connection<IO>(
         };
         tokio::select! {
             _ = conn.as_mut() => return,
+            _ = activity.revoked.notified() => {
+                // The refusal goes out first; then the connection, watches
+                // included, is gone.
+                info!("closing a connection whose credential was replaced or removed");
+                if !closing {
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+                cut_at = Some(Instant::now() + Duration::from_secs(1));
+            }
             _ = activity.idle(shared.limits.idle_timeout, shared.limits.unauthenticated_timeout), if !closing => {
                 debug!("closing an idle connection");
                 closing = true;
@@ -631,6 +656,7 @@ fn reply(status: StatusCode, r: &Reply) -> Response<Body> {
 fn status_of(e: &ApiError) -> StatusCode {
     match e.code {
         ErrorCode::Unauthorized => StatusCode::FORBIDDEN,
+        ErrorCode::Unauthenticated => StatusCode::UNAUTHORIZED,
         ErrorCode::Refused => StatusCode::CONFLICT,
         ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -651,7 +677,7 @@ async fn authenticate(
 ) -> std::result::Result<Tag, Response<Body>> {
     let denied = |tag: &str| {
         let e = ApiError::new(
-            ErrorCode::Unauthorized,
+            ErrorCode::Unauthenticated,
             format!(
                 "invalid credentials for agent `{tag}`; check the `secret` in its `agent.conf`"
             ),
@@ -675,13 +701,17 @@ async fn authenticate(
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("")
         .to_string();
-    let proven = activity
-        .proven
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .as_ref()
-        .is_some_and(|(t, h)| *t == tag_text && wire::secret_matches(&secret, h));
-    if proven {
+    let epoch = shared.store.credential_epoch();
+    let cached = {
+        let p = activity.proven.lock().unwrap_or_else(|e| e.into_inner());
+        match p.as_ref() {
+            Some(p) if p.tag == tag_text && wire::secret_matches(&secret, &p.hash) => {
+                Some(p.epoch == epoch && p.at.elapsed() < RECHECK)
+            }
+            _ => None,
+        }
+    };
+    if cached == Some(true) {
         return Ok(tag);
     }
     let store = shared.store.clone();
@@ -691,6 +721,17 @@ async fn authenticate(
         .ok()
         .and_then(|r| r.ok())
         .flatten();
+    let still = hash
+        .as_deref()
+        .is_some_and(|h| !secret.is_empty() && wire::secret_matches(&secret, h));
+    if cached.is_some() && !still {
+        // What this connection proved no longer holds: refused, and the
+        // connection closed once this answer is out.
+        warn!(agent = %tag, "refused a call: the credential this connection proved was replaced or removed");
+        activity.revoked.notify_one();
+        *activity.proven.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        return Err(denied(&shown));
+    }
     match hash {
         Some(h) if !secret.is_empty() && wire::secret_matches(&secret, &h) => {
             if !activity.count_for(&tag_text) {
@@ -704,7 +745,12 @@ async fn authenticate(
                     )),
                 ));
             }
-            *activity.proven.lock().unwrap_or_else(|e| e.into_inner()) = Some((tag_text, h));
+            *activity.proven.lock().unwrap_or_else(|e| e.into_inner()) = Some(Proven {
+                tag: tag_text,
+                hash: h,
+                epoch,
+                at: Instant::now(),
+            });
             Ok(tag)
         }
         _ => Err(denied(&shown)),

@@ -405,15 +405,19 @@ async fn no_or_wrong_credentials_are_refused_alike() {
         ),
     ];
     for (what, conf) in cases {
-        let e = w.remote(&conf).machine(m1).await.unwrap_err();
-        assert_eq!(e.code, ErrorCode::Unauthorized, "{what}: {e:?}");
+        let remote = w.remote(&conf);
+        let e = remote.machine(m1).await.unwrap_err();
+        assert_eq!(e.code, ErrorCode::Unauthenticated, "{what}: {e:?}");
+        assert!(remote.credential_refused(), "{what}");
         assert!(
             !e.message.contains(&good.secret),
             "{what}: the secret leaked: {e}"
         );
         assert!(e.message.contains("invalid credentials"), "{what}: {e}");
     }
-    w.remote(&good).machine(m1).await.unwrap();
+    let good = w.remote(&good);
+    good.machine(m1).await.unwrap();
+    assert!(!good.credential_refused());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -486,7 +490,7 @@ async fn a_removed_units_credential_stops_working() {
     assert_eq!(e.code, ErrorCode::Unauthorized, "{e:?}");
     // A new connection cannot log in at all.
     let e = w.remote(&conf).unit("wordpress/0").await.unwrap_err();
-    assert_eq!(e.code, ErrorCode::Unauthorized, "{e:?}");
+    assert_eq!(e.code, ErrorCode::Unauthenticated, "{e:?}");
     assert!(e.message.contains("invalid credentials"), "{e}");
 }
 
@@ -740,7 +744,7 @@ async fn a_removed_machines_credential_stops_working() {
         None
     );
     let e = w.remote(&conf).machine(id).await.unwrap_err();
-    assert_eq!(e.code, ErrorCode::Unauthorized, "{e:?}");
+    assert_eq!(e.code, ErrorCode::Unauthenticated, "{e:?}");
     assert!(e.message.contains("invalid credentials"), "{e}");
 }
 
@@ -1338,5 +1342,53 @@ async fn a_credential_holds_a_bounded_number_of_connections() {
     assert!(
         served,
         "the third connection was not served after the first closed"
+    );
+}
+
+/// A credential replaced (a new start attempt, an enrollment) stops working
+/// on a connection that logged in with it: the next call is refused and
+/// the connection closed, watches included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_credential_stops_working_on_its_open_connection() {
+    use http_body_util::Full;
+    use jujube_agent::wire::{Call, CALL_PATH, SERVER_NAME, TAG_HEADER};
+    let w = World::new().await;
+    let m1 = w.machine_of("wordpress/0");
+    let conf = w.machine_conf(m1);
+    let status = serde_json::to_vec(&Call::SetMachineStatus {
+        id: m1,
+        status: AgentStatus::Started,
+        info: String::new(),
+    })
+    .unwrap();
+    let send = |sender: &mut hyper::client::conn::http2::SendRequest<Full<bytes::Bytes>>| {
+        let req = hyper::Request::post(format!("https://{SERVER_NAME}{CALL_PATH}"))
+            .header(TAG_HEADER, conf.tag.to_string())
+            .header(
+                hyper::header::AUTHORIZATION,
+                format!("Bearer {}", conf.secret),
+            )
+            .body(Full::new(bytes::Bytes::from(status.clone())))
+            .unwrap();
+        sender.send_request(req)
+    };
+    let mut old = h2(&w, &conf, 65_535).await;
+    assert_eq!(
+        send(&mut old).await.unwrap().status(),
+        hyper::StatusCode::OK
+    );
+    // A new start attempt replaces the machine's credential.
+    let _new = w.machine_conf(m1);
+    let before = w.store.head_revision().unwrap();
+    let refused = send(&mut old).await.unwrap();
+    assert_eq!(refused.status(), hyper::StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        w.store.head_revision().unwrap(),
+        before,
+        "the old credential wrote"
+    );
+    assert!(
+        eventually(5, || old.is_closed()).await,
+        "the connection stayed open"
     );
 }

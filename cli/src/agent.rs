@@ -55,17 +55,38 @@ pub async fn run(data_dir: &Path) -> Result<()> {
     let creds = data_dir.join("credentials");
     std::fs::create_dir_all(&creds)
         .with_context(|| format!("cannot create `{}`", creds.display()))?;
+    let api_check = api.clone();
     let connector = Arc::new(RemoteConnector::new(api.clone(), creds));
     let agent = MachineAgent::new(api, connector, id, data_dir);
     let running = agent.spawn();
     info!(agent = %conf.tag, addresses = ?conf.api_addresses, "agent started");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-        _ = running.finished() => {
-            info!(agent = %conf.tag, "machine is dead; agent stopped");
-            return Ok(());
+    // A refused credential is not a dead machine: the agent says so and
+    // exits non-zero, and its supervisor (systemd, the container's init,
+    // the controller) starts it again, with whatever `agent.conf` holds by
+    // then (a new start attempt or enrollment writes a new one). Refused on
+    // two checks in a row, 5 s apart, to outlast one stale call.
+    let mut check = tokio::time::interval(std::time::Duration::from_secs(5));
+    let mut refused = 0;
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break,
+            _ = running.finished() => {
+                info!(agent = %conf.tag, "machine is dead; agent stopped");
+                return Ok(());
+            }
+            _ = check.tick() => {
+                refused = if api_check.credential_refused() { refused + 1 } else { 0 };
+                if refused >= 2 {
+                    running.stop();
+                    running.finished().await;
+                    return Err(anyhow!(
+                        "the controller refuses this agent's credential (`{}`): it was replaced by a newer start attempt or enrollment, or its machine was removed; exiting so that the agent is started again with the `agent.conf` it has then",
+                        conf.tag
+                    ));
+                }
+            }
         }
     }
     running.stop();

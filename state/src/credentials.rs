@@ -12,7 +12,7 @@ use rusqlite::OptionalExtension;
 impl Store {
     /// Sets (or replaces) machine `id`'s credential hash under `tag`.
     pub fn set_machine_credential(&self, id: i64, tag: &str, hash: &str) -> Result<()> {
-        self.write(|tx| {
+        let r = self.write(|tx| {
             let exists: bool = tx
                 .prepare_cached("SELECT EXISTS (SELECT 1 FROM machines WHERE id = ?1)")?
                 .query_row([id], |r| r.get(0))?;
@@ -25,12 +25,16 @@ impl Store {
             )?
             .execute((tag, id, hash))?;
             Ok(())
-        })
+        });
+        if r.is_ok() {
+            self.credentials_changed();
+        }
+        r
     }
 
     /// Sets (or replaces) unit `name`'s credential hash under `tag`.
     pub fn set_unit_credential(&self, name: &str, tag: &str, hash: &str) -> Result<()> {
-        self.write(|tx| {
+        let r = self.write(|tx| {
             let exists: bool = tx
                 .prepare_cached("SELECT EXISTS (SELECT 1 FROM units WHERE name = ?1)")?
                 .query_row([name], |r| r.get(0))?;
@@ -43,7 +47,11 @@ impl Store {
             )?
             .execute((tag, name, hash))?;
             Ok(())
-        })
+        });
+        if r.is_ok() {
+            self.credentials_changed();
+        }
+        r
     }
 
     /// The credential hash stored for `tag`, if its entity still exists.
@@ -123,7 +131,7 @@ impl Store {
         now: i64,
     ) -> Result<()> {
         let refused = || Error::Relation(ENROLLMENT_REFUSED.to_string());
-        self.write(|tx| {
+        let r = self.write(|tx| {
             let batch = live_batch(tx, token_hash, now)?.ok_or_else(refused)?;
             let nonce: Option<Option<String>> = tx
                 .prepare_cached("SELECT nonce FROM machines WHERE id = ?1 AND life = 0")?
@@ -152,6 +160,10 @@ impl Store {
             )?
             .execute((tag, machine, secret_hash))?;
             Ok(())
-        })
+        });
+        if r.is_ok() {
+            self.credentials_changed();
+        }
+        r
     }
 }

@@ -47,6 +47,10 @@ struct Inner {
     head: watch::Sender<u64>,
     transactions: AtomicU64,
     max_rows: AtomicU64,
+    /// Bumped whenever an agent credential is set or replaced through this
+    /// store: the API server re-checks a connection's cached credential
+    /// when it moved.
+    credential_epoch: AtomicU64,
 }
 
 /// A handle on one environment's state database. Cheap to clone; clones
@@ -176,6 +180,7 @@ impl Store {
                 head: tx,
                 transactions: AtomicU64::new(0),
                 max_rows: AtomicU64::new(0),
+                credential_epoch: AtomicU64::new(0),
             }),
         })
     }
@@ -189,6 +194,16 @@ impl Store {
             transactions: self.inner.transactions.load(Ordering::Relaxed),
             max_transaction_rows: self.inner.max_rows.load(Ordering::Relaxed),
         }
+    }
+
+    /// Moves on whenever an agent credential is set or replaced through
+    /// this store (see [`Store::agent_credential`]).
+    pub fn credential_epoch(&self) -> u64 {
+        self.inner.credential_epoch.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn credentials_changed(&self) {
+        self.inner.credential_epoch.fetch_add(1, Ordering::AcqRel);
     }
 
     pub fn reset_stats(&self) {
