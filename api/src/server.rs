@@ -384,17 +384,7 @@ impl Unproven {
     /// The connection proved a credential: it no longer counts.
     fn proven(&mut self) {
         if let Some(peer) = self.peer.take() {
-            let mut m = self
-                .shared
-                .unproven
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if let Some(n) = m.get_mut(&peer) {
-                *n -= 1;
-                if *n == 0 {
-                    m.remove(&peer);
-                }
-            }
+            release(&self.shared.unproven, &peer);
         }
     }
 }
@@ -432,23 +422,20 @@ struct Activity {
 
 impl Drop for Activity {
     fn drop(&mut self) {
-        if let Some(tag) = self
-            .counted
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            let mut m = self
-                .shared
-                .per_credential
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if let Some(n) = m.get_mut(&tag) {
-                *n -= 1;
-                if *n == 0 {
-                    m.remove(&tag);
-                }
-            }
+        let counted = self.counted.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let Some(tag) = counted.take() {
+            release(&self.shared.per_credential, &tag);
+        }
+    }
+}
+
+/// Counts one connection less under `key`.
+fn release(counts: &Mutex<std::collections::HashMap<String, usize>>, key: &str) {
+    let mut m = counts.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(n) = m.get_mut(key) {
+        *n -= 1;
+        if *n == 0 {
+            m.remove(key);
         }
     }
 }
@@ -475,10 +462,9 @@ impl Activity {
             return false;
         }
         *n += 1;
+        drop(m);
         if let Some(old) = counted.replace(tag.to_string()) {
-            if let Some(n) = m.get_mut(&old) {
-                *n -= 1;
-            }
+            release(&self.shared.per_credential, &old);
         }
         if let Some(mut u) = self
             .unproven

@@ -6,9 +6,9 @@
 //! venv and names its python in `JUJUBE_CHARMHELPERS_PYTHON`; the test
 //! fails without it (`JUJUBE_SKIP_CHARMHELPERS=1` skips it knowingly).
 
+use crate::hooks::eventually;
 use crate::Jujube;
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 /// The provider's hook: everything it learns goes into its report, which
 /// the test reads; a failed expectation fails the hook.
@@ -81,20 +81,7 @@ fn charm(
     std::fs::write(root.join("metadata.yaml"), meta).unwrap();
     std::fs::write(root.join("config.yaml"), config).unwrap();
     std::fs::write(root.join("revision"), "1\n").unwrap();
-    for h in hooks {
-        let path = root.join("hooks").join(h);
-        std::fs::write(&path, format!("#!{python}\n{hook}")).unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-}
-
-fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    crate::hooks::write_hooks(&root, hooks, &format!("#!{python}\n{hook}"));
 }
 
 fn report(path: &Path) -> serde_json::Value {

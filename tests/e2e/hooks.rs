@@ -69,7 +69,7 @@ fn count(hooks: &[String], h: &str) -> usize {
 
 /// Waits (bounded) until `f` holds: hooks run asynchronously to `wait`'s
 /// view of the model when nothing in it changes.
-fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+pub(crate) fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !f() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
@@ -292,22 +292,32 @@ if [ "$(config-get block-hook)" = "$name" ]; then
 fi
 [ "$(config-get fail-hook)" != "$name" ]
 "#;
-    for h in [
-        "install",
-        "config-changed",
-        "start",
-        "stop",
-        "peer-relation-joined",
-        "peer-relation-changed",
-        "peer-relation-departed",
-        "peer-relation-broken",
-    ] {
+    write_hooks(
+        &charm,
+        &[
+            "install",
+            "config-changed",
+            "start",
+            "stop",
+            "peer-relation-joined",
+            "peer-relation-changed",
+            "peer-relation-departed",
+            "peer-relation-broken",
+        ],
+        hook,
+    );
+    charm.to_string_lossy().into_owned()
+}
+
+/// Writes `body` as each of the charm's hooks `names`, executable.
+pub(crate) fn write_hooks(charm: &Path, names: &[&str], body: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(charm.join("hooks")).unwrap();
+    for h in names {
         let p = charm.join("hooks").join(h);
-        std::fs::write(&p, hook).unwrap();
-        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(&p, body).unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
-    charm.to_string_lossy().into_owned()
 }
 
 /// The unit's agent has recorded a failed hook and runs none: what
@@ -560,12 +570,11 @@ case "$name" in
   peer-relation-*) juju-log "hook: $name $JUJU_REMOTE_UNIT sees [$(relation-list | tr '\n' ' ')]" ;;
 esac
 "#;
-    for h in ["install", "peer-relation-joined", "peer-relation-departed"] {
-        let p = charm.join("hooks").join(h);
-        std::fs::write(&p, hook).unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
+    write_hooks(
+        &charm,
+        &["install", "peer-relation-joined", "peer-relation-departed"],
+        hook,
+    );
     j.run(&["bootstrap", "t"]).ok();
     j.run(&["deploy", charm.to_str().unwrap(), "-n", "3"]).ok();
     let _ctl = j.controller();

@@ -377,15 +377,7 @@ fn the_database_and_its_wal_are_the_owners_alone_and_loose_ones_are_tightened() 
     {
         let st = crate::Store::open(&path).unwrap();
         // A write, so that the WAL exists.
-        st.initialize(&crate::environment::EnvironmentSpec {
-            name: "test".into(),
-            uuid: UUID.into(),
-            provider: "dummy".into(),
-            default_series: "jammy".into(),
-            constraints: Constraints::default(),
-            config: Default::default(),
-        })
-        .unwrap();
+        st.initialize(&spec("")).unwrap();
         assert_eq!(mode(&path), 0o600);
         assert_eq!(mode(&dir.path().join("state.db-wal")), 0o600);
         assert_eq!(mode(&dir.path().join("state.db-shm")), 0o600);

@@ -44,16 +44,20 @@ pub(crate) struct Env {
 pub(crate) fn env_with(cons: &str) -> Env {
     let dir = tempfile::tempdir().unwrap();
     let st = Store::open_with(dir.path().join("state.db"), Durability::Relaxed).unwrap();
-    st.initialize(&EnvironmentSpec {
+    st.initialize(&spec(cons)).unwrap();
+    Env { _dir: dir, st }
+}
+
+/// The test environment, with `cons` as its constraints.
+pub(crate) fn spec(cons: &str) -> EnvironmentSpec {
+    EnvironmentSpec {
         name: "test".into(),
         uuid: "6f1e0f4c-3d7e-4b53-9d3b-1a2b3c4d5e6f".into(),
         provider: "dummy".into(),
         default_series: "jammy".into(),
         constraints: Constraints::parse(cons).unwrap(),
         config: Default::default(),
-    })
-    .unwrap();
-    Env { _dir: dir, st }
+    }
 }
 
 /// Each prepared machine started as instance `i-<machine>`.

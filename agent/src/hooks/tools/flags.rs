@@ -25,44 +25,44 @@ pub struct Flag {
 }
 
 impl Flag {
+    const fn new(
+        short: Option<char>,
+        long: &'static str,
+        value: Option<&'static str>,
+        quoted: bool,
+        help: &'static str,
+    ) -> Flag {
+        Flag {
+            short,
+            long,
+            value,
+            quoted,
+            help,
+        }
+    }
+
+    /// A typed flag (format, relation, file): its default shown bare.
     pub const fn value(
         short: Option<char>,
         long: &'static str,
         default: &'static str,
         help: &'static str,
     ) -> Flag {
-        Flag {
-            short,
-            long,
-            value: Some(default),
-            quoted: false,
-            help,
-        }
+        Flag::new(short, long, Some(default), false, help)
     }
 
+    /// A plain string flag: its default shown quoted.
     pub const fn string(
         short: Option<char>,
         long: &'static str,
         default: &'static str,
         help: &'static str,
     ) -> Flag {
-        Flag {
-            short,
-            long,
-            value: Some(default),
-            quoted: true,
-            help,
-        }
+        Flag::new(short, long, Some(default), true, help)
     }
 
     pub const fn bool(short: Option<char>, long: &'static str, help: &'static str) -> Flag {
-        Flag {
-            short,
-            long,
-            value: None,
-            quoted: false,
-            help,
-        }
+        Flag::new(short, long, None, false, help)
     }
 }
 
