@@ -138,12 +138,24 @@ fn api_error(caller: &Caller, e: jujube_state::Error) -> ApiError {
 
 /// Every file under `root`, paths relative and `/`-separated; a symlink, or
 /// more than [`MAX_CHARM_BYTES`] in all, is refused.
-fn charm_files(root: &std::path::Path) -> ApiResult<Vec<CharmFile>> {
-    use base64::Engine;
+/// One file of a charm as [`charm_manifest`] finds it.
+#[derive(Debug, Clone)]
+pub struct CharmEntry {
+    /// Relative to the charm's root, `/`-separated.
+    pub path: String,
+    pub file: std::path::PathBuf,
+    pub mode: u32,
+    pub len: u64,
+}
+
+/// The files of the charm at `root`, sorted by path, without reading them:
+/// at most [`MAX_CHARM_BYTES`] in all, plain files and directories only
+/// (symlinks are not shipped to agents).
+pub fn charm_manifest(root: &std::path::Path) -> ApiResult<Vec<CharmEntry>> {
     use std::os::unix::fs::PermissionsExt;
     let internal = |what: String| ApiError::new(ErrorCode::Internal, what);
     let mut out = Vec::new();
-    let mut total = 0usize;
+    let mut total = 0u64;
     let mut todo = vec![(root.to_path_buf(), String::new())];
     while let Some((dir, rel)) = todo.pop() {
         let entries = std::fs::read_dir(&dir)
@@ -161,18 +173,18 @@ fn charm_files(root: &std::path::Path) -> ApiResult<Vec<CharmFile>> {
             if meta.is_dir() {
                 todo.push((entry.path(), path));
             } else if meta.is_file() {
-                total += meta.len() as usize;
-                if total > MAX_CHARM_BYTES {
+                total += meta.len();
+                if total > MAX_CHARM_BYTES as u64 {
                     return Err(ApiError::new(
                         ErrorCode::Refused,
                         format!("the charm at `{}` is larger than {} MiB; agents on other machines cannot fetch it", root.display(), MAX_CHARM_BYTES >> 20),
                     ));
                 }
-                let data = std::fs::read(entry.path()).map_err(|e| internal(e.to_string()))?;
-                out.push(CharmFile {
+                out.push(CharmEntry {
                     path,
+                    file: entry.path(),
                     mode: meta.permissions().mode() & 0o7777,
-                    data: base64::engine::general_purpose::STANDARD.encode(data),
+                    len: meta.len(),
                 });
             } else {
                 return Err(ApiError::new(
@@ -184,6 +196,22 @@ fn charm_files(root: &std::path::Path) -> ApiResult<Vec<CharmFile>> {
     }
     out.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(out)
+}
+
+fn charm_files(root: &std::path::Path) -> ApiResult<Vec<CharmFile>> {
+    use base64::Engine;
+    charm_manifest(root)?
+        .into_iter()
+        .map(|e| {
+            let data = std::fs::read(&e.file)
+                .map_err(|err| ApiError::new(ErrorCode::Internal, err.to_string()))?;
+            Ok(CharmFile {
+                path: e.path,
+                mode: e.mode,
+                data: base64::engine::general_purpose::STANDARD.encode(data),
+            })
+        })
+        .collect()
 }
 
 /// The store, scoped to one agent. (Its `Caller` is made from the tag when

@@ -805,13 +805,13 @@ async fn handle(
         return refuse(ApiError::new(ErrorCode::Refused, "malformed call"));
     };
     debug!(agent = %tag, method = call.method(), "call");
+    if let Call::CharmFiles { unit } = &call {
+        return charm_files(&activity, &*facade, unit).await;
+    }
     // Room for the answer among this connection's unread answers, taken
     // before the call runs: the most it can be, given back down to what
     // it is once it is made, the rest when it has been sent.
-    let most = match call {
-        Call::CharmFiles { .. } => jujube_agent::api::MAX_CHARM_BYTES / 3 * 4 + (1 << 20),
-        _ => shared.limits.max_request_bytes,
-    };
+    let most = shared.limits.max_request_bytes;
     let room = |bytes: usize| u32::try_from((bytes >> 10) + 1).unwrap_or(u32::MAX);
     let want = room(most).min(u32::try_from(activity_budget(&shared)).unwrap_or(u32::MAX));
     let Ok(mut permit) = activity.unread.clone().acquire_many_owned(want).await else {
@@ -845,6 +845,108 @@ async fn handle(
             }
             .boxed_unsync(),
         )
+        .expect("a valid response")
+}
+
+/// How much of a charm file one frame of a `charm-files` answer carries
+/// (a multiple of 3, so that base64 pieces join into one).
+const CHARM_CHUNK: usize = 48 << 10;
+
+/// `charm-files`, answered as `wire::dispatch` would (the same JSON), but
+/// read from disk as it is sent: the facade checks who may fetch the charm
+/// and where it is, [`charm_manifest`] what it holds, and each file is read
+/// and base64-encoded a chunk at a time as HTTP/2 takes frames — an answer
+/// costs a chunk, not the charm, however slowly it is read.
+async fn charm_files(activity: &Arc<Activity>, facade: &dyn Facade, unit: &str) -> Response<Body> {
+    use jujube_agent_state::facade::charm_manifest;
+    let charm = match facade.charm(unit).await {
+        Ok(c) => c,
+        Err(e) => return refuse(e),
+    };
+    let root = PathBuf::from(&charm.path);
+    let entries = match tokio::task::spawn_blocking(move || charm_manifest(&root)).await {
+        Ok(Ok(entries)) => entries,
+        Ok(Err(e)) => return refuse(e),
+        Err(e) => return refuse(ApiError::new(ErrorCode::Internal, e.to_string())),
+    };
+    // A streamed answer holds about two chunks; it still takes its room
+    // among the connection's unread answers.
+    let Ok(room) = activity.unread.clone().acquire_many_owned(256).await else {
+        return refuse(ApiError::new(
+            ErrorCode::Unavailable,
+            "the server is stopping",
+        ));
+    };
+    struct Sending {
+        entries: std::collections::VecDeque<jujube_agent_state::facade::CharmEntry>,
+        file: Option<(tokio::fs::File, u64)>,
+        first: bool,
+        done: bool,
+        _room: tokio::sync::OwnedSemaphorePermit,
+    }
+    let start = Sending {
+        entries: entries.into(),
+        file: None,
+        first: true,
+        done: false,
+        _room: room,
+    };
+    let frames = futures_util::stream::unfold(start, |mut s| async move {
+        use base64::Engine;
+        use tokio::io::AsyncReadExt;
+        if s.done {
+            return None;
+        }
+        let mut out = Vec::new();
+        if s.first {
+            out.extend_from_slice(b"{\"ok\":[");
+        }
+        if let Some((file, left)) = &mut s.file {
+            let mut buf = vec![0u8; CHARM_CHUNK.min(*left as usize)];
+            let mut got = 0;
+            while got < buf.len() {
+                match file.read(&mut buf[got..]).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got += n,
+                }
+            }
+            buf.truncate(got);
+            *left = if got == 0 { 0 } else { *left - got as u64 };
+            out.extend_from_slice(
+                base64::engine::general_purpose::STANDARD
+                    .encode(&buf)
+                    .as_bytes(),
+            );
+            if *left == 0 {
+                out.extend_from_slice(b"\"}");
+                s.file = None;
+            }
+        } else if let Some(e) = s.entries.pop_front() {
+            if !s.first {
+                out.push(b',');
+            }
+            let head = format!(
+                "{{\"path\":{},\"mode\":{},\"data\":\"",
+                serde_json::Value::String(e.path.clone()),
+                e.mode
+            );
+            out.extend_from_slice(head.as_bytes());
+            match tokio::fs::File::open(&e.file).await {
+                Ok(f) if e.len > 0 => s.file = Some((f, e.len)),
+                // Empty, or gone since the manifest: an empty file.
+                _ => out.extend_from_slice(b"\"}"),
+            }
+        } else {
+            out.extend_from_slice(b"]}");
+            s.done = true;
+        }
+        s.first = false;
+        Some((Ok::<_, Infallible>(Frame::data(Bytes::from(out))), s))
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .body(StreamBody::new(frames).boxed_unsync())
         .expect("a valid response")
 }
 
