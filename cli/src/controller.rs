@@ -661,6 +661,43 @@ fn in_error(store: &Store) -> Result<Vec<String>> {
         .collect())
 }
 
+/// The most units in error `wait` names (it counts them all).
+const UNITS_LISTED: usize = 20;
+
+/// What `wait` fails with when something is in error: machines whose
+/// provisioning failed and units (subordinates too) held by a failed hook —
+/// which also hold their relations and machines — each with what frees it.
+/// Empty when nothing is.
+fn errors_listed(store: &Store) -> Result<String> {
+    let mut out = String::new();
+    let machines = in_error(store)?;
+    if !machines.is_empty() {
+        out.push_str(&format!(
+            "{} machine(s) in error:\n  {}\nfix the causes, then `jujube resolved MACHINE` or `jujube retry-provisioning --all`\n",
+            machines.len(),
+            machines.join("\n  ")
+        ));
+    }
+    let units = store.units_in_error(UNITS_LISTED + 1)?;
+    if !units.is_empty() {
+        let shown: Vec<String> = units
+            .iter()
+            .take(UNITS_LISTED)
+            .map(|(u, info)| format!("unit `{u}`: {info}"))
+            .collect();
+        let more = if units.len() > UNITS_LISTED {
+            "\n  (and more)"
+        } else {
+            ""
+        };
+        out.push_str(&format!(
+            "unit(s) held by a failed hook:\n  {}{more}\nfix the charm, then `jujube resolved UNIT --retry` (or without `--retry` to skip the hook; `--all` for every unit)\n",
+            shown.join("\n  ")
+        ));
+    }
+    Ok(out.trim_end().to_string())
+}
+
 /// The progress line of `wait`.
 fn progress_line(p: &jujube_state::status::Progress, stuck: &[String]) -> (String, String) {
     let mut msg = format!(
@@ -750,25 +787,16 @@ pub async fn wait(store: &Store, timeout: Duration) -> Result<()> {
         let timed_out = tokio::time::Instant::now() >= deadline;
         if s.is_empty() || timed_out {
             progress.finish(&line);
-            let errors = in_error(store)?;
-            let listed = if errors.is_empty() {
-                String::new()
-            } else {
-                format!(
-                    "{} machine(s) in error:\n  {}\n",
-                    errors.len(),
-                    errors.join("\n  ")
-                )
-            };
+            let listed = errors_listed(store)?;
             if timed_out && !s.is_empty() {
                 bail!(
                     "timed out after {timeout:?}; still waiting: {}; is `jujube controller` running?{}",
                     s.join("; "),
-                    if listed.is_empty() { String::new() } else { format!("\n{listed}fix the causes, then `jujube resolved MACHINE` or `jujube retry-provisioning --all`") }
+                    if listed.is_empty() { String::new() } else { format!("\n{listed}") }
                 );
             }
-            if !errors.is_empty() {
-                bail!("{listed}fix the causes, then `jujube resolved MACHINE` or `jujube retry-provisioning --all`");
+            if !listed.is_empty() {
+                bail!("{listed}");
             }
             return Ok(());
         }

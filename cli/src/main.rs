@@ -207,8 +207,12 @@ enum Command {
     /// unit's failed hook so that its agent goes on.
     Resolved {
         /// A machine id, or a unit (`wordpress/0`).
-        #[arg(value_name = "MACHINE|UNIT")]
-        machine: String,
+        #[arg(value_name = "MACHINE|UNIT", required_unless_present = "all")]
+        machine: Option<String>,
+        /// Every unit in error (with `--retry`: run their failed hooks
+        /// again), in bounded batches.
+        #[arg(long, conflicts_with_all = ["machine", "constraints"])]
+        all: bool,
         /// Replace the machine's constraints first.
         #[arg(long)]
         constraints: Option<String>,
@@ -822,9 +826,26 @@ fn model_command(
             store.destroy_machines(&ids)?;
         }
         Command::Resolved {
-            machine: unit,
+            all: true, retry, ..
+        } => {
+            let units = store.resolve_all_units(retry)?;
+            match units.as_slice() {
+                [] => writeln!(out, "no unit is in error")?,
+                [one] => writeln!(out, "resolved unit `{one}`")?,
+                many => writeln!(
+                    out,
+                    "resolved {} units in error, `{}` to `{}`",
+                    many.len(),
+                    many[0],
+                    many[many.len() - 1]
+                )?,
+            }
+        }
+        Command::Resolved {
+            machine: Some(unit),
             constraints,
             retry,
+            ..
         } if unit.contains('/') => {
             if constraints.is_some() {
                 return Err(usage(
@@ -837,7 +858,9 @@ fn model_command(
             machine,
             constraints,
             retry,
+            ..
         } => {
+            let machine = machine.unwrap_or_default();
             if retry {
                 return Err(usage("`--retry` is for units (a failed hook); a machine in error is simply provisioned again"));
             }

@@ -441,6 +441,11 @@ fn units_where(c: &Connection, clause: &str, arg: &dyn rusqlite::ToSql) -> Resul
 }
 
 /// `N/tcp` or `N/udp`, N in 1..=65535.
+/// Units marked per transaction by [`Store::resolve_all_units`]: a unit
+/// and its change row each, 1,000 rows, the bound every bulk operation
+/// keeps.
+pub const RESOLVE_BATCH: usize = 500;
+
 /// A unit's open port or range of ports: `80/tcp`, `100-200/udp`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct PortRange {
@@ -505,6 +510,55 @@ impl std::fmt::Display for PortRange {
 }
 
 impl Store {
+    /// `jujube resolved --all [--retry]`: marks every unit in error not
+    /// marked yet, in transactions of at most [`RESOLVE_BATCH`] units (a unit
+    /// resolved meanwhile is no error); returns their names.
+    pub fn resolve_all_units(&self, retry: bool) -> Result<Vec<String>> {
+        let mode = if retry { "retry-hooks" } else { "no-hooks" };
+        let mut out = Vec::new();
+        let mut after = String::new();
+        loop {
+            let batch = self.write(|tx| {
+                let names = tx
+                    .prepare_cached(
+                        "SELECT name FROM units WHERE status = ?1 AND resolved IS NULL AND name > ?2
+                         ORDER BY name LIMIT ?3",
+                    )?
+                    .query_map(
+                        (crate::model::agent_status::ERROR, &after, RESOLVE_BATCH as i64),
+                        |r| r.get::<_, String>(0),
+                    )?
+                    .collect::<rusqlite::Result<Vec<String>>>()?;
+                for name in &names {
+                    tx.prepare_cached("UPDATE units SET resolved = ?1 WHERE name = ?2")?
+                        .execute((mode, name))?;
+                    tx.changed(ChangeKind::Unit, name.clone())?;
+                }
+                Ok(names)
+            })?;
+            let Some(last) = batch.last() else {
+                return Ok(out);
+            };
+            after = last.clone();
+            out.extend(batch);
+        }
+    }
+
+    /// Units whose hook failed and that nobody resolved yet, with what
+    /// failed (`hook failed: "install"`), at most `limit`.
+    pub fn units_in_error(&self, limit: usize) -> Result<Vec<(String, String)>> {
+        self.read(|c| {
+            Ok(c.prepare_cached(
+                "SELECT name, status_info FROM units WHERE status = ?1 AND resolved IS NULL
+                     ORDER BY service, number LIMIT ?2",
+            )?
+            .query_map((crate::model::agent_status::ERROR, limit as i64), |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+    }
+
     /// `jujube resolved UNIT [--retry]`: marks a unit whose hook failed
     /// (agent status `error`) so that its agent goes on — re-running the
     /// hook with `retry`, counting it done without. Refused for a unit not

@@ -915,3 +915,52 @@ fn an_environments_files_are_its_users_alone() {
         .ok();
     assert_eq!(r.stdout.trim(), "644");
 }
+
+#[test]
+fn wait_fails_naming_units_held_by_a_failed_hook_and_resolved_all_frees_them() {
+    let j = Jujube::new();
+    let charms = tempfile::tempdir().unwrap();
+    j.run(&["bootstrap", "t"]).ok();
+    j.run(&["deploy", &flaky_charm(charms.path()), "-n", "2"])
+        .ok();
+    j.run(&["set", "flaky", "fail-hook=install"]).ok();
+    let _ctl = j.controller();
+    eventually("both installs failed", || {
+        holds_on_failure(&j, "flaky/0") && holds_on_failure(&j, "flaky/1")
+    });
+    let r = j.run(&["wait", "--timeout", "30s"]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    for u in ["flaky/0", "flaky/1"] {
+        assert!(
+            r.stderr
+                .contains(&format!("unit `{u}`: hook failed: \"install\"")),
+            "{}",
+            r.stderr
+        );
+    }
+    assert!(
+        r.stderr.contains("`jujube resolved UNIT --retry`"),
+        "{}",
+        r.stderr
+    );
+    // `--all`, with `--retry`, after fixing the cause.
+    j.run(&["set", "flaky", "fail-hook="]).ok();
+    let out = j.run(&["resolved", "--all", "--retry"]).ok().stdout;
+    assert_eq!(out, "resolved 2 units in error, `flaky/0` to `flaky/1`\n");
+    eventually("both started", || {
+        agent_status(&j, "flaky/0").0 == "started" && agent_status(&j, "flaky/1").0 == "started"
+    });
+    j.run(&["wait", "--timeout", "30s"]).ok();
+    assert_eq!(
+        j.run(&["resolved", "--all"]).ok().stdout,
+        "no unit is in error\n"
+    );
+    let r = j.run(&["resolved", "--all", "flaky/0"]);
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr
+            .starts_with("error: the argument '--all' cannot be used with '[MACHINE|UNIT]'"),
+        "{}",
+        r.stderr
+    );
+}

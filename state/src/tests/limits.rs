@@ -447,3 +447,46 @@ fn relation_settings_and_service_settings_are_bounded_at_the_write() {
         "{err}"
     );
 }
+
+#[test]
+fn resolved_all_marks_every_unit_in_error_in_bounded_transactions() {
+    let e = env();
+    let units = e.deploy(MYSQL, "mysql", 2500);
+    for u in &units[..2100] {
+        e.st.apply(
+            &crate::Caller::Unit(u.clone()),
+            &crate::AgentOp::SetUnitStatus {
+                unit: u.clone(),
+                status: "error".into(),
+                info: "hook failed: \"install\"".into(),
+            },
+        )
+        .unwrap();
+    }
+    assert_eq!(e.st.units_in_error(3).unwrap().len(), 3);
+    e.st.resolve_unit(&units[0], false).unwrap();
+    e.st.reset_stats();
+    let resolved = e.st.resolve_all_units(true).unwrap();
+    assert_eq!(resolved.len(), 2099, "every unit in error not marked yet");
+    assert!(
+        e.st.stats().max_transaction_rows <= BOUND,
+        "{:?}",
+        e.st.stats()
+    );
+    assert_eq!(
+        e.st.unit(&units[1]).unwrap().resolved.as_deref(),
+        Some("retry-hooks")
+    );
+    assert_eq!(
+        e.st.unit(&units[0]).unwrap().resolved.as_deref(),
+        Some("no-hooks")
+    );
+    assert_eq!(
+        e.st.unit(&units[2200]).unwrap().resolved,
+        None,
+        "not in error"
+    );
+    assert!(e.st.units_in_error(10).unwrap().is_empty());
+    // Nothing left: a no-op.
+    assert!(e.st.resolve_all_units(false).unwrap().is_empty());
+}
