@@ -618,10 +618,14 @@ pub fn stuck(store: &Store) -> Result<Vec<String>> {
     for m in store.machines()? {
         match m.life {
             Life::Alive if m.instance_id.is_none() && m.status != machine_status::ERROR => out
-                .push(format!(
-                    "machine {} has no instance yet (status {})",
-                    m.id, m.status
-                )),
+                .push(if m.status_info.is_empty() {
+                    format!("machine {} has no instance yet (status {})", m.id, m.status)
+                } else {
+                    format!(
+                        "machine {} has no instance yet ({}: {})",
+                        m.id, m.status, m.status_info
+                    )
+                }),
             Life::Dead => out.push(format!(
                 "machine {} is dead and waits for its instance to be stopped",
                 m.id
@@ -629,7 +633,29 @@ pub fn stuck(store: &Store) -> Result<Vec<String>> {
             // Its agent sets it Dead once its units are gone (or, without
             // an instance, the provisioner removes it).
             Life::Dying if m.agent_status != jujube_state::model::agent_status::ERROR => {
-                out.push(format!("machine {} is dying and waits to be stopped", m.id))
+                // Name what holds it: its units, and which of them a failed
+                // hook holds (and the command that frees them).
+                let (_, units) = store.machine_context(m.id)?;
+                let held: Vec<&str> = units
+                    .iter()
+                    .filter(|u| u.status == jujube_state::model::agent_status::ERROR)
+                    .map(|u| u.name.as_str())
+                    .collect();
+                out.push(if let Some(u) = held.first() {
+                    format!(
+                        "machine {} is dying and waits for unit `{u}`, held by a failed hook (`jujube resolved {u}`)",
+                        m.id
+                    )
+                } else if !units.is_empty() {
+                    let names: Vec<String> = units.iter().map(|u| format!("`{}`", u.name)).collect();
+                    format!(
+                        "machine {} is dying and waits for its units to go ({})",
+                        m.id,
+                        names.join(", ")
+                    )
+                } else {
+                    format!("machine {} is dying and waits for its agent to stop it", m.id)
+                })
             }
             _ => {}
         }
@@ -772,7 +798,15 @@ pub async fn run_command(
 /// `jujube wait`: until nothing can make progress, or the timeout. Succeeds
 /// only when everything converged without error; otherwise the error lists
 /// every machine in error (and, on timeout, what is still stuck).
-pub async fn wait(store: &Store, timeout: Duration) -> Result<()> {
+///
+/// `controller_runs` tells, on a timeout, whether a controller is at work:
+/// the error then says what holds things up rather than asking whether one
+/// runs.
+pub async fn wait(
+    store: &Store,
+    timeout: Duration,
+    controller_runs: &dyn Fn() -> bool,
+) -> Result<()> {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut progress = Reporter::new("wait", true);
     loop {
@@ -789,10 +823,19 @@ pub async fn wait(store: &Store, timeout: Duration) -> Result<()> {
             progress.finish(&line);
             let listed = errors_listed(store)?;
             if timed_out && !s.is_empty() {
+                let hint = if controller_runs() {
+                    ""
+                } else {
+                    "; no controller runs for this environment: start one with `jujube controller`"
+                };
                 bail!(
-                    "timed out after {timeout:?}; still waiting: {}; is `jujube controller` running?{}",
+                    "timed out after {timeout:?}; still waiting: {}{hint}{}",
                     s.join("; "),
-                    if listed.is_empty() { String::new() } else { format!("\n{listed}") }
+                    if listed.is_empty() {
+                        String::new()
+                    } else {
+                        format!("\n{listed}")
+                    }
                 );
             }
             if !listed.is_empty() {

@@ -912,7 +912,8 @@ fn model_command(
                     "invalid `--timeout {timeout}`: use a duration such as `90s` or `10m`"
                 ))
             })?;
-            runtime()?.block_on(controller::wait(store, timeout))?;
+            let runs = || matches!(controller::try_lock(zones.home, zones.name), Ok(None));
+            runtime()?.block_on(controller::wait(store, timeout, &runs))?;
         }
         Command::Bootstrap { .. }
         | Command::Environments

@@ -808,7 +808,6 @@ impl Provisioner {
                     }),
                     Err(e) => match e.class() {
                         ErrorClass::Transient => {
-                            debug!(machine = a.machine, error = %e, "transient start failure; retrying");
                             a.last_error = e.to_string();
                             retry.push(a);
                         }
@@ -864,6 +863,26 @@ impl Provisioner {
             } else {
                 backoff.next()
             };
+            if let Some(wait) = wait {
+                // Said from the first failed attempt on, in the log and in
+                // each machine's status message.
+                let notes: Vec<(i64, String)> = retry
+                    .iter()
+                    .map(|a| {
+                        info!(machine = a.machine, error = %a.last_error, retry_in = ?wait, "start failed; retrying");
+                        (
+                            a.machine,
+                            format!(
+                                "start failed, retrying in {}s (for up to {}s in all): {}",
+                                wait.as_secs_f64().ceil() as u64,
+                                cfg.retry_for.as_secs(),
+                                a.last_error
+                            ),
+                        )
+                    })
+                    .collect();
+                self.inner.store.note_provisioning(&notes)?;
+            }
             let Some(wait) = wait else {
                 for a in &retry {
                     self.fail(

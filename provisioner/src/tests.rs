@@ -206,6 +206,44 @@ async fn transient_errors_are_retried_with_backoff_until_they_pass() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_start_being_retried_says_why_and_when_in_the_machines_status() {
+    let w = world(&[
+        ("dummy-failure-rate", "transient:1"),
+        ("provisioner-retry-for", "1m"),
+    ]);
+    let id = w.store.add_machines(1, None, None).unwrap()[0];
+    w.p.reconcile().await.unwrap();
+    // From the first failed attempt on (virtual time: no waiting).
+    let mut m = w.store.machine(id).unwrap();
+    for _ in 0..200 {
+        if !m.status_info.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        m = w.store.machine(id).unwrap();
+    }
+    assert_eq!(m.status, machine_status::PROVISIONING);
+    assert!(
+        m.status_info.starts_with("start failed, retrying in ")
+            && m.status_info
+                .contains("(for up to 60s in all): transient provider error: injected failure"),
+        "{}",
+        m.status_info
+    );
+    // Still said between later attempts, until it gives up.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let m = w.store.machine(id).unwrap();
+    assert_eq!(m.status, machine_status::PROVISIONING);
+    assert!(
+        m.status_info.starts_with("start failed, retrying in "),
+        "{}",
+        m.status_info
+    );
+    w.settle().await;
+    assert_eq!(w.store.machine(id).unwrap().status, machine_status::ERROR);
+}
+
+#[tokio::test(start_paused = true)]
 async fn persistent_transient_errors_give_up_after_the_retry_budget() {
     let w = world(&[
         ("dummy-failure-rate", "transient:1"),

@@ -123,6 +123,31 @@ impl Store {
         Ok(out)
     }
 
+    /// Says, in the status message of machines whose start is under way
+    /// (`provisioning`, no instance), why it is taking longer: a transient
+    /// failure and when the next attempt comes (provisioning.txt: the
+    /// status must communicate the nature of the problem). One transaction
+    /// per [`PROVISIONING_BATCH`].
+    pub fn note_provisioning(&self, notes: &[(i64, String)]) -> Result<()> {
+        for chunk in notes.chunks(PROVISIONING_BATCH) {
+            self.write(|tx| {
+                for (id, note) in chunk {
+                    let n = tx
+                        .prepare_cached(
+                            "UPDATE machines SET status_info = ?1
+                             WHERE id = ?2 AND status = ?3 AND instance_id IS NULL AND status_info != ?1",
+                        )?
+                        .execute((note, id, machine_status::PROVISIONING))?;
+                    if n > 0 {
+                        tx.changed(ChangeKind::Machine, id.to_string())?;
+                    }
+                }
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+
     /// Starts that were under way and are abandoned (the controller is
     /// shutting down between retries): back to `pending`, nonces kept, so
     /// that the next controller resumes them with the same nonce.
@@ -494,7 +519,9 @@ fn mark_in(tx: &mut Tx<'_>, machines: &[Prepared]) -> Result<Vec<i64>> {
         {
             continue;
         }
-        if m.status != machine_status::PROVISIONING || !m.status_info.is_empty() {
+        // A machine already provisioning keeps its note (a retry says why
+        // it is taking longer until the start succeeds or fails for good).
+        if m.status != machine_status::PROVISIONING {
             tx.prepare_cached("UPDATE machines SET status = ?1, status_info = '' WHERE id = ?2")?
                 .execute((machine_status::PROVISIONING, p.machine))?;
             tx.changed(ChangeKind::Machine, p.machine.to_string())?;

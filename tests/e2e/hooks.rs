@@ -964,3 +964,31 @@ fn wait_fails_naming_units_held_by_a_failed_hook_and_resolved_all_frees_them() {
         r.stderr
     );
 }
+
+#[test]
+fn a_dying_machine_names_the_unit_a_failed_hook_holds() {
+    let j = Jujube::new();
+    let charms = tempfile::tempdir().unwrap();
+    j.run(&["bootstrap", "t"]).ok();
+    j.run(&["deploy", &flaky_charm(charms.path())]).ok();
+    j.run(&["set", "flaky", "fail-hook=stop"]).ok();
+    let _ctl = j.controller();
+    j.run(&["wait", "--timeout", "60s"]).ok();
+    j.run(&["destroy-unit", "flaky/0"]).ok();
+    j.run(&["destroy-machine", "1"]).ok();
+    eventually("the stop hook failed", || holds_on_failure(&j, "flaky/0"));
+    let r = j.run(&["wait", "--timeout", "1s"]);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.contains(
+            "machine 1 is dying and waits for unit `flaky/0`, held by a failed hook (`jujube resolved flaky/0`)"
+        ),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr.contains("unit `flaky/0`: hook failed: \"stop\""),
+        "{}",
+        r.stderr
+    );
+}

@@ -195,7 +195,7 @@ fn wait_times_out_listing_what_is_stuck_and_one_controller_runs_at_a_time() {
     assert_eq!(r.code, 1);
     assert_eq!(
         r.stderr.lines().last(),
-        Some("error: timed out after 1s; still waiting: machine 1 has no instance yet (status pending); is `jujube controller` running?"),
+        Some("error: timed out after 1s; still waiting: machine 1 has no instance yet (status pending); no controller runs for this environment: start one with `jujube controller`"),
         "{}",
         r.stderr
     );
@@ -616,4 +616,45 @@ fn destroy_environment_stops_a_running_controller_first() {
     let status = ctl.child.wait().unwrap();
     assert_eq!(status.code(), Some(0), "the controller shut down cleanly");
     assert_eq!(j.run(&["environments"]).ok().stdout, "");
+}
+
+#[test]
+fn a_start_being_retried_says_why_in_status_and_wait() {
+    let j = Jujube::new();
+    j.run(&[
+        "bootstrap",
+        "t",
+        "--config",
+        "dummy-fail-machines=1",
+        "--config",
+        "dummy-fail-class=transient",
+    ])
+    .ok();
+    j.run(&["add-machine"]).ok();
+    let _ctl = j.controller();
+    let info = || {
+        j.status()["machines"]["1"]["status-info"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    crate::hooks::eventually("the retry said in status", || {
+        info().starts_with("start failed, retrying in ")
+    });
+    assert_eq!(j.status()["machines"]["1"]["status"], "provisioning");
+    assert!(
+        info().contains("configured to fail (`dummy-fail-machines`)"),
+        "{}",
+        info()
+    );
+    // `wait` names it, and does not ask whether a controller runs.
+    let r = j.run(&["wait", "--timeout", "1s"]);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr
+            .contains("machine 1 has no instance yet (provisioning: start failed, retrying in "),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("no controller runs"), "{}", r.stderr);
 }
