@@ -868,7 +868,30 @@ fn model_command(
             zones.check(cons.as_ref())?;
             store.resolve_machine(machine_id(&machine)?, cons.as_ref())?;
         }
-        Command::Status { format } => render::status(&store.status()?, format, out)?,
+        Command::Status { format } => {
+            let mut st = store.status()?;
+            // Machine 0's jobs run in `jujube controller`, not in an agent
+            // of its own (until the controller moves onto it): its agent
+            // status says whether a controller runs them now.
+            let runs = matches!(controller::try_lock(zones.home, zones.name), Ok(None));
+            for (_, m) in st.machines.0.iter_mut() {
+                let manages = m
+                    .jobs
+                    .iter()
+                    .any(|j| j == jujube_state::model::JOB_MANAGE_ENVIRON);
+                if manages && m.agent_status == "pending" {
+                    if runs {
+                        m.agent_status = "started".into();
+                        m.agent_status_info = "its jobs run in `jujube controller`".into();
+                    } else {
+                        m.agent_status_info =
+                            "no controller runs its jobs; start one with `jujube controller`"
+                                .into();
+                    }
+                }
+            }
+            render::status(&st, format, out)?
+        }
         Command::UpgradeCharm {
             service,
             path,

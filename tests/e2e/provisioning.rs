@@ -658,3 +658,34 @@ fn a_start_being_retried_says_why_in_status_and_wait() {
     );
     assert!(!r.stderr.contains("no controller runs"), "{}", r.stderr);
 }
+
+#[test]
+fn machine_0s_agent_status_says_whether_a_controller_runs_its_jobs() {
+    let j = Jujube::new();
+    j.run(&["bootstrap", "t"]).ok();
+    let m0 = |j: &Jujube| {
+        let st = j.status();
+        (
+            st["machines"]["0"]["agent-status"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+            st["machines"]["0"]["agent-status-info"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+        )
+    };
+    assert_eq!(
+        m0(&j),
+        (
+            "pending".to_string(),
+            "no controller runs its jobs; start one with `jujube controller`".to_string()
+        )
+    );
+    let ctl = j.controller();
+    crate::hooks::eventually("the controller holds its lock", || m0(&j).0 == "started");
+    assert_eq!(m0(&j).1, "its jobs run in `jujube controller`");
+    assert_eq!(ctl.terminate().code(), Some(0));
+    assert_eq!(m0(&j).0, "pending");
+}
