@@ -6,9 +6,12 @@
 //!
 //! An agent process outlives a controller killed with -9 (as a real
 //! machine's agent outlives its controller): the next controller finds it by
-//! its pid file, leaves it running and watches it, and the agent reconnects
-//! to the new API server by itself. A controller stopping normally stops its
-//! agent processes; `destroy-environment` stops any left over.
+//! the lock it holds on its directory (`agent.lock`; its pid file may never
+//! have been written, if the controller died just after starting it) and
+//! its command line, leaves it running and watches it, and the agent
+//! reconnects to the new API server by itself. A controller stopping
+//! normally stops its agent processes; `destroy-environment` stops any left
+//! over, found the same way, and says how many.
 //!
 //! This is what a cloud instance's boot script does for a real machine: a
 //! credential made when the machine is provisioned, written where only the
@@ -59,17 +62,25 @@ pub(crate) async fn supervise(
         if stop.is_stopped() {
             return;
         }
-        if let Some(pid) = running_agent(&dir) {
+        if holds_lock(&dir) {
+            let pid = running_agent(&dir);
             info!(agent = %tag, pid, "agent process still running; adopting it");
+            // Recorded now if its start never was: a later death of it is
+            // then told from its machine's end (which removes the record).
+            if let Some(pid) = pid {
+                let _ = std::fs::write(dir.join(PID), pid.to_string());
+            }
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(500)) => {}
                     _ = stop.stopped() => {
-                        terminate(pid).await;
+                        if let Some(pid) = pid.or_else(|| running_agent(&dir)) {
+                            terminate(pid).await;
+                        }
                         return;
                     }
                 }
-                if !alive(pid) {
+                if !holds_lock(&dir) {
                     break;
                 }
             }
@@ -168,19 +179,50 @@ fn alive(pid: u32) -> bool {
     unsafe { libc::kill(pid as i32, 0) == 0 }
 }
 
-/// The agent process recorded in `dir`, if it still runs `jujube agent` for
-/// that directory (a pid reused by something else is not it).
-fn running_agent(dir: &std::path::Path) -> Option<u32> {
-    let pid: u32 = std::fs::read_to_string(dir.join(PID))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+/// Whether an agent process holds `dir`'s lock: it runs, whether or not its
+/// pid was recorded. (Taking the lock for a moment to find out could make an
+/// agent starting at that very moment exit; its supervisor starts it again.)
+fn holds_lock(dir: &std::path::Path) -> bool {
+    let Ok(f) = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join("agent.lock"))
+    else {
+        return false;
+    };
+    match f.try_lock() {
+        Ok(()) => {
+            let _ = f.unlock();
+            false
+        }
+        Err(std::fs::TryLockError::WouldBlock) => true,
+        Err(std::fs::TryLockError::Error(_)) => false,
+    }
+}
+
+/// Whether `pid` runs `jujube agent` for `dir` (a pid reused by something
+/// else is not it).
+fn runs_agent_for(pid: u32, dir: &std::path::Path) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
     let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-    let ours =
-        args.contains(&b"agent".as_slice()) && args.contains(&dir.as_os_str().as_encoded_bytes());
-    ours.then_some(pid)
+    args.contains(&b"agent".as_slice()) && args.contains(&dir.as_os_str().as_encoded_bytes())
+}
+
+/// The agent process running for `dir`: the one its pid file names, else
+/// found among the processes by its command line.
+fn running_agent(dir: &std::path::Path) -> Option<u32> {
+    let recorded = std::fs::read_to_string(dir.join(PID))
+        .ok()
+        .and_then(|p| p.trim().parse::<u32>().ok())
+        .filter(|&pid| runs_agent_for(pid, dir));
+    recorded.or_else(|| {
+        std::fs::read_dir("/proc")
+            .ok()?
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .find(|&pid| runs_agent_for(pid, dir))
+    })
 }
 
 async fn terminate(pid: u32) {
@@ -195,14 +237,18 @@ async fn terminate(pid: u32) {
 }
 
 /// Stops every agent process left under `agents_dir` (a controller killed
-/// with -9 leaves them running); for `destroy-environment`.
-pub async fn stop_all(agents_dir: &std::path::Path) {
+/// with -9 leaves them running, recorded or not); for `destroy-environment`.
+/// Returns how many it stopped.
+pub async fn stop_all(agents_dir: &std::path::Path) -> usize {
     let Ok(entries) = std::fs::read_dir(agents_dir) else {
-        return;
+        return 0;
     };
+    let mut stopped = 0;
     for e in entries.flatten() {
         if let Some(pid) = running_agent(&e.path()) {
             terminate(pid).await;
+            stopped += 1;
         }
     }
+    stopped
 }

@@ -874,7 +874,10 @@ pub async fn destroy(home: &Home, name: &str, yes: bool, out: &mut impl Write) -
         None => stop_controller(home, name, out).await?,
     };
     // Agent processes a controller killed with -9 left running.
-    jujube_agent_state::process::stop_all(&home.env_dir(name).join("agents")).await;
+    let stopped = jujube_agent_state::process::stop_all(&home.env_dir(name).join("agents")).await;
+    if stopped > 0 {
+        writeln!(out, "stopped {stopped} agent process(es)")?;
+    }
     let provider = provider(home, name, &store).await?;
     // Everything the state knows of, and everything tagged as ours.
     let mut ids: Vec<String> = store

@@ -334,3 +334,39 @@ fn an_agent_process_killed_and_restarted_resumes_without_redoing_its_work() {
     assert!(!unit_dir.exists());
     assert_eq!(ctl.terminate().code(), Some(0));
 }
+
+/// A controller killed after starting an agent process but before recording
+/// its pid: the next controller finds the agent by its lock and adopts it
+/// (no replacement dying on the lock), and `destroy-environment` after
+/// another kill stops it and says so.
+#[test]
+fn an_agent_process_whose_pid_was_never_recorded_is_adopted_and_destroyed() {
+    let j = Jujube::new();
+    j.run(&["bootstrap", "t"]).ok();
+    j.run(&["set-environment", "dummy-agents=process"]).ok();
+    j.run(&["add-machine"]).ok();
+    let ctl = j.controller();
+    j.run(&["wait", "--timeout", "60s"]).ok();
+    let pid = agent_pid(&j, "1").expect("machine 1's agent process");
+    ctl.kill9();
+    let dir = j.home.path().join("environments/t/agents/machine-1");
+    std::fs::remove_file(dir.join("agent.pid")).unwrap();
+    let ctl = j.controller();
+    crate::hooks::eventually("the agent adopted (its pid recorded again)", || {
+        agent_pid(&j, "1").is_some()
+    });
+    assert_eq!(agent_pid(&j, "1"), Some(pid), "adopted, not replaced");
+    j.run(&["wait", "--timeout", "60s"]).ok();
+    let log = std::fs::read_to_string(dir.join("agent.log")).unwrap();
+    assert!(!log.contains("another agent runs"), "{log}");
+    ctl.kill9();
+    std::fs::remove_file(dir.join("agent.pid")).unwrap();
+    let out = j.run(&["destroy-environment", "t", "--yes"]).ok().stdout;
+    assert!(out.contains("stopped 1 agent process(es)"), "{out}");
+    // SAFETY: signal 0 only checks that the process exists.
+    assert_ne!(
+        unsafe { libc::kill(pid as i32, 0) },
+        0,
+        "the agent still runs"
+    );
+}
