@@ -96,6 +96,21 @@ fn lock_path(home: &Home, env_name: &str) -> std::path::PathBuf {
     home.env_dir(env_name).join(LOCK)
 }
 
+/// Whether a controller runs for the environment, told without touching
+/// its lock (taking it, even for a moment, would make a controller starting
+/// at that moment refuse to run): the pid it wrote in its lock file still
+/// runs `jujube controller`.
+pub fn controller_runs(home: &Home, env_name: &str) -> bool {
+    let Some(pid) = std::fs::read_to_string(lock_path(home, env_name))
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+    else {
+        return false;
+    };
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|c| c.split(|&b| b == 0).any(|a| a == b"controller"))
+}
+
 pub fn try_lock(home: &Home, env_name: &str) -> Result<Option<ControllerLock>> {
     let path = lock_path(home, env_name);
     let f = std::fs::OpenOptions::new()

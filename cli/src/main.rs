@@ -873,7 +873,7 @@ fn model_command(
             // Machine 0's jobs run in `jujube controller`, not in an agent
             // of its own (until the controller moves onto it): its agent
             // status says whether a controller runs them now.
-            let runs = matches!(controller::try_lock(zones.home, zones.name), Ok(None));
+            let runs = controller::controller_runs(zones.home, zones.name);
             for (_, m) in st.machines.0.iter_mut() {
                 let manages = m
                     .jobs
@@ -935,7 +935,7 @@ fn model_command(
                     "invalid `--timeout {timeout}`: use a duration such as `90s` or `10m`"
                 ))
             })?;
-            let runs = || matches!(controller::try_lock(zones.home, zones.name), Ok(None));
+            let runs = || controller::controller_runs(zones.home, zones.name);
             runtime()?.block_on(controller::wait(store, timeout, &runs))?;
         }
         Command::Bootstrap { .. }

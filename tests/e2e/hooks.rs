@@ -309,6 +309,17 @@ fi
     charm.to_string_lossy().into_owned()
 }
 
+/// A bootstrapped environment with `n` units of the flaky charm (the
+/// charm's directory lives as long as the second value).
+fn flaky_env(n: usize) -> (Jujube, tempfile::TempDir) {
+    let j = Jujube::new();
+    let charms = tempfile::tempdir().unwrap();
+    j.run(&["bootstrap", "t"]).ok();
+    j.run(&["deploy", &flaky_charm(charms.path()), "-n", &n.to_string()])
+        .ok();
+    (j, charms)
+}
+
 /// Writes `body` as each of the charm's hooks `names`, executable.
 pub(crate) fn write_hooks(charm: &Path, names: &[&str], body: &str) {
     use std::os::unix::fs::PermissionsExt;
@@ -918,11 +929,7 @@ fn an_environments_files_are_its_users_alone() {
 
 #[test]
 fn wait_fails_naming_units_held_by_a_failed_hook_and_resolved_all_frees_them() {
-    let j = Jujube::new();
-    let charms = tempfile::tempdir().unwrap();
-    j.run(&["bootstrap", "t"]).ok();
-    j.run(&["deploy", &flaky_charm(charms.path()), "-n", "2"])
-        .ok();
+    let (j, _charms) = flaky_env(2);
     j.run(&["set", "flaky", "fail-hook=install"]).ok();
     let _ctl = j.controller();
     eventually("both installs failed", || {
@@ -967,10 +974,7 @@ fn wait_fails_naming_units_held_by_a_failed_hook_and_resolved_all_frees_them() {
 
 #[test]
 fn a_dying_machine_names_the_unit_a_failed_hook_holds() {
-    let j = Jujube::new();
-    let charms = tempfile::tempdir().unwrap();
-    j.run(&["bootstrap", "t"]).ok();
-    j.run(&["deploy", &flaky_charm(charms.path())]).ok();
+    let (j, _charms) = flaky_env(1);
     j.run(&["set", "flaky", "fail-hook=stop"]).ok();
     let _ctl = j.controller();
     j.run(&["wait", "--timeout", "60s"]).ok();
