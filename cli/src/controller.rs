@@ -774,7 +774,7 @@ pub async fn run_command(
     timeout: Duration,
     out: &mut impl Write,
 ) -> Result<u8> {
-    if try_lock(home, env_name)?.is_some() {
+    if !controller_runs(home, env_name) {
         bail!("no controller runs for environment `{env_name}`, so no agent can run the command; start one with `jujube controller`");
     }
     let id = store.queue_run(unit, argv, timeout.as_secs().max(1))?;
