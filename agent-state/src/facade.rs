@@ -600,10 +600,10 @@ impl Facade for InProcess {
         let Tag::Unit(me) = &self.tag else {
             return Err(self.denied(what));
         };
-        self.my_relation(relation, me, what.clone())?;
+        let rel = self.my_relation(relation, me, what.clone())?;
         let readable = self
             .store()
-            .may_read_relation_settings(relation, me, unit)
+            .may_read_relation_settings(&rel, me, unit)
             .map_err(|e| self.err(e))?;
         if !readable {
             return Err(self.denied(what));

@@ -809,11 +809,12 @@ async fn handle(
         return charm_files(&activity, &*facade, unit).await;
     }
     // Room for the answer among this connection's unread answers, taken
-    // before the call runs: the most it can be, given back down to what
-    // it is once it is made, the rest when it has been sent.
-    let most = shared.limits.max_request_bytes;
+    // before the call runs (as much as a request may hold: answers other
+    // than `charm-files`, streamed above, are that small), given back down
+    // to what the answer is once it is made, the rest when it has been sent.
     let room = |bytes: usize| u32::try_from((bytes >> 10) + 1).unwrap_or(u32::MAX);
-    let want = room(most).min(u32::try_from(activity_budget(&shared)).unwrap_or(u32::MAX));
+    let budget = u32::try_from(activity_budget(&shared)).unwrap_or(u32::MAX);
+    let want = room(shared.limits.max_request_bytes).min(budget);
     let Ok(mut permit) = activity.unread.clone().acquire_many_owned(want).await else {
         return refuse(ApiError::new(
             ErrorCode::Unavailable,

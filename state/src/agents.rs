@@ -687,16 +687,17 @@ impl Store {
     /// that departed or was removed since: settings stay readable for the
     /// relation's lifetime (charms-in-action.txt); in a container-scoped
     /// relation only the units it sees now, in its own container.
+    /// `rel` is the relation as the caller already read it.
     pub fn may_read_relation_settings(
         &self,
-        relation_id: i64,
+        rel: &crate::model::Relation,
         reader: &str,
         unit: &str,
     ) -> Result<bool> {
         if reader == unit {
             return Ok(true);
         }
-        let rel = self.read(|c| crate::model::get_relation(c, relation_id))?;
+        let relation_id = rel.id;
         if rel.scope == Scope::Container {
             return Ok(self
                 .scope_units_seen_by(relation_id, reader)?

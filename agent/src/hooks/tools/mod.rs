@@ -197,22 +197,23 @@ pub async fn run(ctx: &HookContext, tool: &str, args: &[String], inv: &Invocatio
         Ok(Line::Run(p)) => p,
         Err(e) => return Output::fail(2, e),
     };
-    let mut out = match run_tool(ctx, spec, parsed, inv).await {
+    match run_tool(ctx, spec, parsed, inv).await {
         Ok(out) => out,
         Err(Failure::Usage(e)) => Output::fail(2, e),
         Err(Failure::Run(e)) => Output::fail(1, e),
-    };
-    if out.code == 0 && out.file.is_some() {
-        // Written by the client, where the tool runs.
-        out.file = out.file.filter(|f| !f.is_empty());
     }
-    out
 }
 
 /// The output flags of a printing tool.
 fn output(p: &Parsed) -> Result<(Format, Option<String>), Failure> {
     let format = Format::parse(p.get("format").unwrap_or("smart")).map_err(usage)?;
-    Ok((format, p.get("output").map(str::to_string)))
+    // Written by the client, where the tool runs.
+    Ok((
+        format,
+        p.get("output")
+            .filter(|f| !f.is_empty())
+            .map(str::to_string),
+    ))
 }
 
 fn print(p: &Parsed, v: &Value) -> Result<Output, Failure> {
