@@ -100,6 +100,8 @@ struct Shared {
     unproven: Mutex<std::collections::HashMap<String, usize>>,
     /// Per credential (tag): connections that proved it.
     per_credential: Mutex<std::collections::HashMap<String, usize>>,
+    /// Tags whose refused secrets were last noted in the store, and when.
+    refusals: Mutex<std::collections::HashMap<String, Instant>>,
 }
 
 /// `GET` [`TOOLS_PATH`] — the `jujube` binary, for instances installing
@@ -175,6 +177,7 @@ impl ApiServer {
             enroller: std::sync::OnceLock::new(),
             unproven: Mutex::default(),
             per_credential: Mutex::default(),
+            refusals: Mutex::default(),
         });
         let (stop, stopped) = watch::channel(0u8);
         let mut tcp_addr = None;
@@ -702,14 +705,20 @@ async fn authenticate(
     }
     let store = shared.store.clone();
     let key = tag.to_string();
-    let hash = tokio::task::spawn_blocking(move || store.agent_credential(&key))
+    let record = tokio::task::spawn_blocking(move || store.agent_credential_record(&key))
         .await
         .ok()
         .and_then(|r| r.ok())
         .flatten();
-    let still = hash
-        .as_deref()
-        .is_some_and(|h| !secret.is_empty() && wire::secret_matches(&secret, h));
+    let still = record
+        .as_ref()
+        .is_some_and(|c| !secret.is_empty() && wire::secret_matches(&secret, &c.hash));
+    if record.is_some() && !still {
+        // A secret that is not the agent's current one: most often an
+        // agent left behind by a newer start attempt or enrollment.
+        // `status` shows it (see `note_refusal`).
+        note_refusal(shared, &tag_text);
+    }
     if cached.is_some() && !still {
         // What this connection proved no longer holds: refused, and the
         // connection closed once this answer is out.
@@ -718,7 +727,12 @@ async fn authenticate(
         *activity.proven.lock().unwrap_or_else(|e| e.into_inner()) = None;
         return Err(denied(&shown));
     }
-    match hash {
+    if still && record.as_ref().is_some_and(|c| c.refused_at.is_some()) {
+        let (store, key) = (shared.store.clone(), tag_text.clone());
+        let _ = tokio::task::spawn_blocking(move || store.clear_credential_refused(&key)).await;
+        shared.refusals.lock().unwrap_or_else(|e| e.into_inner()).remove(&tag_text);
+    }
+    match record.map(|c| c.hash) {
         Some(h) if !secret.is_empty() && wire::secret_matches(&secret, &h) => {
             if !activity.count_for(&tag_text) {
                 let max = shared.limits.max_connections_per_credential;
@@ -741,6 +755,44 @@ async fn authenticate(
         }
         _ => Err(denied(&shown)),
     }
+}
+
+/// Notes in the store that `tag`'s credential was refused, at most once a
+/// minute per tag and for at most [`MAX_NOTED_REFUSALS`] tags a minute, so
+/// that wrong secrets cost the store a bounded number of writes and this
+/// server a bounded map. The write runs on a blocking thread, unawaited:
+/// the refusal is answered at once.
+fn note_refusal(shared: &Shared, tag: &str) {
+    let now = Instant::now();
+    {
+        let mut noted = shared.refusals.lock().unwrap_or_else(|e| e.into_inner());
+        if noted.len() >= MAX_NOTED_REFUSALS {
+            noted.retain(|_, at| now.duration_since(*at) < REFUSAL_NOTE_EVERY);
+        }
+        match noted.get(tag) {
+            Some(at) if now.duration_since(*at) < REFUSAL_NOTE_EVERY => return,
+            _ if noted.len() >= MAX_NOTED_REFUSALS => return,
+            _ => {
+                noted.insert(tag.to_string(), now);
+            }
+        }
+    }
+    warn!(agent = %tag, "refused a secret that is not the agent's current one");
+    let (store, tag) = (shared.store.clone(), tag.to_string());
+    tokio::task::spawn_blocking(move || {
+        let _ = store.note_credential_refused(&tag, unix_now());
+    });
+}
+
+/// How often one tag's refusals reach the store.
+const REFUSAL_NOTE_EVERY: Duration = Duration::from_secs(60);
+/// How many tags' refusals a minute reach the store.
+const MAX_NOTED_REFUSALS: usize = 10_000;
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
 }
 
 async fn read_body(shared: &Shared, body: Incoming) -> std::result::Result<Bytes, Response<Body>> {

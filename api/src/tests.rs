@@ -1404,6 +1404,19 @@ async fn a_replaced_credential_stops_working_on_its_open_connection() {
         eventually(5, || old.is_closed()).await,
         "the connection stayed open"
     );
+    // Status says that the machine's agent is refused, and since when...
+    let refused_since = |w: &World| {
+        w.store.status().unwrap().machines.get(&m1.to_string()).unwrap().credential_refused.clone()
+    };
+    assert!(
+        eventually(5, || refused_since(&w).is_some()).await,
+        "status shows the refused credential"
+    );
+    let since = refused_since(&w).unwrap();
+    assert!(since.ends_with(" UTC"), "{since}");
+    // ...until the agent logs in with its current credential.
+    w.remote(&_new).machine(m1).await.unwrap();
+    assert_eq!(refused_since(&w), None);
 }
 
 /// `charm-files` over the API, streamed from disk, is exactly what the

@@ -87,12 +87,17 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
         .0
         .iter()
         .map(|(id, m)| {
-            let message = [m.status_info.as_str(), m.agent_status_info.as_str()]
-                .iter()
-                .filter(|s| !s.is_empty())
-                .copied()
-                .collect::<Vec<_>>()
-                .join("; ");
+            let refused = refused_message(m.credential_refused.as_deref());
+            let message = [
+                m.status_info.as_str(),
+                m.agent_status_info.as_str(),
+                refused.as_str(),
+            ]
+            .iter()
+            .filter(|s| !s.is_empty())
+            .copied()
+            .collect::<Vec<_>>()
+            .join("; ");
             vec![
                 id.clone(),
                 m.life.to_string(),
@@ -157,7 +162,7 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
                     u.life.to_string(),
                     u.machine.clone().unwrap_or_else(|| "-".into()),
                     u.agent_status.clone(),
-                    u.agent_status_info.clone(),
+                    with_refusal(&u.agent_status_info, u.credential_refused.as_deref()),
                 ]);
                 for (sub, su) in &u.subordinates.0 {
                     rows.push(vec![
@@ -165,7 +170,7 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
                         su.life.to_string(),
                         String::new(),
                         su.agent_status.clone(),
-                        su.agent_status_info.clone(),
+                        with_refusal(&su.agent_status_info, su.credential_refused.as_deref()),
                     ]);
                 }
             }
@@ -311,4 +316,20 @@ pub fn strays(
         strays_table(strays, out)?;
     }
     Ok(())
+}
+
+/// What the table says of an agent whose credential the API server refuses.
+fn refused_message(since: Option<&str>) -> String {
+    since.map_or_else(String::new, |t| {
+        format!("credential refused since {t}: an agent presents a secret that is not its current one; start it with the `agent.conf` of its machine's latest start")
+    })
+}
+
+fn with_refusal(info: &str, since: Option<&str>) -> String {
+    let refused = refused_message(since);
+    match (info.is_empty(), refused.is_empty()) {
+        (_, true) => info.to_string(),
+        (true, false) => refused,
+        (false, false) => format!("{info}; {refused}"),
+    }
 }

@@ -10,6 +10,7 @@
 //!   environment), canonical display.
 //! - [`charm`]: charm metadata and config (parsed from YAML text; reading the
 //!   files is the caller's business), endpoints and relation matching.
+//! - [`time`]: calendar times as logs and `status` show them (UTC).
 //!
 //! Everything here is pure: the state store, the providers and the CLI all
 //! build on these types, so none of them may depend on anything but data.
@@ -20,6 +21,7 @@ pub mod duration;
 pub mod life;
 pub mod names;
 pub mod series;
+pub mod time;
 
 pub use constraints::Constraints;
 pub use life::Life;

@@ -56,14 +56,61 @@ impl Store {
 
     /// The credential hash stored for `tag`, if its entity still exists.
     pub fn agent_credential(&self, tag: &str) -> Result<Option<String>> {
+        Ok(self.agent_credential_record(tag)?.map(|c| c.hash))
+    }
+
+    /// The credential stored for `tag` and whether a wrong secret was
+    /// presented for it since it was set, in one read.
+    pub fn agent_credential_record(&self, tag: &str) -> Result<Option<CredentialRecord>> {
         self.read(|c| {
-            Ok(
-                c.prepare_cached("SELECT hash FROM agent_credentials WHERE tag = ?1")?
-                    .query_row([tag], |r| r.get(0))
-                    .optional()?,
-            )
+            Ok(c
+                .prepare_cached("SELECT hash, refused_at FROM agent_credentials WHERE tag = ?1")?
+                .query_row([tag], |r| {
+                    Ok(CredentialRecord {
+                        hash: r.get(0)?,
+                        refused_at: r.get(1)?,
+                    })
+                })
+                .optional()?)
         })
     }
+
+    /// Notes that a secret other than `tag`'s current one was presented
+    /// for it at `now` (unix seconds), unless one already was since the
+    /// credential was set: `status` shows the first refusal ("since").
+    /// One row per existing credential at most, so whoever presents wrong
+    /// secrets cannot make the store grow; the API server also notes a tag
+    /// at most once a minute, so they cannot make it write in proportion.
+    pub fn note_credential_refused(&self, tag: &str, now: i64) -> Result<()> {
+        self.write(|tx| {
+            tx.prepare_cached(
+                "UPDATE agent_credentials SET refused_at = ?2 WHERE tag = ?1 AND refused_at IS NULL",
+            )?
+            .execute((tag, now))?;
+            Ok(())
+        })
+    }
+
+    /// Clears what [`Store::note_credential_refused`] noted: the agent now
+    /// logs in with its current credential.
+    pub fn clear_credential_refused(&self, tag: &str) -> Result<()> {
+        self.write(|tx| {
+            tx.prepare_cached(
+                "UPDATE agent_credentials SET refused_at = NULL WHERE tag = ?1 AND refused_at IS NOT NULL",
+            )?
+            .execute([tag])?;
+            Ok(())
+        })
+    }
+}
+
+/// An agent's stored credential ([`Store::agent_credential_record`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CredentialRecord {
+    /// The hash of its secret.
+    pub hash: String,
+    /// When a wrong secret was first presented for it (unix seconds).
+    pub refused_at: Option<i64>,
 }
 
 /// The batch a token is live for, if any.

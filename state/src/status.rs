@@ -79,6 +79,12 @@ pub struct MachineStatus {
     /// What the machine's agent reports (`pending` until it starts).
     pub agent_status: String,
     pub agent_status_info: String,
+    /// When the API server first refused this agent's credential (a
+    /// secret other than its current one: an agent left behind by a newer
+    /// start attempt or enrollment), `YYYY-MM-DD HH:MM:SS UTC`; absent
+    /// while it logs in with its current one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credential_refused: Option<String>,
     pub constraints: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub zone: Option<String>,
@@ -111,6 +117,12 @@ pub struct UnitStatus {
     /// `pending` (no agent yet), `started`, `dying` or `error`.
     pub agent_status: String,
     pub agent_status_info: String,
+    /// When the API server first refused this agent's credential (a
+    /// secret other than its current one: an agent left behind by a newer
+    /// start attempt or enrollment), `YYYY-MM-DD HH:MM:SS UTC`; absent
+    /// while it logs in with its current one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credential_refused: Option<String>,
     /// What its hooks opened (`open-port`), e.g. `80/tcp`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub open_ports: Vec<String>,
@@ -123,6 +135,12 @@ pub struct SubordinateStatus {
     pub life: Life,
     pub agent_status: String,
     pub agent_status_info: String,
+    /// When the API server first refused this agent's credential (a
+    /// secret other than its current one: an agent left behind by a newer
+    /// start attempt or enrollment), `YYYY-MM-DD HH:MM:SS UTC`; absent
+    /// while it logs in with its current one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credential_refused: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -188,7 +206,8 @@ impl Store {
             let mut stmt = c.prepare(
                 "SELECT id, life, series, jobs, instance_id, status, status_info, constraints, zone, hardware,
                         CASE WHEN instance_id IS NULL THEN NULL ELSE coalesce(instance_status, 'running') END,
-                        agent_status, agent_status_info
+                        agent_status, agent_status_info,
+                        (SELECT refused_at FROM agent_credentials WHERE machine_id = machines.id)
                  FROM machines ORDER BY id",
             )?;
             let mut rows = stmt.query([])?;
@@ -209,6 +228,7 @@ impl Store {
                         hardware: r.get(9)?,
                         agent_status: r.get(11)?,
                         agent_status_info: r.get(12)?,
+                        credential_refused: refused_since(r.get(13)?),
                     },
                 ));
             }
@@ -256,8 +276,9 @@ impl Store {
             // Subordinate units, grouped by principal.
             let mut subs: HashMap<String, Vec<(String, SubordinateStatus)>> = HashMap::new();
             let mut stmt = c.prepare(
-                "SELECT name, principal, life, status, status_info FROM units
-                 WHERE principal IS NOT NULL ORDER BY service, number",
+                "SELECT name, principal, life, status, status_info,
+                        (SELECT refused_at FROM agent_credentials WHERE unit = units.name)
+                 FROM units WHERE principal IS NOT NULL ORDER BY service, number",
             )?;
             let mut rows = stmt.query([])?;
             while let Some(r) = rows.next()? {
@@ -267,6 +288,7 @@ impl Store {
                         life: life(r.get(2)?)?,
                         agent_status: r.get(3)?,
                         agent_status_info: r.get(4)?,
+                        credential_refused: refused_since(r.get(5)?),
                     },
                 ));
             }
@@ -306,8 +328,9 @@ impl Store {
             }
 
             let mut stmt = c.prepare(
-                "SELECT name, service, life, machine_id, status, status_info, ports FROM units
-                 WHERE principal IS NULL ORDER BY service, number",
+                "SELECT name, service, life, machine_id, status, status_info, ports,
+                        (SELECT refused_at FROM agent_credentials WHERE unit = units.name)
+                 FROM units WHERE principal IS NULL ORDER BY service, number",
             )?;
             let mut rows = stmt.query([])?;
             while let Some(r) = rows.next()? {
@@ -327,6 +350,7 @@ impl Store {
                             .split_whitespace()
                             .map(str::to_string)
                             .collect(),
+                        credential_refused: refused_since(r.get(7)?),
                         subordinates,
                     },
                 ));
@@ -348,4 +372,8 @@ impl Store {
             })
         })
     }
+}
+
+fn refused_since(at: Option<i64>) -> Option<String> {
+    at.map(|t| format!("{} UTC", jujube_core::time::format_utc(t.max(0) as u64)))
 }
