@@ -40,6 +40,8 @@
 //!   shutting-down instances; termination in batches, only of instances whose
 //!   tags carry the environment's UUID.
 
+pub mod identity;
+
 use crate::bucket::{ec2_limits, LaunchPacer, TokenBucket};
 use crate::{
     batch_nonce, boot_script, launch_batch, Error, Instance, Provider, Result, StartSpec,

@@ -424,6 +424,9 @@ pub enum Error {
     Config(String),
     #[error("provider storage `{path}`: {message}")]
     Storage { path: String, message: String },
+    /// An instance's proof of identity did not hold.
+    #[error("instance identity refused: {0}")]
+    Identity(String),
 }
 
 impl Error {
@@ -433,7 +436,7 @@ impl Error {
             Error::Capacity { .. } => ErrorClass::Capacity,
             Error::Quota(_) => ErrorClass::Quota,
             Error::InvalidSpec(_) | Error::Config(_) => ErrorClass::InvalidSpec,
-            Error::Credentials(_) => ErrorClass::Credentials,
+            Error::Credentials(_) | Error::Identity(_) => ErrorClass::Credentials,
             Error::NotFound(_) => ErrorClass::NotFound,
         }
     }
