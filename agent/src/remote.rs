@@ -189,15 +189,19 @@ async fn read_limited(body: Incoming) -> ApiResult<Bytes> {
 }
 
 /// An instance's enrollment (see `jujube enroll`): trades its batch's
-/// `token` and its `instance_id` for its machine's `agent.conf`, at the API
-/// server of `addresses`, trusting only `ca_cert`. Returns the
-/// configuration's bytes (JSON) as the controller made them.
+/// `token` and its identity (the provider's signed `document` and its
+/// `signature`, as the metadata service gave them) for its machine's
+/// `agent.conf`, at the API server of `addresses`, trusting only
+/// `ca_cert`. Returns the configuration's bytes (JSON) as the controller
+/// made them.
 pub async fn enroll(
     addresses: &[String],
     ca_cert: &str,
     token: &str,
-    instance_id: &str,
+    document: &[u8],
+    signature: &str,
 ) -> ApiResult<Vec<u8>> {
+    use base64::Engine;
     let probe = AgentConf {
         api_addresses: addresses.to_vec(),
         ca_cert: ca_cert.to_string(),
@@ -207,10 +211,11 @@ pub async fn enroll(
     };
     let client = Remote::new(&probe)?;
     let mut sender = client.inner.connect().await?;
-    let body = serde_json::to_vec(&serde_json::json!({
-        "token": token,
-        "instance-id": instance_id,
-    }))
+    let body = serde_json::to_vec(&crate::wire::EnrollRequest {
+        token: token.to_string(),
+        identity_document: base64::engine::general_purpose::STANDARD.encode(document),
+        identity_signature: signature.trim().to_string(),
+    })
     .expect("plain data");
     let req = hyper::Request::post(format!("https://{SERVER_NAME}{}", crate::wire::ENROLL_PATH))
         .header(hyper::header::CONTENT_TYPE, "application/json")

@@ -26,6 +26,19 @@ pub const WATCH_PATH: &str = "/v1/watch";
 /// `POST` — an instance's enrollment (no credential: a token); see the API
 /// server.
 pub const ENROLL_PATH: &str = "/v1/enroll";
+
+/// What an instance sends to enroll: its batch's token and its proof of
+/// identity (see [`Identity`]).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct EnrollRequest {
+    pub token: String,
+    /// The instance identity document, base64 (its exact bytes: the
+    /// signature is over them).
+    pub identity_document: String,
+    /// The document's signature, as the metadata service gives it.
+    pub identity_signature: String,
+}
 /// `GET` — the agent binary, for instances installing their agent.
 pub const TOOLS_PATH: &str = "/v1/tools/jujube";
 pub const TAG_HEADER: &str = "x-jujube-tag";

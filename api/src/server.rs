@@ -107,16 +107,19 @@ struct Shared {
 /// `GET` [`TOOLS_PATH`] — the `jujube` binary, for instances installing
 /// their agent (their boot script checks it against the SHA-256 in their
 /// user data, so the download needs no credential). `POST` [`ENROLL_PATH`]
-/// — an instance trades its batch's enrollment token and its instance id
+/// — an instance trades its batch's enrollment token and its signed identity
 /// for its machine's `agent.conf` ([`EnrollRequest`]).
-pub use jujube_agent::wire::{ENROLL_PATH, TOOLS_PATH};
+pub use jujube_agent::wire::{EnrollRequest, ENROLL_PATH, TOOLS_PATH};
 
-/// What an instance sends to enroll.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct EnrollRequest {
-    pub token: String,
-    pub instance_id: String,
+/// An instance's proof of identity, as the provider's metadata service
+/// gave it (EC2: the instance identity document and its signature), and
+/// the address its enrollment came from.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub document: Vec<u8>,
+    pub signature: String,
+    /// The peer's IP address (`unix` for the unix socket).
+    pub peer: String,
 }
 
 /// Checks an enrollment and makes the machine's credential: the
@@ -128,7 +131,7 @@ pub trait Enroller: Send + Sync + 'static {
     async fn enroll(
         &self,
         token: &str,
-        instance_id: &str,
+        identity: &Identity,
     ) -> std::result::Result<Vec<u8>, ApiError>;
 }
 
@@ -420,6 +423,8 @@ struct Activity {
     counted: Mutex<Option<String>>,
     /// Room for answers not yet read (KiB).
     unread: Arc<Semaphore>,
+    /// The peer's IP address (`unix` on the unix socket).
+    peer: Arc<str>,
     shared: Arc<Shared>,
 }
 
@@ -554,7 +559,9 @@ async fn serve_connection<IO>(
                 return;
             }
         };
+    let peer: Arc<str> = unproven.peer.as_deref().unwrap_or("").into();
     let activity = Arc::new(Activity {
+        peer,
         in_flight: AtomicUsize::new(0),
         watches: AtomicUsize::new(0),
         last: Mutex::new(Instant::now()),
@@ -826,7 +833,7 @@ async fn handle(
         return tools(&shared).await;
     }
     if req.method() == hyper::Method::POST && req.uri().path() == ENROLL_PATH {
-        return enroll(&shared, req).await;
+        return enroll(&shared, &activity.peer, req).await;
     }
     if req.method() != hyper::Method::POST || ![CALL_PATH, WATCH_PATH].contains(&req.uri().path()) {
         return reply(
@@ -1117,16 +1124,29 @@ async fn tools(shared: &Shared) -> Response<Body> {
 
 /// An instance enrolls: its batch's token and its instance id for its
 /// machine's `agent.conf`.
-async fn enroll(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
+async fn enroll(shared: &Shared, peer: &str, req: Request<Incoming>) -> Response<Body> {
     let body = match read_body(shared, req.into_body()).await {
         Ok(b) => b,
         Err(resp) => return resp,
     };
-    let Ok(r) = serde_json::from_slice::<EnrollRequest>(&body) else {
-        return refuse(ApiError::new(
+    use base64::Engine;
+    let malformed = || {
+        refuse(ApiError::new(
             ErrorCode::Refused,
-            "malformed enrollment: expected {\"token\": ..., \"instance-id\": ...}",
-        ));
+            "malformed enrollment: expected {\"token\": ..., \"identity-document\": BASE64, \"identity-signature\": ...}",
+        ))
+    };
+    let Ok(r) = serde_json::from_slice::<EnrollRequest>(&body) else {
+        return malformed();
+    };
+    let Ok(document) = base64::engine::general_purpose::STANDARD.decode(&r.identity_document)
+    else {
+        return malformed();
+    };
+    let identity = Identity {
+        document,
+        signature: r.identity_signature,
+        peer: peer.to_string(),
     };
     let Some(enroller) = shared.enroller.get() else {
         return refuse(ApiError::new(
@@ -1134,7 +1154,7 @@ async fn enroll(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
             "this controller enrolls no instances",
         ));
     };
-    match enroller.enroll(&r.token, &r.instance_id).await {
+    match enroller.enroll(&r.token, &identity).await {
         Ok(conf) => Response::builder()
             .status(StatusCode::OK)
             .header(hyper::header::CONTENT_TYPE, "application/json")

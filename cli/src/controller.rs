@@ -309,6 +309,11 @@ fn placement(
                 provider,
                 env_uuid: env.uuid.clone(),
                 agents: a.clone(),
+                keys: identity_keys(&config)?,
+                region: config
+                    .get("region")
+                    .cloned()
+                    .or_else(|| std::env::var("AWS_REGION").ok()),
             }));
             Ok(Placement {
                 host: None,
@@ -317,6 +322,24 @@ fn placement(
         }
         _ => Ok(in_process),
     }
+}
+
+/// The keys instance identity documents are checked against: AWS's for
+/// the standard regions, and the certificates in the PEM file
+/// `identity-certificates` names (an opt-in region's; AWS publishes one per
+/// region).
+fn identity_keys(
+    config: &BTreeMap<String, String>,
+) -> Result<jujube_providers::ec2::identity::IdentityKeys> {
+    use jujube_providers::ec2::identity::IdentityKeys;
+    let keys = IdentityKeys::aws_standard_regions();
+    let Some(path) = config.get("identity-certificates") else {
+        return Ok(keys);
+    };
+    let pem = std::fs::read_to_string(path).with_context(|| {
+        format!("cannot read `identity-certificates={path}`: give a PEM file of AWS's instance identity certificates, or `jujube set-environment identity-certificates=` to use the built-in ones")
+    })?;
+    Ok(keys.and(IdentityKeys::from_pem(&pem)?))
 }
 
 /// How long an enrollment token works: instances enroll at first boot.
@@ -328,15 +351,40 @@ fn unix_now() -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
-/// Answers instances' enrollments: the token must be live and unused by
-/// the instance, and the provider must show the instance as this
-/// environment's, launched in the token's batch; the machine is the one
-/// whose start made it (by its nonce). Every refusal reads the same.
+/// Answers instances' enrollments: the instance proves which one it is
+/// with its identity document signed by AWS (checked against AWS's key for
+/// the region, or `identity-certificates`); the token must be live and
+/// unused by that instance, and the provider must show the instance as
+/// this environment's, launched in the token's batch; the machine is the
+/// one whose start made it (by its nonce). The token alone is never
+/// enough: every instance of a batch holds it, and an instance can read
+/// only its own identity document. Every refusal reads the same.
 struct Enrolls {
     store: Store,
     provider: Arc<dyn Provider>,
     env_uuid: String,
     agents: jujube_agent_state::process::ProcessAgents,
+    keys: jujube_providers::ec2::identity::IdentityKeys,
+    /// The environment's region: a document from another is refused.
+    region: Option<String>,
+}
+
+/// Whether an enrollment from `peer` may come from an instance whose
+/// private address is `private_ip`. Where they meet directly (the peer a
+/// private address: the same VPC, or a peered one) the peer must be the
+/// instance itself; from loopback (a tunnel or proxy on the controller's
+/// host) or a public address (a NAT gateway) nothing can be told.
+fn peer_may_be(peer: &str, private_ip: Option<&str>) -> bool {
+    let Ok(ip) = peer.parse::<std::net::IpAddr>() else {
+        return true;
+    };
+    let direct = match ip {
+        std::net::IpAddr::V4(v4) => v4.is_private() || v4.is_link_local(),
+        std::net::IpAddr::V6(v6) => {
+            (v6.segments()[0] & 0xfe00) == 0xfc00 || (v6.segments()[0] & 0xffc0) == 0xfe80
+        }
+    };
+    !direct || private_ip.and_then(|p| p.parse::<std::net::IpAddr>().ok()) == Some(ip)
 }
 
 #[async_trait::async_trait]
@@ -344,7 +392,7 @@ impl jujube_api::server::Enroller for Enrolls {
     async fn enroll(
         &self,
         token: &str,
-        instance_id: &str,
+        identity: &jujube_api::server::Identity,
     ) -> std::result::Result<Vec<u8>, jujube_agent::api::ApiError> {
         use jujube_agent::api::{ApiError, ErrorCode};
         let refused = || {
@@ -354,6 +402,22 @@ impl jujube_api::server::Enroller for Enrolls {
             )
         };
         let internal = |e: String| ApiError::new(ErrorCode::Unavailable, e);
+        let doc = match self.keys.verify(&identity.document, &identity.signature) {
+            Ok(doc) => doc,
+            Err(e) => {
+                warn!(peer = %identity.peer, "enrollment refused: {e}");
+                return Err(refused());
+            }
+        };
+        if self.region.as_ref().is_some_and(|r| *r != doc.region) {
+            warn!(peer = %identity.peer, region = %doc.region, "enrollment refused: an identity document of another region");
+            return Err(refused());
+        }
+        if !peer_may_be(&identity.peer, doc.private_ip.as_deref()) {
+            warn!(peer = %identity.peer, instance = %doc.instance_id, "enrollment refused: the identity document is another instance's");
+            return Err(refused());
+        }
+        let instance_id = doc.instance_id.as_str();
         let hash = jujube_agent::wire::secret_hash(token);
         let now = unix_now();
         let batch = self
@@ -923,4 +987,23 @@ pub async fn destroy(home: &Home, name: &str, yes: bool, out: &mut impl Write) -
     }
     writeln!(out, "destroyed environment `{name}`")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::peer_may_be;
+
+    #[test]
+    fn an_enrollment_met_directly_must_come_from_the_documents_instance() {
+        // The same VPC: the peer is the instance, or it is another's claim.
+        assert!(peer_may_be("10.0.1.7", Some("10.0.1.7")));
+        assert!(!peer_may_be("10.0.1.8", Some("10.0.1.7")));
+        assert!(!peer_may_be("172.31.2.3", None));
+        assert!(!peer_may_be("fd00::5", Some("10.0.1.7")));
+        // Through a tunnel or proxy on the controller's host, the unix
+        // socket, or a NAT gateway's public address: nothing to tell.
+        assert!(peer_may_be("127.0.0.1", Some("10.0.1.7")));
+        assert!(peer_may_be("unix", Some("10.0.1.7")));
+        assert!(peer_may_be("203.0.113.9", Some("10.0.1.7")));
+    }
 }

@@ -266,7 +266,8 @@ enum Command {
         command: Vec<String>,
     },
     /// Enroll this instance as its machine (its boot script runs this): trade the
-    /// launch batch's token and the instance id for DIR/agent.conf.
+    /// launch batch's token and the instance's signed identity document (from its
+    /// metadata service) for DIR/agent.conf.
     #[command(hide = true)]
     Enroll {
         #[arg(long)]
@@ -279,8 +280,12 @@ enum Command {
         ca_cert: PathBuf,
         #[arg(long)]
         token: String,
+        /// The instance identity document, as the metadata service gave it.
         #[arg(long)]
-        instance_id: String,
+        identity_document: PathBuf,
+        /// Its signature (base64), as the metadata service gave it.
+        #[arg(long)]
+        identity_signature: PathBuf,
     },
     /// Run a machine agent from DIR/agent.conf, talking to the controller's API only.
     Agent {
@@ -553,16 +558,22 @@ fn run(cli: Cli) -> Result<()> {
             api,
             ca_cert,
             token,
-            instance_id,
+            identity_document,
+            identity_signature,
         } => {
             let ca = std::fs::read_to_string(&ca_cert)
                 .with_context(|| format!("cannot read `{}`", ca_cert.display()))?;
+            let document = std::fs::read(&identity_document)
+                .with_context(|| format!("cannot read `{}`", identity_document.display()))?;
+            let signature = std::fs::read_to_string(&identity_signature)
+                .with_context(|| format!("cannot read `{}`", identity_signature.display()))?;
             let conf = runtime()?
                 .block_on(jujube_agent::remote::enroll(
                     std::slice::from_ref(&api),
                     &ca,
                     &token,
-                    &instance_id,
+                    &document,
+                    &signature,
                 ))
                 .map_err(|e| anyhow::anyhow!("cannot enroll at `{api}`: {e}"))?;
             let conf: jujube_agent::wire::AgentConf = serde_json::from_slice(&conf)

@@ -124,7 +124,11 @@ pub struct Enrollment {
 /// fetches the binary from the controller's API and checks it against the
 /// hash it carries (so the download needs neither a credential nor a
 /// trusted certificate), enrolls with the batch's token and the instance's
-/// id (the binary does, trusting only the environment's CA), and runs the
+/// identity document signed by AWS (from the metadata service, IMDSv2
+/// first; `JUJUBE_IMDS` overrides the service's address) — the token alone
+/// proves nothing about which instance calls, since every instance of the
+/// batch holds it — (the binary does, trusting only the environment's CA),
+/// and runs the
 /// agent as a systemd service where there is systemd (an image without it
 /// runs `/usr/local/bin/jujube agent --data-dir /var/lib/jujube/agent` from
 /// its init, as `scripts/lxd-setup`'s `jujube-agent` does).
@@ -139,7 +143,26 @@ token='{token}'
 dir=/var/lib/jujube/agent
 mkdir -p /usr/local/bin /var/lib/jujube "$dir"
 chmod 700 "$dir"
-iid=$(cat /var/lib/cloud/data/instance-id 2>/dev/null || wget -qO- http://169.254.169.254/latest/meta-data/instance-id)
+imds=${{JUJUBE_IMDS:-http://169.254.169.254}}
+# The instance identity document and its signature: IMDSv2 (a session
+# token), else IMDSv1.
+imds_get() {{
+  if command -v curl >/dev/null 2>&1; then
+    t=$(curl -fsS -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 300' "$imds/latest/api/token" 2>/dev/null || true)
+    if [ -n "$t" ]; then
+      curl -fsS -H "X-aws-ec2-metadata-token: $t" -o "$2" "$imds$1"
+    else
+      curl -fsS -o "$2" "$imds$1"
+    fi
+  else
+    wget -qO "$2" "$imds$1"
+  fi
+}}
+until imds_get /latest/dynamic/instance-identity/document /var/lib/jujube/identity.json &&
+    imds_get /latest/dynamic/instance-identity/signature /var/lib/jujube/identity.sig; do
+  echo "jujube: cannot read this instance's identity from $imds yet; retrying" >&2
+  sleep 5
+done
 cat > /var/lib/jujube/ca.pem <<'CA'
 {ca}CA
 tmp=/usr/local/bin/.jujube.download
@@ -157,7 +180,8 @@ until fetch &&
 done
 chmod 755 "$tmp"
 mv "$tmp" /usr/local/bin/jujube
-until /usr/local/bin/jujube enroll --data-dir "$dir" --api "$api" --ca-cert /var/lib/jujube/ca.pem --token "$token" --instance-id "$iid"; do
+until /usr/local/bin/jujube enroll --data-dir "$dir" --api "$api" --ca-cert /var/lib/jujube/ca.pem --token "$token" \
+    --identity-document /var/lib/jujube/identity.json --identity-signature /var/lib/jujube/identity.sig; do
   sleep 5
 done
 if command -v systemctl >/dev/null 2>&1; then

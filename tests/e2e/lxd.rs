@@ -812,12 +812,76 @@ async fn agents_run_inside_their_containers_and_hooks_run_there() {
     );
 }
 
+/// An instance metadata service as EC2's answers the identity paths
+/// (IMDSv2 only: a GET without the session token is refused), serving a
+/// document and its signature.
+struct Imds {
+    port: u16,
+}
+
+impl Imds {
+    fn start(document: String, signature: String) -> Imds {
+        use std::io::{BufRead, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                let mut r = std::io::BufReader::new(conn.try_clone().unwrap());
+                let mut line = String::new();
+                let _ = r.read_line(&mut line);
+                let mut has_token = false;
+                loop {
+                    let mut h = String::new();
+                    if r.read_line(&mut h).unwrap_or(0) == 0 || h.trim().is_empty() {
+                        break;
+                    }
+                    has_token |= h
+                        .to_ascii_lowercase()
+                        .starts_with("x-aws-ec2-metadata-token: session-token");
+                }
+                let (doc, sig) = (document.clone(), signature.clone());
+                let (status, body) = match line.split_whitespace().take(2).collect::<Vec<_>>()[..] {
+                    ["PUT", "/latest/api/token"] => ("200 OK", "session-token".to_string()),
+                    [_, _] if !has_token => ("401 Unauthorized", String::new()),
+                    ["GET", "/latest/dynamic/instance-identity/document"] => ("200 OK", doc),
+                    ["GET", "/latest/dynamic/instance-identity/signature"] => ("200 OK", sig),
+                    _ => ("404 Not Found", String::new()),
+                };
+                let mut w = conn;
+                let _ = write!(
+                    w,
+                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        Imds { port }
+    }
+}
+
+/// An identity document as EC2 writes one, for `instance` in us-east-1.
+fn identity_document(instance: &str) -> String {
+    format!(
+        "{{\n  \"accountId\" : \"000000000000\",\n  \"availabilityZone\" : \"us-east-1a\",\n  \"instanceId\" : \"{instance}\",\n  \"pendingTime\" : \"2026-11-25T10:00:00Z\",\n  \"privateIp\" : \"10.0.0.12\",\n  \"region\" : \"us-east-1\",\n  \"version\" : \"2017-09-30\"\n}}"
+    )
+}
+
+fn sign(key: &rcgen::KeyPair, document: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD
+        .encode(rcgen::SigningKey::sign(key, document.as_bytes()).unwrap())
+}
+
 /// EC2 with agents: an instance's user data is a boot script that fetches
 /// the binary from the API (checked by hash), enrolls with its batch's
-/// one-time token and its instance id, and runs the agent. LocalStack's
-/// instances run nothing, so the script runs here as cloud-init would, as
-/// root in a container (the `jujube-agent` image), which reaches the API
-/// at `api-address` through an LXD proxy: its agent takes up its machine.
+/// one-time token and its identity document signed by AWS (here by a test
+/// key the controller is configured to trust, through the real
+/// verification), and runs the agent. LocalStack's instances run nothing,
+/// so the script runs here as cloud-init would, as root in a container
+/// (the `jujube-agent` image), which reaches the API at `api-address` and a
+/// metadata service through LXD proxies: its agent takes up its machine.
+/// The token alone is not enough to take another instance's machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ec2_instances_user_data_installs_an_agent_that_takes_up_its_machine() {
     use crate::ec2::{account, ec2_bootstrap, ec2_jujube, localstack, raw_client};
@@ -832,7 +896,21 @@ async fn an_ec2_instances_user_data_installs_an_agent_that_takes_up_its_machine(
         .unwrap()
         .port();
     let api = format!("127.0.0.1:{port}");
-    ec2_bootstrap(&j, &[&format!("api-address={api}")]);
+    let trusted = rcgen::KeyPair::generate_for(&rcgen::PKCS_RSA_SHA256).unwrap();
+    let cert = rcgen::CertificateParams::new(vec![])
+        .unwrap()
+        .self_signed(&trusted)
+        .unwrap()
+        .pem();
+    let certs = j.home.path().join("identity.pem");
+    std::fs::write(&certs, cert).unwrap();
+    ec2_bootstrap(
+        &j,
+        &[
+            &format!("api-address={api}"),
+            &format!("identity-certificates={}", certs.display()),
+        ],
+    );
     // One zone: one launch batch.
     j.run(&[
         "add-machine",
@@ -916,6 +994,8 @@ async fn an_ec2_instances_user_data_installs_an_agent_that_takes_up_its_machine(
 
     // The instance, as a container: its id where cloud-init keeps it, the
     // API at the same address through a proxy, then the script.
+    let doc = identity_document(&iid);
+    let imds = Imds::start(doc.clone(), sign(&trusted, &doc));
     let name = format!("jujube-enroll-{}", &uuid()[..8]);
     let _sweep = Sweep {
         uuids: vec![],
@@ -925,30 +1005,22 @@ async fn an_ec2_instances_user_data_installs_an_agent_that_takes_up_its_machine(
         "name": name,
         "type": "container",
         "source": {"type": "image", "alias": "jujube-agent"},
-        "devices": {"api": {
-            "type": "proxy",
-            "bind": "container",
-            "listen": format!("tcp:{api}"),
-            "connect": format!("tcp:{api}"),
-        }},
+        "devices": {
+            "api": {
+                "type": "proxy",
+                "bind": "container",
+                "listen": format!("tcp:{api}"),
+                "connect": format!("tcp:{api}"),
+            },
+            "imds": {
+                "type": "proxy",
+                "bind": "container",
+                "listen": format!("tcp:127.0.0.1:{}", imds.port),
+                "connect": format!("tcp:127.0.0.1:{}", imds.port),
+            },
+        },
     });
     crate::lxd_direct::launch_body(&c, &name, &body).await;
-    for d in ["/var/lib/cloud", "/var/lib/cloud/data"] {
-        c.push_file(&name, d, Default::default(), 0o755, true)
-            .await
-            .unwrap()
-            .unwrap();
-    }
-    c.push_file(
-        &name,
-        "/var/lib/cloud/data/instance-id",
-        format!("{iid}\n").into(),
-        0o644,
-        false,
-    )
-    .await
-    .unwrap()
-    .unwrap();
     c.push_file(
         &name,
         "/root/user-data",
@@ -959,7 +1031,8 @@ async fn an_ec2_instances_user_data_installs_an_agent_that_takes_up_its_machine(
     .await
     .unwrap()
     .unwrap();
-    assert_eq!(exec_in(&c, &name, &["/bin/sh", "/root/user-data"]).await, 0);
+    let run_script = format!("JUJUBE_IMDS=http://127.0.0.1:{} exec /bin/sh /root/user-data", imds.port);
+    assert_eq!(exec_in(&c, &name, &["/bin/sh", "-c", &run_script]).await, 0);
     let conf = file_in(&c, &name, "/var/lib/jujube/agent/agent.conf").await;
     assert!(
         conf.contains("\"machine\": 1") || conf.contains("machine-1"),
@@ -973,42 +1046,62 @@ async fn an_ec2_instances_user_data_installs_an_agent_that_takes_up_its_machine(
     })
     .await;
 
-    // The token works once per instance: enrolling again is refused, as
-    // is an instance that is not of the batch.
-    let again = |instance: &str| {
-        vec![
-            "/usr/local/bin/jujube".to_string(),
-            "enroll".into(),
-            "--data-dir".into(),
-            "/root/again".into(),
-            "--api".into(),
-            api.clone(),
-            "--ca-cert".into(),
-            "/var/lib/jujube/ca.pem".into(),
-            "--token".into(),
-            token.clone(),
-            "--instance-id".into(),
-            instance.to_string(),
-        ]
+    // What the token and identities can get: `document` signed by `key`.
+    let untrusted = rcgen::KeyPair::generate_for(&rcgen::PKCS_RSA_SHA256).unwrap();
+    let enroll_with = |document: String, signature: String, dir: &'static str| {
+        let (c, name, api, token) = (&c, name.clone(), api.clone(), token.clone());
+        async move {
+            c.push_file(&name, "/root/doc.json", document.into(), 0o600, false)
+                .await
+                .unwrap()
+                .unwrap();
+            c.push_file(&name, "/root/doc.sig", signature.into(), 0o600, false)
+                .await
+                .unwrap()
+                .unwrap();
+            let data_dir = format!("/root/{dir}");
+            let argv = [
+                "/usr/local/bin/jujube",
+                "enroll",
+                "--data-dir",
+                &data_dir,
+                "--api",
+                &api,
+                "--ca-cert",
+                "/var/lib/jujube/ca.pem",
+                "--token",
+                &token,
+                "--identity-document",
+                "/root/doc.json",
+                "--identity-signature",
+                "/root/doc.sig",
+            ];
+            let code = exec_in(c, &name, &argv).await;
+            (code, file_in(c, &name, &format!("{data_dir}/agent.conf")).await)
+        }
     };
-    let argv = again(&iid);
-    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    assert_ne!(
-        exec_in(&c, &name, &argv).await,
-        0,
-        "a token works once per instance"
-    );
-    let argv = again("i-0123456789abcdef0");
-    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    assert_ne!(
-        exec_in(&c, &name, &argv).await,
-        0,
-        "only instances of the batch"
-    );
-    assert_eq!(
-        file_in(&c, &name, "/root/again/agent.conf").await,
-        "",
-        "no configuration was written"
+    // The token works once per instance: enrolling again is refused.
+    let (code, conf) = enroll_with(doc.clone(), sign(&trusted, &doc), "again").await;
+    assert!(code != 0 && conf.is_empty(), "a token works once per instance");
+    // Instance 1 holds the token but cannot prove itself instance 2: its
+    // own document edited (the signature no longer holds), or one signed
+    // by a key the controller does not trust.
+    let forged = doc.replace(&iid, &iids[1]);
+    let (code, conf) = enroll_with(forged.clone(), sign(&trusted, &doc), "forged").await;
+    assert!(code != 0 && conf.is_empty(), "an edited document enrolled");
+    let (code, conf) = enroll_with(forged.clone(), sign(&untrusted, &forged), "untrusted").await;
+    assert!(code != 0 && conf.is_empty(), "an untrusted signature enrolled");
+    // An instance not of the batch, however well signed: refused.
+    let stranger = identity_document("i-0123456789abcdef0");
+    let (code, conf) = enroll_with(stranger.clone(), sign(&trusted, &stranger), "stranger").await;
+    assert!(code != 0 && conf.is_empty(), "only instances of the batch");
+    // Instance 2 itself (its own signed document) still enrolls: nobody
+    // took its machine.
+    let (code, conf) = enroll_with(forged.clone(), sign(&trusted, &forged), "second").await;
+    assert_eq!(code, 0, "instance 2 could not enroll");
+    assert!(
+        conf.contains("\"machine\": 2") || conf.contains("machine-2"),
+        "{conf}"
     );
     drop(ctl);
     j.run(&["destroy-environment", "aws", "-y"]).ok();
