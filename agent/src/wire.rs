@@ -146,6 +146,20 @@ impl std::fmt::Debug for Call {
 impl Call {
     /// The method's name, for logs (never the arguments: a credential call
     /// carries a secret).
+    /// Whether the call only reads: the server may answer it on any
+    /// thread, beside others.
+    pub fn is_read(&self) -> bool {
+        matches!(
+            self,
+            Call::Machine { .. }
+                | Call::Charm { .. }
+                | Call::Unit { .. }
+                | Call::ScopeUnits { .. }
+                | Call::ServiceConfig { .. }
+                | Call::RelationSettings { .. }
+        )
+    }
+
     pub fn method(&self) -> &'static str {
         match self {
             Call::Machine { .. } => "machine",

@@ -884,6 +884,25 @@ async fn handle(
         Call::SetUnitCredential { unit, secret } => {
             set_unit_credential(&shared, &tag, unit, secret).await
         }
+        // Reads answer from the store's reader connections on a blocking
+        // thread: a read (and its wait for a reader) never holds up the
+        // runtime's workers, which serve every other connection; writes
+        // join the facades' group commit, which waits without blocking.
+        call if call.is_read() => {
+            let runtime = tokio::runtime::Handle::current();
+            let facade = facade.clone();
+            match tokio::task::spawn_blocking(move || {
+                runtime.block_on(wire::dispatch(&*facade, call))
+            })
+            .await
+            {
+                Ok(r) => r,
+                Err(e) => Err(ApiError::new(
+                    ErrorCode::Internal,
+                    format!("the call failed: {e}"),
+                )),
+            }
+        }
         call => wire::dispatch(&*facade, call).await,
     };
     let (status, r) = match result {

@@ -38,11 +38,15 @@ pub struct StoreStats {
 
 struct Inner {
     conn: Mutex<Connection>,
-    /// A second connection for [`Store::read`]: in WAL mode readers do not
-    /// wait for the writer, so a long group commit (see
-    /// [`Store::apply_batch`](crate::agents)) never stalls the many agents
-    /// reading their views meanwhile.
-    reader: Mutex<Connection>,
+    /// Connections for [`Store::read`]: in WAL mode readers wait neither
+    /// for the writer (a long group commit, see
+    /// [`Store::apply_batch`](crate::agents), never stalls the many agents
+    /// reading their views meanwhile) nor for each other, so that reads
+    /// on several threads (the API server answers reads on blocking
+    /// threads) run side by side. [`READERS`] of them, opened as needed.
+    readers: Vec<Mutex<Option<Connection>>>,
+    /// Where the next read starts looking for a free reader.
+    next_reader: AtomicU64,
     path: PathBuf,
     head: watch::Sender<u64>,
     transactions: AtomicU64,
@@ -158,14 +162,7 @@ impl Store {
         stable_plans(&conn)?;
         conn.set_prepared_statement_cache_capacity(128);
         migrate(&conn)?;
-        let reader = Connection::open_with_flags(
-            &path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )?;
-        reader.busy_timeout(BUSY_TIMEOUT)?;
-        reader.pragma_update(None, "query_only", "ON")?;
-        stable_plans(&reader)?;
-        reader.set_prepared_statement_cache_capacity(128);
+        let reader = open_reader(&path)?;
         let head: i64 = conn.query_row(
             "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'changes'), 0)",
             [],
@@ -175,7 +172,12 @@ impl Store {
         Ok(Store {
             inner: Arc::new(Inner {
                 conn: Mutex::new(conn),
-                reader: Mutex::new(reader),
+                readers: std::iter::once(Some(reader))
+                    .chain(std::iter::repeat_with(|| None))
+                    .take(READERS)
+                    .map(Mutex::new)
+                    .collect(),
+                next_reader: AtomicU64::new(0),
                 path,
                 head: tx,
                 transactions: AtomicU64::new(0),
@@ -221,8 +223,35 @@ impl Store {
         self.inner.conn.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn lock_reader(&self) -> MutexGuard<'_, Connection> {
-        self.inner.reader.lock().unwrap_or_else(|p| p.into_inner())
+    /// A reader connection: the first free one from a rotating start, or
+    /// else the start's (waiting for it). Opened on first use.
+    fn lock_reader(&self) -> Result<MutexGuard<'_, Option<Connection>>> {
+        let readers = &self.inner.readers;
+        let start = self.inner.next_reader.fetch_add(1, Ordering::Relaxed) as usize;
+        let mut guard = None;
+        for k in 0..readers.len() {
+            match readers[(start + k) % readers.len()].try_lock() {
+                Ok(g) => {
+                    guard = Some(g);
+                    break;
+                }
+                Err(std::sync::TryLockError::Poisoned(p)) => {
+                    guard = Some(p.into_inner());
+                    break;
+                }
+                Err(std::sync::TryLockError::WouldBlock) => {}
+            }
+        }
+        let mut guard = match guard {
+            Some(g) => g,
+            None => readers[start % readers.len()]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        };
+        if guard.is_none() {
+            *guard = Some(open_reader(&self.inner.path)?);
+        }
+        Ok(guard)
     }
 
     /// Runs `f` in one `BEGIN IMMEDIATE` transaction and commits it if `f`
@@ -277,12 +306,31 @@ impl Store {
     /// Runs `f` on a read snapshot: everything it reads is from one
     /// committed state, whatever other writers do meanwhile.
     pub(crate) fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
-        let mut conn = self.lock_reader();
+        let mut guard = self.lock_reader()?;
+        let conn = guard.as_mut().expect("opened by lock_reader");
         let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
         let value = f(&tx)?;
         tx.finish()?;
         Ok(value)
     }
+}
+
+/// How many reader connections a store keeps: one per core of a small
+/// controller and then some (each holds its statement cache and page
+/// cache; more would only wait for CPU).
+const READERS: usize = 4;
+
+/// A connection for reads only.
+fn open_reader(path: &Path) -> Result<Connection> {
+    let reader = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    reader.busy_timeout(BUSY_TIMEOUT)?;
+    reader.pragma_update(None, "query_only", "ON")?;
+    stable_plans(&reader)?;
+    reader.set_prepared_statement_cache_capacity(128);
+    Ok(reader)
 }
 
 /// Turns on SQLite's query planner stability guarantee. Without it, a

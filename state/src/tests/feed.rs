@@ -113,3 +113,35 @@ fn pruning_writes_at_most_its_batch_of_rows_floor_included() {
     let batch = e.st.changes_since(0, 10).unwrap();
     assert!(batch.truncated);
 }
+
+/// Reads run side by side: one held open (a slow read on another thread)
+/// does not keep the next from being answered, while the writer commits.
+#[test]
+fn reads_run_beside_each_other_and_the_writer() {
+    let e = env();
+    let (held, release) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            e.st.read(|c| {
+                let n: i64 = c.query_row("SELECT count(*) FROM machines", [], |r| r.get(0))?;
+                held.wait();
+                release.wait();
+                Ok(n)
+            })
+            .unwrap()
+        });
+        held.wait();
+        // Another read, and a write, while the first is still open.
+        let ids = e.st.add_machines(1, None, None).unwrap();
+        let seen = e
+            .st
+            .read(|c| {
+                Ok(c.query_row("SELECT count(*) FROM machines WHERE id = ?1", [ids[0]], |r| {
+                    r.get::<_, i64>(0)
+                })?)
+            })
+            .unwrap();
+        assert_eq!(seen, 1, "a read after the write sees it");
+        release.wait();
+    });
+}
