@@ -1,7 +1,11 @@
 //! Store benchmark; prints figures. `cargo bench -p jujube-state`.
 //!
-//! - add-unit rate (one transaction per unit, synchronous=FULL) next to a
-//!   bare rusqlite loop of one-row transactions with the same durability;
+//! - add-unit, add-machine and `set` (a service setting), one at a time as
+//!   users and autoscalers make them (one transaction each,
+//!   synchronous=FULL), next to a bare rusqlite loop of one-row
+//!   transactions with the same durability: rounds alternating between
+//!   them, the median of each, with WAL pages and commits per operation
+//!   (one commit is one fsync of the WAL);
 //! - deploying 100,000 units;
 //! - `status` (snapshot + JSON) at 100,000 units;
 //! - destroying the 100,000-unit service through its cleanup, with the
@@ -28,7 +32,11 @@ fn charm(meta: &str) -> Charm {
     Charm {
         url: format!("local:jammy/{}-1", meta.name),
         meta,
-        config: CharmConfig::default(),
+        config: CharmConfig::parse(
+            "wordpress",
+            "options:\n  blog-title:\n    type: string\n    default: a blog\n",
+        )
+        .unwrap(),
         path: String::new(),
     }
 }
@@ -47,10 +55,13 @@ fn store(dir: &std::path::Path) -> Store {
     st
 }
 
+/// A charm with a setting for `set`.
+const WORDPRESS: &str = "name: wordpress\nrequires:\n  db: mysql\n";
+
 fn deploy(st: &Store, name: &str, units: usize) {
     st.deploy(&DeployArgs {
         service: name.into(),
-        charm: charm("name: wordpress\nrequires:\n  db: mysql\n"),
+        charm: charm(WORDPRESS),
         series: "jammy".into(),
         constraints: Constraints::default(),
         units,
@@ -64,13 +75,19 @@ fn rate(n: usize, d: Duration) -> f64 {
     n as f64 / d.as_secs_f64()
 }
 
-fn bare_loop(dir: &std::path::Path, n: usize) -> Duration {
+/// The bare loop's connection: WAL, synchronous=FULL, one table.
+fn bare_connection(dir: &std::path::Path) -> rusqlite::Connection {
     let c = rusqlite::Connection::open(dir.join("bare.db")).unwrap();
     c.pragma_update(None, "journal_mode", "WAL").unwrap();
     c.pragma_update(None, "synchronous", "FULL").unwrap();
     c.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT NOT NULL)")
         .unwrap();
-    let mut c = c;
+    c
+}
+
+/// `n` one-row transactions; the time and WAL pages they took.
+fn bare_loop(c: &mut rusqlite::Connection, n: usize) -> (Duration, u64) {
+    jujube_state::pages_written(c, true);
     let start = Instant::now();
     for i in 0..n {
         let tx = c
@@ -80,7 +97,50 @@ fn bare_loop(dir: &std::path::Path, n: usize) -> Duration {
             .unwrap();
         tx.commit().unwrap();
     }
-    start.elapsed()
+    (start.elapsed(), jujube_state::pages_written(c, false))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// One operation at a time against the bare loop, in alternating rounds
+/// (the disk's mood moves both alike); prints the medians.
+fn side_by_side(
+    name: &str,
+    what: &str,
+    st: &Store,
+    bare: &mut rusqlite::Connection,
+    mut op: impl FnMut(usize),
+) {
+    const ROUNDS: usize = 5;
+    const N: usize = 400;
+    let (mut ours, mut theirs, mut pages, mut bare_pages, mut commits) =
+        (Vec::new(), Vec::new(), 0, 0, 0);
+    for round in 0..ROUNDS {
+        st.reset_stats();
+        let start = Instant::now();
+        for i in 0..N {
+            op(round * N + i);
+        }
+        ours.push(rate(N, start.elapsed()));
+        let stats = st.stats();
+        pages += stats.wal_pages;
+        commits += stats.transactions;
+        let (took, p) = bare_loop(bare, N);
+        theirs.push(rate(N, took));
+        bare_pages += p;
+    }
+    let (ours, theirs) = (median(ours), median(theirs));
+    let ops = (ROUNDS * N) as f64;
+    println!(
+        "{name}: {ours:.0}/s ({what}); bare rusqlite one-row transactions: {theirs:.0} tx/s; ratio {:.0}% (goal >= 90%); per operation {:.2} commits, {:.1} WAL pages (bare: 1 commit, {:.1} pages)",
+        100.0 * ours / theirs,
+        commits as f64 / ops,
+        pages as f64 / ops,
+        bare_pages as f64 / ops,
+    );
 }
 
 fn main() {
@@ -90,22 +150,31 @@ fn main() {
         .unwrap_or(100_000);
     let dir = tempfile::tempdir().unwrap();
 
-    // 1. add-unit, one transaction each, against the bare loop.
-    let n = 2_000;
+    // 1. One at a time, against the bare loop.
     let st = store(dir.path());
     deploy(&st, "wordpress", 0);
-    let start = Instant::now();
-    for _ in 0..n {
+    let mut bare = bare_connection(dir.path());
+    // Warm both WALs to their working size first.
+    bare_loop(&mut bare, 1_000);
+    for _ in 0..200 {
         st.add_units("wordpress", 1, None).unwrap();
     }
-    let ours = start.elapsed();
-    let bare = bare_loop(dir.path(), n);
-    println!(
-        "add-unit: {:.0} units/s (each: unit + machine + feed, one transaction); bare rusqlite one-row transactions: {:.0} tx/s; ratio {:.0}% (goal >= 50%)",
-        rate(n, ours),
-        rate(n, bare),
-        100.0 * bare.as_secs_f64() / ours.as_secs_f64()
+    side_by_side(
+        "add-unit",
+        "units, each unit + machine + feed in one transaction",
+        &st,
+        &mut bare,
+        |_| {
+            st.add_units("wordpress", 1, None).unwrap();
+        },
     );
+    side_by_side("add-machine", "machines", &st, &mut bare, |_| {
+        st.add_machines(1, None, None).unwrap();
+    });
+    side_by_side("set", "a service setting changed", &st, &mut bare, |i| {
+        st.set_service_settings("wordpress", &[("blog-title".into(), format!("t{i}"))])
+            .unwrap();
+    });
     drop(st);
 
     // 2. deploy 100,000 units.

@@ -34,6 +34,9 @@ pub struct StoreStats {
     pub transactions: u64,
     /// Rows inserted, updated or deleted by the largest one.
     pub max_transaction_rows: u64,
+    /// Pages the writer connection wrote to the WAL (SQLite's
+    /// `SQLITE_DBSTATUS_CACHE_WRITE`): what a commit costs the disk.
+    pub wal_pages: u64,
 }
 
 struct Inner {
@@ -195,6 +198,7 @@ impl Store {
         StoreStats {
             transactions: self.inner.transactions.load(Ordering::Relaxed),
             max_transaction_rows: self.inner.max_rows.load(Ordering::Relaxed),
+            wal_pages: pages_written(&self.lock(), false),
         }
     }
 
@@ -211,6 +215,7 @@ impl Store {
     pub fn reset_stats(&self) {
         self.inner.transactions.store(0, Ordering::Relaxed);
         self.inner.max_rows.store(0, Ordering::Relaxed);
+        pages_written(&self.lock(), true);
     }
 
     pub(crate) fn head_receiver(&self) -> watch::Receiver<u64> {
@@ -312,6 +317,28 @@ impl Store {
         let value = f(&tx)?;
         tx.finish()?;
         Ok(value)
+    }
+}
+
+/// Pages `conn` wrote (to the WAL, in WAL mode) since it opened or this
+/// was last asked with `reset`.
+pub fn pages_written(conn: &Connection, reset: bool) -> u64 {
+    let (mut current, mut high) = (0, 0);
+    // SAFETY: the handle is `conn`'s own, open for the call; the status
+    // call only reads counters.
+    let rc = unsafe {
+        rusqlite::ffi::sqlite3_db_status(
+            conn.handle(),
+            rusqlite::ffi::SQLITE_DBSTATUS_CACHE_WRITE,
+            &mut current,
+            &mut high,
+            i32::from(reset),
+        )
+    };
+    if rc == rusqlite::ffi::SQLITE_OK {
+        current.max(0) as u64
+    } else {
+        0
     }
 }
 

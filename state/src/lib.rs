@@ -44,7 +44,7 @@ pub mod units;
 mod tests;
 
 pub use agents::{AgentOp, Caller};
-pub use db::{Durability, Store, StoreStats};
+pub use db::{pages_written, Durability, Store, StoreStats};
 pub use feed::{Change, ChangeKind, Changes, Watcher};
 pub use model::*;
 

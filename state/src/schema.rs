@@ -280,4 +280,11 @@ ALTER TABLE runs ADD COLUMN queued INTEGER NOT NULL DEFAULT 0;
     r#"
 ALTER TABLE agent_credentials ADD COLUMN refused_at INTEGER;
 "#,
+    // 14 (write path): only subordinates have a principal, so the index
+    // on it holds only theirs: a principal unit's insert no longer writes
+    // a page of NULLs (`principal = ?` still finds it).
+    r#"
+DROP INDEX units_principal;
+CREATE INDEX units_principal ON units (principal) WHERE principal IS NOT NULL;
+"#,
 ];

@@ -121,15 +121,15 @@ fn write_settings(
 ) -> Result<()> {
     for (k, v) in settings {
         match v {
-            Some(v) => tx.execute(
-                "INSERT INTO service_settings (service, key, value) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (service, key) DO UPDATE SET value = excluded.value",
-                (service, k, v),
-            )?,
-            None => tx.execute(
-                "DELETE FROM service_settings WHERE service = ?1 AND key = ?2",
-                (service, k),
-            )?,
+            Some(v) => tx
+                .prepare_cached(
+                    "INSERT INTO service_settings (service, key, value) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (service, key) DO UPDATE SET value = excluded.value",
+                )?
+                .execute((service, k, v))?,
+            None => tx
+                .prepare_cached("DELETE FROM service_settings WHERE service = ?1 AND key = ?2")?
+                .execute((service, k))?,
         };
     }
     Ok(())
