@@ -562,6 +562,23 @@ impl Facade for InProcess {
             .map_err(|e| self.err(e))
     }
 
+    async fn scope_settings(
+        &self,
+        relation: i64,
+        unit: &str,
+    ) -> ApiResult<Vec<(String, BTreeMap<String, String>)>> {
+        // Whoever may read the scope may read its members' settings: they
+        // are units it sees now (`may_read_relation_settings`).
+        self.my_relation(
+            relation,
+            unit,
+            format!("read the scope of relation `{relation}` for unit `{unit}`"),
+        )?;
+        self.store()
+            .scope_settings_seen_by(relation, unit)
+            .map_err(|e| self.err(e))
+    }
+
     async fn service_config(
         &self,
         service: &str,

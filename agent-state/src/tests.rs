@@ -608,6 +608,36 @@ fn scope_units_are_filtered_to_the_callers_container_and_counterparts() {
     assert_eq!(seen(db, "mysql/0"), ["wordpress/0"]);
     assert_eq!(w.store.unit_scopes("wordpress/0").unwrap(), vec![db, info]);
     assert_eq!(w.store.unit_scopes("logging/1").unwrap(), vec![info]);
+    // With their settings, in one read: the same members, each with its
+    // settings as `relation_settings` reads them.
+    w.apply(
+        Caller::Unit(unit("wordpress/0")),
+        AgentOp::UpdateRelationSettings {
+            relation: db,
+            unit: unit("wordpress/0"),
+            changes: vec![("host".into(), Some("10.0.0.1".into()))],
+        },
+    );
+    assert_eq!(
+        w.store.scope_settings_seen_by(db, "mysql/0").unwrap()[0].1["host"],
+        "10.0.0.1"
+    );
+    for (rel, u) in [
+        (info, "wordpress/0"),
+        (info, "logging/1"),
+        (db, "mysql/0"),
+        (db, "wordpress/0"),
+    ] {
+        let together = w.store.scope_settings_seen_by(rel, u).unwrap();
+        let apart: Vec<_> = seen(rel, u)
+            .into_iter()
+            .map(|m| {
+                let settings = w.store.relation_settings(rel, &m).unwrap();
+                (m, settings)
+            })
+            .collect();
+        assert_eq!(together, apart, "{u} in {rel}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

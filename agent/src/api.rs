@@ -339,6 +339,14 @@ pub trait Facade: Send + Sync + 'static {
     /// option with neither a value nor a default is null.
     async fn service_config(&self, service: &str)
         -> ApiResult<BTreeMap<String, serde_json::Value>>;
+    /// The units `unit` sees in the relation's scope with their settings,
+    /// in one snapshot: what a scope notice makes an agent re-read, in one
+    /// call instead of one per member.
+    async fn scope_settings(
+        &self,
+        relation: i64,
+        unit: &str,
+    ) -> ApiResult<Vec<(String, BTreeMap<String, String>)>>;
     /// A unit's settings in a relation: the caller's own, or those of a unit
     /// it sees in the scope.
     async fn relation_settings(

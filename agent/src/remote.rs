@@ -582,6 +582,17 @@ impl Facade for Remote {
         })
         .await
     }
+    async fn scope_settings(
+        &self,
+        relation: i64,
+        unit: &str,
+    ) -> ApiResult<Vec<(String, BTreeMap<String, String>)>> {
+        self.call(Call::ScopeSettings {
+            relation,
+            unit: unit.into(),
+        })
+        .await
+    }
     async fn service_config(
         &self,
         service: &str,

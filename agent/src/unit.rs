@@ -472,8 +472,10 @@ impl UnitAgent {
         name: &str,
         relations: &BTreeMap<i64, String>,
     ) -> Result<bool> {
-        let mut remote = self.api.scope_units(rel.id, self.name()).await?;
-        remote.sort();
+        // Members and their settings in one read (one call over the API).
+        let mut seen_now = self.api.scope_settings(rel.id, self.name()).await?;
+        seen_now.sort_by(|a, b| a.0.cmp(&b.0));
+        let remote: Vec<String> = seen_now.iter().map(|(u, _)| u.clone()).collect();
         let known = self
             .hook_state()
             .relations
@@ -489,8 +491,8 @@ impl UnitAgent {
                 return Ok(false);
             }
         }
-        for u in &remote {
-            let settings = digest(&self.api.relation_settings(rel.id, u).await?);
+        for (u, settings) in &seen_now {
+            let settings = digest(settings);
             let seen = known.get(u);
             if seen.is_none()
                 && !self

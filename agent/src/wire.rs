@@ -116,6 +116,10 @@ pub enum Call {
         relation: i64,
         unit: String,
     },
+    ScopeSettings {
+        relation: i64,
+        unit: String,
+    },
     ServiceConfig {
         service: String,
     },
@@ -155,6 +159,7 @@ impl Call {
                 | Call::Charm { .. }
                 | Call::Unit { .. }
                 | Call::ScopeUnits { .. }
+                | Call::ScopeSettings { .. }
                 | Call::ServiceConfig { .. }
                 | Call::RelationSettings { .. }
         )
@@ -178,6 +183,7 @@ impl Call {
             Call::FinishRun { .. } => "finish-run",
             Call::LeaveScope { .. } => "leave-scope",
             Call::ScopeUnits { .. } => "scope-units",
+            Call::ScopeSettings { .. } => "scope-settings",
             Call::ServiceConfig { .. } => "service-config",
             Call::RelationSettings { .. } => "relation-settings",
             Call::UpdateRelationSettings { .. } => "update-relation-settings",
@@ -240,6 +246,9 @@ pub async fn dispatch(facade: &dyn Facade, call: Call) -> ApiResult<serde_json::
         Call::FinishRun { unit, id, result } => encode(facade.finish_run(&unit, id, result).await?),
         Call::LeaveScope { relation, unit } => encode(facade.leave_scope(relation, &unit).await?),
         Call::ScopeUnits { relation, unit } => encode(facade.scope_units(relation, &unit).await?),
+        Call::ScopeSettings { relation, unit } => {
+            encode(facade.scope_settings(relation, &unit).await?)
+        }
         Call::ServiceConfig { service } => encode(facade.service_config(&service).await?),
         Call::RelationSettings { relation, unit } => {
             encode(facade.relation_settings(relation, &unit).await?)

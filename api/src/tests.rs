@@ -209,6 +209,7 @@ async fn try_everything_out_of_scope(api: &dyn Facade, machine: i64, unit: &str,
     assert_unauthorized("enter_scope", api.enter_scope(relation, unit, vec![]).await);
     assert_unauthorized("leave_scope", api.leave_scope(relation, unit).await);
     assert_unauthorized("scope_units", api.scope_units(relation, unit).await);
+    assert_unauthorized("scope_settings", api.scope_settings(relation, unit).await);
     assert_unauthorized(
         "relation_settings",
         api.relation_settings(relation, unit).await,
@@ -348,6 +349,16 @@ async fn a_unit_agent_sees_its_unit_its_relations_and_its_container_only() {
     assert_eq!(
         sub_api.scope_units(logging, &sub).await.unwrap(),
         ["wordpress/0"]
+    );
+    // Members and settings in one call: the same units, each with what
+    // `relation_settings` answers for it, only those of its container.
+    let together = sub_api.scope_settings(logging, &sub).await.unwrap();
+    assert_eq!(
+        together,
+        vec![(
+            "wordpress/0".to_string(),
+            sub_api.relation_settings(logging, "wordpress/0").await.unwrap()
+        )]
     );
     assert_unauthorized(
         "settings of another container",
