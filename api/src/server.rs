@@ -69,6 +69,14 @@ pub struct Limits {
     /// room before it runs, so an agent that sends calls and reads nothing
     /// costs the server this much, not a copy of every answer.
     pub max_unread_bytes_per_connection: usize,
+    /// An HTTP/2 connection is pinged after this long without traffic and
+    /// closed when a ping goes unanswered for as long: an agent that is
+    /// frozen or gone (its socket still open) loses its connection, and so
+    /// its presence.
+    pub keepalive: Duration,
+    /// How often the agents holding proven connections are noted as seen
+    /// in the store (`status` shows one unseen for a minute as `down`).
+    pub presence_every: Duration,
 }
 
 impl Default for Limits {
@@ -83,6 +91,10 @@ impl Default for Limits {
             unauthenticated_timeout: Duration::from_secs(15),
             max_connections_per_credential: 8,
             max_unread_bytes_per_connection: 24 << 20,
+            keepalive: Duration::from_secs(15),
+            presence_every: Duration::from_secs(
+                jujube_state::credentials::PRESENCE_EVERY as u64,
+            ),
         }
     }
 }
@@ -219,6 +231,39 @@ impl ApiServer {
                     Ok((s, "unix".to_string()))
                 })
                 .await
+            });
+        }
+        {
+            // Presence: who holds a proven connection now is noted in the
+            // store every `presence_every`, in bounded transactions.
+            let (shared, mut stopped) = (shared.clone(), stopped.clone());
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(shared.limits.presence_every);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => {}
+                        _ = stopped.changed() => return,
+                    }
+                    let tags: Vec<String> = shared
+                        .per_credential
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .keys()
+                        .cloned()
+                        .collect();
+                    if tags.is_empty() {
+                        continue;
+                    }
+                    let store = shared.store.clone();
+                    let noted = tokio::task::spawn_blocking(move || {
+                        store.note_agents_seen(&tags, unix_now())
+                    })
+                    .await;
+                    if let Ok(Err(e)) = noted {
+                        warn!("cannot note the agents seen: {e}");
+                    }
+                }
             });
         }
         info!(tcp = ?tcp_addr, unix = ?unix, "API server listening");
@@ -587,6 +632,8 @@ async fn serve_connection<IO>(
     builder
         .http2()
         .timer(TokioTimer::new())
+        .keep_alive_interval(Some(shared.limits.keepalive))
+        .keep_alive_timeout(shared.limits.keepalive)
         .max_concurrent_streams(shared.limits.max_watches_per_connection as u32 + 64)
         .max_header_list_size(16 << 10);
     builder

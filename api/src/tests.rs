@@ -1110,6 +1110,39 @@ async fn try_h2(
     conf: &AgentConf,
     window: u32,
 ) -> std::io::Result<hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>> {
+    let (sender, conn) = h2_parts(w, conf, window).await?;
+    tokio::spawn(conn);
+    Ok(sender)
+}
+
+type H2Conn = hyper::client::conn::http2::Connection<
+    hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>,
+    http_body_util::Full<bytes::Bytes>,
+    hyper_util::rt::TokioExecutor,
+>;
+
+/// A client HTTP/2 connection over TCP and TLS: the sender, and the
+/// connection that must be polled for anything to move.
+async fn h2_parts(
+    w: &World,
+    conf: &AgentConf,
+    window: u32,
+) -> std::io::Result<(
+    hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    H2Conn,
+)> {
+    h2_parts_at(w.server.as_ref().unwrap().tcp_addr().unwrap(), conf, window).await
+}
+
+/// [`h2_parts`] to `addr`.
+async fn h2_parts_at(
+    addr: std::net::SocketAddr,
+    conf: &AgentConf,
+    window: u32,
+) -> std::io::Result<(
+    hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    H2Conn,
+)> {
     use hyper_util::rt::{TokioExecutor, TokioIo};
     use jujube_agent::wire::SERVER_NAME;
     use rustls::pki_types::pem::PemObject;
@@ -1124,8 +1157,7 @@ async fn try_h2(
         .with_root_certificates(roots)
         .with_no_client_auth();
     tls.alpn_protocols = vec![b"h2".to_vec()];
-    let tcp =
-        tokio::net::TcpStream::connect(w.server.as_ref().unwrap().tcp_addr().unwrap()).await?;
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
     let name = rustls::pki_types::ServerName::try_from(SERVER_NAME).unwrap();
     let tls = tokio_rustls::TlsConnector::from(Arc::new(tls))
         .connect(name, tcp)
@@ -1138,8 +1170,7 @@ async fn try_h2(
         .handshake(TokioIo::new(tls))
         .await
         .map_err(std::io::Error::other)?;
-    tokio::spawn(conn);
-    Ok(sender)
+    Ok((sender, conn))
 }
 
 /// A call as an agent sends it, with `conf`'s credential.
@@ -1470,4 +1501,92 @@ async fn charm_files_over_the_api_are_the_charms_files() {
     let other = w.remote(&w.machine_conf(w.machine_of("mysql/0")));
     let e = other.charm_files(unit).await.unwrap_err();
     assert_eq!(e.code, ErrorCode::Unauthorized, "{e:?}");
+}
+
+/// Presence: an agent holding a connection is noted as seen; one that
+/// freezes (its socket open, its pings unanswered) loses its connection
+/// and is seen no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_agent_loses_its_connection_and_its_presence() {
+    use jujube_agent::wire::Call;
+    let mut w = World::new().await;
+    w.start(Limits {
+        keepalive: Duration::from_millis(200),
+        presence_every: Duration::from_millis(50),
+        ..Limits::default()
+    })
+    .await;
+    let m1 = w.machine_of("wordpress/0");
+    let conf = w.machine_conf(m1);
+    let tag = format!("machine-{m1}");
+    assert_eq!(w.store.agent_seen_at(&tag).unwrap(), None);
+    // The agent's connection goes through a relay that can freeze it, as
+    // SIGSTOP freezes an agent: its socket stays open, nothing moves.
+    let server_addr = w.server.as_ref().unwrap().tcp_addr().unwrap();
+    let (relay_addr, freeze) = freezable_relay(server_addr).await;
+    let (mut sender, conn) = h2_parts_at(relay_addr, &conf, 65_535).await.unwrap();
+    tokio::spawn(conn);
+    let call = Call::Machine { id: m1 };
+    let resp = sender.send_request(call_request(&conf, &call)).await.unwrap();
+    assert_eq!(resp.status(), hyper::StatusCode::OK);
+    assert!(
+        eventually(5, || w.store.agent_seen_at(&tag).unwrap().is_some()).await,
+        "a connected agent was not noted as seen"
+    );
+    // Idle but alive: pings answered, the connection stays.
+    let port = w.server.as_ref().unwrap().tcp_addr().unwrap().port();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(tcp_port_state(port).0, 1, "a live agent's connection closed");
+    freeze.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        eventually(5, || tcp_port_state(port).0 == 0).await,
+        "the frozen agent's connection stayed open"
+    );
+    // No longer seen: its last sighting stays where it was.
+    let last = w.store.agent_seen_at(&tag).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(w.store.agent_seen_at(&tag).unwrap(), last);
+}
+
+/// A TCP relay to `to` for one connection; once the flag is set it stops
+/// moving bytes either way and holds both sockets open.
+async fn freezable_relay(
+    to: std::net::SocketAddr,
+) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicBool>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let frozen = Arc::new(AtomicBool::new(false));
+    let f = frozen.clone();
+    tokio::spawn(async move {
+        let (client, _) = listener.accept().await.unwrap();
+        let server = tokio::net::TcpStream::connect(to).await.unwrap();
+        let (cr, cw) = client.into_split();
+        let (sr, sw) = server.into_split();
+        let pump = |mut r: tokio::net::tcp::OwnedReadHalf,
+                    mut w: tokio::net::tcp::OwnedWriteHalf,
+                    f: Arc<AtomicBool>| async move {
+            let mut buf = vec![0u8; 16 << 10];
+            loop {
+                let n = match r.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                if f.load(Ordering::SeqCst) {
+                    // Frozen: hold both ends, move nothing.
+                    let _held = (r, w);
+                    std::future::pending::<()>().await;
+                    return;
+                }
+                if w.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        };
+        let up = tokio::spawn(pump(cr, sw, f.clone()));
+        let down = tokio::spawn(pump(sr, cw, f));
+        let _ = tokio::join!(up, down);
+    });
+    (addr, frozen)
 }

@@ -826,12 +826,33 @@ impl Store {
     /// kind (for `jujube wait`): units whose agent has not started though
     /// their machine (or principal's agent) is up; units, relations and
     /// services being destroyed; Alive relations a started unit has not
-    /// joined yet. Agents in error are not waited for: nothing moves them
-    /// until someone acts.
+    /// joined yet; first of all, agents that are `down` (not seen by the
+    /// API server for [`PRESENCE_LAPSE`](crate::credentials::PRESENCE_LAPSE)
+    /// seconds), which nothing else can move. Agents in error are not
+    /// waited for: nothing moves them until someone acts.
     pub fn awaiting_agents(&self, limit: usize) -> Result<Vec<String>> {
+        let lapsed = crate::unix_now() - crate::credentials::PRESENCE_LAPSE;
         self.read(|c| {
             let mut out = Vec::new();
             let lim = limit as i64;
+            let mut down = c.prepare_cached(
+                "SELECT coalesce('unit `' || u.name || '`', 'machine `' || m.id || '`'), a.seen_at
+                 FROM agent_credentials a
+                 LEFT JOIN units u ON u.name = a.unit AND u.life != 2 AND u.status != 'pending'
+                 LEFT JOIN machines m ON m.id = a.machine_id AND m.life != 2 AND m.agent_status != 'pending'
+                 WHERE a.seen_at < ?1 AND (u.name IS NOT NULL OR m.id IS NOT NULL)
+                 ORDER BY a.tag LIMIT ?2",
+            )?;
+            let rows = down.query_map((lapsed, lim), |r| {
+                Ok(format!(
+                    "the agent of {} is down (not seen since {} UTC): is its `jujube agent` process running and reaching the controller?",
+                    r.get::<_, String>(0)?,
+                    jujube_core::time::format_utc(r.get::<_, i64>(1)?.max(0) as u64)
+                ))
+            })?;
+            for r in rows {
+                out.push(r?);
+            }
             let mut each = |sql: &str, f: &dyn Fn(&rusqlite::Row<'_>) -> rusqlite::Result<String>| -> Result<()> {
                 let mut stmt = c.prepare_cached(sql)?;
                 let rows = stmt.query_map([lim], |r| f(r))?;

@@ -104,6 +104,48 @@ impl Store {
     }
 }
 
+/// How long an agent that runs over the API may go unseen before `status`
+/// shows it `down` (Juju: about a minute). The API server notes the agents
+/// holding live connections every [`PRESENCE_EVERY`] seconds, and closes a
+/// connection whose agent stops answering its keepalive pings, so a frozen
+/// or dead agent shows `down` within about a minute and a half.
+pub const PRESENCE_LAPSE: i64 = 60;
+/// How often the API server notes who it sees (seconds).
+pub const PRESENCE_EVERY: i64 = 15;
+
+/// How many agents one presence transaction notes.
+const PRESENCE_BATCH: usize = 1000;
+
+impl Store {
+    /// Notes that the agents of `tags` were seen at `now` (unix seconds),
+    /// in transactions of at most [`PRESENCE_BATCH`] rows. Tags without a
+    /// credential are ignored.
+    pub fn note_agents_seen(&self, tags: &[String], now: i64) -> Result<()> {
+        for chunk in tags.chunks(PRESENCE_BATCH) {
+            self.write(|tx| {
+                let mut stmt = tx
+                    .prepare_cached("UPDATE agent_credentials SET seen_at = ?2 WHERE tag = ?1")?;
+                for tag in chunk {
+                    stmt.execute((tag, now))?;
+                }
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+
+    /// When the agent of `tag` was last seen (unix seconds).
+    pub fn agent_seen_at(&self, tag: &str) -> Result<Option<i64>> {
+        self.read(|c| {
+            Ok(c
+                .prepare_cached("SELECT seen_at FROM agent_credentials WHERE tag = ?1")?
+                .query_row([tag], |r| r.get(0))
+                .optional()?
+                .flatten())
+        })
+    }
+}
+
 /// An agent's stored credential ([`Store::agent_credential_record`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CredentialRecord {

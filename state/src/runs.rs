@@ -89,7 +89,7 @@ impl Store {
                 unit,
                 serde_json::to_string(argv).expect("strings serialise"),
                 timeout as i64,
-                unix_now() as i64,
+                crate::unix_now(),
             ))?;
             let id = tx.last_insert_rowid();
             tx.changed(ChangeKind::Run, unit)?;
@@ -146,7 +146,7 @@ pub(crate) fn pending_runs_in(c: &rusqlite::Connection, unit: &str) -> Result<Ve
             ))
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    let now = unix_now();
+    let now = crate::unix_now().max(0) as u64;
     rows.into_iter()
         .map(|(id, argv, timeout, queued)| {
             let argv = serde_json::from_str(&argv).map_err(|_| Error::Corrupt {
@@ -164,13 +164,6 @@ pub(crate) fn pending_runs_in(c: &rusqlite::Connection, unit: &str) -> Result<Ve
             })
         })
         .collect()
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or_default()
 }
 
 /// The unit's agent answers run `id` (once; a second answer is a no-op).

@@ -287,4 +287,9 @@ ALTER TABLE agent_credentials ADD COLUMN refused_at INTEGER;
 DROP INDEX units_principal;
 CREATE INDEX units_principal ON units (principal) WHERE principal IS NOT NULL;
 "#,
+    // 15 (presence): when the API server last saw the agent holding a
+    // live connection (unix seconds; see `Store::note_agents_seen`).
+    r#"
+ALTER TABLE agent_credentials ADD COLUMN seen_at INTEGER;
+"#,
 ];

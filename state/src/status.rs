@@ -200,6 +200,7 @@ impl Store {
     }
 
     pub fn status(&self) -> Result<Status> {
+        let now = crate::unix_now();
         self.read(|c| {
             let env = get_environment(c)?;
             let mut machines = Vec::new();
@@ -207,12 +208,15 @@ impl Store {
                 "SELECT id, life, series, jobs, instance_id, status, status_info, constraints, zone, hardware,
                         CASE WHEN instance_id IS NULL THEN NULL ELSE coalesce(instance_status, 'running') END,
                         agent_status, agent_status_info,
-                        (SELECT refused_at FROM agent_credentials WHERE machine_id = machines.id)
+                        (SELECT refused_at FROM agent_credentials WHERE machine_id = machines.id),
+                        (SELECT seen_at FROM agent_credentials WHERE machine_id = machines.id)
                  FROM machines ORDER BY id",
             )?;
             let mut rows = stmt.query([])?;
             while let Some(r) = rows.next()? {
                 let id: i64 = r.get(0)?;
+                let (agent_status, agent_status_info) =
+                    presence(r.get(11)?, r.get(12)?, r.get(14)?, now);
                 machines.push((
                     id.to_string(),
                     MachineStatus {
@@ -226,8 +230,8 @@ impl Store {
                         constraints: r.get(7)?,
                         zone: r.get(8)?,
                         hardware: r.get(9)?,
-                        agent_status: r.get(11)?,
-                        agent_status_info: r.get(12)?,
+                        agent_status,
+                        agent_status_info,
                         credential_refused: refused_since(r.get(13)?),
                     },
                 ));
@@ -277,17 +281,20 @@ impl Store {
             let mut subs: HashMap<String, Vec<(String, SubordinateStatus)>> = HashMap::new();
             let mut stmt = c.prepare(
                 "SELECT name, principal, life, status, status_info,
-                        (SELECT refused_at FROM agent_credentials WHERE unit = units.name)
+                        (SELECT refused_at FROM agent_credentials WHERE unit = units.name),
+                        (SELECT seen_at FROM agent_credentials WHERE unit = units.name)
                  FROM units WHERE principal IS NOT NULL ORDER BY service, number",
             )?;
             let mut rows = stmt.query([])?;
             while let Some(r) = rows.next()? {
+                let (agent_status, agent_status_info) =
+                    presence(r.get(3)?, r.get(4)?, r.get(6)?, now);
                 subs.entry(r.get(1)?).or_default().push((
                     r.get(0)?,
                     SubordinateStatus {
                         life: life(r.get(2)?)?,
-                        agent_status: r.get(3)?,
-                        agent_status_info: r.get(4)?,
+                        agent_status,
+                        agent_status_info,
                         credential_refused: refused_since(r.get(5)?),
                     },
                 ));
@@ -329,7 +336,8 @@ impl Store {
 
             let mut stmt = c.prepare(
                 "SELECT name, service, life, machine_id, status, status_info, ports,
-                        (SELECT refused_at FROM agent_credentials WHERE unit = units.name)
+                        (SELECT refused_at FROM agent_credentials WHERE unit = units.name),
+                        (SELECT seen_at FROM agent_credentials WHERE unit = units.name)
                  FROM units WHERE principal IS NULL ORDER BY service, number",
             )?;
             let mut rows = stmt.query([])?;
@@ -338,13 +346,15 @@ impl Store {
                 let service: String = r.get(1)?;
                 let Some(&i) = index.get(&service) else { continue };
                 let subordinates = OrderedMap(subs.remove(&name).unwrap_or_default());
+                let (agent_status, agent_status_info) =
+                    presence(r.get(4)?, r.get(5)?, r.get(8)?, now);
                 services[i].1.units.0.push((
                     name,
                     UnitStatus {
                         life: life(r.get(2)?)?,
                         machine: r.get::<_, Option<i64>>(3)?.map(|m| m.to_string()),
-                        agent_status: r.get(4)?,
-                        agent_status_info: r.get(5)?,
+                        agent_status,
+                        agent_status_info,
                         open_ports: r
                             .get::<_, String>(6)?
                             .split_whitespace()
@@ -376,4 +386,29 @@ impl Store {
 
 fn refused_since(at: Option<i64>) -> Option<String> {
     at.map(|t| format!("{} UTC", jujube_core::time::format_utc(t.max(0) as u64)))
+}
+
+/// An agent's status as `status` shows it: `down` when it runs over the API
+/// (it has a credential the server saw it use) and was last seen more than
+/// [`PRESENCE_LAPSE`](crate::credentials::PRESENCE_LAPSE) seconds ago —
+/// frozen, crashed, or unable to reach the controller — with since when
+/// and what it was; otherwise what it reported.
+fn presence(status: String, info: String, seen_at: Option<i64>, now: i64) -> (String, String) {
+    match seen_at {
+        Some(t) if status != "pending" && t < now - crate::credentials::PRESENCE_LAPSE => {
+            let was = if info.is_empty() {
+                format!("was `{status}`")
+            } else {
+                format!("was `{status}`: {info}")
+            };
+            (
+                "down".into(),
+                format!(
+                    "agent not seen since {} UTC ({was}); is its `jujube agent` process running and reaching the controller?",
+                    jujube_core::time::format_utc(t.max(0) as u64)
+                ),
+            )
+        }
+        _ => (status, info),
+    }
 }

@@ -145,3 +145,48 @@ fn reads_run_beside_each_other_and_the_writer() {
         release.wait();
     });
 }
+
+/// An agent that runs over the API and has not been seen for a minute is
+/// `down` in status, with since when and what it was, and `wait` names it;
+/// one seen lately, or never started, is what it reported.
+#[test]
+fn an_agent_not_seen_for_a_minute_is_down() {
+    let e = env();
+    let id = e.st.add_machines(1, None, None).unwrap()[0];
+    let tag = format!("machine-{id}");
+    e.st.set_machine_credential(id, &tag, "hash").unwrap();
+    let now = crate::unix_now();
+    let agent = |e: &Env| {
+        let m = e.st.status().unwrap().machines.get(&id.to_string()).unwrap().clone();
+        (m.agent_status, m.agent_status_info)
+    };
+    let waits = |e: &Env| e.st.awaiting_agents(10).unwrap().join("\n");
+    // Never started: pending, whatever its presence.
+    e.st.note_agents_seen(std::slice::from_ref(&tag), now - 600).unwrap();
+    assert_eq!(agent(&e).0, "pending");
+    e.st
+        .apply_batch(&[(
+            crate::agents::Caller::Machine(id),
+            crate::agents::AgentOp::SetMachineAgentStatus {
+                machine: id,
+                status: "started".into(),
+                info: String::new(),
+            },
+        )])
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    e.st.note_agents_seen(std::slice::from_ref(&tag), now - 10).unwrap();
+    assert_eq!(agent(&e).0, "started");
+    assert!(!waits(&e).contains("down"), "{}", waits(&e));
+    e.st.note_agents_seen(std::slice::from_ref(&tag), now - 120).unwrap();
+    let (status, info) = agent(&e);
+    assert_eq!(status, "down");
+    assert!(info.contains("agent not seen since") && info.contains("was `started`"), "{info}");
+    assert!(
+        waits(&e).contains(&format!("the agent of machine `{id}` is down")),
+        "{}",
+        waits(&e)
+    );
+    assert_eq!(e.st.agent_seen_at(&tag).unwrap(), Some(now - 120));
+}
