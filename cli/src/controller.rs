@@ -33,6 +33,11 @@ pub fn validate_config(provider: &str, config: &BTreeMap<String, String>) -> Res
             bail!("unknown `lxd-agents` value `{v}`; use `container` (agents inside each machine's container) or `in-process`");
         }
     }
+    if let Some(v) = config.get("agent-presence-lapse") {
+        if !v.parse::<u64>().is_ok_and(|s| s >= 4) {
+            bail!("`agent-presence-lapse={v}` is not a number of seconds of at least 4; e.g. `jujube set-environment agent-presence-lapse=60` (the default)");
+        }
+    }
     if let Some(v) = config.get("dummy-agents") {
         if !matches!(v.as_str(), "process" | "in-process") {
             bail!("unknown `dummy-agents` value `{v}`; use `in-process` or `process`");
@@ -187,11 +192,19 @@ pub async fn start_api(
     let env = store.environment()?;
     let dir = home.env_dir(env_name);
     jujube_api::tls::ensure(&dir, &env.uuid)?;
-    let address = store
-        .environment_config()?
+    let config = store.environment_config()?;
+    let address = config
         .get("api-address")
         .cloned()
         .unwrap_or_else(|| "127.0.0.1:0".to_string());
+    // Pings and presence notes a quarter of the lapse apart (15 s at the
+    // default minute): a frozen agent loses its connection, and then its
+    // presence, within the lapse and a half.
+    let lapse = config
+        .get("agent-presence-lapse")
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(jujube_state::credentials::PRESENCE_LAPSE as u64);
+    let beat = std::time::Duration::from_secs((lapse / 4).clamp(1, 15));
     let socket = dir.join("api.socket");
     // A unix socket path is limited to 107 bytes: without one, agents use
     // the TCP address.
@@ -202,7 +215,11 @@ pub async fn start_api(
         facades,
         Some(&address),
         socket.as_deref(),
-        jujube_api::Limits::default(),
+        jujube_api::Limits {
+            keepalive: beat,
+            presence_every: beat,
+            ..jujube_api::Limits::default()
+        },
     )
     .await?;
     let list = dir.join("api-addresses");

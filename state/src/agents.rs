@@ -831,8 +831,9 @@ impl Store {
     /// seconds), which nothing else can move. Agents in error are not
     /// waited for: nothing moves them until someone acts.
     pub fn awaiting_agents(&self, limit: usize) -> Result<Vec<String>> {
-        let lapsed = crate::unix_now() - crate::credentials::PRESENCE_LAPSE;
+        let now = crate::unix_now();
         self.read(|c| {
+            let lapsed = now - crate::credentials::presence_lapse(c)?;
             let mut out = Vec::new();
             let lim = limit as i64;
             let mut down = c.prepare_cached(

@@ -104,8 +104,19 @@ impl Store {
     }
 }
 
+/// The presence lapse of the environment: `agent-presence-lapse`
+/// (seconds) or [`PRESENCE_LAPSE`].
+pub(crate) fn presence_lapse(c: &rusqlite::Connection) -> Result<i64> {
+    let v: Option<String> = c
+        .prepare_cached("SELECT value FROM environment_config WHERE key = 'agent-presence-lapse'")?
+        .query_row([], |r| r.get(0))
+        .optional()?;
+    Ok(v.and_then(|v| v.parse().ok()).unwrap_or(PRESENCE_LAPSE))
+}
+
 /// How long an agent that runs over the API may go unseen before `status`
-/// shows it `down` (Juju: about a minute). The API server notes the agents
+/// shows it `down` (Juju: about a minute; `agent-presence-lapse` sets
+/// another). The API server notes the agents
 /// holding live connections every [`PRESENCE_EVERY`] seconds, and closes a
 /// connection whose agent stops answering its keepalive pings, so a frozen
 /// or dead agent shows `down` within about a minute and a half.

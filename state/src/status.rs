@@ -203,6 +203,7 @@ impl Store {
         let now = crate::unix_now();
         self.read(|c| {
             let env = get_environment(c)?;
+            let lapse = crate::credentials::presence_lapse(c)?;
             let mut machines = Vec::new();
             let mut stmt = c.prepare(
                 "SELECT id, life, series, jobs, instance_id, status, status_info, constraints, zone, hardware,
@@ -216,7 +217,7 @@ impl Store {
             while let Some(r) = rows.next()? {
                 let id: i64 = r.get(0)?;
                 let (agent_status, agent_status_info) =
-                    presence(r.get(11)?, r.get(12)?, r.get(14)?, now);
+                    presence(r.get(11)?, r.get(12)?, r.get(14)?, now, lapse);
                 machines.push((
                     id.to_string(),
                     MachineStatus {
@@ -288,7 +289,7 @@ impl Store {
             let mut rows = stmt.query([])?;
             while let Some(r) = rows.next()? {
                 let (agent_status, agent_status_info) =
-                    presence(r.get(3)?, r.get(4)?, r.get(6)?, now);
+                    presence(r.get(3)?, r.get(4)?, r.get(6)?, now, lapse);
                 subs.entry(r.get(1)?).or_default().push((
                     r.get(0)?,
                     SubordinateStatus {
@@ -347,7 +348,7 @@ impl Store {
                 let Some(&i) = index.get(&service) else { continue };
                 let subordinates = OrderedMap(subs.remove(&name).unwrap_or_default());
                 let (agent_status, agent_status_info) =
-                    presence(r.get(4)?, r.get(5)?, r.get(8)?, now);
+                    presence(r.get(4)?, r.get(5)?, r.get(8)?, now, lapse);
                 services[i].1.units.0.push((
                     name,
                     UnitStatus {
@@ -390,12 +391,19 @@ fn refused_since(at: Option<i64>) -> Option<String> {
 
 /// An agent's status as `status` shows it: `down` when it runs over the API
 /// (it has a credential the server saw it use) and was last seen more than
-/// [`PRESENCE_LAPSE`](crate::credentials::PRESENCE_LAPSE) seconds ago —
+/// `lapse` seconds ago ([`PRESENCE_LAPSE`](crate::credentials::PRESENCE_LAPSE)
+/// unless `agent-presence-lapse` says otherwise) —
 /// frozen, crashed, or unable to reach the controller — with since when
 /// and what it was; otherwise what it reported.
-fn presence(status: String, info: String, seen_at: Option<i64>, now: i64) -> (String, String) {
+fn presence(
+    status: String,
+    info: String,
+    seen_at: Option<i64>,
+    now: i64,
+    lapse: i64,
+) -> (String, String) {
     match seen_at {
-        Some(t) if status != "pending" && t < now - crate::credentials::PRESENCE_LAPSE => {
+        Some(t) if status != "pending" && t < now - lapse => {
             let was = if info.is_empty() {
                 format!("was `{status}`")
             } else {

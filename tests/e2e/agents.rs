@@ -370,3 +370,59 @@ fn an_agent_process_whose_pid_was_never_recorded_is_adopted_and_destroyed() {
         "the agent still runs"
     );
 }
+
+/// Agent presence: a frozen agent process (SIGSTOP) shows `down` in
+/// `status`, machine and units alike, with since when; `wait` names it and
+/// does not report success; thawed, it is `started` again.
+#[test]
+fn a_frozen_agent_process_shows_down_and_wait_names_it() {
+    let j = Jujube::new();
+    j.run(&["bootstrap", "t"]).ok();
+    j.run(&[
+        "set-environment",
+        "dummy-agents=process",
+        "agent-presence-lapse=4",
+    ])
+    .ok();
+    j.run(&["deploy", &j.charm("mysql")]).ok();
+    let ctl = j.controller();
+    j.run(&["wait", "--timeout", "60s"]).ok();
+    let pid = agent_pid(&j, "1").expect("machine 1's agent process");
+    let agent = |j: &Jujube| {
+        let st = j.status();
+        (
+            st["machines"]["1"]["agent-status"].as_str().unwrap_or("").to_string(),
+            unit(&st, "mysql", "mysql/0")["agent-status"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+            unit(&st, "mysql", "mysql/0")["agent-status-info"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+        )
+    };
+    assert_eq!(agent(&j).0, "started");
+    // SAFETY: kill(2) on the agent process this test's controller started.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while agent(&j).1 != "down" {
+        assert!(std::time::Instant::now() < deadline, "never down: {:?}", agent(&j));
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let (machine, _, info) = agent(&j);
+    assert_eq!(machine, "down");
+    assert!(info.contains("agent not seen since") && info.contains("was `started`"), "{info}");
+    // A unit destroyed meanwhile cannot go: wait says who it waits for.
+    j.run(&["destroy-unit", "mysql/0"]).ok();
+    let w = j.run(&["wait", "--timeout", "3s"]);
+    assert_ne!(w.code, 0, "wait succeeded with a frozen agent");
+    assert!(w.stderr.contains("the agent of unit `mysql/0` is down"), "{}", w.stderr);
+    // Thawed: seen again, and the destroy goes through.
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGCONT) }, 0);
+    j.run(&["wait", "--timeout", "60s"]).ok();
+    assert_eq!(agent(&j).0, "started");
+    assert!(j.status()["services"]["mysql"]["units"].get("mysql/0").is_none());
+    assert_eq!(ctl.terminate().code(), Some(0));
+}
