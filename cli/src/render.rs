@@ -130,12 +130,13 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
     )?;
     if !st.services.0.is_empty() {
         writeln!(out)?;
+        let service_messages = st.services.0.iter().any(|(_, s)| !s.message.is_empty());
         let rows: Vec<Vec<String>> = st
             .services
             .0
             .iter()
             .map(|(name, s)| {
-                vec![
+                let mut row = vec![
                     name.clone(),
                     s.charm.clone(),
                     s.life.to_string(),
@@ -146,14 +147,18 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
                         s.units.0.len().to_string()
                     },
                     dash(&s.constraints),
-                ]
+                ];
+                if service_messages {
+                    row.push(s.message.clone());
+                }
+                row
             })
             .collect();
-        table(
-            &mut out,
-            &["Service", "Charm", "Life", "Series", "Units", "Constraints"],
-            &rows,
-        )?;
+        let mut headers = vec!["Service", "Charm", "Life", "Series", "Units", "Constraints"];
+        if service_messages {
+            headers.push("Message");
+        }
+        table(&mut out, &headers, &rows)?;
         let mut rows = Vec::new();
         for (_, s) in &st.services.0 {
             for (name, u) in &s.units.0 {
@@ -194,15 +199,23 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
             .relations
             .iter()
             .map(|r| {
-                vec![
+                let mut row = vec![
                     r.key.clone(),
                     r.interface.clone(),
                     r.scope.clone(),
                     r.life.to_string(),
-                ]
+                ];
+                if st.relations.iter().any(|r| !r.message.is_empty()) {
+                    row.push(r.message.clone());
+                }
+                row
             })
             .collect();
-        table(&mut out, &["Relation", "Interface", "Scope", "Life"], &rows)?;
+        let mut headers = vec!["Relation", "Interface", "Scope", "Life"];
+        if st.relations.iter().any(|r| !r.message.is_empty()) {
+            headers.push("Message");
+        }
+        table(&mut out, &headers, &rows)?;
     }
     Ok(())
 }

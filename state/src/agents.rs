@@ -903,14 +903,20 @@ impl Store {
                     r.get::<_, String>(1)?
                 )),
             )?;
-            each(
-                "SELECT key FROM relations WHERE life != 0 ORDER BY id LIMIT ?1",
-                &|r| Ok(format!("relation `{}` is dying and waits for its units to leave it", r.get::<_, String>(0)?)),
-            )?;
-            each(
-                "SELECT name FROM services WHERE life != 0 ORDER BY name LIMIT ?1",
-                &|r| Ok(format!("service `{}` is dying and waits for its units and relations to go", r.get::<_, String>(0)?)),
-            )?;
+            let dying: Vec<(i64, String)> = c
+                .prepare_cached("SELECT id, key FROM relations WHERE life != 0 ORDER BY id LIMIT ?1")?
+                .query_map([lim], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<rusqlite::Result<_>>()?;
+            for (id, key) in dying {
+                out.push(format!("relation `{key}` is dying and {}", relation_blockers(c, id)?));
+            }
+            let dying: Vec<String> = c
+                .prepare_cached("SELECT name FROM services WHERE life != 0 ORDER BY name LIMIT ?1")?
+                .query_map([lim], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            for name in dying {
+                out.push(format!("service `{name}` is dying and {}", service_blockers(c, &name)?));
+            }
             Ok(out)
         })
     }
@@ -931,4 +937,93 @@ fn scope_of(
         Scope::Container => u.principal.clone().unwrap_or_else(|| u.name.clone()),
     };
     Ok((container, rel.endpoints.len() == 1, u.service))
+}
+
+/// How many units a blocker's description names.
+const NAMED: i64 = 3;
+
+/// Up to [`NAMED`] of `sql`'s names (one `?1` parameter), quoted, with how
+/// many more there are out of `total`.
+fn some_names(c: &rusqlite::Connection, sql: &str, key: &dyn rusqlite::ToSql, total: i64) -> Result<String> {
+    let names: Vec<String> = c
+        .prepare_cached(sql)?
+        .query_map(rusqlite::params![key, NAMED], |r| r.get::<_, String>(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut s = names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ");
+    let more = total - names.len() as i64;
+    if more > 0 {
+        s.push_str(&format!(" and {more} more"));
+    }
+    Ok(s)
+}
+
+/// What a failed hook holds among `sql`'s units (one `?1` parameter), in
+/// words with the command that frees it, or nothing.
+fn held(c: &rusqlite::Connection, sql: &str, key: &dyn rusqlite::ToSql) -> Result<String> {
+    use rusqlite::OptionalExtension;
+    let unit: Option<String> = c
+        .prepare_cached(sql)?
+        .query_row([key], |r| r.get(0))
+        .optional()?;
+    Ok(unit.map_or_else(String::new, |u| {
+        format!("; unit `{u}` is held by a failed hook (`jujube resolved {u}`)")
+    }))
+}
+
+/// What a Dying relation waits for, naming the units still in its scope
+/// and one a failed hook holds.
+pub(crate) fn relation_blockers(c: &rusqlite::Connection, id: i64) -> Result<String> {
+    let total: i64 = c
+        .prepare_cached("SELECT count(*) FROM relation_scopes WHERE relation_id = ?1")?
+        .query_row([id], |r| r.get(0))?;
+    if total == 0 {
+        return Ok("waits for its cleanup".into());
+    }
+    let names = some_names(
+        c,
+        "SELECT unit FROM relation_scopes WHERE relation_id = ?1 ORDER BY unit LIMIT ?2",
+        &id,
+        total,
+    )?;
+    let held = held(
+        c,
+        "SELECT x.unit FROM relation_scopes x JOIN units u ON u.name = x.unit
+         WHERE x.relation_id = ?1 AND u.status = 'error' ORDER BY x.unit LIMIT 1",
+        &id,
+    )?;
+    Ok(format!("waits for {names} to leave it{held}"))
+}
+
+/// What a Dying service waits for: its units (named) and relations.
+pub(crate) fn service_blockers(c: &rusqlite::Connection, name: &str) -> Result<String> {
+    let (units, relations): (i64, i64) = c
+        .prepare_cached(
+            "SELECT unit_count, (SELECT count(*) FROM relation_endpoints WHERE service = ?1)
+             FROM services WHERE name = ?1",
+        )?
+        .query_row([name], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let mut waits = Vec::new();
+    if units > 0 {
+        waits.push(format!(
+            "unit(s) {}",
+            some_names(
+                c,
+                "SELECT name FROM units WHERE service = ?1 ORDER BY number LIMIT ?2",
+                &name,
+                units,
+            )?
+        ));
+    }
+    if relations > 0 {
+        waits.push(format!("{relations} relation(s)"));
+    }
+    if waits.is_empty() {
+        return Ok("waits for its cleanup".into());
+    }
+    let held = held(
+        c,
+        "SELECT name FROM units WHERE service = ?1 AND status = 'error' ORDER BY number LIMIT 1",
+        &name,
+    )?;
+    Ok(format!("waits for {} to go{held}", waits.join(" and ")))
 }

@@ -107,6 +107,11 @@ pub struct ServiceStatus {
     /// Principal units only: a subordinate service lists none of its own
     /// (they appear under their principals), as Juju's status does.
     pub units: OrderedMap<UnitStatus>,
+    /// For a Dying service: what it waits for (its units, named, and
+    /// relations; one unit a failed hook holds, with the command that
+    /// frees it).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub message: String,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -152,6 +157,11 @@ pub struct RelationStatus {
     pub interface: String,
     pub scope: String,
     pub units_in_scope: i64,
+    /// For a Dying relation: what it waits for, naming the units still in
+    /// its scope and one a failed hook holds, with the command that frees
+    /// it.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub message: String,
 }
 
 /// How far provisioning has come, counted in one read for `wait` and
@@ -260,9 +270,13 @@ impl Store {
                         interface: r.get(3)?,
                         scope: parse_scope(&r.get::<_, String>(4)?)?.as_str().to_string(),
                         units_in_scope: r.get(5)?,
+                        message: String::new(),
                     });
                 }
                 eps.push((id, r.get(6)?, r.get(7)?, r.get(4)?));
+            }
+            for rel in relations.iter_mut().filter(|r| r.life != Life::Alive) {
+                rel.message = crate::agents::relation_blockers(c, rel.id)?;
             }
             // Each endpoint is related to the other endpoint's service, or to
             // its own service in a peer relation.
@@ -331,8 +345,13 @@ impl Store {
                             .map(|(k, v)| (k, v.into_iter().collect()))
                             .collect(),
                         units: OrderedMap::default(),
+                        message: String::new(),
                     },
                 ));
+            }
+
+            for (name, svc) in services.iter_mut().filter(|(_, s)| s.life != Life::Alive) {
+                svc.message = crate::agents::service_blockers(c, name)?;
             }
 
             let mut stmt = c.prepare(

@@ -1225,3 +1225,67 @@ fn watched_instances_are_the_alive_machines_with_an_instance_not_in_error() {
         vec![(ms[0], format!("i-{}", ms[0]))]
     );
 }
+
+/// A Dying relation or service names what holds it — the units still in
+/// the scope, the unit a failed hook holds and the command that frees it —
+/// in `status` and in what `wait` waits for.
+#[test]
+fn dying_relations_and_services_name_what_holds_them() {
+    use crate::agents::{AgentOp, Caller};
+    let e = env();
+    e.deploy(WORDPRESS, "wordpress", 1);
+    e.deploy(MYSQL, "mysql", 2);
+    let rel = e.st.add_relation("wordpress", "mysql").unwrap();
+    let apply = |who: &str, op: AgentOp| {
+        e.st
+            .apply_batch(&[(Caller::Unit(who.into()), op)])
+            .unwrap()
+            .remove(0)
+            .unwrap();
+    };
+    for u in ["wordpress/0", "mysql/0", "mysql/1"] {
+        apply(
+            u,
+            AgentOp::EnterScope {
+                relation: rel.id,
+                unit: u.into(),
+                settings: vec![],
+            },
+        );
+    }
+    apply(
+        "mysql/1",
+        AgentOp::SetUnitStatus {
+            unit: "mysql/1".into(),
+            status: "error".into(),
+            info: "hook failed: \"db-relation-departed\"".into(),
+        },
+    );
+    e.st.destroy_relation("wordpress", "mysql").unwrap();
+    let st = e.st.status().unwrap();
+    let of = |id| st.relations.iter().find(|r| r.id == id).unwrap();
+    assert!(of(1).message.is_empty(), "the Alive peer relation says nothing");
+    let msg = &of(rel.id).message;
+    assert!(
+        msg.contains("waits for `mysql/0`, `mysql/1`, `wordpress/0` to leave it"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("unit `mysql/1` is held by a failed hook (`jujube resolved mysql/1`)"),
+        "{msg}"
+    );
+    let waits = e.st.awaiting_agents(10).unwrap().join("\n");
+    assert!(waits.contains(&format!("relation `{}` is dying and {msg}", rel.key)), "{waits}");
+    e.st.destroy_service("mysql").unwrap();
+    let st = e.st.status().unwrap();
+    let svc = st.services.get("mysql").unwrap();
+    assert!(
+        svc.message.contains("waits for unit(s) `mysql/0`, `mysql/1` and 1 relation(s) to go"),
+        "{}",
+        svc.message
+    );
+    assert!(svc.message.contains("`jujube resolved mysql/1`"), "{}", svc.message);
+    assert!(st.services.get("wordpress").unwrap().message.is_empty());
+    let waits = e.st.awaiting_agents(10).unwrap().join("\n");
+    assert!(waits.contains("service `mysql` is dying and waits for unit(s)"), "{waits}");
+}
