@@ -684,6 +684,7 @@ async fn agents_run_inside_their_containers_and_hooks_run_there() {
     j.run(&["deploy", &j.charm("logging")]).ok();
     j.run(&["add-relation", "wordpress", "mysql"]).ok();
     j.run(&["add-relation", "logging", "wordpress"]).ok();
+    j.run(&["set-environment", "agent-presence-lapse=8"]).ok();
     let ctl = j.controller();
     j.run(&["wait", "--timeout", "180s"]).ok();
     let st = j.status();
@@ -791,6 +792,34 @@ async fn agents_run_inside_their_containers_and_hooks_run_there() {
     let h = hooks_in(&c, &wp, "wordpress/0").await;
     assert_eq!(h.iter().filter(|x| *x == "install").count(), 1, "{h:?}");
     assert_eq!(h.iter().filter(|x| *x == "start").count(), 1, "{h:?}");
+
+    // A frozen agent inside its container (SIGSTOP) shows `down`; thawed,
+    // `started` again.
+    let mysql_agent = |j: &Jujube| {
+        j.status()["services"]["mysql"]["units"]["mysql/0"]["agent-status"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    let signal = |sig: &'static str| {
+        let (c, my) = (&c, &my);
+        async move {
+            let cmd = format!("kill -{sig} $(ps | grep '[j]ujube agent' | awk '{{print $1}}')");
+            exec_in(c, my, &["sh", "-c", &cmd]).await
+        }
+    };
+    assert_eq!(signal("STOP").await, 0);
+    eventually_in("mysql/0's agent down", || {
+        let j = &j;
+        async move { mysql_agent(j) == "down" }
+    })
+    .await;
+    assert_eq!(signal("CONT").await, 0);
+    eventually_in("mysql/0's agent seen again", || {
+        let j = &j;
+        async move { mysql_agent(j) == "started" }
+    })
+    .await;
 
     // destroy-service: the units leave, their stop hooks run inside; then
     // destroy-machine takes the container away.
