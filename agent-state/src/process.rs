@@ -32,6 +32,7 @@ pub struct ProcessAgents {
     pub api_addresses: Vec<String>,
     pub ca_cert: String,
     pub env_name: String,
+    pub env_uuid: String,
 }
 
 impl ProcessAgents {
@@ -43,6 +44,7 @@ impl ProcessAgents {
             tag,
             secret,
             env_name: self.env_name.clone(),
+            env_uuid: self.env_uuid.clone(),
         }
     }
 }

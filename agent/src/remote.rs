@@ -128,6 +128,7 @@ impl Remote {
             tag: tag.clone(),
             secret: String::new(),
             env_name: String::new(),
+            env_uuid: String::new(),
         };
         Remote {
             tag: tag.clone(),
@@ -208,6 +209,7 @@ pub async fn enroll(
         tag: Tag::Machine(0),
         secret: String::new(),
         env_name: String::new(),
+        env_uuid: String::new(),
     };
     let client = Remote::new(&probe)?;
     let mut sender = client.inner.connect().await?;

@@ -184,10 +184,13 @@ impl UnitAgent {
         let dir = self.dir();
         // A hook the charm does not have is skipped without a trace: no
         // socket, no write (100,000 units of a charm without hooks stay
-        // cheap).
-        if !dir.join("charm/hooks").join(&hook.name).exists() {
+        // cheap). A charm with a `dispatch` has every hook.
+        if !runner::program(&dir.join("charm"), &hook.name).0.exists() {
             return Ok(true);
         }
+        // A subordinate's hooks are told its principal.
+        let principal = self.api.unit(self.name()).await?.principal;
+        let hook = hook.for_subordinate_of(principal);
         self.hook_state().running = Some(Box::new(HookRecord::from(&hook)));
         self.save_hooks()?;
         let (id, ctx, socket) = self.open_context(&hook, relations).await?;

@@ -312,6 +312,9 @@ pub struct AgentConf {
     /// The environment's name (`JUJU_ENV_NAME` for hooks).
     #[serde(default)]
     pub env_name: String,
+    /// The environment's UUID (`JUJU_MODEL_UUID` for hooks).
+    #[serde(default)]
+    pub env_uuid: String,
 }
 
 impl std::fmt::Debug for AgentConf {
@@ -469,6 +472,7 @@ mod tests {
             tag: Tag::Machine(1),
             secret: "s3cret".into(),
             env_name: String::new(),
+            env_uuid: String::new(),
         };
         assert!(!format!("{conf:?}").contains("s3cret"));
     }

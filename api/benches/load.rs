@@ -201,6 +201,7 @@ async fn run(agents: usize, seconds: u64, set_every: u64) {
             tag,
             secret,
             env_name: "load".into(),
+            env_uuid: String::new(),
         })
         .unwrap()
     };

@@ -144,6 +144,7 @@ impl World {
             tag,
             secret,
             env_name: "test".into(),
+            env_uuid: String::new(),
         }
     }
 

@@ -47,6 +47,7 @@ pub async fn run(data_dir: &Path) -> Result<()> {
     }
     jujube_agent::hooks::runner::set_environment(jujube_agent::hooks::runner::Environment {
         name: conf.env_name.clone(),
+        uuid: conf.env_uuid.clone(),
         api_addresses: conf.api_addresses.clone(),
         exe: std::env::current_exe().ok(),
         private_address: None,

@@ -264,6 +264,7 @@ fn placement(
                 api_addresses,
                 ca_cert: jujube_api::tls::ca_cert(&dir)?,
                 env_name: env_name.to_string(),
+                env_uuid: env.uuid.clone(),
             })
         };
     let installer = |agents: jujube_agent_state::process::ProcessAgents,
@@ -604,6 +605,7 @@ pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
     let api = start_api(home, env_name, &store, facades.clone()).await?;
     jujube_agent::hooks::runner::set_environment(jujube_agent::hooks::runner::Environment {
         name: env_name.to_string(),
+        uuid: store.environment()?.uuid,
         api_addresses: api.addresses(),
         exe: std::env::current_exe().ok(),
         private_address: None,

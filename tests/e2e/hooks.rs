@@ -499,7 +499,10 @@ fn hooks_get_exactly_jujus_environment_and_cannot_run_jujubes_commands() {
             "JUJU_CHARM_DIR",
             "JUJU_CONTEXT_ID",
             "JUJU_ENV_NAME",
+            "JUJU_MODEL_NAME",
+            "JUJU_MODEL_UUID",
             "JUJU_UNIT_NAME",
+            "JUJU_VERSION",
             "LANG",
             "PATH",
             "TERM",
@@ -507,6 +510,14 @@ fn hooks_get_exactly_jujus_environment_and_cannot_run_jujubes_commands() {
         "{env}"
     );
     assert!(!env.contains("do-not-leak"), "{env}");
+    let uuid = j.status()["environment"]["uuid"].as_str().unwrap().to_string();
+    for var in [
+        "JUJU_MODEL_NAME=t".to_string(),
+        format!("JUJU_MODEL_UUID={uuid}"),
+        "JUJU_VERSION=3.6.4".to_string(),
+    ] {
+        assert!(env.lines().any(|l| l == var), "{var} in {env}");
+    }
     // The tools are the jujube binary; run under its own name in a hook
     // context it refuses its user commands.
     let r = j.run(&[
@@ -994,5 +1005,67 @@ fn a_dying_machine_names_the_unit_a_failed_hook_holds() {
         r.stderr.contains("unit `flaky/0`: hook failed: \"stop\""),
         "{}",
         r.stderr
+    );
+}
+
+/// A charm with an executable `dispatch` (as charmcraft packs `ops`
+/// charms) has it run for every hook, told which by `JUJU_DISPATCH_PATH`,
+/// with the relation hooks' `JUJU_REMOTE_APP` and the departing unit; a
+/// subordinate's hooks are told its principal.
+#[test]
+fn a_charm_with_dispatch_runs_it_for_every_hook() {
+    let j = Jujube::new();
+    let charms = tempfile::tempdir().unwrap();
+    let charm = charms.path().join("dispatcher");
+    std::fs::create_dir_all(&charm).unwrap();
+    std::fs::write(
+        charm.join("metadata.yaml"),
+        "name: dispatcher\nsummary: dispatches\nsubordinate: true\nrequires:\n  db:\n    interface: mysql\n  juju-info:\n    interface: juju-info\n    scope: container\n",
+    )
+    .unwrap();
+    let dispatch = charm.join("dispatch");
+    std::fs::write(
+        &dispatch,
+        "#!/bin/sh\n[ \"hooks/$JUJU_HOOK_NAME\" = \"$JUJU_DISPATCH_PATH\" ] || exit 1\necho \"dispatch: $JUJU_DISPATCH_PATH app=${JUJU_REMOTE_APP:-} departing=${JUJU_DEPARTING_UNIT:-} principal=${JUJU_PRINCIPAL_UNIT:-}\"\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dispatch, std::fs::Permissions::from_mode(0o755)).unwrap();
+    j.run(&["bootstrap", "t"]).ok();
+    j.run(&["deploy", &j.charm("mysql")]).ok();
+    j.run(&["deploy", &j.charm("wordpress")]).ok();
+    j.run(&["deploy", charm.to_str().unwrap()]).ok();
+    j.run(&["add-relation", "dispatcher", "wordpress"]).ok();
+    j.run(&["add-relation", "dispatcher", "mysql"]).ok();
+    let _ctl = j.controller();
+    j.run(&["wait", "--timeout", "60s"]).ok();
+    let st = j.status();
+    let machine = st["services"]["wordpress"]["units"]["wordpress/0"]["machine"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let lines = || {
+        std::fs::read_to_string(log(&j, &machine, "dispatcher/0"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_once("dispatch: ").map(|(_, d)| d.to_string()))
+            .collect::<Vec<_>>()
+    };
+    let seen = lines();
+    for want in [
+        "hooks/install app= departing= principal=wordpress/0",
+        "hooks/start app= departing= principal=wordpress/0",
+        "hooks/db-relation-joined app=mysql departing= principal=wordpress/0",
+        "hooks/db-relation-changed app=mysql departing= principal=wordpress/0",
+    ] {
+        assert!(seen.iter().any(|l| l == want), "{want} in {seen:?}");
+    }
+    j.run(&["destroy-relation", "dispatcher", "mysql"]).ok();
+    j.run(&["wait", "--timeout", "60s"]).ok();
+    let seen = lines();
+    assert!(
+        seen.iter().any(|l| l
+            == "hooks/db-relation-departed app=mysql departing=mysql/0 principal=wordpress/0"),
+        "{seen:?}"
     );
 }

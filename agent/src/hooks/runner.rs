@@ -9,8 +9,10 @@ const SYSTEM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sb
 /// What every hook of this process is told about its environment.
 #[derive(Debug, Clone, Default)]
 pub struct Environment {
-    /// `JUJU_ENV_NAME`.
+    /// `JUJU_ENV_NAME` and `JUJU_MODEL_NAME`.
     pub name: String,
+    /// `JUJU_MODEL_UUID`: the environment's UUID.
+    pub uuid: String,
     /// `JUJU_API_ADDRESSES`: the controller's API addresses, space-separated.
     pub api_addresses: Vec<String>,
     /// The `jujube` binary the tool links point at.
@@ -59,6 +61,24 @@ fn environment() -> Environment {
     ENVIRONMENT.get().cloned().unwrap_or_default()
 }
 
+/// The Juju version whose hook semantics jujube follows, as `JUJU_VERSION`
+/// tells charms (the `ops` framework decides what it may use by it).
+pub const JUJU_VERSION: &str = "3.6.4";
+
+/// What runs for `hook` in `charm`: the charm's `dispatch` when it has an
+/// executable one (every hook, told which by `JUJU_DISPATCH_PATH`, as
+/// charmcraft packs charms), else `hooks/NAME`.
+pub fn program(charm: &Path, hook: &str) -> (PathBuf, Option<String>) {
+    use std::os::unix::fs::PermissionsExt;
+    let dispatch = charm.join("dispatch");
+    match std::fs::metadata(&dispatch) {
+        Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => {
+            (dispatch, Some(format!("hooks/{hook}")))
+        }
+        _ => (charm.join("hooks").join(hook), None),
+    }
+}
+
 /// Which hook, and about what.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hook {
@@ -67,6 +87,8 @@ pub struct Hook {
     pub relation: Option<(i64, String)>,
     /// The remote unit of `-joined`, `-changed`, `-departed`.
     pub remote: Option<String>,
+    /// The principal of the unit it runs for, when that is a subordinate.
+    pub principal: Option<String>,
 }
 
 impl Hook {
@@ -75,7 +97,15 @@ impl Hook {
             name: name.to_string(),
             relation: None,
             remote: None,
+            principal: None,
         }
+    }
+
+    /// The same hook, run for a subordinate of `principal`
+    /// (`JUJU_PRINCIPAL_UNIT`).
+    pub fn for_subordinate_of(mut self, principal: Option<String>) -> Hook {
+        self.principal = principal;
+        self
     }
 
     pub fn relation(rel: i64, rel_name: &str, kind: &str, remote: Option<&str>) -> Hook {
@@ -83,6 +113,7 @@ impl Hook {
             name: format!("{rel_name}-relation-{kind}"),
             relation: Some((rel, rel_name.to_string())),
             remote: remote.map(str::to_string),
+            principal: None,
         }
     }
 }
@@ -125,7 +156,7 @@ pub async fn run(
 ) -> Outcome {
     use std::os::unix::fs::PermissionsExt;
     let charm = unit_dir.join("charm");
-    let path = charm.join("hooks").join(&hook.name);
+    let (path, dispatch) = program(&charm, &hook.name);
     let meta = match std::fs::metadata(&path) {
         Ok(m) => m,
         Err(_) => return Outcome::Missing,
@@ -151,7 +182,13 @@ pub async fn run(
         Err(e) => return Outcome::Failed(format!("cannot open the unit's log: {e}")),
     };
     let mut cmd = match command(&path, unit_dir, unit, context_id, socket, hook) {
-        Ok(c) => c,
+        Ok(mut c) => {
+            c.env("JUJU_HOOK_NAME", &hook.name);
+            if let Some(d) = dispatch {
+                c.env("JUJU_DISPATCH_PATH", d);
+            }
+            c
+        }
         Err(e) => return Outcome::Failed(format!("cannot set up the hook tools: {e}")),
     };
     cmd.stdout(log).stderr(err);
@@ -214,6 +251,9 @@ fn command(
         .env("JUJU_AGENT_SOCKET", socket)
         .env("JUJU_API_ADDRESSES", env.api_addresses.join(" "))
         .env("JUJU_ENV_NAME", &env.name)
+        .env("JUJU_MODEL_NAME", &env.name)
+        .env("JUJU_MODEL_UUID", &env.uuid)
+        .env("JUJU_VERSION", JUJU_VERSION)
         .stdin(std::process::Stdio::null())
         // Its own process group, so that the whole of it can be killed
         // (a timed-out `jujube run`, a hook left by a dead agent).
@@ -235,6 +275,15 @@ fn command(
     }
     if let Some(remote) = &hook.remote {
         cmd.env("JUJU_REMOTE_UNIT", remote);
+        if let Some((app, _)) = remote.split_once('/') {
+            cmd.env("JUJU_REMOTE_APP", app);
+        }
+        if hook.name.ends_with("-relation-departed") {
+            cmd.env("JUJU_DEPARTING_UNIT", remote);
+        }
+    }
+    if let Some(p) = &hook.principal {
+        cmd.env("JUJU_PRINCIPAL_UNIT", p);
     }
     Ok(cmd)
 }
