@@ -562,6 +562,41 @@ impl Facade for InProcess {
             .map_err(|e| self.err(e))
     }
 
+    async fn set_workload_status(
+        &self,
+        unit: &str,
+        application: bool,
+        status: &str,
+        message: &str,
+    ) -> ApiResult<()> {
+        if !self.is_unit(unit) {
+            return Err(self.denied(format!("set the workload status of unit `{unit}`")));
+        }
+        self.write(AgentOp::SetWorkloadStatus {
+            unit: unit.into(),
+            application,
+            status: status.into(),
+            message: message.into(),
+        })
+        .await
+    }
+
+    async fn workload_status(&self, unit: &str, application: bool) -> ApiResult<(String, String)> {
+        if !self.is_unit(unit) {
+            return Err(self.denied(format!("read the workload status of unit `{unit}`")));
+        }
+        self.store()
+            .workload_status(unit, application)
+            .map_err(|e| self.err(e))
+    }
+
+    async fn is_leader(&self, unit: &str) -> ApiResult<bool> {
+        if !self.is_unit(unit) {
+            return Err(self.denied(format!("ask whether unit `{unit}` leads its service")));
+        }
+        self.store().claim_leadership(unit).map_err(|e| self.err(e))
+    }
+
     async fn scope_settings(
         &self,
         relation: i64,

@@ -339,6 +339,22 @@ pub trait Facade: Send + Sync + 'static {
     /// option with neither a value nor a default is null.
     async fn service_config(&self, service: &str)
         -> ApiResult<BTreeMap<String, serde_json::Value>>;
+    /// `status-set`: the unit's workload status, or (`application`) its
+    /// service's, which only the service's leader may set.
+    async fn set_workload_status(
+        &self,
+        unit: &str,
+        application: bool,
+        status: &str,
+        message: &str,
+    ) -> ApiResult<()>;
+    /// `status-get`: the unit's (or its service's) workload status and
+    /// message.
+    async fn workload_status(&self, unit: &str, application: bool) -> ApiResult<(String, String)>;
+    /// `is-leader`: whether `unit` leads its service; a service whose
+    /// leader was lost (gone, dying, its agent down) gets `unit` as its
+    /// leader.
+    async fn is_leader(&self, unit: &str) -> ApiResult<bool>;
     /// The units `unit` sees in the relation's scope with their settings,
     /// in one snapshot: what a scope notice makes an agent re-read, in one
     /// call instead of one per member.

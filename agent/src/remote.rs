@@ -584,6 +584,31 @@ impl Facade for Remote {
         })
         .await
     }
+    async fn set_workload_status(
+        &self,
+        unit: &str,
+        application: bool,
+        status: &str,
+        message: &str,
+    ) -> ApiResult<()> {
+        self.call(Call::SetWorkloadStatus {
+            unit: unit.into(),
+            application,
+            status: status.into(),
+            message: message.into(),
+        })
+        .await
+    }
+    async fn workload_status(&self, unit: &str, application: bool) -> ApiResult<(String, String)> {
+        self.call(Call::WorkloadStatus {
+            unit: unit.into(),
+            application,
+        })
+        .await
+    }
+    async fn is_leader(&self, unit: &str) -> ApiResult<bool> {
+        self.call(Call::IsLeader { unit: unit.into() }).await
+    }
     async fn scope_settings(
         &self,
         relation: i64,

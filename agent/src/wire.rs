@@ -120,6 +120,20 @@ pub enum Call {
         relation: i64,
         unit: String,
     },
+    SetWorkloadStatus {
+        unit: String,
+        application: bool,
+        status: String,
+        message: String,
+    },
+    WorkloadStatus {
+        unit: String,
+        application: bool,
+    },
+    /// A write: it may elect the caller.
+    IsLeader {
+        unit: String,
+    },
     ServiceConfig {
         service: String,
     },
@@ -160,6 +174,7 @@ impl Call {
                 | Call::Unit { .. }
                 | Call::ScopeUnits { .. }
                 | Call::ScopeSettings { .. }
+                | Call::WorkloadStatus { .. }
                 | Call::ServiceConfig { .. }
                 | Call::RelationSettings { .. }
         )
@@ -184,6 +199,9 @@ impl Call {
             Call::LeaveScope { .. } => "leave-scope",
             Call::ScopeUnits { .. } => "scope-units",
             Call::ScopeSettings { .. } => "scope-settings",
+            Call::SetWorkloadStatus { .. } => "set-workload-status",
+            Call::WorkloadStatus { .. } => "workload-status",
+            Call::IsLeader { .. } => "is-leader",
             Call::ServiceConfig { .. } => "service-config",
             Call::RelationSettings { .. } => "relation-settings",
             Call::UpdateRelationSettings { .. } => "update-relation-settings",
@@ -249,6 +267,20 @@ pub async fn dispatch(facade: &dyn Facade, call: Call) -> ApiResult<serde_json::
         Call::ScopeSettings { relation, unit } => {
             encode(facade.scope_settings(relation, &unit).await?)
         }
+        Call::SetWorkloadStatus {
+            unit,
+            application,
+            status,
+            message,
+        } => encode(
+            facade
+                .set_workload_status(&unit, application, &status, &message)
+                .await?,
+        ),
+        Call::WorkloadStatus { unit, application } => {
+            encode(facade.workload_status(&unit, application).await?)
+        }
+        Call::IsLeader { unit } => encode(facade.is_leader(&unit).await?),
         Call::ServiceConfig { service } => encode(facade.service_config(&service).await?),
         Call::RelationSettings { relation, unit } => {
             encode(facade.relation_settings(relation, &unit).await?)

@@ -212,6 +212,12 @@ async fn try_everything_out_of_scope(api: &dyn Facade, machine: i64, unit: &str,
     assert_unauthorized("scope_units", api.scope_units(relation, unit).await);
     assert_unauthorized("scope_settings", api.scope_settings(relation, unit).await);
     assert_unauthorized(
+        "set_workload_status",
+        api.set_workload_status(unit, false, "active", "").await,
+    );
+    assert_unauthorized("workload_status", api.workload_status(unit, false).await);
+    assert_unauthorized("is_leader", api.is_leader(unit).await);
+    assert_unauthorized(
         "relation_settings",
         api.relation_settings(relation, unit).await,
     );

@@ -163,19 +163,27 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
         for (_, s) in &st.services.0 {
             for (name, u) in &s.units.0 {
                 rows.push(vec![
-                    name.clone(),
+                    format!("{name}{}", if u.leader { "*" } else { "" }),
                     u.life.to_string(),
                     u.machine.clone().unwrap_or_else(|| "-".into()),
+                    u.workload_status.current.clone(),
                     u.agent_status.clone(),
-                    with_refusal(&u.agent_status_info, u.credential_refused.as_deref()),
+                    unit_message(
+                        &u.workload_status.message,
+                        &with_refusal(&u.agent_status_info, u.credential_refused.as_deref()),
+                    ),
                 ]);
                 for (sub, su) in &u.subordinates.0 {
                     rows.push(vec![
-                        format!("  {sub}"),
+                        format!("  {sub}{}", if su.leader { "*" } else { "" }),
                         su.life.to_string(),
                         String::new(),
+                        su.workload_status.current.clone(),
                         su.agent_status.clone(),
-                        with_refusal(&su.agent_status_info, su.credential_refused.as_deref()),
+                        unit_message(
+                            &su.workload_status.message,
+                            &with_refusal(&su.agent_status_info, su.credential_refused.as_deref()),
+                        ),
                     ]);
                 }
             }
@@ -184,7 +192,7 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
             writeln!(out)?;
             table(
                 &mut out,
-                &["Unit", "Life", "Machine", "Agent", "Message"],
+                &["Unit", "Life", "Machine", "Workload", "Agent", "Message"],
                 &rows,
             )?;
         }
@@ -344,5 +352,14 @@ fn with_refusal(info: &str, since: Option<&str>) -> String {
         (_, true) => info.to_string(),
         (true, false) => refused,
         (false, false) => format!("{info}; {refused}"),
+    }
+}
+
+/// A unit's Message column: what its charm says, then what its agent says.
+fn unit_message(workload: &str, agent: &str) -> String {
+    match (workload.is_empty(), agent.is_empty()) {
+        (_, true) => workload.to_string(),
+        (true, false) => agent.to_string(),
+        (false, false) => format!("{workload}; {agent}"),
     }
 }

@@ -86,6 +86,14 @@ pub enum AgentOp {
         status: String,
         info: String,
     },
+    /// `status-set`: the unit's workload status, or (`application`) its
+    /// service's, which only the service's leader sets.
+    SetWorkloadStatus {
+        unit: String,
+        application: bool,
+        status: String,
+        message: String,
+    },
     /// Enters the scope with `settings` as the unit's first relation
     /// settings (its `private-address`), in the same transaction: no
     /// counterpart ever sees it in scope without them.
@@ -229,6 +237,49 @@ fn apply_in(tx: &mut Tx<'_>, by: &Caller, op: &AgentOp) -> Result<()> {
                 tx.prepare_cached("UPDATE units SET ports = ?1 WHERE name = ?2")?
                     .execute((&next, unit))?;
                 tx.changed(ChangeKind::Unit, unit.clone())?;
+            }
+            Ok(())
+        }
+        AgentOp::SetWorkloadStatus {
+            unit,
+            application,
+            status,
+            message,
+        } => {
+            if !is_unit(by, unit) {
+                return Err(unauthorized(
+                    by,
+                    format!("set the workload status of unit `{unit}`"),
+                ));
+            }
+            if !WORKLOAD_STATUSES.contains(&status.as_str()) {
+                return Err(Error::Relation(format!(
+                    "invalid workload status `{status}`: use `maintenance`, `blocked`, `waiting` or `active`"
+                )));
+            }
+            if message.len() > MAX_WORKLOAD_MESSAGE_BYTES {
+                return Err(Error::Relation(format!(
+                    "a status message of {} bytes is more than {MAX_WORKLOAD_MESSAGE_BYTES}; shorten it",
+                    message.len()
+                )));
+            }
+            let u = get_unit(tx, unit)?;
+            if *application {
+                if !leader_in(tx, &u.service, unit)? {
+                    return Err(Error::Relation(format!(
+                        "unit `{unit}` is not the leader of service `{}`: only the leader sets the application's status (`is-leader` tells)",
+                        u.service
+                    )));
+                }
+                tx.prepare_cached(
+                    "UPDATE services SET workload_status = ?1, workload_message = ?2 WHERE name = ?3",
+                )?
+                .execute((status, message, &u.service))?;
+            } else {
+                tx.prepare_cached(
+                    "UPDATE units SET workload_status = ?1, workload_message = ?2 WHERE name = ?3",
+                )?
+                .execute((status, message, unit))?;
             }
             Ok(())
         }
@@ -1026,4 +1077,71 @@ pub(crate) fn service_blockers(c: &rusqlite::Connection, name: &str) -> Result<S
         &name,
     )?;
     Ok(format!("waits for {} to go{held}", waits.join(" and ")))
+}
+
+/// The workload statuses a charm may set (`status-set`).
+pub const WORKLOAD_STATUSES: [&str; 4] = ["maintenance", "blocked", "waiting", "active"];
+/// The longest workload status message.
+pub const MAX_WORKLOAD_MESSAGE_BYTES: usize = 2048;
+
+/// Whether `unit` is the recorded leader of `service` now: recorded, and
+/// Alive with its agent present (see [`Store::claim_leadership`]).
+fn leader_in(c: &rusqlite::Connection, service: &str, unit: &str) -> Result<bool> {
+    Ok(current_leader(c, service)?.as_deref() == Some(unit))
+}
+
+/// The service's leader, if it still holds: Alive, and its agent not
+/// `down` (an agent over the API seen within the presence lapse; one in
+/// the controller is present while the controller runs).
+fn current_leader(c: &rusqlite::Connection, service: &str) -> Result<Option<String>> {
+    use rusqlite::OptionalExtension;
+    let lapsed = crate::unix_now() - crate::credentials::presence_lapse(c)?;
+    Ok(c
+        .prepare_cached(
+            "SELECT u.name FROM services s JOIN units u ON u.name = s.leader
+             LEFT JOIN agent_credentials a ON a.unit = u.name
+             WHERE s.name = ?1 AND u.life = 0
+               AND (a.seen_at IS NULL OR a.seen_at >= ?2)",
+        )?
+        .query_row((service, lapsed), |r| r.get(0))
+        .optional()?)
+}
+
+impl Store {
+    /// `is-leader`: whether `unit` leads its service. A service whose
+    /// leader no longer holds (gone, dying, or its agent down) gets the
+    /// asking unit as its leader if it is Alive, in the same transaction:
+    /// exactly one leader per service at a time, and leadership moves only
+    /// when the leader is lost. One row per service: the cost grows with
+    /// services, not units.
+    pub fn claim_leadership(&self, unit: &str) -> Result<bool> {
+        self.write(|tx| {
+            let u = get_unit(tx, unit)?;
+            if let Some(leader) = current_leader(tx, &u.service)? {
+                return Ok(leader == unit);
+            }
+            if u.life != Life::Alive {
+                return Ok(false);
+            }
+            tx.prepare_cached("UPDATE services SET leader = ?1 WHERE name = ?2")?
+                .execute((unit, &u.service))?;
+            tx.changed(ChangeKind::Unit, unit)?;
+            Ok(true)
+        })
+    }
+
+    /// `status-get`: the workload status and message of `unit`, or of its
+    /// service (`application`).
+    pub fn workload_status(&self, unit: &str, application: bool) -> Result<(String, String)> {
+        self.read(|c| {
+            let u = get_unit(c, unit)?;
+            Ok(if application {
+                c.prepare_cached("SELECT workload_status, workload_message FROM services WHERE name = ?1")?
+                    .query_row([&u.service], |r| Ok((r.get(0)?, r.get(1)?)))?
+            } else {
+                c.prepare_cached("SELECT workload_status, workload_message FROM units WHERE name = ?1")?
+                    .query_row([unit], |r| Ok((r.get(0)?, r.get(1)?)))?
+            })
+        })
+    }
 }

@@ -292,4 +292,14 @@ CREATE INDEX units_principal ON units (principal) WHERE principal IS NOT NULL;
     r#"
 ALTER TABLE agent_credentials ADD COLUMN seen_at INTEGER;
 "#,
+    // 16 (today's charms): the workload status a unit's charm sets with
+    // `status-set` (Juju's `unknown` until it does), its service's (set by
+    // the leader), and which unit leads its service.
+    r#"
+ALTER TABLE units ADD COLUMN workload_status TEXT NOT NULL DEFAULT 'unknown';
+ALTER TABLE units ADD COLUMN workload_message TEXT NOT NULL DEFAULT '';
+ALTER TABLE services ADD COLUMN workload_status TEXT NOT NULL DEFAULT 'unknown';
+ALTER TABLE services ADD COLUMN workload_message TEXT NOT NULL DEFAULT '';
+ALTER TABLE services ADD COLUMN leader TEXT;
+"#,
 ];

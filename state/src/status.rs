@@ -107,6 +107,9 @@ pub struct ServiceStatus {
     /// Principal units only: a subordinate service lists none of its own
     /// (they appear under their principals), as Juju's status does.
     pub units: OrderedMap<UnitStatus>,
+    /// What its leader's charm says of the application (`status-set
+    /// --application`).
+    pub workload_status: WorkloadStatus,
     /// For a Dying service: what it waits for (its units, named, and
     /// relations; one unit a failed hook holds, with the command that
     /// frees it).
@@ -128,6 +131,11 @@ pub struct UnitStatus {
     /// while it logs in with its current one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub credential_refused: Option<String>,
+    /// What its charm says of its workload (`status-set`).
+    pub workload_status: WorkloadStatus,
+    /// The leader of its service.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub leader: bool,
     /// What its hooks opened (`open-port`), e.g. `80/tcp`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub open_ports: Vec<String>,
@@ -140,12 +148,24 @@ pub struct SubordinateStatus {
     pub life: Life,
     pub agent_status: String,
     pub agent_status_info: String,
+    pub workload_status: WorkloadStatus,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub leader: bool,
     /// When the API server first refused this agent's credential (a
     /// secret other than its current one: an agent left behind by a newer
     /// start attempt or enrollment), `YYYY-MM-DD HH:MM:SS UTC`; absent
     /// while it logs in with its current one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub credential_refused: Option<String>,
+}
+
+/// A workload status as Juju shows it: `current` (`unknown` until the
+/// charm sets one) and its message.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct WorkloadStatus {
+    pub current: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub message: String,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -297,7 +317,9 @@ impl Store {
             let mut stmt = c.prepare(
                 "SELECT name, principal, life, status, status_info,
                         (SELECT refused_at FROM agent_credentials WHERE unit = units.name),
-                        (SELECT seen_at FROM agent_credentials WHERE unit = units.name)
+                        (SELECT seen_at FROM agent_credentials WHERE unit = units.name),
+                        workload_status, workload_message,
+                        EXISTS (SELECT 1 FROM services s WHERE s.name = units.service AND s.leader = units.name)
                  FROM units WHERE principal IS NOT NULL ORDER BY service, number",
             )?;
             let mut rows = stmt.query([])?;
@@ -310,6 +332,11 @@ impl Store {
                         life: life(r.get(2)?)?,
                         agent_status,
                         agent_status_info,
+                        workload_status: WorkloadStatus {
+                            current: r.get(7)?,
+                            message: r.get(8)?,
+                        },
+                        leader: r.get(9)?,
                         credential_refused: refused_since(r.get(5)?),
                     },
                 ));
@@ -317,7 +344,8 @@ impl Store {
 
             let mut services: Vec<(String, ServiceStatus)> = Vec::new();
             let mut stmt = c.prepare(
-                "SELECT name, charm_url, life, series, subordinate, constraints FROM services ORDER BY name",
+                "SELECT name, charm_url, life, series, subordinate, constraints, workload_status, workload_message
+                 FROM services ORDER BY name",
             )?;
             let mut rows = stmt.query([])?;
             let mut index = HashMap::new();
@@ -345,6 +373,10 @@ impl Store {
                             .map(|(k, v)| (k, v.into_iter().collect()))
                             .collect(),
                         units: OrderedMap::default(),
+                        workload_status: WorkloadStatus {
+                            current: r.get(6)?,
+                            message: r.get(7)?,
+                        },
                         message: String::new(),
                     },
                 ));
@@ -357,7 +389,9 @@ impl Store {
             let mut stmt = c.prepare(
                 "SELECT name, service, life, machine_id, status, status_info, ports,
                         (SELECT refused_at FROM agent_credentials WHERE unit = units.name),
-                        (SELECT seen_at FROM agent_credentials WHERE unit = units.name)
+                        (SELECT seen_at FROM agent_credentials WHERE unit = units.name),
+                        workload_status, workload_message,
+                        EXISTS (SELECT 1 FROM services s WHERE s.name = units.service AND s.leader = units.name)
                  FROM units WHERE principal IS NULL ORDER BY service, number",
             )?;
             let mut rows = stmt.query([])?;
@@ -381,6 +415,11 @@ impl Store {
                             .map(str::to_string)
                             .collect(),
                         credential_refused: refused_since(r.get(7)?),
+                        workload_status: WorkloadStatus {
+                            current: r.get(9)?,
+                            message: r.get(10)?,
+                        },
+                        leader: r.get(11)?,
                         subordinates,
                     },
                 ));

@@ -1026,7 +1026,7 @@ fn a_charm_with_dispatch_runs_it_for_every_hook() {
     let dispatch = charm.join("dispatch");
     std::fs::write(
         &dispatch,
-        "#!/bin/sh\n[ \"hooks/$JUJU_HOOK_NAME\" = \"$JUJU_DISPATCH_PATH\" ] || exit 1\necho \"dispatch: $JUJU_DISPATCH_PATH app=${JUJU_REMOTE_APP:-} departing=${JUJU_DEPARTING_UNIT:-} principal=${JUJU_PRINCIPAL_UNIT:-}\"\n",
+        "#!/bin/sh\n[ \"hooks/$JUJU_HOOK_NAME\" = \"$JUJU_DISPATCH_PATH\" ] || exit 1\necho \"dispatch: $JUJU_DISPATCH_PATH app=${JUJU_REMOTE_APP:-} departing=${JUJU_DEPARTING_UNIT:-} principal=${JUJU_PRINCIPAL_UNIT:-}\"\nstatus-set active \"ran $JUJU_HOOK_NAME\"\necho \"leader: $(is-leader --format=json)\"\n",
     )
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
@@ -1051,6 +1051,12 @@ fn a_charm_with_dispatch_runs_it_for_every_hook() {
             .filter_map(|l| l.split_once("dispatch: ").map(|(_, d)| d.to_string()))
             .collect::<Vec<_>>()
     };
+    // The charm's status and leadership, through the hook tools.
+    let sub = &st["services"]["wordpress"]["units"]["wordpress/0"]["subordinates"]["dispatcher/0"];
+    assert_eq!(sub["workload-status"]["current"], "active", "{sub}");
+    assert_eq!(sub["leader"], true, "{sub}");
+    let unit_log = std::fs::read_to_string(log(&j, &machine, "dispatcher/0")).unwrap();
+    assert!(unit_log.contains("leader: true"), "{unit_log}");
     let seen = lines();
     for want in [
         "hooks/install app= departing= principal=wordpress/0",

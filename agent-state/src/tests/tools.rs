@@ -556,3 +556,84 @@ async fn relation_set_refuses_settings_beyond_the_bound_at_once() {
     let pending = ctx.pending.lock().await.get(&f.db).cloned().unwrap();
     assert_eq!(pending.keys().collect::<Vec<_>>(), ["a"]);
 }
+
+/// `status-set`, `status-get` and `is-leader`, as `ops` calls them: the
+/// unit's workload status; the first unit to ask leads its service, the
+/// others do not while it holds; only the leader sets the application's
+/// status; leadership moves when the leader is lost.
+#[tokio::test]
+async fn workload_status_and_leadership_as_ops_calls_them() {
+    let f = fixture();
+    let ctx = f.ctx(None);
+    check(
+        &ctx,
+        &[
+            ("status-get", "unknown\n", "", 0),
+            ("status-set maintenance installing", "", "", 0),
+            (
+                "status-get --include-data --format=json",
+                "{\"message\":\"installing\",\"status\":\"maintenance\",\"status-data\":{}}\n",
+                "",
+                0,
+            ),
+            ("status-set --application=False active", "", "", 0),
+            ("status-get", "active\n", "", 0),
+            (
+                "status-set running",
+                "",
+                "error: invalid status \"running\", expected one of [maintenance blocked waiting active]\n",
+                2,
+            ),
+            ("status-set", "", "error: invalid args, require <status> [message] [data]\n", 2),
+            ("is-leader --format=json", "true\n", "", 0),
+            ("is-leader", "True\n", "", 0),
+            ("status-set --application=True blocked need a db", "", "error: unrecognized args: [\"a\"]\n", 2),
+            ("status-set --application=True blocked \"need-db\"", "", "", 0),
+            (
+                "status-get --application --include-data --format=json",
+                "{\"application-status\":{\"message\":\"\\\"need-db\\\"\",\"status\":\"blocked\",\"status-data\":{},\"units\":{}}}\n",
+                "",
+                0,
+            ),
+        ],
+    )
+    .await;
+    let st = f.w.store.status().unwrap();
+    let wp = st.services.get("wordpress").unwrap();
+    assert_eq!(wp.workload_status.current, "blocked");
+    let u = wp.units.get("wordpress/0").unwrap();
+    assert_eq!(u.workload_status.current, "active");
+    assert!(u.leader);
+
+    // mysql: the first unit to ask leads; the others do not, and may not
+    // set the application's status.
+    let mysql = |u: &str| {
+        Arc::new(HookContext::new(
+            format!("ctx-{u}"),
+            u,
+            HookView::default(),
+            f.facades.for_agent(Tag::unit(u)),
+            f.w.dir.path().join("unit.log"),
+        ))
+    };
+    let (m0, m1) = (mysql("mysql/0"), mysql("mysql/1"));
+    check(&m1, &[("is-leader", "True\n", "", 0)]).await;
+    check(
+        &m0,
+        &[
+            ("is-leader", "False\n", "", 0),
+            (
+                "status-set --application active",
+                "",
+                "error: unit `mysql/0` is not the leader of service `mysql`: only the leader sets the application's status (`is-leader` tells)\n",
+                1,
+            ),
+        ],
+    )
+    .await;
+    check(&m1, &[("is-leader", "True\n", "", 0)]).await;
+    // The leader lost (its unit destroyed): the next to ask leads.
+    f.w.store.destroy_units(&["mysql/1".to_string()]).unwrap();
+    check(&m0, &[("is-leader", "True\n", "", 0)]).await;
+    check(&m1, &[("is-leader", "False\n", "", 0)]).await;
+}

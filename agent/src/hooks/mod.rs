@@ -27,8 +27,11 @@ pub mod state;
 pub mod tools;
 
 /// Names the `jujube` binary answers to as a hook tool.
-pub const TOOLS: [&str; 9] = [
+pub const TOOLS: [&str; 12] = [
     "juju-log",
+    "status-set",
+    "status-get",
+    "is-leader",
     "open-port",
     "close-port",
     "unit-get",

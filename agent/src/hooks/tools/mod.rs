@@ -60,6 +60,41 @@ pub const SPECS: &[Spec] = &[
         doc: "",
     },
     Spec {
+        name: "status-set",
+        args: "<maintenance | blocked | waiting | active> [message]",
+        purpose: "set status information",
+        flags: &[
+            Flag::bool(None, "application", "set this status for the application to which the unit belongs if the unit is the leader"),
+            Flag::bool(None, "service", "the same as --application (Juju 1.25's name)"),
+        ],
+        doc: "Sets the workload status of the charm. Message is optional.\n\
+              The \"last updated\" attribute of the status is set, even if the\n\
+              status and message are the same as what's already set.",
+    },
+    Spec {
+        name: "status-get",
+        args: "[--include-data] [--application]",
+        purpose: "print status information",
+        flags: &[
+            Flag::bool(None, "application", "print status for all units of this application if this unit is the leader"),
+            Flag::bool(None, "service", "the same as --application (Juju 1.25's name)"),
+            Flag::bool(None, "include-data", "print all status data"),
+            FORMAT,
+            OUTPUT,
+        ],
+        doc: "By default, only the status value is printed.\n\
+              If the --include-data flag is passed, the associated data are printed also.",
+    },
+    Spec {
+        name: "is-leader",
+        args: "",
+        purpose: "print application leadership status",
+        flags: &[FORMAT, OUTPUT],
+        doc: "is-leader prints a boolean indicating whether the local unit is guaranteed to\n\
+              be application leader for at least 30 seconds. If it fails, you should\n\
+              assume that there is no such guarantee.",
+    },
+    Spec {
         name: "unit-get",
         args: "<setting>",
         purpose: "print public-address or private-address",
@@ -297,6 +332,56 @@ async fn run_tool(
 ) -> Result<Output, Failure> {
     match spec.name {
         "juju-log" => juju_log(ctx, spec, p),
+        "status-set" => {
+            let application = p.is_set("application") || p.is_set("service");
+            let (status, message) = match p.args.as_slice() {
+                [] => return Err(usage("invalid args, require <status> [message] [data]")),
+                [status] => (status.clone(), String::new()),
+                [status, message] => (status.clone(), message.clone()),
+                [_, _, extra, ..] => {
+                    return Err(usage(format!("unrecognized args: [{extra:?}]")))
+                }
+            };
+            if !["maintenance", "blocked", "waiting", "active"].contains(&status.as_str()) {
+                return Err(usage(format!(
+                    "invalid status {status:?}, expected one of [maintenance blocked waiting active]"
+                )));
+            }
+            ctx.api
+                .set_workload_status(&ctx.unit, application, &status, &message)
+                .await
+                .map_err(|e| e.message)?;
+            Ok(Output::ok(""))
+        }
+        "status-get" => {
+            output(&p)?;
+            check_empty(&p.args).map_err(usage)?;
+            let application = p.is_set("application") || p.is_set("service");
+            let (status, message) = ctx
+                .api
+                .workload_status(&ctx.unit, application)
+                .await
+                .map_err(|e| e.message)?;
+            let v = if !p.is_set("include-data") && !application {
+                json!(status)
+            } else {
+                let one = json!({"message": message, "status": status, "status-data": {}});
+                if application {
+                    let mut app = one;
+                    app["units"] = json!({});
+                    json!({ "application-status": app })
+                } else {
+                    one
+                }
+            };
+            print(&p, &v)
+        }
+        "is-leader" => {
+            output(&p)?;
+            check_empty(&p.args).map_err(usage)?;
+            let leader = ctx.api.is_leader(&ctx.unit).await.map_err(|e| e.message)?;
+            print(&p, &json!(leader))
+        }
         "unit-get" => {
             let (_, _) = output(&p)?;
             let [key, rest @ ..] = p.args.as_slice() else {
