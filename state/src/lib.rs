@@ -237,14 +237,16 @@ impl Error {
     /// database failing); the store is unchanged either way, except after
     /// [`Error::Incomplete`], which is never a refusal.
     pub fn is_refusal(&self) -> bool {
-        !matches!(
-            self,
+        match self {
+            // Refused part-way (another writer destroyed the service between
+            // two batches): a refusal, which says what was added.
+            Error::Incomplete { cause, .. } => cause.is_refusal(),
             Error::Busy { .. }
-                | Error::SchemaTooNew { .. }
-                | Error::Database(_)
-                | Error::Corrupt { .. }
-                | Error::Incomplete { .. }
-        )
+            | Error::SchemaTooNew { .. }
+            | Error::Database(_)
+            | Error::Corrupt { .. } => false,
+            _ => true,
+        }
     }
 
     pub(crate) fn not_found(kind: Entity, id: impl ToString) -> Error {
