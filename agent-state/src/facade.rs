@@ -461,6 +461,7 @@ impl Facade for InProcess {
             subordinates: c.subordinates.iter().map(unit_ref).collect(),
             resolved: c.unit.resolved,
             force_upgrade: c.service.force_charm,
+            leader: c.leader,
             charm_url: c.service.charm_url,
             runs: c
                 .runs

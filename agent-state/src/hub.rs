@@ -372,8 +372,9 @@ impl Hub {
                         }
                     }
                 }
-                // A run queued for a unit is its own agent's business only.
-                ChangeKind::Run => {
+                // A run queued for a unit, or its leadership, is its own
+                // agent's business only.
+                ChangeKind::Run | ChangeKind::Leader => {
                     runs.insert(c.id.as_str());
                 }
                 ChangeKind::Environment | ChangeKind::Cleanup => {}

@@ -155,6 +155,10 @@ pub struct UnitView {
     /// failed hook lays it down and retries the hook from it.
     #[serde(default)]
     pub force_upgrade: bool,
+    /// The unit leads its service (`leader-elected` runs when it becomes
+    /// leader).
+    #[serde(default)]
+    pub leader: bool,
 }
 
 /// A command `jujube run` asked the unit's agent to run in a hook context.

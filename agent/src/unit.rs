@@ -419,6 +419,16 @@ impl UnitAgent {
             self.hook_state().installed = true;
             dirty = self.save_if_ran("install")?;
         }
+        // leader-elected once the unit became its service's leader (after
+        // install, as Juju); a unit that lost leadership forgets it, so
+        // that it runs again when it leads again.
+        if view.leader != self.hook_state().leader {
+            if view.leader && !self.run_hook(relations, Hook::unit("leader-elected")).await? {
+                return Ok(false);
+            }
+            self.hook_state().leader = view.leader;
+            self.save_hooks()?;
+        }
         // upgrade-charm when the service's charm changed: its files laid
         // over the charm directory (what the charm wrote there stays), the
         // hook, then config-changed.
@@ -534,6 +544,7 @@ impl UnitAgent {
             ("install", None, _) => self.hook_state().installed = true,
             ("start", None, _) => self.hook_state().started = true,
             ("stop", None, _) => self.hook_state().stopped = true,
+            ("leader-elected", None, _) => self.hook_state().leader = true,
             ("upgrade-charm", None, _) => {
                 self.hook_state().charm = Some(view.charm_url.clone());
                 self.ran_config_changed = false;

@@ -252,16 +252,19 @@ impl ApiServer {
                         .keys()
                         .cloned()
                         .collect();
-                    if tags.is_empty() {
-                        continue;
-                    }
+                    // Then services whose leader was lost get another.
                     let store = shared.store.clone();
                     let noted = tokio::task::spawn_blocking(move || {
-                        store.note_agents_seen(&tags, unix_now())
+                        if !tags.is_empty() {
+                            store.note_agents_seen(&tags, unix_now())?;
+                        }
+                        store.elect_leaders(LEADERS_PER_BEAT)
                     })
                     .await;
-                    if let Ok(Err(e)) = noted {
-                        warn!("cannot note the agents seen: {e}");
+                    match noted {
+                        Ok(Err(e)) => warn!("cannot note the agents seen or elect leaders: {e}"),
+                        Ok(Ok(n)) if n > 0 => info!(services = n, "leaders elected"),
+                        _ => {}
                     }
                 }
             });
@@ -837,6 +840,9 @@ fn note_refusal(shared: &Shared, tag: &str) {
         let _ = store.note_credential_refused(&tag, unix_now());
     });
 }
+
+/// Services given a new leader per presence beat at most.
+const LEADERS_PER_BEAT: usize = 1000;
 
 /// How often one tag's refusals reach the store.
 const REFUSAL_NOTE_EVERY: Duration = Duration::from_secs(60);

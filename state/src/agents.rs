@@ -482,6 +482,8 @@ pub struct UnitContext {
     pub subordinates: Vec<Unit>,
     /// `jujube run` requests waiting for the unit's agent, oldest first.
     pub runs: Vec<crate::runs::RunRequest>,
+    /// The unit is its service's recorded leader.
+    pub leader: bool,
 }
 
 fn units_where(c: &Connection, clause: &str, arg: &dyn rusqlite::ToSql) -> Result<Vec<Unit>> {
@@ -680,7 +682,11 @@ impl Store {
                 .collect::<Result<Vec<_>>>()?;
             let subordinates = units_where(c, "principal = ?1", &name)?;
             let runs = crate::runs::pending_runs_in(c, name)?;
+            let leader: Option<String> = c
+                .prepare_cached("SELECT leader FROM services WHERE name = ?1")?
+                .query_row([&unit.service], |r| r.get(0))?;
             Ok(UnitContext {
+                leader: leader.as_deref() == Some(name),
                 unit,
                 service,
                 principal_service,
@@ -1123,10 +1129,49 @@ impl Store {
             if u.life != Life::Alive {
                 return Ok(false);
             }
-            tx.prepare_cached("UPDATE services SET leader = ?1 WHERE name = ?2")?
-                .execute((unit, &u.service))?;
-            tx.changed(ChangeKind::Unit, unit)?;
+            take_leadership(tx, &u.service, unit)?;
             Ok(true)
+        })
+    }
+
+    /// Elects a leader for every Alive service whose leader was lost (gone,
+    /// dying, its agent down) and that has a unit whose agent started and
+    /// is present: its lowest-numbered one, whose agent is woken to run
+    /// `leader-elected`. At most `limit` services a call, in one
+    /// transaction. Returns how many were elected.
+    pub fn elect_leaders(&self, limit: usize) -> Result<usize> {
+        let now = crate::unix_now();
+        self.write(|tx| {
+            let lapsed = now - crate::credentials::presence_lapse(tx)?;
+            let services: Vec<String> = tx
+                .prepare_cached("SELECT name FROM services WHERE life = 0 AND unit_count > 0 ORDER BY name")?
+                .query_map([], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            let mut elected = 0;
+            for svc in services {
+                if elected >= limit {
+                    break;
+                }
+                if current_leader(tx, &svc)?.is_some() {
+                    continue;
+                }
+                let candidate: Option<String> = {
+                    use rusqlite::OptionalExtension;
+                    tx.prepare_cached(
+                        "SELECT u.name FROM units u LEFT JOIN agent_credentials a ON a.unit = u.name
+                         WHERE u.service = ?1 AND u.life = 0 AND u.agent_started
+                           AND (a.seen_at IS NULL OR a.seen_at >= ?2)
+                         ORDER BY u.number LIMIT 1",
+                    )?
+                    .query_row((&svc, lapsed), |r| r.get(0))
+                    .optional()?
+                };
+                if let Some(unit) = candidate {
+                    take_leadership(tx, &svc, &unit)?;
+                    elected += 1;
+                }
+            }
+            Ok(elected)
         })
     }
 
@@ -1144,4 +1189,22 @@ impl Store {
             })
         })
     }
+}
+
+/// Makes `unit` the leader of `service`, telling it and the unit that lost
+/// it (their agents run or forget `leader-elected`).
+fn take_leadership(tx: &mut Tx<'_>, service: &str, unit: &str) -> Result<()> {
+    use rusqlite::OptionalExtension;
+    let old: Option<String> = tx
+        .prepare_cached("SELECT leader FROM services WHERE name = ?1")?
+        .query_row([service], |r| r.get(0))
+        .optional()?
+        .flatten();
+    tx.prepare_cached("UPDATE services SET leader = ?1 WHERE name = ?2")?
+        .execute((unit, service))?;
+    tx.changed(ChangeKind::Leader, unit)?;
+    if let Some(old) = old.filter(|o| o != unit) {
+        tx.changed(ChangeKind::Leader, old)?;
+    }
+    Ok(())
 }

@@ -33,6 +33,9 @@ pub enum ChangeKind {
     Cleanup,
     /// A `jujube run` request queued or answered; the id is the unit's name.
     Run,
+    /// The unit became, or stopped being, its service's leader; the id is
+    /// the unit's name.
+    Leader,
 }
 
 impl ChangeKind {
@@ -47,6 +50,7 @@ impl ChangeKind {
             ChangeKind::Settings => "settings",
             ChangeKind::Cleanup => "cleanup",
             ChangeKind::Run => "run",
+            ChangeKind::Leader => "leader",
         }
     }
 
@@ -62,6 +66,7 @@ impl ChangeKind {
             Settings,
             Cleanup,
             Run,
+            Leader,
         ]
         .into_iter()
         .find(|k| k.as_str() == s)

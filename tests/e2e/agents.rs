@@ -426,3 +426,85 @@ fn a_frozen_agent_process_shows_down_and_wait_names_it() {
     assert!(j.status()["services"]["mysql"]["units"].get("mysql/0").is_none());
     assert_eq!(ctl.terminate().code(), Some(0));
 }
+
+/// Leadership fails over: the leader's agent process frozen, another unit
+/// becomes leader within the presence lapse and runs `leader-elected`.
+#[test]
+fn leadership_moves_when_the_leaders_agent_is_lost() {
+    use std::os::unix::fs::PermissionsExt;
+    let j = Jujube::new();
+    let charms = tempfile::tempdir().unwrap();
+    let charm = charms.path().join("leaders");
+    std::fs::create_dir_all(&charm).unwrap();
+    std::fs::write(charm.join("metadata.yaml"), "name: leaders\nsummary: leads\n").unwrap();
+    let dispatch = charm.join("dispatch");
+    std::fs::write(
+        &dispatch,
+        "#!/bin/sh\n[ \"$JUJU_HOOK_NAME\" = install ] && is-leader >/dev/null\necho \"dispatch: $JUJU_DISPATCH_PATH\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&dispatch, std::fs::Permissions::from_mode(0o755)).unwrap();
+    j.run(&["bootstrap", "t"]).ok();
+    j.run(&[
+        "set-environment",
+        "dummy-agents=process",
+        "agent-presence-lapse=4",
+    ])
+    .ok();
+    j.run(&["deploy", charm.to_str().unwrap(), "-n", "2"]).ok();
+    let ctl = j.controller();
+    j.run(&["wait", "--timeout", "60s"]).ok();
+    let leader_of = |j: &Jujube| -> Vec<String> {
+        let st = j.status();
+        st["services"]["leaders"]["units"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .filter(|(_, u)| u["leader"] == true)
+                    .map(|(n, _)| n.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while leader_of(&j).len() != 1 {
+        assert!(std::time::Instant::now() < deadline, "no single leader");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let first = leader_of(&j).remove(0);
+    let st = j.status();
+    let machine_of = |u: &str| st["services"]["leaders"]["units"][u]["machine"].as_str().unwrap().to_string();
+    let other = if first == "leaders/0" { "leaders/1" } else { "leaders/0" };
+    let log_of = |u: &str| {
+        std::fs::read_to_string(j.home.path().join(format!(
+            "environments/t/agents/machine-{}/logs/unit-{}.log",
+            machine_of(u),
+            u.replace('/', "-")
+        )))
+        .unwrap_or_default()
+    };
+    let elected = |u: &str| log_of(u).contains("dispatch: hooks/leader-elected");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !elected(&first) {
+        assert!(std::time::Instant::now() < deadline, "leader-elected never ran on {first}: {}", log_of(&first));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(!elected(other), "{other} ran leader-elected while {first} led");
+    // The leader's agent frozen: the other unit leads and runs
+    // leader-elected.
+    let pid = agent_pid(&j, &machine_of(&first)).expect("the leader's agent process");
+    // SAFETY: kill(2) on an agent process this test's controller started.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !(leader_of(&j) == [other.to_string()] && elected(other)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no failover: leaders {:?}",
+            leader_of(&j)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGCONT) }, 0);
+    assert_eq!(ctl.terminate().code(), Some(0));
+}

@@ -1061,6 +1061,7 @@ fn a_charm_with_dispatch_runs_it_for_every_hook() {
     for want in [
         "hooks/install app= departing= principal=wordpress/0",
         "hooks/start app= departing= principal=wordpress/0",
+        "hooks/leader-elected app= departing= principal=wordpress/0",
         "hooks/db-relation-joined app=mysql departing= principal=wordpress/0",
         "hooks/db-relation-changed app=mysql departing= principal=wordpress/0",
     ] {

@@ -32,6 +32,10 @@ pub struct HookState {
     /// first upgrade: the one it was deployed with, in `agent.json`).
     #[serde(default)]
     pub charm: Option<String>,
+    /// `leader-elected` ran since the unit last became its service's
+    /// leader.
+    #[serde(default)]
+    pub leader: bool,
 }
 
 /// Which hook, as recorded.

@@ -190,3 +190,43 @@ fn an_agent_not_seen_for_a_minute_is_down() {
     );
     assert_eq!(e.st.agent_seen_at(&tag).unwrap(), Some(now - 120));
 }
+
+/// A service whose leader is lost (its agent down) gets another: its
+/// lowest-numbered unit whose agent started and is present; a service
+/// whose leader holds keeps it.
+#[test]
+fn a_lost_leader_is_replaced_by_a_present_unit() {
+    use crate::agents::{AgentOp, Caller};
+    let e = env();
+    let units = e.deploy(MYSQL, "mysql", 3);
+    let now = crate::unix_now();
+    for u in &units {
+        e.st.set_unit_credential(u, &format!("unit-{}", u.replace('/', "-")), "hash").unwrap();
+        e.st
+            .apply_batch(&[(
+                Caller::Unit(u.clone()),
+                AgentOp::SetUnitStatus {
+                    unit: u.clone(),
+                    status: "started".into(),
+                    info: String::new(),
+                },
+            )])
+            .unwrap();
+    }
+    let seen = |u: &str, at: i64| {
+        e.st.note_agents_seen(&[format!("unit-{}", u.replace('/', "-"))], at).unwrap();
+    };
+    for u in &units {
+        seen(u, now);
+    }
+    assert!(e.st.claim_leadership("mysql/1").unwrap());
+    assert_eq!(e.st.elect_leaders(10).unwrap(), 0, "the leader holds");
+    assert!(e.st.unit_context("mysql/1").unwrap().leader);
+    // mysql/1's agent goes down; mysql/0's too: mysql/2 is elected.
+    seen("mysql/1", now - 600);
+    seen("mysql/0", now - 600);
+    assert_eq!(e.st.elect_leaders(10).unwrap(), 1);
+    assert!(e.st.unit_context("mysql/2").unwrap().leader);
+    assert!(!e.st.unit_context("mysql/1").unwrap().leader);
+    assert!(!e.st.claim_leadership("mysql/0").unwrap());
+}
