@@ -591,6 +591,17 @@ impl Facade for InProcess {
             .map_err(|e| self.err(e))
     }
 
+    async fn set_workload_version(&self, unit: &str, version: &str) -> ApiResult<()> {
+        if !self.is_unit(unit) {
+            return Err(self.denied(format!("set the workload version of unit `{unit}`'s service")));
+        }
+        self.write(AgentOp::SetWorkloadVersion {
+            unit: unit.into(),
+            version: version.into(),
+        })
+        .await
+    }
+
     async fn is_leader(&self, unit: &str) -> ApiResult<bool> {
         if !self.is_unit(unit) {
             return Err(self.denied(format!("ask whether unit `{unit}` leads its service")));

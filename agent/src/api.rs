@@ -355,6 +355,9 @@ pub trait Facade: Send + Sync + 'static {
     /// `status-get`: the unit's (or its service's) workload status and
     /// message.
     async fn workload_status(&self, unit: &str, application: bool) -> ApiResult<(String, String)>;
+    /// `application-version-set`: the version of the unit's service's
+    /// workload.
+    async fn set_workload_version(&self, unit: &str, version: &str) -> ApiResult<()>;
     /// `is-leader`: whether `unit` leads its service; a service whose
     /// leader was lost (gone, dying, its agent down) gets `unit` as its
     /// leader.

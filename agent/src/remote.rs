@@ -606,6 +606,13 @@ impl Facade for Remote {
         })
         .await
     }
+    async fn set_workload_version(&self, unit: &str, version: &str) -> ApiResult<()> {
+        self.call(Call::SetWorkloadVersion {
+            unit: unit.into(),
+            version: version.into(),
+        })
+        .await
+    }
     async fn is_leader(&self, unit: &str) -> ApiResult<bool> {
         self.call(Call::IsLeader { unit: unit.into() }).await
     }

@@ -130,6 +130,10 @@ pub enum Call {
         unit: String,
         application: bool,
     },
+    SetWorkloadVersion {
+        unit: String,
+        version: String,
+    },
     /// A write: it may elect the caller.
     IsLeader {
         unit: String,
@@ -202,6 +206,7 @@ impl Call {
             Call::SetWorkloadStatus { .. } => "set-workload-status",
             Call::WorkloadStatus { .. } => "workload-status",
             Call::IsLeader { .. } => "is-leader",
+            Call::SetWorkloadVersion { .. } => "set-workload-version",
             Call::ServiceConfig { .. } => "service-config",
             Call::RelationSettings { .. } => "relation-settings",
             Call::UpdateRelationSettings { .. } => "update-relation-settings",
@@ -281,6 +286,9 @@ pub async fn dispatch(facade: &dyn Facade, call: Call) -> ApiResult<serde_json::
             encode(facade.workload_status(&unit, application).await?)
         }
         Call::IsLeader { unit } => encode(facade.is_leader(&unit).await?),
+        Call::SetWorkloadVersion { unit, version } => {
+            encode(facade.set_workload_version(&unit, &version).await?)
+        }
         Call::ServiceConfig { service } => encode(facade.service_config(&service).await?),
         Call::RelationSettings { relation, unit } => {
             encode(facade.relation_settings(relation, &unit).await?)

@@ -723,8 +723,9 @@ async fn a_watch_nobody_reads_holds_one_notice_not_a_backlog() {
         w.store.add_units("wordpress", 1, Some(m1)).unwrap();
     }
     let head = w.store.head_revision().unwrap();
-    // Coalesced: at most a couple of notices are pending, the last one at
-    // (or near) the head; never 300.
+    // Coalesced: a handful of notices at most (those already on the wire
+    // when the writes went on, and the one pending), the last at the head;
+    // never 300.
     let mut seen = vec![next(&mut notices).await];
     while let Ok(Some(n)) = tokio::time::timeout(
         Duration::from_millis(300),
@@ -734,7 +735,7 @@ async fn a_watch_nobody_reads_holds_one_notice_not_a_backlog() {
     {
         seen.push(n);
     }
-    assert!(seen.len() <= 3, "{} notices for 300 changes", seen.len());
+    assert!(seen.len() <= 8, "{} notices for 300 changes", seen.len());
     assert_eq!(seen.last().unwrap().revision, head);
 }
 

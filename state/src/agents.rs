@@ -86,6 +86,8 @@ pub enum AgentOp {
         status: String,
         info: String,
     },
+    /// `application-version-set`: the version of the service's workload.
+    SetWorkloadVersion { unit: String, version: String },
     /// `status-set`: the unit's workload status, or (`application`) its
     /// service's, which only the service's leader sets.
     SetWorkloadStatus {
@@ -281,6 +283,24 @@ fn apply_in(tx: &mut Tx<'_>, by: &Caller, op: &AgentOp) -> Result<()> {
                 )?
                 .execute((status, message, unit))?;
             }
+            Ok(())
+        }
+        AgentOp::SetWorkloadVersion { unit, version } => {
+            if !is_unit(by, unit) {
+                return Err(unauthorized(
+                    by,
+                    format!("set the workload version of unit `{unit}`'s service"),
+                ));
+            }
+            if version.len() > MAX_WORKLOAD_VERSION_BYTES {
+                return Err(Error::Relation(format!(
+                    "a workload version of {} bytes is more than {MAX_WORKLOAD_VERSION_BYTES}; shorten it",
+                    version.len()
+                )));
+            }
+            let u = get_unit(tx, unit)?;
+            tx.prepare_cached("UPDATE services SET workload_version = ?1 WHERE name = ?2")?
+                .execute((version, &u.service))?;
             Ok(())
         }
         AgentOp::ClearResolved { unit } => {
@@ -1089,6 +1109,8 @@ pub(crate) fn service_blockers(c: &rusqlite::Connection, name: &str) -> Result<S
 pub const WORKLOAD_STATUSES: [&str; 4] = ["maintenance", "blocked", "waiting", "active"];
 /// The longest workload status message.
 pub const MAX_WORKLOAD_MESSAGE_BYTES: usize = 2048;
+/// The longest workload version.
+pub const MAX_WORKLOAD_VERSION_BYTES: usize = 256;
 
 /// Whether `unit` is the recorded leader of `service` now: recorded, and
 /// Alive with its agent present (see [`Store::claim_leadership`]).

@@ -302,4 +302,9 @@ ALTER TABLE services ADD COLUMN workload_status TEXT NOT NULL DEFAULT 'unknown';
 ALTER TABLE services ADD COLUMN workload_message TEXT NOT NULL DEFAULT '';
 ALTER TABLE services ADD COLUMN leader TEXT;
 "#,
+    // 17 (today's charms): the workload's version, as the charm tells it
+    // (`application-version-set`), shown as the service's `version`.
+    r#"
+ALTER TABLE services ADD COLUMN workload_version TEXT NOT NULL DEFAULT '';
+"#,
 ];

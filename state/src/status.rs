@@ -110,6 +110,9 @@ pub struct ServiceStatus {
     /// What its leader's charm says of the application (`status-set
     /// --application`).
     pub workload_status: WorkloadStatus,
+    /// Its workload's version (`application-version-set`).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub version: String,
     /// For a Dying service: what it waits for (its units, named, and
     /// relations; one unit a failed hook holds, with the command that
     /// frees it).
@@ -344,7 +347,8 @@ impl Store {
 
             let mut services: Vec<(String, ServiceStatus)> = Vec::new();
             let mut stmt = c.prepare(
-                "SELECT name, charm_url, life, series, subordinate, constraints, workload_status, workload_message
+                "SELECT name, charm_url, life, series, subordinate, constraints, workload_status, workload_message,
+                        workload_version
                  FROM services ORDER BY name",
             )?;
             let mut rows = stmt.query([])?;
@@ -377,6 +381,7 @@ impl Store {
                             current: r.get(6)?,
                             message: r.get(7)?,
                         },
+                        version: r.get(8)?,
                         message: String::new(),
                     },
                 ));

@@ -637,3 +637,40 @@ async fn workload_status_and_leadership_as_ops_calls_them() {
     check(&m0, &[("is-leader", "True\n", "", 0)]).await;
     check(&m1, &[("is-leader", "False\n", "", 0)]).await;
 }
+
+/// The rest of what `ops` calls in common paths: `application-version-set`
+/// (the service's version in `status`), `network-get` (the machine's
+/// address), and Juju features jujube lacks answering "not supported".
+#[tokio::test]
+async fn version_network_and_unsupported_tools() {
+    let f = fixture();
+    let ctx = f.ctx(None);
+    let address = jujube_agent::hooks::runner::private_address();
+    check(
+        &ctx,
+        &[
+            ("application-version-set 5.7.2", "", "", 0),
+            ("application-version-set", "", "error: no version specified\n", 2),
+            ("network-get db --ingress-address", &format!("{address}\n"), "", 0),
+            (
+                "credential-get",
+                "",
+                "error: credential-get is not supported: jujube has no cloud credentials, storage, secrets or goal state for charms\n",
+                1,
+            ),
+            (
+                "secret-get foo",
+                "",
+                "error: secret-get is not supported: jujube has no cloud credentials, storage, secrets or goal state for charms\n",
+                1,
+            ),
+        ],
+    )
+    .await;
+    let out = run(&ctx, &["network-get", "db", "--format=json"]).await;
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(v["ingress-addresses"][0], address.as_str(), "{v}");
+    assert_eq!(v["bind-addresses"][0]["addresses"][0]["address"], address.as_str());
+    let st = f.w.store.status().unwrap();
+    assert_eq!(st.services.get("wordpress").unwrap().version, "5.7.2");
+}

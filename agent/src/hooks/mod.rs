@@ -27,11 +27,26 @@ pub mod state;
 pub mod tools;
 
 /// Names the `jujube` binary answers to as a hook tool.
-pub const TOOLS: [&str; 12] = [
+pub const TOOLS: [&str; 27] = [
     "juju-log",
     "status-set",
     "status-get",
     "is-leader",
+    "application-version-set",
+    "network-get",
+    "credential-get",
+    "storage-get",
+    "storage-list",
+    "storage-add",
+    "secret-get",
+    "secret-set",
+    "secret-add",
+    "secret-ids",
+    "secret-info-get",
+    "secret-grant",
+    "secret-revoke",
+    "secret-remove",
+    "goal-state",
     "open-port",
     "close-port",
     "unit-get",

@@ -41,6 +41,20 @@ const RELATION: Flag = Flag::value(Some('r'), "relation", "", "specify a relatio
 /// Accepted and ignored with a warning, as Juju 1.25 does.
 const DEPRECATED_FORMAT: Flag = Flag::string(None, "format", "", "deprecated format flag");
 
+/// A tool of a Juju feature jujube does not have (cloud credentials,
+/// storage, secrets, goal state): it is there, so that a charm probing for
+/// it gets Juju's "not supported" answer (exit 1), not "command not found".
+#[allow(non_snake_case)]
+const fn UNSUPPORTED(name: &'static str) -> Spec {
+    Spec {
+        name,
+        args: "[...]",
+        purpose: "not supported by jujube",
+        flags: &[FORMAT, OUTPUT],
+        doc: "",
+    }
+}
+
 /// Every tool: its command line. [`super::TOOLS`] names the same ones.
 pub const SPECS: &[Spec] = &[
     Spec {
@@ -94,6 +108,42 @@ pub const SPECS: &[Spec] = &[
               be application leader for at least 30 seconds. If it fails, you should\n\
               assume that there is no such guarantee.",
     },
+    Spec {
+        name: "application-version-set",
+        args: "<new-version>",
+        purpose: "specify which version of the application is deployed",
+        flags: &[],
+        doc: "application-version-set tells Juju which version of the application\n\
+              software is running. It is shown as the service's `version` in status.",
+    },
+    Spec {
+        name: "network-get",
+        args: "<binding-name>",
+        purpose: "get network config",
+        flags: &[
+            Flag::bool(None, "bind-address", "print the address to bind to"),
+            Flag::bool(None, "ingress-address", "print the ingress-address"),
+            Flag::bool(None, "egress-subnets", "print egress subnets"),
+            Flag::value(Some('r'), "relation", "", "specify a relation by id"),
+            FORMAT,
+            OUTPUT,
+        ],
+        doc: "network-get returns the network config for a given binding name. Every\n\
+              binding answers with the machine's address.",
+    },
+    UNSUPPORTED("credential-get"),
+    UNSUPPORTED("storage-get"),
+    UNSUPPORTED("storage-list"),
+    UNSUPPORTED("storage-add"),
+    UNSUPPORTED("secret-get"),
+    UNSUPPORTED("secret-set"),
+    UNSUPPORTED("secret-add"),
+    UNSUPPORTED("secret-ids"),
+    UNSUPPORTED("secret-info-get"),
+    UNSUPPORTED("secret-grant"),
+    UNSUPPORTED("secret-revoke"),
+    UNSUPPORTED("secret-remove"),
+    UNSUPPORTED("goal-state"),
     Spec {
         name: "unit-get",
         args: "<setting>",
@@ -376,6 +426,43 @@ async fn run_tool(
             };
             print(&p, &v)
         }
+        "application-version-set" => {
+            let [version] = p.args.as_slice() else {
+                return Err(usage("no version specified"));
+            };
+            ctx.api
+                .set_workload_version(&ctx.unit, version)
+                .await
+                .map_err(|e| e.message)?;
+            Ok(Output::ok(""))
+        }
+        "network-get" => {
+            output(&p)?;
+            let [_binding] = p.args.as_slice() else {
+                return Err(usage("no arguments specified"));
+            };
+            // Every binding is the machine's one address.
+            let address = super::runner::private_address();
+            let v = if p.is_set("bind-address") || p.is_set("ingress-address") {
+                json!(address)
+            } else if p.is_set("egress-subnets") {
+                json!(format!("{address}/32"))
+            } else {
+                json!({
+                    "bind-addresses": [{
+                        "mac-address": "",
+                        "interface-name": "",
+                        "addresses": [{"hostname": "", "address": address, "cidr": ""}],
+                    }],
+                    "egress-subnets": [format!("{address}/32")],
+                    "ingress-addresses": [address],
+                })
+            };
+            print(&p, &v)
+        }
+        name if spec.purpose == "not supported by jujube" => Err(Failure::Run(format!(
+            "{name} is not supported: jujube has no cloud credentials, storage, secrets or goal state for charms"
+        ))),
         "is-leader" => {
             output(&p)?;
             check_empty(&p.args).map_err(usage)?;
