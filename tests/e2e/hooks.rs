@@ -120,6 +120,15 @@ fn hooks_run_in_order_and_wordpress_gets_mysqls_credentials() {
         "title=My Blog\n",
         "config-get"
     );
+    // The charms' workload status, set by their hooks (`status-set`).
+    eventually("wordpress serving", || {
+        j.status()["services"]["wordpress"]["units"]["wordpress/0"]["workload-status"]
+            == serde_json::json!({"current": "active", "message": "serving"})
+    });
+    assert_eq!(
+        j.status()["services"]["mysql"]["units"]["mysql/0"]["workload-status"],
+        serde_json::json!({"current": "active", "message": "ready"})
+    );
 
     // Unit hooks first, once, in order; then the relation's.
     let wp = log(&j, "1", "wordpress/0");
