@@ -121,6 +121,22 @@ fn percentile(sorted: &[u32], p: f64) -> f64 {
 /// controller spends nothing meanwhile).
 const HOOK: Duration = Duration::from_millis(100);
 
+/// Prints one kind of call's rate and latencies over `secs`; returns its
+/// p99 (ms).
+fn report(phase: &str, what: &str, calls: &Mutex<Vec<u32>>, secs: f64, tail: &str) -> f64 {
+    let mut l = calls.lock().unwrap().clone();
+    l.sort_unstable();
+    println!(
+        "{phase:>15}{} {what} {:.0}/s, latency p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms{tail}",
+        if phase.is_empty() { " " } else { ":" },
+        l.len() as f64 / secs,
+        percentile(&l, 0.50),
+        percentile(&l, 0.99),
+        percentile(&l, 1.0),
+    );
+    percentile(&l, 0.99)
+}
+
 /// Units per service in the relation phase: each unit sees 10
 /// counterparts.
 const PAIR_SIDE: usize = 10;
@@ -478,43 +494,23 @@ async fn run(agents: usize, seconds: u64, set_every: u64) {
     let mut met = true;
     for (p, name) in PHASES.iter().enumerate() {
         let secs = (ends[p] - starts[p]).as_secs_f64();
-        let mut l = machine_calls[p].lock().unwrap().clone();
-        l.sort_unstable();
         let user = match p {
             1 => format!("; user: {rounds_deploying} services of 50 units deployed and destroyed"),
             2 => format!("; user: {rounds_relating} related pairs of 25 + 25 units deployed and destroyed"),
             _ => String::new(),
         };
-        println!(
-            "{name:>15}: machine agents' reads (the cheap call) {:.0}/s, latency p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms{user}",
-            l.len() as f64 / secs,
-            percentile(&l, 0.50),
-            percentile(&l, 0.99),
-            percentile(&l, 1.0),
+        let p99 = report(
+            name,
+            "machine agents' reads (the cheap call)",
+            &machine_calls[p],
+            secs,
+            &user,
         );
-        met &= percentile(&l, 0.99) <= 50.0;
-        let mut w = status_writes[p].lock().unwrap().clone();
-        w.sort_unstable();
-        println!(
-            "{:>15}  machine agents' status writes {:.0}/s, latency p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
-            "",
-            w.len() as f64 / secs,
-            percentile(&w, 0.50),
-            percentile(&w, 0.99),
-            percentile(&w, 1.0),
-        );
+        met &= p99 <= 50.0;
+        report("", "machine agents' status writes", &status_writes[p], secs, "");
         if p == 2 {
-            let mut u = unit_calls[2].lock().unwrap().clone();
-            u.sort_unstable();
-            println!(
-                "{:>15}  unit agents' relation calls {:.0}/s, latency p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; {} scope notices",
-                "",
-                u.len() as f64 / secs,
-                percentile(&u, 0.50),
-                percentile(&u, 0.99),
-                percentile(&u, 1.0),
-                unit_notices.load(Ordering::Relaxed),
-            );
+            let notices = format!("; {} scope notices", unit_notices.load(Ordering::Relaxed));
+            report("", "unit agents' relation calls", &unit_calls[2], secs, &notices);
         }
     }
     println!(
