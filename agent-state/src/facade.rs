@@ -593,7 +593,9 @@ impl Facade for InProcess {
 
     async fn set_workload_version(&self, unit: &str, version: &str) -> ApiResult<()> {
         if !self.is_unit(unit) {
-            return Err(self.denied(format!("set the workload version of unit `{unit}`'s service")));
+            return Err(self.denied(format!(
+                "set the workload version of unit `{unit}`'s service"
+            )));
         }
         self.write(AgentOp::SetWorkloadVersion {
             unit: unit.into(),

@@ -423,7 +423,11 @@ impl UnitAgent {
         // install, as Juju); a unit that lost leadership forgets it, so
         // that it runs again when it leads again.
         if view.leader != self.hook_state().leader {
-            if view.leader && !self.run_hook(relations, Hook::unit("leader-elected")).await? {
+            if view.leader
+                && !self
+                    .run_hook(relations, Hook::unit("leader-elected"))
+                    .await?
+            {
                 return Ok(false);
             }
             self.hook_state().leader = view.leader;

@@ -388,7 +388,14 @@ async fn run(agents: usize, seconds: u64, set_every: u64) {
         let remote = remote_for(Tag::unit(&name));
         joining.push(tokio::spawn(async move {
             remote
-                .enter_scope(rel, &name, vec![("private-address".into(), format!("10.0.{}.{}", i / 250, i % 250))])
+                .enter_scope(
+                    rel,
+                    &name,
+                    vec![(
+                        "private-address".into(),
+                        format!("10.0.{}.{}", i / 250, i % 250),
+                    )],
+                )
                 .await
                 .unwrap();
             let stream = remote
@@ -457,7 +464,11 @@ async fn run(agents: usize, seconds: u64, set_every: u64) {
                     n += 1;
                     let t = Instant::now();
                     let ok = remote
-                        .update_relation_settings(rel, &name, vec![("seq".into(), Some(n.to_string()))])
+                        .update_relation_settings(
+                            rel,
+                            &name,
+                            vec![("seq".into(), Some(n.to_string()))],
+                        )
                         .await
                         .is_ok();
                     timed(&mut mine, t, ok);
@@ -477,7 +488,9 @@ async fn run(agents: usize, seconds: u64, set_every: u64) {
         for k in 0..25 {
             let m = ids[(round * 50 + k) % ids.len()];
             store.add_units(&a, 1, Some(m)).unwrap();
-            store.add_units(&d, 1, Some(ids[(round * 50 + 25 + k) % ids.len()])).unwrap();
+            store
+                .add_units(&d, 1, Some(ids[(round * 50 + 25 + k) % ids.len()]))
+                .unwrap();
         }
         store.destroy_service(&a).unwrap();
         store.destroy_service(&d).unwrap();
@@ -496,7 +509,9 @@ async fn run(agents: usize, seconds: u64, set_every: u64) {
         let secs = (ends[p] - starts[p]).as_secs_f64();
         let user = match p {
             1 => format!("; user: {rounds_deploying} services of 50 units deployed and destroyed"),
-            2 => format!("; user: {rounds_relating} related pairs of 25 + 25 units deployed and destroyed"),
+            2 => format!(
+                "; user: {rounds_relating} related pairs of 25 + 25 units deployed and destroyed"
+            ),
             _ => String::new(),
         };
         let p99 = report(
@@ -507,10 +522,22 @@ async fn run(agents: usize, seconds: u64, set_every: u64) {
             &user,
         );
         met &= p99 <= 50.0;
-        report("", "machine agents' status writes", &status_writes[p], secs, "");
+        report(
+            "",
+            "machine agents' status writes",
+            &status_writes[p],
+            secs,
+            "",
+        );
         if p == 2 {
             let notices = format!("; {} scope notices", unit_notices.load(Ordering::Relaxed));
-            report("", "unit agents' relation calls", &unit_calls[2], secs, &notices);
+            report(
+                "",
+                "unit agents' relation calls",
+                &unit_calls[2],
+                secs,
+                &notices,
+            );
         }
     }
     println!(

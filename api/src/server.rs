@@ -92,9 +92,7 @@ impl Default for Limits {
             max_connections_per_credential: 8,
             max_unread_bytes_per_connection: 24 << 20,
             keepalive: Duration::from_secs(15),
-            presence_every: Duration::from_secs(
-                jujube_state::credentials::PRESENCE_EVERY as u64,
-            ),
+            presence_every: Duration::from_secs(jujube_state::credentials::PRESENCE_EVERY as u64),
         }
     }
 }
@@ -787,7 +785,11 @@ async fn authenticate(
     if still && record.as_ref().is_some_and(|c| c.refused_at.is_some()) {
         let (store, key) = (shared.store.clone(), tag_text.clone());
         let _ = tokio::task::spawn_blocking(move || store.clear_credential_refused(&key)).await;
-        shared.refusals.lock().unwrap_or_else(|e| e.into_inner()).remove(&tag_text);
+        shared
+            .refusals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&tag_text);
     }
     match record.map(|c| c.hash) {
         Some(h) if !secret.is_empty() && wire::secret_matches(&secret, &h) => {

@@ -364,7 +364,10 @@ async fn a_unit_agent_sees_its_unit_its_relations_and_its_container_only() {
         together,
         vec![(
             "wordpress/0".to_string(),
-            sub_api.relation_settings(logging, "wordpress/0").await.unwrap()
+            sub_api
+                .relation_settings(logging, "wordpress/0")
+                .await
+                .unwrap()
         )]
     );
     assert_unauthorized(
@@ -1456,7 +1459,14 @@ async fn a_replaced_credential_stops_working_on_its_open_connection() {
     );
     // Status says that the machine's agent is refused, and since when...
     let refused_since = |w: &World| {
-        w.store.status().unwrap().machines.get(&m1.to_string()).unwrap().credential_refused.clone()
+        w.store
+            .status()
+            .unwrap()
+            .machines
+            .get(&m1.to_string())
+            .unwrap()
+            .credential_refused
+            .clone()
     };
     assert!(
         eventually(5, || refused_since(&w).is_some()).await,
@@ -1535,7 +1545,10 @@ async fn a_frozen_agent_loses_its_connection_and_its_presence() {
     let (mut sender, conn) = h2_parts_at(relay_addr, &conf, 65_535).await.unwrap();
     tokio::spawn(conn);
     let call = Call::Machine { id: m1 };
-    let resp = sender.send_request(call_request(&conf, &call)).await.unwrap();
+    let resp = sender
+        .send_request(call_request(&conf, &call))
+        .await
+        .unwrap();
     assert_eq!(resp.status(), hyper::StatusCode::OK);
     assert!(
         eventually(5, || w.store.agent_seen_at(&tag).unwrap().is_some()).await,
@@ -1544,7 +1557,11 @@ async fn a_frozen_agent_loses_its_connection_and_its_presence() {
     // Idle but alive: pings answered, the connection stays.
     let port = w.server.as_ref().unwrap().tcp_addr().unwrap().port();
     tokio::time::sleep(Duration::from_millis(800)).await;
-    assert_eq!(tcp_port_state(port).0, 1, "a live agent's connection closed");
+    assert_eq!(
+        tcp_port_state(port).0,
+        1,
+        "a live agent's connection closed"
+    );
     freeze.store(true, std::sync::atomic::Ordering::SeqCst);
     assert!(
         eventually(5, || tcp_port_state(port).0 == 0).await,

@@ -38,8 +38,8 @@ use crate::{Error, Result};
 use jujube_core::charm::Scope;
 use jujube_core::Life;
 use rusqlite::Connection;
-use std::fmt;
 use std::collections::BTreeMap;
+use std::fmt;
 
 /// Who makes an agent-side write.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -87,7 +87,10 @@ pub enum AgentOp {
         info: String,
     },
     /// `application-version-set`: the version of the service's workload.
-    SetWorkloadVersion { unit: String, version: String },
+    SetWorkloadVersion {
+        unit: String,
+        version: String,
+    },
     /// `status-set`: the unit's workload status, or (`application`) its
     /// service's, which only the service's leader sets.
     SetWorkloadStatus {
@@ -1021,12 +1024,21 @@ const NAMED: i64 = 3;
 
 /// Up to [`NAMED`] of `sql`'s names (one `?1` parameter), quoted, with how
 /// many more there are out of `total`.
-fn some_names(c: &rusqlite::Connection, sql: &str, key: &dyn rusqlite::ToSql, total: i64) -> Result<String> {
+fn some_names(
+    c: &rusqlite::Connection,
+    sql: &str,
+    key: &dyn rusqlite::ToSql,
+    total: i64,
+) -> Result<String> {
     let names: Vec<String> = c
         .prepare_cached(sql)?
         .query_map(rusqlite::params![key, NAMED], |r| r.get::<_, String>(0))?
         .collect::<rusqlite::Result<_>>()?;
-    let mut s = names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ");
+    let mut s = names
+        .iter()
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
     let more = total - names.len() as i64;
     if more > 0 {
         s.push_str(&format!(" and {more} more"));
@@ -1124,15 +1136,14 @@ fn leader_in(c: &rusqlite::Connection, service: &str, unit: &str) -> Result<bool
 fn current_leader(c: &rusqlite::Connection, service: &str) -> Result<Option<String>> {
     use rusqlite::OptionalExtension;
     let lapsed = crate::unix_now() - crate::credentials::presence_lapse(c)?;
-    Ok(c
-        .prepare_cached(
-            "SELECT u.name FROM services s JOIN units u ON u.name = s.leader
+    Ok(c.prepare_cached(
+        "SELECT u.name FROM services s JOIN units u ON u.name = s.leader
              LEFT JOIN agent_credentials a ON a.unit = u.name
              WHERE s.name = ?1 AND u.life = 0
                AND (a.seen_at IS NULL OR a.seen_at >= ?2)",
-        )?
-        .query_row((service, lapsed), |r| r.get(0))
-        .optional()?)
+    )?
+    .query_row((service, lapsed), |r| r.get(0))
+    .optional()?)
 }
 
 impl Store {
@@ -1166,7 +1177,9 @@ impl Store {
         self.write(|tx| {
             let lapsed = now - crate::credentials::presence_lapse(tx)?;
             let services: Vec<String> = tx
-                .prepare_cached("SELECT name FROM services WHERE life = 0 AND unit_count > 0 ORDER BY name")?
+                .prepare_cached(
+                    "SELECT name FROM services WHERE life = 0 AND unit_count > 0 ORDER BY name",
+                )?
                 .query_map([], |r| r.get(0))?
                 .collect::<rusqlite::Result<_>>()?;
             let mut elected = 0;
@@ -1203,11 +1216,15 @@ impl Store {
         self.read(|c| {
             let u = get_unit(c, unit)?;
             Ok(if application {
-                c.prepare_cached("SELECT workload_status, workload_message FROM services WHERE name = ?1")?
-                    .query_row([&u.service], |r| Ok((r.get(0)?, r.get(1)?)))?
+                c.prepare_cached(
+                    "SELECT workload_status, workload_message FROM services WHERE name = ?1",
+                )?
+                .query_row([&u.service], |r| Ok((r.get(0)?, r.get(1)?)))?
             } else {
-                c.prepare_cached("SELECT workload_status, workload_message FROM units WHERE name = ?1")?
-                    .query_row([unit], |r| Ok((r.get(0)?, r.get(1)?)))?
+                c.prepare_cached(
+                    "SELECT workload_status, workload_message FROM units WHERE name = ?1",
+                )?
+                .query_row([unit], |r| Ok((r.get(0)?, r.get(1)?)))?
             })
         })
     }

@@ -63,15 +63,16 @@ impl Store {
     /// presented for it since it was set, in one read.
     pub fn agent_credential_record(&self, tag: &str) -> Result<Option<CredentialRecord>> {
         self.read(|c| {
-            Ok(c
-                .prepare_cached("SELECT hash, refused_at FROM agent_credentials WHERE tag = ?1")?
-                .query_row([tag], |r| {
-                    Ok(CredentialRecord {
-                        hash: r.get(0)?,
-                        refused_at: r.get(1)?,
+            Ok(
+                c.prepare_cached("SELECT hash, refused_at FROM agent_credentials WHERE tag = ?1")?
+                    .query_row([tag], |r| {
+                        Ok(CredentialRecord {
+                            hash: r.get(0)?,
+                            refused_at: r.get(1)?,
+                        })
                     })
-                })
-                .optional()?)
+                    .optional()?,
+            )
         })
     }
 
@@ -134,8 +135,8 @@ impl Store {
     pub fn note_agents_seen(&self, tags: &[String], now: i64) -> Result<()> {
         for chunk in tags.chunks(PRESENCE_BATCH) {
             self.write(|tx| {
-                let mut stmt = tx
-                    .prepare_cached("UPDATE agent_credentials SET seen_at = ?2 WHERE tag = ?1")?;
+                let mut stmt =
+                    tx.prepare_cached("UPDATE agent_credentials SET seen_at = ?2 WHERE tag = ?1")?;
                 for tag in chunk {
                     stmt.execute((tag, now))?;
                 }
@@ -148,11 +149,12 @@ impl Store {
     /// When the agent of `tag` was last seen (unix seconds).
     pub fn agent_seen_at(&self, tag: &str) -> Result<Option<i64>> {
         self.read(|c| {
-            Ok(c
-                .prepare_cached("SELECT seen_at FROM agent_credentials WHERE tag = ?1")?
-                .query_row([tag], |r| r.get(0))
-                .optional()?
-                .flatten())
+            Ok(
+                c.prepare_cached("SELECT seen_at FROM agent_credentials WHERE tag = ?1")?
+                    .query_row([tag], |r| r.get(0))
+                    .optional()?
+                    .flatten(),
+            )
         })
     }
 }

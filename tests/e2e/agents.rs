@@ -391,7 +391,10 @@ fn a_frozen_agent_process_shows_down_and_wait_names_it() {
     let agent = |j: &Jujube| {
         let st = j.status();
         (
-            st["machines"]["1"]["agent-status"].as_str().unwrap_or("").to_string(),
+            st["machines"]["1"]["agent-status"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
             unit(&st, "mysql", "mysql/0")["agent-status"]
                 .as_str()
                 .unwrap_or("")
@@ -407,23 +410,36 @@ fn a_frozen_agent_process_shows_down_and_wait_names_it() {
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while agent(&j).1 != "down" {
-        assert!(std::time::Instant::now() < deadline, "never down: {:?}", agent(&j));
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never down: {:?}",
+            agent(&j)
+        );
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
     let (machine, _, info) = agent(&j);
     assert_eq!(machine, "down");
-    assert!(info.contains("agent not seen since") && info.contains("was `started`"), "{info}");
+    assert!(
+        info.contains("agent not seen since") && info.contains("was `started`"),
+        "{info}"
+    );
     // A unit destroyed meanwhile cannot go: wait says who it waits for.
     j.run(&["destroy-unit", "mysql/0"]).ok();
     let w = j.run(&["wait", "--timeout", "3s"]);
     assert_ne!(w.code, 0, "wait succeeded with a frozen agent");
-    assert!(w.stderr.contains("the agent of unit `mysql/0` is down"), "{}", w.stderr);
+    assert!(
+        w.stderr.contains("the agent of unit `mysql/0` is down"),
+        "{}",
+        w.stderr
+    );
     // Thawed: seen again, and the destroy goes through.
     // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGCONT) }, 0);
     j.run(&["wait", "--timeout", "60s"]).ok();
     assert_eq!(agent(&j).0, "started");
-    assert!(j.status()["services"]["mysql"]["units"].get("mysql/0").is_none());
+    assert!(j.status()["services"]["mysql"]["units"]
+        .get("mysql/0")
+        .is_none());
     assert_eq!(ctl.terminate().code(), Some(0));
 }
 
@@ -436,7 +452,11 @@ fn leadership_moves_when_the_leaders_agent_is_lost() {
     let charms = tempfile::tempdir().unwrap();
     let charm = charms.path().join("leaders");
     std::fs::create_dir_all(&charm).unwrap();
-    std::fs::write(charm.join("metadata.yaml"), "name: leaders\nsummary: leads\n").unwrap();
+    std::fs::write(
+        charm.join("metadata.yaml"),
+        "name: leaders\nsummary: leads\n",
+    )
+    .unwrap();
     let dispatch = charm.join("dispatch");
     std::fs::write(
         &dispatch,
@@ -473,8 +493,17 @@ fn leadership_moves_when_the_leaders_agent_is_lost() {
     }
     let first = leader_of(&j).remove(0);
     let st = j.status();
-    let machine_of = |u: &str| st["services"]["leaders"]["units"][u]["machine"].as_str().unwrap().to_string();
-    let other = if first == "leaders/0" { "leaders/1" } else { "leaders/0" };
+    let machine_of = |u: &str| {
+        st["services"]["leaders"]["units"][u]["machine"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let other = if first == "leaders/0" {
+        "leaders/1"
+    } else {
+        "leaders/0"
+    };
     let log_of = |u: &str| {
         std::fs::read_to_string(j.home.path().join(format!(
             "environments/t/agents/machine-{}/logs/unit-{}.log",
@@ -486,10 +515,17 @@ fn leadership_moves_when_the_leaders_agent_is_lost() {
     let elected = |u: &str| log_of(u).contains("dispatch: hooks/leader-elected");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while !elected(&first) {
-        assert!(std::time::Instant::now() < deadline, "leader-elected never ran on {first}: {}", log_of(&first));
+        assert!(
+            std::time::Instant::now() < deadline,
+            "leader-elected never ran on {first}: {}",
+            log_of(&first)
+        );
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    assert!(!elected(other), "{other} ran leader-elected while {first} led");
+    assert!(
+        !elected(other),
+        "{other} ran leader-elected while {first} led"
+    );
     // The leader's agent frozen: the other unit leads and runs
     // leader-elected.
     let pid = agent_pid(&j, &machine_of(&first)).expect("the leader's agent process");

@@ -519,7 +519,10 @@ fn hooks_get_exactly_jujus_environment_and_cannot_run_jujubes_commands() {
         "{env}"
     );
     assert!(!env.contains("do-not-leak"), "{env}");
-    let uuid = j.status()["environment"]["uuid"].as_str().unwrap().to_string();
+    let uuid = j.status()["environment"]["uuid"]
+        .as_str()
+        .unwrap()
+        .to_string();
     for var in [
         "JUJU_MODEL_NAME=t".to_string(),
         format!("JUJU_MODEL_UUID={uuid}"),
@@ -1080,8 +1083,9 @@ fn a_charm_with_dispatch_runs_it_for_every_hook() {
     j.run(&["wait", "--timeout", "60s"]).ok();
     let seen = lines();
     assert!(
-        seen.iter().any(|l| l
-            == "hooks/db-relation-departed app=mysql departing=mysql/0 principal=wordpress/0"),
+        seen.iter()
+            .any(|l| l
+                == "hooks/db-relation-departed app=mysql departing=mysql/0 principal=wordpress/0"),
         "{seen:?}"
     );
 }

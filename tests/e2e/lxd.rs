@@ -1060,7 +1060,10 @@ async fn an_ec2_instances_user_data_installs_an_agent_that_takes_up_its_machine(
     .await
     .unwrap()
     .unwrap();
-    let run_script = format!("JUJUBE_IMDS=http://127.0.0.1:{} exec /bin/sh /root/user-data", imds.port);
+    let run_script = format!(
+        "JUJUBE_IMDS=http://127.0.0.1:{} exec /bin/sh /root/user-data",
+        imds.port
+    );
     assert_eq!(exec_in(&c, &name, &["/bin/sh", "-c", &run_script]).await, 0);
     let conf = file_in(&c, &name, "/var/lib/jujube/agent/agent.conf").await;
     assert!(
@@ -1106,12 +1109,18 @@ async fn an_ec2_instances_user_data_installs_an_agent_that_takes_up_its_machine(
                 "/root/doc.sig",
             ];
             let code = exec_in(c, &name, &argv).await;
-            (code, file_in(c, &name, &format!("{data_dir}/agent.conf")).await)
+            (
+                code,
+                file_in(c, &name, &format!("{data_dir}/agent.conf")).await,
+            )
         }
     };
     // The token works once per instance: enrolling again is refused.
     let (code, conf) = enroll_with(doc.clone(), sign(&trusted, &doc), "again").await;
-    assert!(code != 0 && conf.is_empty(), "a token works once per instance");
+    assert!(
+        code != 0 && conf.is_empty(),
+        "a token works once per instance"
+    );
     // Instance 1 holds the token but cannot prove itself instance 2: its
     // own document edited (the signature no longer holds), or one signed
     // by a key the controller does not trust.
@@ -1119,7 +1128,10 @@ async fn an_ec2_instances_user_data_installs_an_agent_that_takes_up_its_machine(
     let (code, conf) = enroll_with(forged.clone(), sign(&trusted, &doc), "forged").await;
     assert!(code != 0 && conf.is_empty(), "an edited document enrolled");
     let (code, conf) = enroll_with(forged.clone(), sign(&untrusted, &forged), "untrusted").await;
-    assert!(code != 0 && conf.is_empty(), "an untrusted signature enrolled");
+    assert!(
+        code != 0 && conf.is_empty(),
+        "an untrusted signature enrolled"
+    );
     // An instance not of the batch, however well signed: refused.
     let stranger = identity_document("i-0123456789abcdef0");
     let (code, conf) = enroll_with(stranger.clone(), sign(&trusted, &stranger), "stranger").await;

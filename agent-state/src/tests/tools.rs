@@ -670,7 +670,10 @@ async fn version_network_and_unsupported_tools() {
     let out = run(&ctx, &["network-get", "db", "--format=json"]).await;
     let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(v["ingress-addresses"][0], address.as_str(), "{v}");
-    assert_eq!(v["bind-addresses"][0]["addresses"][0]["address"], address.as_str());
+    assert_eq!(
+        v["bind-addresses"][0]["addresses"][0]["address"],
+        address.as_str()
+    );
     let st = f.w.store.status().unwrap();
     assert_eq!(st.services.get("wordpress").unwrap().version, "5.7.2");
 }

@@ -219,7 +219,10 @@ ea1UoMuNHTY49J/1vPomqsVn7mugTp+TbjqCfOJTpu0temHcFA==
         ));
         let trusting = keys.and(IdentityKeys::from_pem(&cert).unwrap());
         assert_eq!(
-            trusting.verify(forged.as_bytes(), &sig).unwrap().instance_id,
+            trusting
+                .verify(forged.as_bytes(), &sig)
+                .unwrap()
+                .instance_id,
             "i-076e9b91f7c420783"
         );
         // Beyond the bounds, or not base64: refused before any work.

@@ -133,12 +133,13 @@ fn reads_run_beside_each_other_and_the_writer() {
         held.wait();
         // Another read, and a write, while the first is still open.
         let ids = e.st.add_machines(1, None, None).unwrap();
-        let seen = e
-            .st
-            .read(|c| {
-                Ok(c.query_row("SELECT count(*) FROM machines WHERE id = ?1", [ids[0]], |r| {
-                    r.get::<_, i64>(0)
-                })?)
+        let seen =
+            e.st.read(|c| {
+                Ok(c.query_row(
+                    "SELECT count(*) FROM machines WHERE id = ?1",
+                    [ids[0]],
+                    |r| r.get::<_, i64>(0),
+                )?)
             })
             .unwrap();
         assert_eq!(seen, 1, "a read after the write sees it");
@@ -157,32 +158,43 @@ fn an_agent_not_seen_for_a_minute_is_down() {
     e.st.set_machine_credential(id, &tag, "hash").unwrap();
     let now = crate::unix_now();
     let agent = |e: &Env| {
-        let m = e.st.status().unwrap().machines.get(&id.to_string()).unwrap().clone();
+        let m =
+            e.st.status()
+                .unwrap()
+                .machines
+                .get(&id.to_string())
+                .unwrap()
+                .clone();
         (m.agent_status, m.agent_status_info)
     };
     let waits = |e: &Env| e.st.awaiting_agents(10).unwrap().join("\n");
     // Never started: pending, whatever its presence.
-    e.st.note_agents_seen(std::slice::from_ref(&tag), now - 600).unwrap();
-    assert_eq!(agent(&e).0, "pending");
-    e.st
-        .apply_batch(&[(
-            crate::agents::Caller::Machine(id),
-            crate::agents::AgentOp::SetMachineAgentStatus {
-                machine: id,
-                status: "started".into(),
-                info: String::new(),
-            },
-        )])
-        .unwrap()
-        .remove(0)
+    e.st.note_agents_seen(std::slice::from_ref(&tag), now - 600)
         .unwrap();
-    e.st.note_agents_seen(std::slice::from_ref(&tag), now - 10).unwrap();
+    assert_eq!(agent(&e).0, "pending");
+    e.st.apply_batch(&[(
+        crate::agents::Caller::Machine(id),
+        crate::agents::AgentOp::SetMachineAgentStatus {
+            machine: id,
+            status: "started".into(),
+            info: String::new(),
+        },
+    )])
+    .unwrap()
+    .remove(0)
+    .unwrap();
+    e.st.note_agents_seen(std::slice::from_ref(&tag), now - 10)
+        .unwrap();
     assert_eq!(agent(&e).0, "started");
     assert!(!waits(&e).contains("down"), "{}", waits(&e));
-    e.st.note_agents_seen(std::slice::from_ref(&tag), now - 120).unwrap();
+    e.st.note_agents_seen(std::slice::from_ref(&tag), now - 120)
+        .unwrap();
     let (status, info) = agent(&e);
     assert_eq!(status, "down");
-    assert!(info.contains("agent not seen since") && info.contains("was `started`"), "{info}");
+    assert!(
+        info.contains("agent not seen since") && info.contains("was `started`"),
+        "{info}"
+    );
     assert!(
         waits(&e).contains(&format!("the agent of machine `{id}` is down")),
         "{}",
@@ -201,20 +213,21 @@ fn a_lost_leader_is_replaced_by_a_present_unit() {
     let units = e.deploy(MYSQL, "mysql", 3);
     let now = crate::unix_now();
     for u in &units {
-        e.st.set_unit_credential(u, &format!("unit-{}", u.replace('/', "-")), "hash").unwrap();
-        e.st
-            .apply_batch(&[(
-                Caller::Unit(u.clone()),
-                AgentOp::SetUnitStatus {
-                    unit: u.clone(),
-                    status: "started".into(),
-                    info: String::new(),
-                },
-            )])
+        e.st.set_unit_credential(u, &format!("unit-{}", u.replace('/', "-")), "hash")
             .unwrap();
+        e.st.apply_batch(&[(
+            Caller::Unit(u.clone()),
+            AgentOp::SetUnitStatus {
+                unit: u.clone(),
+                status: "started".into(),
+                info: String::new(),
+            },
+        )])
+        .unwrap();
     }
     let seen = |u: &str, at: i64| {
-        e.st.note_agents_seen(&[format!("unit-{}", u.replace('/', "-"))], at).unwrap();
+        e.st.note_agents_seen(&[format!("unit-{}", u.replace('/', "-"))], at)
+            .unwrap();
     };
     for u in &units {
         seen(u, now);

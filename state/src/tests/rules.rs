@@ -1237,8 +1237,7 @@ fn dying_relations_and_services_name_what_holds_them() {
     e.deploy(MYSQL, "mysql", 2);
     let rel = e.st.add_relation("wordpress", "mysql").unwrap();
     let apply = |who: &str, op: AgentOp| {
-        e.st
-            .apply_batch(&[(Caller::Unit(who.into()), op)])
+        e.st.apply_batch(&[(Caller::Unit(who.into()), op)])
             .unwrap()
             .remove(0)
             .unwrap();
@@ -1264,7 +1263,10 @@ fn dying_relations_and_services_name_what_holds_them() {
     e.st.destroy_relation("wordpress", "mysql").unwrap();
     let st = e.st.status().unwrap();
     let of = |id| st.relations.iter().find(|r| r.id == id).unwrap();
-    assert!(of(1).message.is_empty(), "the Alive peer relation says nothing");
+    assert!(
+        of(1).message.is_empty(),
+        "the Alive peer relation says nothing"
+    );
     let msg = &of(rel.id).message;
     assert!(
         msg.contains("waits for `mysql/0`, `mysql/1`, `wordpress/0` to leave it"),
@@ -1275,17 +1277,28 @@ fn dying_relations_and_services_name_what_holds_them() {
         "{msg}"
     );
     let waits = e.st.awaiting_agents(10).unwrap().join("\n");
-    assert!(waits.contains(&format!("relation `{}` is dying and {msg}", rel.key)), "{waits}");
+    assert!(
+        waits.contains(&format!("relation `{}` is dying and {msg}", rel.key)),
+        "{waits}"
+    );
     e.st.destroy_service("mysql").unwrap();
     let st = e.st.status().unwrap();
     let svc = st.services.get("mysql").unwrap();
     assert!(
-        svc.message.contains("waits for unit(s) `mysql/0`, `mysql/1` and 1 relation(s) to go"),
+        svc.message
+            .contains("waits for unit(s) `mysql/0`, `mysql/1` and 1 relation(s) to go"),
         "{}",
         svc.message
     );
-    assert!(svc.message.contains("`jujube resolved mysql/1`"), "{}", svc.message);
+    assert!(
+        svc.message.contains("`jujube resolved mysql/1`"),
+        "{}",
+        svc.message
+    );
     assert!(st.services.get("wordpress").unwrap().message.is_empty());
     let waits = e.st.awaiting_agents(10).unwrap().join("\n");
-    assert!(waits.contains("service `mysql` is dying and waits for unit(s)"), "{waits}");
+    assert!(
+        waits.contains("service `mysql` is dying and waits for unit(s)"),
+        "{waits}"
+    );
 }
