@@ -615,7 +615,7 @@ impl Facade for InProcess {
         &self,
         relation: i64,
         unit: &str,
-    ) -> ApiResult<Vec<(String, BTreeMap<String, String>)>> {
+    ) -> ApiResult<Vec<(String, Option<BTreeMap<String, String>>)>> {
         // Whoever may read the scope may read its members' settings: they
         // are units it sees now (`may_read_relation_settings`).
         self.my_relation(

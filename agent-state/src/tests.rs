@@ -619,7 +619,10 @@ fn scope_units_are_filtered_to_the_callers_container_and_counterparts() {
         },
     );
     assert_eq!(
-        w.store.scope_settings_seen_by(db, "mysql/0").unwrap()[0].1["host"],
+        w.store.scope_settings_seen_by(db, "mysql/0").unwrap()[0]
+            .1
+            .as_ref()
+            .unwrap()["host"],
         "10.0.0.1"
     );
     for (rel, u) in [
@@ -633,7 +636,7 @@ fn scope_units_are_filtered_to_the_callers_container_and_counterparts() {
             .into_iter()
             .map(|m| {
                 let settings = w.store.relation_settings(rel, &m).unwrap();
-                (m, settings)
+                (m, Some(settings))
             })
             .collect();
         assert_eq!(together, apart, "{u} in {rel}");

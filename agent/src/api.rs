@@ -364,12 +364,13 @@ pub trait Facade: Send + Sync + 'static {
     async fn is_leader(&self, unit: &str) -> ApiResult<bool>;
     /// The units `unit` sees in the relation's scope with their settings,
     /// in one snapshot: what a scope notice makes an agent re-read, in one
-    /// call instead of one per member.
+    /// call instead of one per member. A member without settings (`None`)
+    /// came beyond the answer's bound: read it with `relation_settings`.
     async fn scope_settings(
         &self,
         relation: i64,
         unit: &str,
-    ) -> ApiResult<Vec<(String, BTreeMap<String, String>)>>;
+    ) -> ApiResult<Vec<(String, Option<BTreeMap<String, String>>)>>;
     /// A unit's settings in a relation: the caller's own, or those of a unit
     /// it sees in the scope.
     async fn relation_settings(

@@ -620,7 +620,7 @@ impl Facade for Remote {
         &self,
         relation: i64,
         unit: &str,
-    ) -> ApiResult<Vec<(String, BTreeMap<String, String>)>> {
+    ) -> ApiResult<Vec<(String, Option<BTreeMap<String, String>>)>> {
         self.call(Call::ScopeSettings {
             relation,
             unit: unit.into(),

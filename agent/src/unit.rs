@@ -509,7 +509,11 @@ impl UnitAgent {
             }
         }
         for (u, settings) in &seen_now {
-            let settings = digest(settings);
+            let settings = match settings {
+                Some(s) => digest(s),
+                // Beyond the one answer's bound: read on its own.
+                None => digest(&self.api.relation_settings(rel.id, u).await?),
+            };
             let seen = known.get(u);
             if seen.is_none()
                 && !self

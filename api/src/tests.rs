@@ -364,10 +364,12 @@ async fn a_unit_agent_sees_its_unit_its_relations_and_its_container_only() {
         together,
         vec![(
             "wordpress/0".to_string(),
-            sub_api
-                .relation_settings(logging, "wordpress/0")
-                .await
-                .unwrap()
+            Some(
+                sub_api
+                    .relation_settings(logging, "wordpress/0")
+                    .await
+                    .unwrap()
+            )
         )]
     );
     assert_unauthorized(

@@ -1013,6 +1013,24 @@ mod tests {
     use super::peer_may_be;
 
     #[test]
+    fn a_presence_lapse_below_four_seconds_or_not_a_number_is_refused() {
+        let with = |v: &str| {
+            super::validate_config(
+                "dummy",
+                &[("agent-presence-lapse".to_string(), v.to_string())].into(),
+            )
+        };
+        assert!(with("4").is_ok());
+        for bad in ["3", "0", "-5", "1m", ""] {
+            let e = with(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("is not a number of seconds of at least 4"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
     fn an_enrollment_met_directly_must_come_from_the_documents_instance() {
         // The same VPC: the peer is the instance, or it is another's claim.
         assert!(peer_may_be("10.0.1.7", Some("10.0.1.7")));

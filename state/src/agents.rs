@@ -759,35 +759,51 @@ impl Store {
     /// The units `unit` sees in the relation's scope (as
     /// [`Store::scope_units_seen_by`]) with their settings, in one snapshot:
     /// what an agent re-reads on a scope notice, in one read instead of one
-    /// per member.
+    /// per member. Settings come in members' order until they would pass
+    /// [`MAX_SCOPE_SETTINGS_BYTES`] in all; later members come without
+    /// (`None`: read them one by one), so that an answer never holds more
+    /// than that, however many members a scope has.
     pub fn scope_settings_seen_by(
         &self,
         relation_id: i64,
         unit: &str,
-    ) -> Result<Vec<(String, BTreeMap<String, String>)>> {
+    ) -> Result<Vec<(String, Option<BTreeMap<String, String>>)>> {
         self.read(|c| {
             let (container, peer, service) = scope_of(c, relation_id, unit)?;
             let rows = c
                 .prepare_cached(
-                    "SELECT x.unit, s.settings FROM relation_scopes x JOIN units u ON u.name = x.unit
-                     LEFT JOIN relation_settings s ON s.relation_id = x.relation_id AND s.unit = x.unit
-                     WHERE x.relation_id = ?1 AND x.container = ?2 AND x.unit != ?3
-                       AND ((?4 AND u.service = ?5) OR (NOT ?4 AND u.service != ?5))
-                     ORDER BY u.service, u.number",
+                    "SELECT unit, CASE WHEN running <= ?6 THEN coalesce(settings, '{}') END FROM (
+                       SELECT x.unit, s.settings, u.service, u.number,
+                              sum(coalesce(length(s.settings), 2))
+                                OVER (ORDER BY u.service, u.number) AS running
+                       FROM relation_scopes x JOIN units u ON u.name = x.unit
+                       LEFT JOIN relation_settings s ON s.relation_id = x.relation_id AND s.unit = x.unit
+                       WHERE x.relation_id = ?1 AND x.container = ?2 AND x.unit != ?3
+                         AND ((?4 AND u.service = ?5) OR (NOT ?4 AND u.service != ?5)))
+                     ORDER BY service, number",
                 )?
-                .query_map((relation_id, &container, unit, peer, &service), |r| {
-                    Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?))
-                })?
+                .query_map(
+                    (
+                        relation_id,
+                        &container,
+                        unit,
+                        peer,
+                        &service,
+                        MAX_SCOPE_SETTINGS_BYTES as i64,
+                    ),
+                    |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?)),
+                )?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             rows.into_iter()
                 .map(|(name, raw)| {
-                    let settings = match raw {
-                        None => BTreeMap::new(),
-                        Some(raw) => serde_json::from_str(&raw).map_err(|_| Error::Corrupt {
-                            what: "relation settings",
-                            value: raw,
-                        })?,
-                    };
+                    let settings = raw
+                        .map(|raw| {
+                            serde_json::from_str(&raw).map_err(|_| Error::Corrupt {
+                                what: "relation settings",
+                                value: raw,
+                            })
+                        })
+                        .transpose()?;
                     Ok((name, settings))
                 })
                 .collect()
@@ -1121,6 +1137,9 @@ pub(crate) fn service_blockers(c: &rusqlite::Connection, name: &str) -> Result<S
 pub const WORKLOAD_STATUSES: [&str; 4] = ["maintenance", "blocked", "waiting", "active"];
 /// The longest workload status message.
 pub const MAX_WORKLOAD_MESSAGE_BYTES: usize = 2048;
+/// The most settings text one [`Store::scope_settings_seen_by`] answer
+/// carries (a scope's members beyond it are named without settings).
+pub const MAX_SCOPE_SETTINGS_BYTES: usize = 1 << 20;
 /// The longest workload version.
 pub const MAX_WORKLOAD_VERSION_BYTES: usize = 256;
 

@@ -490,3 +490,86 @@ fn resolved_all_marks_every_unit_in_error_in_bounded_transactions() {
     // Nothing left: a no-op.
     assert!(e.st.resolve_all_units(false).unwrap().is_empty());
 }
+
+/// A charm's workload status message and version are bounded at the write:
+/// a larger one is refused saying so, and nothing changes.
+#[test]
+fn workload_status_messages_and_versions_are_bounded_at_the_write() {
+    use crate::agents::{AgentOp, Caller, MAX_WORKLOAD_MESSAGE_BYTES, MAX_WORKLOAD_VERSION_BYTES};
+    let e = env();
+    let w = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
+    let apply = |op: AgentOp| {
+        e.st.apply_batch(&[(Caller::Unit(w.clone()), op)])
+            .unwrap()
+            .remove(0)
+    };
+    let status = |message: String| AgentOp::SetWorkloadStatus {
+        unit: w.clone(),
+        application: false,
+        status: "active".into(),
+        message,
+    };
+    apply(status("x".repeat(MAX_WORKLOAD_MESSAGE_BYTES))).unwrap();
+    let before = e.digest();
+    let err = apply(status("x".repeat(MAX_WORKLOAD_MESSAGE_BYTES + 1))).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "a status message of 2049 bytes is more than 2048; shorten it"
+    );
+    let err = apply(AgentOp::SetWorkloadVersion {
+        unit: w.clone(),
+        version: "v".repeat(MAX_WORKLOAD_VERSION_BYTES + 1),
+    })
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "a workload version of 257 bytes is more than 256; shorten it"
+    );
+    assert_eq!(e.digest(), before, "a refused write changed nothing");
+    let (_, message) = e.st.workload_status(&w, false).unwrap();
+    assert_eq!(message.len(), MAX_WORKLOAD_MESSAGE_BYTES);
+}
+
+/// One answer of a scope's members with their settings holds at most
+/// `MAX_SCOPE_SETTINGS_BYTES` of settings: later members come named,
+/// without settings, and read one by one they are whole.
+#[test]
+fn a_scopes_settings_in_one_answer_are_bounded() {
+    use crate::agents::MAX_SCOPE_SETTINGS_BYTES;
+    use crate::relations::MAX_RELATION_SETTINGS_BYTES;
+    let e = env();
+    let ws = e.deploy(WORDPRESS, "wordpress", 1);
+    let ms = e.deploy(MYSQL, "mysql", 6);
+    let rel = e.st.add_relation("wordpress", "mysql").unwrap();
+    e.st.enter_scope(rel.id, &ws[0]).unwrap();
+    let value = "v".repeat(MAX_RELATION_SETTINGS_BYTES - 1024);
+    for m in &ms {
+        e.st.enter_scope(rel.id, m).unwrap();
+        e.st.update_relation_settings(rel.id, m, &[("blob".into(), Some(value.clone()))])
+            .unwrap();
+    }
+    let answer = e.st.scope_settings_seen_by(rel.id, &ws[0]).unwrap();
+    assert_eq!(
+        answer.iter().map(|(u, _)| u.as_str()).collect::<Vec<_>>(),
+        ms.iter().map(String::as_str).collect::<Vec<_>>()
+    );
+    let carried: usize = answer
+        .iter()
+        .filter_map(|(_, s)| s.as_ref())
+        .map(|s| s["blob"].len())
+        .sum();
+    assert!(
+        carried <= MAX_SCOPE_SETTINGS_BYTES,
+        "{carried} bytes in one answer"
+    );
+    let (with, without): (Vec<_>, Vec<_>) = answer.iter().partition(|(_, s)| s.is_some());
+    assert_eq!(
+        with.len(),
+        MAX_SCOPE_SETTINGS_BYTES / value.len(),
+        "the first ones carry theirs"
+    );
+    assert!(!without.is_empty());
+    for (u, _) in without {
+        assert_eq!(e.st.relation_settings(rel.id, u).unwrap()["blob"], value);
+    }
+}
