@@ -615,7 +615,7 @@ impl Facade for InProcess {
         &self,
         relation: i64,
         unit: &str,
-    ) -> ApiResult<Vec<(String, Option<BTreeMap<String, String>>)>> {
+    ) -> ApiResult<jujube_agent::api::ScopeSettings> {
         // Whoever may read the scope may read its members' settings: they
         // are units it sees now (`may_read_relation_settings`).
         self.my_relation(

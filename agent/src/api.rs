@@ -52,6 +52,10 @@ impl fmt::Display for Tag {
     }
 }
 
+/// A scope's members with their settings, in one answer (`None`: beyond
+/// the answer's bound; read it with `relation_settings`).
+pub type ScopeSettings = Vec<(String, Option<BTreeMap<String, String>>)>;
+
 /// What an agent reports about itself (`agent-status` in `jujube status`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -366,11 +370,7 @@ pub trait Facade: Send + Sync + 'static {
     /// in one snapshot: what a scope notice makes an agent re-read, in one
     /// call instead of one per member. A member without settings (`None`)
     /// came beyond the answer's bound: read it with `relation_settings`.
-    async fn scope_settings(
-        &self,
-        relation: i64,
-        unit: &str,
-    ) -> ApiResult<Vec<(String, Option<BTreeMap<String, String>>)>>;
+    async fn scope_settings(&self, relation: i64, unit: &str) -> ApiResult<ScopeSettings>;
     /// A unit's settings in a relation: the caller's own, or those of a unit
     /// it sees in the scope.
     async fn relation_settings(

@@ -620,7 +620,7 @@ impl Facade for Remote {
         &self,
         relation: i64,
         unit: &str,
-    ) -> ApiResult<Vec<(String, Option<BTreeMap<String, String>>)>> {
+    ) -> ApiResult<crate::api::ScopeSettings> {
         self.call(Call::ScopeSettings {
             relation,
             unit: unit.into(),

@@ -763,11 +763,7 @@ impl Store {
     /// [`MAX_SCOPE_SETTINGS_BYTES`] in all; later members come without
     /// (`None`: read them one by one), so that an answer never holds more
     /// than that, however many members a scope has.
-    pub fn scope_settings_seen_by(
-        &self,
-        relation_id: i64,
-        unit: &str,
-    ) -> Result<Vec<(String, Option<BTreeMap<String, String>>)>> {
+    pub fn scope_settings_seen_by(&self, relation_id: i64, unit: &str) -> Result<ScopeSettings> {
         self.read(|c| {
             let (container, peer, service) = scope_of(c, relation_id, unit)?;
             let rows = c
@@ -1137,6 +1133,10 @@ pub(crate) fn service_blockers(c: &rusqlite::Connection, name: &str) -> Result<S
 pub const WORKLOAD_STATUSES: [&str; 4] = ["maintenance", "blocked", "waiting", "active"];
 /// The longest workload status message.
 pub const MAX_WORKLOAD_MESSAGE_BYTES: usize = 2048;
+/// A scope's members with their settings (`None`: beyond the answer's
+/// bound, read it on its own).
+pub type ScopeSettings = Vec<(String, Option<BTreeMap<String, String>>)>;
+
 /// The most settings text one [`Store::scope_settings_seen_by`] answer
 /// carries (a scope's members beyond it are named without settings).
 pub const MAX_SCOPE_SETTINGS_BYTES: usize = 1 << 20;
