@@ -329,6 +329,8 @@ impl Store {
             while let Some(r) = rows.next()? {
                 let (agent_status, agent_status_info) =
                     presence(r.get(3)?, r.get(4)?, r.get(6)?, now, lapse);
+                // A leader whose agent is down has lost it.
+                let lead = r.get::<_, bool>(9)? && agent_status != "down";
                 subs.entry(r.get(1)?).or_default().push((
                     r.get(0)?,
                     SubordinateStatus {
@@ -339,7 +341,7 @@ impl Store {
                             current: r.get(7)?,
                             message: r.get(8)?,
                         },
-                        leader: r.get(9)?,
+                        leader: lead,
                         credential_refused: refused_since(r.get(5)?),
                     },
                 ));
@@ -407,6 +409,7 @@ impl Store {
                 let subordinates = OrderedMap(subs.remove(&name).unwrap_or_default());
                 let (agent_status, agent_status_info) =
                     presence(r.get(4)?, r.get(5)?, r.get(8)?, now, lapse);
+                let lead = r.get::<_, bool>(11)? && agent_status != "down";
                 services[i].1.units.0.push((
                     name,
                     UnitStatus {
@@ -424,7 +427,7 @@ impl Store {
                             current: r.get(9)?,
                             message: r.get(10)?,
                         },
-                        leader: r.get(11)?,
+                        leader: lead,
                         subordinates,
                     },
                 ));

@@ -238,7 +238,21 @@ fn a_lost_leader_is_replaced_by_a_present_unit() {
     // mysql/1's agent goes down; mysql/0's too: mysql/2 is elected.
     seen("mysql/1", now - 600);
     seen("mysql/0", now - 600);
+    let leaders = |e: &Env| {
+        let st = e.st.status().unwrap();
+        let units = &st.services.get("mysql").unwrap().units.0;
+        units
+            .iter()
+            .filter(|(_, u)| u.leader)
+            .map(|(n, _)| n.clone())
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        leaders(&e).is_empty(),
+        "a leader whose agent is down is shown leading"
+    );
     assert_eq!(e.st.elect_leaders(10).unwrap(), 1);
+    assert_eq!(leaders(&e), ["mysql/2"]);
     assert!(e.st.unit_context("mysql/2").unwrap().leader);
     assert!(!e.st.unit_context("mysql/1").unwrap().leader);
     assert!(!e.st.claim_leadership("mysql/0").unwrap());
