@@ -136,8 +136,6 @@ fn api_error(caller: &Caller, e: jujube_state::Error) -> ApiError {
     ApiError::new(code, message)
 }
 
-/// Every file under `root`, paths relative and `/`-separated; a symlink, or
-/// more than [`MAX_CHARM_BYTES`] in all, is refused.
 /// One file of a charm as [`charm_manifest`] finds it.
 #[derive(Debug, Clone)]
 pub struct CharmEntry {
@@ -198,6 +196,8 @@ pub fn charm_manifest(root: &std::path::Path) -> ApiResult<Vec<CharmEntry>> {
     Ok(out)
 }
 
+/// Every file under `root`, paths relative and `/`-separated; a symlink, or
+/// more than [`MAX_CHARM_BYTES`] in all, is refused.
 fn charm_files(root: &std::path::Path) -> ApiResult<Vec<CharmFile>> {
     use base64::Engine;
     charm_manifest(root)?

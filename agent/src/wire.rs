@@ -166,8 +166,6 @@ impl std::fmt::Debug for Call {
 }
 
 impl Call {
-    /// The method's name, for logs (never the arguments: a credential call
-    /// carries a secret).
     /// Whether the call only reads: the server may answer it on any
     /// thread, beside others.
     pub fn is_read(&self) -> bool {
@@ -184,6 +182,8 @@ impl Call {
         )
     }
 
+    /// The method's name, for logs (never the arguments: a credential call
+    /// carries a secret).
     pub fn method(&self) -> &'static str {
         match self {
             Call::Machine { .. } => "machine",

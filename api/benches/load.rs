@@ -324,14 +324,14 @@ async fn run(agents: usize, seconds: u64, set_every: u64) {
     );
     let db = charm(dir.path(), "db", "provides:\n  db:\n    interface: pgsql\n");
     // The user, for one phase: once a second (or flat out) a round of
-    // `user_round`; returns the rounds made.
-    let user = |first: usize, round_fn: fn(&Store, &[i64], &Charm, &Charm, usize)| {
+    // `round_fn`; returns the rounds made.
+    let user = |round_fn: fn(&Store, &[i64], &Charm, &Charm, usize)| {
         let (store, ids, app, db) = (store.clone(), ids.clone(), app.clone(), db.clone());
         tokio::task::spawn_blocking(move || {
             let t0 = Instant::now();
             let mut round = 0usize;
             while Instant::now() < t0 + Duration::from_secs(seconds) {
-                round_fn(&store, &ids, &app, &db, first + round);
+                round_fn(&store, &ids, &app, &db, round);
                 round += 1;
                 // A user types commands; one round a second keeps every
                 // agent's machine changing every 20 s or so.
@@ -354,7 +354,7 @@ async fn run(agents: usize, seconds: u64, set_every: u64) {
 
     // Deploying.
     phase.store(1, Ordering::Relaxed);
-    let rounds_deploying = user(0, |store, ids, app, _db, round| {
+    let rounds_deploying = user(|store, ids, app, _db, round| {
         let svc = format!("app{round}");
         deploy(store, &svc, app);
         for k in 0..50 {
@@ -480,7 +480,7 @@ async fn run(agents: usize, seconds: u64, set_every: u64) {
     }
     phase.store(2, Ordering::Relaxed);
     let phase2_start = started.elapsed();
-    let rounds_relating = user(0, |store, ids, app, db, round| {
+    let rounds_relating = user(|store, ids, app, db, round| {
         let (a, d) = (format!("w{round}"), format!("p{round}"));
         deploy(store, &a, app);
         deploy(store, &d, db);

@@ -792,7 +792,7 @@ async fn authenticate(
             .remove(&tag_text);
     }
     match record.map(|c| c.hash) {
-        Some(h) if !secret.is_empty() && wire::secret_matches(&secret, &h) => {
+        Some(h) if still => {
             if !activity.count_for(&tag_text) {
                 let max = shared.limits.max_connections_per_credential;
                 warn!(agent = %tag, max, "refused a call: its credential holds too many connections");
@@ -851,11 +851,7 @@ const REFUSAL_NOTE_EVERY: Duration = Duration::from_secs(60);
 /// How many tags' refusals a minute reach the store.
 const MAX_NOTED_REFUSALS: usize = 10_000;
 
-fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
-}
+use jujube_core::time::unix_now;
 
 async fn read_body(shared: &Shared, body: Incoming) -> std::result::Result<Bytes, Response<Body>> {
     match http_body_util::Limited::new(body, shared.limits.max_request_bytes)

@@ -363,11 +363,7 @@ fn identity_keys(
 /// How long an enrollment token works: instances enroll at first boot.
 const ENROLLMENT_TTL: Duration = Duration::from_secs(2 * 3600);
 
-fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
-}
+use jujube_core::time::unix_now;
 
 /// Answers instances' enrollments: the instance proves which one it is
 /// with its identity document signed by AWS (checked against AWS's key for
@@ -398,9 +394,7 @@ fn peer_may_be(peer: &str, private_ip: Option<&str>) -> bool {
     };
     let direct = match ip {
         std::net::IpAddr::V4(v4) => v4.is_private() || v4.is_link_local(),
-        std::net::IpAddr::V6(v6) => {
-            (v6.segments()[0] & 0xfe00) == 0xfc00 || (v6.segments()[0] & 0xffc0) == 0xfe80
-        }
+        std::net::IpAddr::V6(v6) => v6.is_unique_local() || v6.is_unicast_link_local(),
     };
     !direct || private_ip.and_then(|p| p.parse::<std::net::IpAddr>().ok()) == Some(ip)
 }
@@ -703,9 +697,7 @@ pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
 /// What keeps an environment from being settled, in words.
 pub fn stuck(store: &Store) -> Result<Vec<String>> {
     let mut out = Vec::new();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_secs() as i64;
+    let now = unix_now();
     if let Some(p) = store.provider_status()? {
         out.push(format!(
             "the provider cannot be reached (for {}s): {}",

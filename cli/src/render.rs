@@ -87,17 +87,11 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
         .0
         .iter()
         .map(|(id, m)| {
-            let refused = refused_message(m.credential_refused.as_deref());
-            let message = [
-                m.status_info.as_str(),
-                m.agent_status_info.as_str(),
-                refused.as_str(),
-            ]
-            .iter()
-            .filter(|s| !s.is_empty())
-            .copied()
-            .collect::<Vec<_>>()
-            .join("; ");
+            let message = join_messages(&[
+                &m.status_info,
+                &m.agent_status_info,
+                &refused_message(m.credential_refused.as_deref()),
+            ]);
             vec![
                 id.clone(),
                 m.life.to_string(),
@@ -170,7 +164,8 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
                     u.agent_status.clone(),
                     unit_message(
                         &u.workload_status.message,
-                        &with_refusal(&u.agent_status_info, u.credential_refused.as_deref()),
+                        &u.agent_status_info,
+                        u.credential_refused.as_deref(),
                     ),
                 ]);
                 for (sub, su) in &u.subordinates.0 {
@@ -182,7 +177,8 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
                         su.agent_status.clone(),
                         unit_message(
                             &su.workload_status.message,
-                            &with_refusal(&su.agent_status_info, su.credential_refused.as_deref()),
+                            &su.agent_status_info,
+                            su.credential_refused.as_deref(),
                         ),
                     ]);
                 }
@@ -203,6 +199,7 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
     }
     if !st.relations.is_empty() {
         writeln!(out)?;
+        let relation_messages = st.relations.iter().any(|r| !r.message.is_empty());
         let rows: Vec<Vec<String>> = st
             .relations
             .iter()
@@ -213,14 +210,14 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
                     r.scope.clone(),
                     r.life.to_string(),
                 ];
-                if st.relations.iter().any(|r| !r.message.is_empty()) {
+                if relation_messages {
                     row.push(r.message.clone());
                 }
                 row
             })
             .collect();
         let mut headers = vec!["Relation", "Interface", "Scope", "Life"];
-        if st.relations.iter().any(|r| !r.message.is_empty()) {
+        if relation_messages {
             headers.push("Message");
         }
         table(&mut out, &headers, &rows)?;
@@ -346,20 +343,18 @@ fn refused_message(since: Option<&str>) -> String {
     })
 }
 
-fn with_refusal(info: &str, since: Option<&str>) -> String {
-    let refused = refused_message(since);
-    match (info.is_empty(), refused.is_empty()) {
-        (_, true) => info.to_string(),
-        (true, false) => refused,
-        (false, false) => format!("{info}; {refused}"),
-    }
+/// A Message column: the parts that say something, in order.
+fn join_messages(parts: &[&str]) -> String {
+    parts
+        .iter()
+        .filter(|s| !s.is_empty())
+        .copied()
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
-/// A unit's Message column: what its charm says, then what its agent says.
-fn unit_message(workload: &str, agent: &str) -> String {
-    match (workload.is_empty(), agent.is_empty()) {
-        (_, true) => workload.to_string(),
-        (true, false) => agent.to_string(),
-        (false, false) => format!("{workload}; {agent}"),
-    }
+/// A unit's Message column: what its charm says, then what its agent says
+/// (and a refused credential).
+fn unit_message(workload: &str, agent: &str, refused: Option<&str>) -> String {
+    join_messages(&[workload, agent, &refused_message(refused)])
 }

@@ -517,7 +517,6 @@ fn units_where(c: &Connection, clause: &str, arg: &dyn rusqlite::ToSql) -> Resul
     rows.map(|r| finish_unit(r?)).collect()
 }
 
-/// `N/tcp` or `N/udp`, N in 1..=65535.
 /// Units marked per transaction by [`Store::resolve_all_units`]: a unit
 /// and its change row each, 1,000 rows, the bound every bulk operation
 /// keeps.
@@ -1146,36 +1145,63 @@ pub const MAX_WORKLOAD_VERSION_BYTES: usize = 256;
 /// Whether `unit` is the recorded leader of `service` now: recorded, and
 /// Alive with its agent present (see [`Store::claim_leadership`]).
 fn leader_in(c: &rusqlite::Connection, service: &str, unit: &str) -> Result<bool> {
-    Ok(current_leader(c, service)?.as_deref() == Some(unit))
+    Ok(current_leader(c, service, presence_since(c)?)?.as_deref() == Some(unit))
 }
 
-/// The service's leader, if it still holds: Alive, and its agent not
-/// `down` (an agent over the API seen within the presence lapse; one in
-/// the controller is present while the controller runs).
-fn current_leader(c: &rusqlite::Connection, service: &str) -> Result<Option<String>> {
+/// Since when an agent must have been seen to be present (unix seconds).
+fn presence_since(c: &rusqlite::Connection) -> Result<i64> {
+    Ok(crate::unix_now() - crate::credentials::presence_lapse(c)?)
+}
+
+/// An agent counts as present: over the API, seen since `?2`; in the
+/// controller (no credential), while the controller runs.
+const PRESENT: &str = "(a.seen_at IS NULL OR a.seen_at >= ?2)";
+
+/// The service's leader, if it still holds: Alive, and its agent present
+/// (seen since `since`).
+fn current_leader(c: &rusqlite::Connection, service: &str, since: i64) -> Result<Option<String>> {
     use rusqlite::OptionalExtension;
-    let lapsed = crate::unix_now() - crate::credentials::presence_lapse(c)?;
-    Ok(c.prepare_cached(
+    Ok(c.prepare_cached(&format!(
         "SELECT u.name FROM services s JOIN units u ON u.name = s.leader
-             LEFT JOIN agent_credentials a ON a.unit = u.name
-             WHERE s.name = ?1 AND u.life = 0
-               AND (a.seen_at IS NULL OR a.seen_at >= ?2)",
-    )?
-    .query_row((service, lapsed), |r| r.get(0))
+         LEFT JOIN agent_credentials a ON a.unit = u.name
+         WHERE s.name = ?1 AND u.life = 0 AND {PRESENT}"
+    ))?
+    .query_row((service, since), |r| r.get(0))
+    .optional()?)
+}
+
+/// The unit to elect in `service`: its lowest-numbered Alive unit whose
+/// agent started and is present.
+fn candidate(c: &rusqlite::Connection, service: &str, since: i64) -> Result<Option<String>> {
+    use rusqlite::OptionalExtension;
+    Ok(c.prepare_cached(&format!(
+        "SELECT u.name FROM units u LEFT JOIN agent_credentials a ON a.unit = u.name
+         WHERE u.service = ?1 AND u.life = 0 AND u.agent_started AND {PRESENT}
+         ORDER BY u.number LIMIT 1"
+    ))?
+    .query_row((service, since), |r| r.get(0))
     .optional()?)
 }
 
 impl Store {
     /// `is-leader`: whether `unit` leads its service. A service whose
     /// leader no longer holds (gone, dying, or its agent down) gets the
-    /// asking unit as its leader if it is Alive, in the same transaction:
+    /// asking unit as its leader if it is Alive, in one transaction:
     /// exactly one leader per service at a time, and leadership moves only
     /// when the leader is lost. One row per service: the cost grows with
-    /// services, not units.
+    /// services, not units. While the leader holds (nearly every call) it
+    /// is a read.
     pub fn claim_leadership(&self, unit: &str) -> Result<bool> {
+        let held = self.read(|c| {
+            let u = get_unit(c, unit)?;
+            current_leader(c, &u.service, presence_since(c)?)
+        })?;
+        if let Some(leader) = held {
+            return Ok(leader == unit);
+        }
         self.write(|tx| {
             let u = get_unit(tx, unit)?;
-            if let Some(leader) = current_leader(tx, &u.service)? {
+            if let Some(leader) = current_leader(tx, &u.service, presence_since(tx)?)? {
                 return Ok(leader == unit);
             }
             if u.life != Life::Alive {
@@ -1190,38 +1216,36 @@ impl Store {
     /// dying, its agent down) and that has a unit whose agent started and
     /// is present: its lowest-numbered one, whose agent is woken to run
     /// `leader-elected`. At most `limit` services a call, in one
-    /// transaction. Returns how many were elected.
+    /// transaction, taken only when a read found some to elect (most calls
+    /// find none). Returns how many were elected.
     pub fn elect_leaders(&self, limit: usize) -> Result<usize> {
-        let now = crate::unix_now();
+        let lost: Vec<String> = self.read(|c| {
+            let since = presence_since(c)?;
+            Ok(c.prepare_cached(&format!(
+                "SELECT s.name FROM services s
+                 WHERE s.life = 0 AND s.unit_count > 0
+                   AND NOT EXISTS (SELECT 1 FROM units u LEFT JOIN agent_credentials a ON a.unit = u.name
+                                   WHERE u.name = s.leader AND u.life = 0 AND {PRESENT})
+                   AND EXISTS (SELECT 1 FROM units u LEFT JOIN agent_credentials a ON a.unit = u.name
+                               WHERE u.service = s.name AND u.life = 0 AND u.agent_started AND {PRESENT})
+                 ORDER BY s.name LIMIT ?1"
+            ))?
+            .query_map((limit as i64, since), |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?)
+        })?;
+        if lost.is_empty() {
+            return Ok(0);
+        }
         self.write(|tx| {
-            let lapsed = now - crate::credentials::presence_lapse(tx)?;
-            let services: Vec<String> = tx
-                .prepare_cached(
-                    "SELECT name FROM services WHERE life = 0 AND unit_count > 0 ORDER BY name",
-                )?
-                .query_map([], |r| r.get(0))?
-                .collect::<rusqlite::Result<_>>()?;
+            let since = presence_since(tx)?;
             let mut elected = 0;
-            for svc in services {
-                if elected >= limit {
-                    break;
-                }
-                if current_leader(tx, &svc)?.is_some() {
+            for svc in &lost {
+                // Checked again in the write: another may have elected.
+                if current_leader(tx, svc, since)?.is_some() {
                     continue;
                 }
-                let candidate: Option<String> = {
-                    use rusqlite::OptionalExtension;
-                    tx.prepare_cached(
-                        "SELECT u.name FROM units u LEFT JOIN agent_credentials a ON a.unit = u.name
-                         WHERE u.service = ?1 AND u.life = 0 AND u.agent_started
-                           AND (a.seen_at IS NULL OR a.seen_at >= ?2)
-                         ORDER BY u.number LIMIT 1",
-                    )?
-                    .query_row((&svc, lapsed), |r| r.get(0))
-                    .optional()?
-                };
-                if let Some(unit) = candidate {
-                    take_leadership(tx, &svc, &unit)?;
+                if let Some(unit) = candidate(tx, svc, since)? {
+                    take_leadership(tx, svc, &unit)?;
                     elected += 1;
                 }
             }

@@ -283,9 +283,4 @@ pub(crate) fn require_alive(
     }
 }
 
-/// Now, in unix seconds.
-pub(crate) fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
-}
+pub(crate) use jujube_core::time::unix_now;

@@ -41,15 +41,17 @@ const RELATION: Flag = Flag::value(Some('r'), "relation", "", "specify a relatio
 /// Accepted and ignored with a warning, as Juju 1.25 does.
 const DEPRECATED_FORMAT: Flag = Flag::string(None, "format", "", "deprecated format flag");
 
+/// The purpose of every [`unsupported`] tool, which marks it.
+const NOT_SUPPORTED: &str = "not supported by jujube";
+
 /// A tool of a Juju feature jujube does not have (cloud credentials,
 /// storage, secrets, goal state): it is there, so that a charm probing for
 /// it gets Juju's "not supported" answer (exit 1), not "command not found".
-#[allow(non_snake_case)]
-const fn UNSUPPORTED(name: &'static str) -> Spec {
+const fn unsupported(name: &'static str) -> Spec {
     Spec {
         name,
         args: "[...]",
-        purpose: "not supported by jujube",
+        purpose: NOT_SUPPORTED,
         flags: &[FORMAT, OUTPUT],
         doc: "",
     }
@@ -131,19 +133,19 @@ pub const SPECS: &[Spec] = &[
         doc: "network-get returns the network config for a given binding name. Every\n\
               binding answers with the machine's address.",
     },
-    UNSUPPORTED("credential-get"),
-    UNSUPPORTED("storage-get"),
-    UNSUPPORTED("storage-list"),
-    UNSUPPORTED("storage-add"),
-    UNSUPPORTED("secret-get"),
-    UNSUPPORTED("secret-set"),
-    UNSUPPORTED("secret-add"),
-    UNSUPPORTED("secret-ids"),
-    UNSUPPORTED("secret-info-get"),
-    UNSUPPORTED("secret-grant"),
-    UNSUPPORTED("secret-revoke"),
-    UNSUPPORTED("secret-remove"),
-    UNSUPPORTED("goal-state"),
+    unsupported("credential-get"),
+    unsupported("storage-get"),
+    unsupported("storage-list"),
+    unsupported("storage-add"),
+    unsupported("secret-get"),
+    unsupported("secret-set"),
+    unsupported("secret-add"),
+    unsupported("secret-ids"),
+    unsupported("secret-info-get"),
+    unsupported("secret-grant"),
+    unsupported("secret-revoke"),
+    unsupported("secret-remove"),
+    unsupported("goal-state"),
     Spec {
         name: "unit-get",
         args: "<setting>",
@@ -460,7 +462,7 @@ async fn run_tool(
             };
             print(&p, &v)
         }
-        name if spec.purpose == "not supported by jujube" => Err(Failure::Run(format!(
+        name if spec.purpose == NOT_SUPPORTED => Err(Failure::Run(format!(
             "{name} is not supported: jujube has no cloud credentials, storage, secrets or goal state for charms"
         ))),
         "is-leader" => {
