@@ -704,11 +704,8 @@ impl Store {
                 .collect::<Result<Vec<_>>>()?;
             let subordinates = units_where(c, "principal = ?1", &name)?;
             let runs = crate::runs::pending_runs_in(c, name)?;
-            let leader: Option<String> = c
-                .prepare_cached("SELECT leader FROM services WHERE name = ?1")?
-                .query_row([&unit.service], |r| r.get(0))?;
             Ok(UnitContext {
-                leader: leader.as_deref() == Some(name),
+                leader: service.leader.as_deref() == Some(name),
                 unit,
                 service,
                 principal_service,

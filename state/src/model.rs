@@ -92,6 +92,9 @@ pub struct Service {
     pub relation_count: i64,
     /// The current charm was set by `upgrade-charm --force`.
     pub force_charm: bool,
+    /// The unit recorded as its leader (it may have been lost since; see
+    /// `Store::claim_leadership`).
+    pub leader: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -220,7 +223,7 @@ pub(crate) fn get_machine(c: &Connection, id: i64) -> Result<Machine> {
 }
 
 pub(crate) const SERVICE_COLS: &str =
-    "name, charm_url, series, subordinate, constraints, life, unit_count, relation_count, force_charm";
+    "name, charm_url, series, subordinate, constraints, life, unit_count, relation_count, force_charm, leader";
 
 pub(crate) fn service_row(r: &Row<'_>) -> rusqlite::Result<(Service, i64, String)> {
     Ok((
@@ -234,6 +237,7 @@ pub(crate) fn service_row(r: &Row<'_>) -> rusqlite::Result<(Service, i64, String
             unit_count: r.get(6)?,
             relation_count: r.get(7)?,
             force_charm: r.get(8)?,
+            leader: r.get(9)?,
         },
         r.get(5)?,
         r.get(4)?,
