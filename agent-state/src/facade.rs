@@ -16,7 +16,7 @@
 use crate::hub::{Hub, Key};
 use async_trait::async_trait;
 use jujube_agent::api::{
-    AgentStatus, ApiError, ApiResult, CharmFile, CharmRef, Connector, EndpointView, ErrorCode,
+    AgentStatus, ApiError, ApiResult, Bag, CharmFile, CharmRef, Connector, EndpointView, ErrorCode,
     Facade, MachineView, NoticeStream, RelationView, RunRequest, RunResult, Tag, UnitRef, UnitView,
     WatchTarget, MAX_CHARM_BYTES,
 };
@@ -147,11 +147,19 @@ pub struct CharmEntry {
 }
 
 /// The files of the charm at `root`, sorted by path, without reading them:
-/// at most [`MAX_CHARM_BYTES`] in all, plain files and directories only
-/// (symlinks are not shipped to agents).
+/// at most [`MAX_CHARM_BYTES`] in all. A symlink to a file inside the charm
+/// (charmcraft links `hooks/install` to `../dispatch`) is shipped as a copy
+/// of that file; one that leaves the charm, or names a directory, is
+/// refused.
 pub fn charm_manifest(root: &std::path::Path) -> ApiResult<Vec<CharmEntry>> {
     use std::os::unix::fs::PermissionsExt;
     let internal = |what: String| ApiError::new(ErrorCode::Internal, what);
+    let real_root = std::fs::canonicalize(root).map_err(|e| {
+        internal(format!(
+            "cannot read the charm at `{}`: {e}",
+            root.display()
+        ))
+    })?;
     let mut out = Vec::new();
     let mut total = 0u64;
     let mut todo = vec![(root.to_path_buf(), String::new())];
@@ -166,8 +174,24 @@ pub fn charm_manifest(root: &std::path::Path) -> ApiResult<Vec<CharmEntry>> {
             } else {
                 format!("{rel}/{name}")
             };
-            let meta =
+            let mut meta =
                 std::fs::symlink_metadata(entry.path()).map_err(|e| internal(e.to_string()))?;
+            if meta.file_type().is_symlink() {
+                let target = std::fs::canonicalize(entry.path())
+                    .ok()
+                    .filter(|t| t.starts_with(&real_root))
+                    .and_then(|t| std::fs::metadata(t).ok())
+                    .filter(|m| m.is_file());
+                match target {
+                    Some(m) => meta = m,
+                    None => {
+                        return Err(ApiError::new(
+                            ErrorCode::Refused,
+                            format!("the charm at `{}` holds `{path}`, a symlink that does not name a file inside the charm; make it a link to a file in the charm, or a copy", root.display()),
+                        ))
+                    }
+                }
+            }
             if meta.is_dir() {
                 todo.push((entry.path(), path));
             } else if meta.is_file() {
@@ -187,7 +211,7 @@ pub fn charm_manifest(root: &std::path::Path) -> ApiResult<Vec<CharmEntry>> {
             } else {
                 return Err(ApiError::new(
                     ErrorCode::Refused,
-                    format!("the charm at `{}` holds `{path}`, which is not a plain file or directory (symlinks are not shipped to agents)", root.display()),
+                    format!("the charm at `{}` holds `{path}`, which is not a plain file, directory or link to a file in the charm", root.display()),
                 ));
             }
         }
@@ -196,8 +220,8 @@ pub fn charm_manifest(root: &std::path::Path) -> ApiResult<Vec<CharmEntry>> {
     Ok(out)
 }
 
-/// Every file under `root`, paths relative and `/`-separated; a symlink, or
-/// more than [`MAX_CHARM_BYTES`] in all, is refused.
+/// Every file under `root`, paths relative and `/`-separated (see
+/// [`charm_manifest`] for symlinks and the bound).
 fn charm_files(root: &std::path::Path) -> ApiResult<Vec<CharmFile>> {
     use base64::Engine;
     charm_manifest(root)?
@@ -462,6 +486,10 @@ impl Facade for InProcess {
             resolved: c.unit.resolved,
             force_upgrade: c.service.force_charm,
             leader: c.leader,
+            leader_settings_version: c.service.leader_settings_version,
+            machine: c.machine,
+            zone: c.zone,
+            ports: c.ports,
             charm_url: c.service.charm_url,
             runs: c
                 .runs
@@ -471,6 +499,9 @@ impl Facade for InProcess {
                     argv: r.argv,
                     timeout: r.timeout,
                     waited: r.waited,
+                    action: r
+                        .action
+                        .map(|(name, params)| jujube_agent::api::ActionRequest { name, params }),
                 })
                 .collect(),
         })
@@ -534,6 +565,11 @@ impl Facade for InProcess {
                 code: result.code,
                 stdout: result.stdout,
                 stderr: result.stderr,
+                action: result.action.map(|a| jujube_state::runs::ActionOutcome {
+                    results: a.results,
+                    failed: a.failed,
+                    log: a.log,
+                }),
             },
         })
         .await
@@ -623,9 +659,14 @@ impl Facade for InProcess {
             unit,
             format!("read the scope of relation `{relation}` for unit `{unit}`"),
         )?;
-        self.store()
+        let s = self
+            .store()
             .scope_settings_seen_by(relation, unit)
-            .map_err(|e| self.err(e))
+            .map_err(|e| self.err(e))?;
+        Ok(jujube_agent::api::ScopeSettings {
+            units: s.units,
+            app: s.app,
+        })
     }
 
     async fn service_config(
@@ -696,5 +737,40 @@ impl Facade for InProcess {
             changes,
         })
         .await
+    }
+
+    async fn bag(&self, unit: &str, bag: Bag) -> ApiResult<BTreeMap<String, String>> {
+        let bag = state_bag(bag);
+        if !self.is_unit(unit) {
+            return Err(self.denied(format!("read {bag} as unit `{unit}`")));
+        }
+        self.store()
+            .bag_seen_by(unit, &bag)
+            .map_err(|e| self.err(e))
+    }
+
+    async fn update_bag(
+        &self,
+        unit: &str,
+        bag: Bag,
+        changes: Vec<(String, Option<String>)>,
+    ) -> ApiResult<()> {
+        let bag = state_bag(bag);
+        if !self.is_unit(unit) {
+            return Err(self.denied(format!("change {bag} as unit `{unit}`")));
+        }
+        self.write(AgentOp::UpdateBag {
+            unit: unit.into(),
+            bag,
+            changes,
+        })
+        .await
+    }
+}
+
+fn state_bag(bag: Bag) -> jujube_state::bags::Bag {
+    match bag {
+        Bag::App { relation, service } => jujube_state::bags::Bag::App { relation, service },
+        Bag::Leader => jujube_state::bags::Bag::Leader,
     }
 }

@@ -57,6 +57,7 @@ impl World {
                     url: format!("local:jammy/{}-1", meta.name),
                     meta,
                     config: CharmConfig::default(),
+                    actions: Default::default(),
                     path: path.to_string_lossy().into_owned(),
                 },
                 series: "jammy".into(),
@@ -324,6 +325,7 @@ async fn the_facade_refuses_every_method_outside_the_callers_scope() {
             code: 0,
             stdout: String::new(),
             stderr: String::new(),
+            action: None,
         };
         denied(&w, f.finish_run(u, 1, answer).await, b);
     }
@@ -619,7 +621,7 @@ fn scope_units_are_filtered_to_the_callers_container_and_counterparts() {
         },
     );
     assert_eq!(
-        w.store.scope_settings_seen_by(db, "mysql/0").unwrap()[0]
+        w.store.scope_settings_seen_by(db, "mysql/0").unwrap().units[0]
             .1
             .as_ref()
             .unwrap()["host"],
@@ -639,7 +641,7 @@ fn scope_units_are_filtered_to_the_callers_container_and_counterparts() {
                 (m, Some(settings))
             })
             .collect();
-        assert_eq!(together, apart, "{u} in {rel}");
+        assert_eq!(together.units, apart, "{u} in {rel}");
     }
 }
 
@@ -733,6 +735,7 @@ fn answer() -> jujube_state::runs::RunResult {
         code: 0,
         stdout: "forged".into(),
         stderr: String::new(),
+        action: None,
     }
 }
 

@@ -53,8 +53,27 @@ impl fmt::Display for Tag {
 }
 
 /// A scope's members with their settings, in one answer (`None`: beyond
-/// the answer's bound; read it with `relation_settings`).
-pub type ScopeSettings = Vec<(String, Option<BTreeMap<String, String>>)>;
+/// the answer's bound; read it with `relation_settings`), and the remote
+/// application's settings in the relation (its own application's in a peer
+/// relation).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScopeSettings {
+    pub units: Vec<(String, Option<BTreeMap<String, String>>)>,
+    /// The remote application's name and settings.
+    #[serde(default)]
+    pub app: Option<(String, BTreeMap<String, String>)>,
+}
+
+/// A databag the service's leader writes (see `jujube_state::bags`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Bag {
+    /// `service`'s application settings in `relation` (`relation-get
+    /// --app`, `relation-set --app`).
+    App { relation: i64, service: String },
+    /// The service's leader settings (`leader-get`, `leader-set`).
+    Leader,
+}
 
 /// What an agent reports about itself (`agent-status` in `jujube status`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -163,6 +182,19 @@ pub struct UnitView {
     /// leader).
     #[serde(default)]
     pub leader: bool,
+    /// Moves when the leader changes the leader settings
+    /// (`leader-settings-changed` runs on the other units).
+    #[serde(default)]
+    pub leader_settings_version: i64,
+    /// The machine it runs on (`JUJU_MACHINE_ID`) and its availability
+    /// zone (`JUJU_AVAILABILITY_ZONE`).
+    #[serde(default)]
+    pub machine: Option<i64>,
+    #[serde(default)]
+    pub zone: Option<String>,
+    /// The ports and ranges the unit opened (`opened-ports`).
+    #[serde(default)]
+    pub ports: Vec<String>,
 }
 
 /// A command `jujube run` asked the unit's agent to run in a hook context.
@@ -176,6 +208,18 @@ pub struct RunRequest {
     /// controller's clock when the view was read.
     #[serde(default)]
     pub waited: u64,
+    /// An action (`jujube run UNIT ACTION`) instead of a command: its name
+    /// and its checked parameters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<ActionRequest>,
+}
+
+/// An action to run, as the store checked it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActionRequest {
+    pub name: String,
+    /// A JSON object, defaults filled in.
+    pub params: serde_json::Value,
 }
 
 /// What a run printed and exited with (`-1`: killed or could not start).
@@ -184,6 +228,20 @@ pub struct RunResult {
     pub code: i32,
     pub stdout: String,
     pub stderr: String,
+    /// For an action: what it said with the action tools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<ActionOutcome>,
+}
+
+/// What an action said with `action-set`, `action-fail` and `action-log`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActionOutcome {
+    /// `action-set`'s results, keys dotted as set (`detail.level`).
+    pub results: BTreeMap<String, String>,
+    /// `action-fail`'s message: the action failed.
+    pub failed: Option<String>,
+    /// `action-log`'s messages with their unix time.
+    pub log: Vec<(i64, String)>,
 }
 
 impl UnitView {
@@ -210,6 +268,10 @@ pub struct CharmFile {
     /// The contents, base64.
     pub data: String,
 }
+
+/// The most an action's `action-set` results may hold (as JSON); with its
+/// log (at most 256 KiB) it stays within what the store keeps of a run.
+pub const MAX_ACTION_RESULTS_BYTES: usize = 512 << 10;
 
 /// The most a charm's files may add up to over the API.
 pub const MAX_CHARM_BYTES: usize = 8 << 20;
@@ -311,7 +373,8 @@ pub trait Facade: Send + Sync + 'static {
     /// upgrades its charm directory when its service's charm changes).
     async fn charm(&self, unit: &str) -> ApiResult<CharmRef>;
     /// The charm's files, for a deployer that cannot read [`CharmRef::path`]
-    /// (at most [`MAX_CHARM_BYTES`]; symlinks are refused).
+    /// (at most [`MAX_CHARM_BYTES`]; a symlink to a file in the charm comes
+    /// as a copy of it, others are refused).
     async fn charm_files(&self, unit: &str) -> ApiResult<Vec<CharmFile>>;
     /// For the unit itself, or its deployer when it never deployed it.
     async fn ensure_dead_unit(&self, unit: &str) -> ApiResult<()>;
@@ -386,6 +449,17 @@ pub trait Facade: Send + Sync + 'static {
         &self,
         relation: i64,
         unit: &str,
+        changes: Vec<(String, Option<String>)>,
+    ) -> ApiResult<()>;
+    /// A leader-written bag as `unit` may read it (empty when never
+    /// written).
+    async fn bag(&self, unit: &str, bag: Bag) -> ApiResult<BTreeMap<String, String>>;
+    /// The leader changes a bag (`None` deletes a key); refused for another
+    /// unit.
+    async fn update_bag(
+        &self,
+        unit: &str,
+        bag: Bag,
         changes: Vec<(String, Option<String>)>,
     ) -> ApiResult<()>;
 }

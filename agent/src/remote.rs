@@ -616,6 +616,28 @@ impl Facade for Remote {
     async fn is_leader(&self, unit: &str) -> ApiResult<bool> {
         self.call(Call::IsLeader { unit: unit.into() }).await
     }
+    async fn bag(&self, unit: &str, bag: crate::api::Bag) -> ApiResult<BTreeMap<String, String>> {
+        self.call(Call::Bag {
+            unit: unit.into(),
+            bag,
+        })
+        .await
+    }
+
+    async fn update_bag(
+        &self,
+        unit: &str,
+        bag: crate::api::Bag,
+        changes: Vec<(String, Option<String>)>,
+    ) -> ApiResult<()> {
+        self.call(Call::UpdateBag {
+            unit: unit.into(),
+            bag,
+            changes,
+        })
+        .await
+    }
+
     async fn scope_settings(
         &self,
         relation: i64,

@@ -185,15 +185,14 @@ impl UnitAgent {
         // A hook the charm does not have is skipped without a trace: no
         // socket, no write (100,000 units of a charm without hooks stay
         // cheap). A charm with a `dispatch` has every hook.
-        if !runner::program(&dir.join("charm"), &hook.name).0.exists() {
+        if !runner::program(&dir.join("charm"), &hook).0.exists() {
             return Ok(true);
         }
-        // A subordinate's hooks are told its principal.
-        let principal = self.api.unit(self.name()).await?.principal;
-        let hook = hook.for_subordinate_of(principal);
+        // Told where the unit runs (a subordinate's principal, the machine).
+        let hook = hook.placed(&self.api.unit(self.name()).await?);
         self.hook_state().running = Some(Box::new(HookRecord::from(&hook)));
         self.save_hooks()?;
-        let (id, ctx, socket) = self.open_context(&hook, relations).await?;
+        let (id, ctx, socket) = self.open_context(&hook, relations, None).await?;
         let log = self.log_path();
         let outcome = runner::run(&dir, &log, self.name(), &id, &socket, &hook).await;
         self.close_context().await;
@@ -239,6 +238,7 @@ impl UnitAgent {
         &mut self,
         hook: &Hook,
         relations: &BTreeMap<i64, String>,
+        action: Option<&serde_json::Value>,
     ) -> Result<(String, Arc<HookContext>, PathBuf)> {
         if self.tools.is_none() {
             let mut socket = self.dir().join("agent.socket");
@@ -257,11 +257,19 @@ impl UnitAgent {
         self.contexts += 1;
         let id = format!("{}-{}-{}", self.name(), hook.name, self.contexts);
         let members = self.members(hook);
+        let apps = self
+            .hook_state()
+            .relations
+            .iter()
+            .map(|(id, r)| (*id, r.app.clone()))
+            .collect();
         let view = HookView {
             relation: hook.relation.clone(),
             remote: hook.remote.clone(),
             relations: relations.clone(),
             members,
+            apps,
+            action: action.cloned(),
         };
         let ctx = Arc::new(HookContext::new(
             id.clone(),
@@ -315,6 +323,22 @@ impl UnitAgent {
                 .update_relation_settings(rel, self.name(), changes.into_iter().collect())
                 .await?;
         }
+        let pending = std::mem::take(&mut *ctx.pending_app.lock().await);
+        let service = self
+            .name()
+            .split('/')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        for (relation, changes) in pending {
+            let bag = crate::api::Bag::App {
+                relation,
+                service: service.clone(),
+            };
+            self.api
+                .update_bag(self.name(), bag, changes.into_iter().collect())
+                .await?;
+        }
         Ok(())
     }
 
@@ -360,27 +384,46 @@ impl UnitAgent {
                         "error: the command did not start within its {}s timeout: the unit's agent was busy (a hook ran meanwhile); it was not run; try again, or give `--timeout` more time\n",
                         run.timeout
                     ),
+                    action: None,
                 }
             } else if self.has_charm() {
-                let (id, ctx, socket) = self.open_context(&Hook::unit("run"), relations).await?;
-                let out = runner::run_command(
-                    &self.dir(),
-                    &self.log_path(),
-                    self.name(),
-                    &id,
-                    &socket,
-                    &run.argv,
-                    std::time::Duration::from_secs(left),
-                )
-                .await;
+                let hook = match &run.action {
+                    Some(a) => Hook::action(&a.name, run.id).placed(view),
+                    None => Hook::unit("run").placed(view),
+                };
+                let argv = match &run.action {
+                    Some(_) => {
+                        let program = runner::program(&self.dir().join("charm"), &hook).0;
+                        vec![program.to_string_lossy().into_owned()]
+                    }
+                    None => run.argv.clone(),
+                };
+                let params = run.action.as_ref().map(|a| &a.params);
+                let (id, ctx, socket) = self.open_context(&hook, relations, params).await?;
+                let (dir, log) = (self.dir(), self.log_path());
+                let site = runner::Site {
+                    unit_dir: &dir,
+                    log: &log,
+                    unit: self.name(),
+                    context_id: &id,
+                    socket: &socket,
+                };
+                let out =
+                    runner::run_command(&site, &hook, &argv, std::time::Duration::from_secs(left))
+                        .await;
                 self.close_context().await;
-                if out.code == 0 {
+                let action = match &ctx.action {
+                    Some(a) => Some(std::mem::take(&mut *a.outcome.lock().await)),
+                    None => None,
+                };
+                if out.code == 0 && action.as_ref().is_none_or(|a| a.failed.is_none()) {
                     self.commit_context(&ctx).await?;
                 }
                 RunResult {
                     code: out.code,
                     stdout: out.stdout,
                     stderr: out.stderr,
+                    action,
                 }
             } else {
                 RunResult {
@@ -390,6 +433,7 @@ impl UnitAgent {
                         "error: unit `{}` has no charm deployed yet; try again once `jujube wait` succeeds\n",
                         self.name()
                     ),
+                    action: None,
                 }
             };
             self.api.finish_run(self.name(), run.id, result).await?;
@@ -432,6 +476,20 @@ impl UnitAgent {
             }
             self.hook_state().leader = view.leader;
             self.save_hooks()?;
+        }
+        // leader-settings-changed on the other units: once after install
+        // (Juju runs it in the leader-elected's place) and whenever the
+        // leader changes its settings.
+        let version = (view.leader_settings_version as u32).wrapping_add(1);
+        if !view.leader && self.hook_state().leader_settings != version {
+            if !self
+                .run_hook(relations, Hook::unit("leader-settings-changed"))
+                .await?
+            {
+                return Ok(false);
+            }
+            self.hook_state().leader_settings = version;
+            dirty = self.save_if_ran("leader-settings-changed")? || dirty;
         }
         // upgrade-charm when the service's charm changed: its files laid
         // over the charm directory (what the charm wrote there stays), the
@@ -490,19 +548,27 @@ impl UnitAgent {
         relations: &BTreeMap<i64, String>,
     ) -> Result<bool> {
         // Members and their settings in one read (one call over the API).
-        let mut seen_now = self.api.scope_settings(rel.id, self.name()).await?;
+        let scope = self.api.scope_settings(rel.id, self.name()).await?;
+        let mut seen_now = scope.units;
         seen_now.sort_by(|a, b| a.0.cmp(&b.0));
         let remote: Vec<String> = seen_now.iter().map(|(u, _)| u.clone()).collect();
-        let known = self
+        let service = self
+            .name()
+            .split('/')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let app = rel.counterpart_of(&service).unwrap_or_default().to_string();
+        let state = self
             .hook_state()
             .relations
             .entry(rel.id)
             .or_insert_with(|| RelationState {
                 name: name.to_string(),
-                joined: BTreeMap::new(),
-            })
-            .joined
-            .clone();
+                ..RelationState::default()
+            });
+        state.app = app.clone();
+        let known = state.joined.clone();
         for gone in known.keys().filter(|u| !remote.contains(u)) {
             if !self.depart(rel.id, name, gone, relations).await? {
                 return Ok(false);
@@ -539,6 +605,20 @@ impl UnitAgent {
                 self.relation_state(rel.id)
                     .joined
                     .insert(u.clone(), settings);
+                self.save_hooks()?;
+            }
+        }
+        // The remote application's settings: `-changed` with no remote
+        // unit (Juju 2.7+), once they were set and whenever they change.
+        if let Some((_, bag)) = scope.app {
+            let seen = self.relation_state(rel.id).app_settings.clone();
+            let now = digest(&bag);
+            if seen.as_deref() != Some(now.as_str()) && !(seen.is_none() && bag.is_empty()) {
+                let hook = Hook::about_app(rel.id, name, "changed", Some(&app));
+                if !self.run_hook(relations, hook).await? {
+                    return Ok(false);
+                }
+                self.relation_state(rel.id).app_settings = Some(now);
                 self.save_hooks()?;
             }
         }
@@ -589,7 +669,10 @@ impl UnitAgent {
     /// Saves the whole record now if `hook` exists (it ran), and then
     /// nothing is owed; otherwise a save is owed.
     fn save_if_ran(&mut self, hook: &str) -> Result<bool> {
-        if self.dir().join("charm/hooks").join(hook).exists() {
+        if runner::program(&self.dir().join("charm"), &Hook::unit(hook))
+            .0
+            .exists()
+        {
             self.save_hooks()?;
             Ok(false)
         } else {
@@ -602,7 +685,9 @@ impl UnitAgent {
     fn stop_hook_due(&mut self) -> bool {
         self.hook_state().installed
             && !self.hook_state().stopped
-            && self.dir().join("charm/hooks/stop").exists()
+            && runner::program(&self.dir().join("charm"), &Hook::unit("stop"))
+                .0
+                .exists()
     }
 
     fn relation_state(&mut self, id: i64) -> &mut RelationState {
@@ -647,8 +732,9 @@ impl UnitAgent {
                 return Ok(false);
             }
         }
+        let app = Some(state.app.as_str()).filter(|a| !a.is_empty());
         if !self
-            .run_hook(relations, Hook::relation(rel.id, name, "broken", None))
+            .run_hook(relations, Hook::about_app(rel.id, name, "broken", app))
             .await?
         {
             return Ok(false);

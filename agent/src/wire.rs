@@ -16,7 +16,7 @@
 //!   SECRET` (proof).
 
 use crate::api::{
-    AgentStatus, ApiError, ApiResult, ErrorCode, Facade, RunResult, Tag, WatchTarget,
+    AgentStatus, ApiError, ApiResult, Bag, ErrorCode, Facade, RunResult, Tag, WatchTarget,
 };
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -150,6 +150,15 @@ pub enum Call {
         unit: String,
         changes: Vec<(String, Option<String>)>,
     },
+    Bag {
+        unit: String,
+        bag: Bag,
+    },
+    UpdateBag {
+        unit: String,
+        bag: Bag,
+        changes: Vec<(String, Option<String>)>,
+    },
     /// Not a facade method: a deployer (the machine agent for its
     /// principals, a unit agent for its subordinates) sets the credential
     /// the unit's agent will log in with. The server stores only its hash.
@@ -179,6 +188,7 @@ impl Call {
                 | Call::WorkloadStatus { .. }
                 | Call::ServiceConfig { .. }
                 | Call::RelationSettings { .. }
+                | Call::Bag { .. }
         )
     }
 
@@ -210,6 +220,8 @@ impl Call {
             Call::ServiceConfig { .. } => "service-config",
             Call::RelationSettings { .. } => "relation-settings",
             Call::UpdateRelationSettings { .. } => "update-relation-settings",
+            Call::Bag { .. } => "bag",
+            Call::UpdateBag { .. } => "update-bag",
             Call::SetUnitCredential { .. } => "set-unit-credential",
         }
     }
@@ -302,6 +314,10 @@ pub async fn dispatch(facade: &dyn Facade, call: Call) -> ApiResult<serde_json::
                 .update_relation_settings(relation, &unit, changes)
                 .await?,
         ),
+        Call::Bag { unit, bag } => encode(facade.bag(&unit, bag).await?),
+        Call::UpdateBag { unit, bag, changes } => {
+            encode(facade.update_bag(&unit, bag, changes).await?)
+        }
         Call::SetUnitCredential { .. } => Err(ApiError::new(
             ErrorCode::Internal,
             "set-unit-credential is answered by the API server, not a facade",

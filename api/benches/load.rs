@@ -84,6 +84,7 @@ fn charm(dir: &std::path::Path, name: &str, meta: &str) -> Charm {
         url: format!("local:jammy/{name}-1"),
         meta,
         config: CharmConfig::default(),
+        actions: Default::default(),
         path: path.to_string_lossy().into_owned(),
     }
 }

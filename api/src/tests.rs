@@ -58,6 +58,7 @@ impl World {
                         url: format!("local:jammy/{}-1", meta.name),
                         meta,
                         config: CharmConfig::default(),
+                        actions: Default::default(),
                         path: path.to_string_lossy().into_owned(),
                     },
                     series: "jammy".into(),
@@ -205,6 +206,7 @@ async fn try_everything_out_of_scope(api: &dyn Facade, machine: i64, unit: &str,
         code: 0,
         stdout: String::new(),
         stderr: String::new(),
+        action: None,
     };
     assert_unauthorized("finish_run", api.finish_run(unit, 1, answer).await);
     assert_unauthorized("enter_scope", api.enter_scope(relation, unit, vec![]).await);
@@ -361,7 +363,7 @@ async fn a_unit_agent_sees_its_unit_its_relations_and_its_container_only() {
     // `relation_settings` answers for it, only those of its container.
     let together = sub_api.scope_settings(logging, &sub).await.unwrap();
     assert_eq!(
-        together,
+        together.units,
         vec![(
             "wordpress/0".to_string(),
             Some(

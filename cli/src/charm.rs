@@ -3,6 +3,7 @@
 //! `DIR/SERIES/NAME/`.
 
 use anyhow::{anyhow, bail, Context, Result};
+use jujube_core::actions::CharmActions;
 use jujube_core::charm::{CharmConfig, CharmMeta};
 use jujube_state::Charm;
 use std::path::{Path, PathBuf};
@@ -62,6 +63,14 @@ pub fn load(reference: &str, repository: Option<&Path>) -> Result<Loaded> {
                 .with_context(|| format!("cannot read `{}`", dir.join("config.yaml").display()))
         }
     };
+    let actions_path = dir.join("actions.yaml");
+    let actions = match std::fs::read_to_string(&actions_path) {
+        Ok(text) => CharmActions::parse(&meta.name, &text)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => CharmActions::default(),
+        Err(e) => {
+            return Err(e).with_context(|| format!("cannot read `{}`", actions_path.display()))
+        }
+    };
     let revision: u64 = match std::fs::read_to_string(dir.join("revision")) {
         Ok(text) => text.trim().parse().map_err(|_| {
             anyhow!(
@@ -78,6 +87,7 @@ pub fn load(reference: &str, repository: Option<&Path>) -> Result<Loaded> {
             url: format!("{}-{revision}", meta.name),
             meta,
             config,
+            actions,
             path: path.to_string_lossy().into_owned(),
         },
         url_series,

@@ -885,6 +885,170 @@ pub async fn run_command(
     })
 }
 
+/// What `jujube run UNIT ACTION` asks for.
+pub struct ActionRun<'a> {
+    pub unit: &'a str,
+    pub action: &'a str,
+    pub params: &'a [String],
+    pub timeout: Duration,
+    pub background: bool,
+}
+
+/// `jujube run UNIT ACTION [KEY=VALUE]...`: queues the action (its
+/// parameters checked against the charm's actions.yaml first: refused,
+/// nothing queued), waits for its task and prints its results as YAML;
+/// exits 1 when it failed. `--background` prints the task's id instead.
+pub async fn run_action(
+    home: &Home,
+    env_name: &str,
+    store: &Store,
+    run: ActionRun<'_>,
+    out: &mut impl Write,
+) -> Result<u8> {
+    let ActionRun {
+        unit,
+        action,
+        params,
+        timeout,
+        background,
+    } = run;
+    let id = store.queue_action(unit, action, params, timeout.as_secs().max(1))?;
+    if background {
+        writeln!(out, "Scheduled operation {id} with task {id}")?;
+        writeln!(out, "Check operation status with 'jujube show-task {id}'")?;
+        if !controller_runs(home, env_name) {
+            eprintln!("warning: no controller runs for environment `{env_name}`; the task waits until one does (`jujube controller`)");
+        }
+        return Ok(0);
+    }
+    if !controller_runs(home, env_name) {
+        bail!("no controller runs for environment `{env_name}`, so no agent can run the action; start one with `jujube controller` (task {id} stays queued)");
+    }
+    eprintln!(
+        "Running operation {id} with 1 task\n  - task {id} on unit-{}\n\nWaiting for task {id}...",
+        unit.replace('/', "-")
+    );
+    let deadline = tokio::time::Instant::now() + timeout + Duration::from_secs(30);
+    let mut watcher = store
+        .watch(store.head_revision()?)
+        .with_poll_interval(Duration::from_millis(100));
+    let task = loop {
+        match store.task(id) {
+            Ok(t) if t.result.is_some() => break t,
+            Ok(_) => {}
+            Err(jujube_state::Error::NotFound { .. }) => {
+                bail!("unit `{unit}` was removed before it ran action `{action}` (task {id})")
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if tokio::time::timeout_at(deadline, watcher.next())
+            .await
+            .is_err()
+        {
+            bail!("unit `{unit}` did not run action `{action}` within {}s; is its agent running? (`jujube status` shows its agent-status; `jujube show-task {id}` shows the task later)", timeout.as_secs() + 30);
+        }
+    };
+    let result = task.result.as_ref().expect("answered");
+    let outcome = result.action.clone().unwrap_or_default();
+    for (at, message) in &outcome.log {
+        let time = jujube_core::time::format_utc(u64::try_from(*at).unwrap_or(0));
+        eprintln!("{} {message}", time.get(11..).unwrap_or(&time));
+    }
+    let results = nest(&outcome.results);
+    if results.as_object().is_some_and(|m| !m.is_empty()) {
+        out.write_all(yaml_serde::to_string(&results)?.as_bytes())?;
+    }
+    out.write_all(result.stdout.as_bytes())?;
+    out.flush()?;
+    eprint!("{}", result.stderr);
+    if task.status() == "failed" {
+        bail!(
+            "action `{action}` on unit `{unit}` failed: {} (task {id}; `jujube show-task {id}` shows it)",
+            failure_message(result)
+        );
+    }
+    Ok(0)
+}
+
+/// Why a task failed: what the action said with `action-fail`, else its
+/// exit status.
+fn failure_message(result: &jujube_state::runs::RunResult) -> String {
+    match result.action.as_ref().and_then(|a| a.failed.clone()) {
+        Some(m) => m,
+        None if result.code == -1 => result
+            .stderr
+            .trim()
+            .trim_start_matches("error: ")
+            .to_string(),
+        None => format!("exit status {}", result.code),
+    }
+}
+
+/// `action-set`'s dotted keys as nested maps (`detail.level=3` is
+/// `detail: {level: "3"}`), as Juju shows them.
+fn nest(results: &std::collections::BTreeMap<String, String>) -> serde_json::Value {
+    let mut root = serde_json::Map::new();
+    for (key, value) in results {
+        let parts: Vec<&str> = key.split('.').collect();
+        let mut node = &mut root;
+        for part in &parts[..parts.len() - 1] {
+            let next = node
+                .entry(part.to_string())
+                .or_insert_with(|| serde_json::Value::Object(Default::default()));
+            if !next.is_object() {
+                *next = serde_json::Value::Object(Default::default());
+            }
+            node = next.as_object_mut().expect("just made an object");
+        }
+        node.insert(
+            parts[parts.len() - 1].to_string(),
+            serde_json::Value::String(value.clone()),
+        );
+    }
+    serde_json::Value::Object(root)
+}
+
+/// `jujube show-task ID`, as YAML (Juju's keys).
+pub fn render_task(task: &jujube_state::runs::Task) -> String {
+    let time = |t: i64| {
+        format!(
+            "{} UTC",
+            jujube_core::time::format_utc(u64::try_from(t).unwrap_or(0))
+        )
+    };
+    let mut doc = serde_json::json!({
+        "id": task.id.to_string(),
+        "action": task.action,
+        "unit": task.unit,
+        "status": task.status(),
+        "parameters": task.params,
+        "enqueued": time(task.queued),
+    });
+    if let Some(r) = &task.result {
+        let outcome = r.action.clone().unwrap_or_default();
+        if task.status() == "failed" {
+            doc["message"] = failure_message(r).into();
+        }
+        doc["results"] = nest(&outcome.results);
+        doc["return-code"] = r.code.into();
+        if !r.stdout.is_empty() {
+            doc["stdout"] = r.stdout.clone().into();
+        }
+        if !r.stderr.is_empty() {
+            doc["stderr"] = r.stderr.clone().into();
+        }
+        if !outcome.log.is_empty() {
+            doc["log"] = outcome
+                .log
+                .iter()
+                .map(|(at, m)| format!("{} {m}", time(*at)))
+                .collect::<Vec<_>>()
+                .into();
+        }
+    }
+    yaml_serde::to_string(&doc).unwrap_or_default()
+}
+
 /// `jujube wait`: until nothing can make progress, or the timeout. Succeeds
 /// only when everything converged without error; otherwise the error lists
 /// every machine in error (and, on timeout, what is still stuck).

@@ -252,10 +252,31 @@ enum Command {
         #[arg(long)]
         no_tail: bool,
     },
-    /// Run a command in a unit's hook context (Juju's `juju-run`), between its hooks;
+    /// Run an action of a unit's charm (`jujube run wordpress/0 backup target=/srv`),
+    /// as Juju 3's `juju run`: its parameters are checked against the charm's
+    /// actions.yaml, its agent runs it between hooks, and the results are printed;
+    /// exits 1 when it failed. `jujube run UNIT -- CMD...` runs a command, as `exec`.
+    /// Needs a running controller.
+    Run {
+        /// The unit, e.g. `wordpress/0`.
+        unit: String,
+        /// The action, then its parameters as `key=value` (`a.b=c` nests).
+        #[arg(value_name = "ACTION [KEY=VALUE]...")]
+        action: Vec<String>,
+        /// How long it may run before its agent kills it.
+        #[arg(long, default_value = "5m")]
+        timeout: String,
+        /// Queue the action, print its task id and return (see `show-task`).
+        #[arg(long)]
+        background: bool,
+        /// A command and its arguments instead of an action, after `--`.
+        #[arg(last = true, value_name = "COMMAND")]
+        command: Vec<String>,
+    },
+    /// Run a command in a unit's hook context (Juju's `juju exec`), between its hooks;
     /// prints its output and exits with its status. The hook tools work in it; no shell
     /// unless you ask for one (`-- sh -c '...'`). Needs a running controller.
-    Run {
+    Exec {
         /// The unit, e.g. `wordpress/0`.
         unit: String,
         /// How long the command may run before its agent kills it.
@@ -264,6 +285,11 @@ enum Command {
         /// The command and its arguments, after `--`.
         #[arg(last = true, required = true, value_name = "COMMAND")]
         command: Vec<String>,
+    },
+    /// Show an action's task: its status, parameters, results and log.
+    ShowTask {
+        /// The task id `run --background` printed.
+        id: i64,
     },
     /// Enroll this instance as its machine (its boot script runs this): trade the
     /// launch batch's token and the instance's signed identity document (from its
@@ -536,14 +562,53 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Run {
             unit,
+            action,
+            timeout,
+            background,
+            command,
+        } => {
+            let timeout = parse_timeout(&timeout)?;
+            let name = home.select(env_flag)?;
+            let code = match (action.split_first(), command.is_empty()) {
+                (None, false) => {
+                    let store = home.open(&name)?;
+                    runtime()?.block_on(controller::run_command(
+                        &home, &name, &store, &unit, &command, timeout, out,
+                    ))?
+                }
+                (Some((action, params)), true) => {
+                    let store = home.open(&name)?;
+                    runtime()?.block_on(controller::run_action(
+                        &home,
+                        &name,
+                        &store,
+                        controller::ActionRun {
+                            unit: &unit,
+                            action,
+                            params,
+                            timeout,
+                            background,
+                        },
+                        out,
+                    ))?
+                }
+                (None, true) => return Err(usage(format!(
+                    "name an action to run on `{unit}` (`jujube run {unit} ACTION [KEY=VALUE]...`), or a command after `--`"
+                ))),
+                (Some(_), false) => return Err(usage(
+                    "give an action or a command after `--`, not both; `jujube exec UNIT -- CMD` runs a command",
+                )),
+            };
+            if code != 0 {
+                return Err(ExitWith(code).into());
+            }
+        }
+        Command::Exec {
+            unit,
             timeout,
             command,
         } => {
-            let timeout = jujube_core::duration::parse(&timeout).ok_or_else(|| {
-                usage(format!(
-                    "invalid `--timeout {timeout}`: use a duration such as `90s` or `5m`"
-                ))
-            })?;
+            let timeout = parse_timeout(&timeout)?;
             let name = home.select(env_flag)?;
             let store = home.open(&name)?;
             let code = runtime()?.block_on(controller::run_command(
@@ -552,6 +617,12 @@ fn run(cli: Cli) -> Result<()> {
             if code != 0 {
                 return Err(ExitWith(code).into());
             }
+        }
+        Command::ShowTask { id } => {
+            let name = home.select(env_flag)?;
+            let store = home.open(&name)?;
+            let task = store.task(id)?;
+            write!(out, "{}", controller::render_task(&task))?;
         }
         Command::Enroll {
             data_dir,
@@ -957,10 +1028,20 @@ fn model_command(
         | Command::Agent { .. }
         | Command::DebugLog { .. }
         | Command::Run { .. }
+        | Command::Exec { .. }
+        | Command::ShowTask { .. }
         | Command::Enroll { .. }
         | Command::DummyCloud { .. } => unreachable!("handled by run"),
     }
     Ok(())
+}
+
+fn parse_timeout(timeout: &str) -> Result<std::time::Duration> {
+    jujube_core::duration::parse(timeout).ok_or_else(|| {
+        usage(format!(
+            "invalid `--timeout {timeout}`: use a duration such as `90s` or `5m`"
+        ))
+    })
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {

@@ -10,11 +10,14 @@
 //!   environment), canonical display.
 //! - [`charm`]: charm metadata and config (parsed from YAML text; reading the
 //!   files is the caller's business), endpoints and relation matching.
+//! - [`actions`]: a charm's `actions.yaml` and the check an action's
+//!   parameters pass before it is queued.
 //! - [`time`]: calendar times as logs and `status` show them (UTC).
 //!
 //! Everything here is pure: the state store, the providers and the CLI all
 //! build on these types, so none of them may depend on anything but data.
 
+pub mod actions;
 pub mod charm;
 pub mod constraints;
 pub mod duration;

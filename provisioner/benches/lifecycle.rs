@@ -98,6 +98,7 @@ fn main() {
         url: "local:jammy/wordpress-1".into(),
         meta,
         config: CharmConfig::default(),
+        actions: Default::default(),
         path: String::new(),
     };
     println!("lifecycle of a {n}-unit service (goal: no transaction above {GOAL} rows)");

@@ -376,6 +376,7 @@ async fn machines_with_dying_units_wait_for_them() {
         url: "local:jammy/mysql-1".into(),
         meta: jujube_core::charm::CharmMeta::parse("name: mysql\n").unwrap(),
         config: Default::default(),
+        actions: Default::default(),
         path: String::new(),
     };
     w.store
@@ -1008,6 +1009,7 @@ fn deploy(w: &World, service: &str) {
         url: format!("local:jammy/{service}-1"),
         meta: jujube_core::charm::CharmMeta::parse(&format!("name: {service}\n")).unwrap(),
         config: Default::default(),
+        actions: Default::default(),
         path: String::new(),
     };
     w.store

@@ -37,6 +37,7 @@ fn charm(meta: &str) -> Charm {
             "options:\n  blog-title:\n    type: string\n    default: a blog\n",
         )
         .unwrap(),
+        actions: Default::default(),
         path: String::new(),
     }
 }

@@ -37,7 +37,7 @@ use crate::units::destroy_unit_in;
 use crate::{Error, Result};
 use jujube_core::charm::Scope;
 use jujube_core::Life;
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension};
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -114,6 +114,13 @@ pub enum AgentOp {
     UpdateRelationSettings {
         relation: i64,
         unit: String,
+        changes: Vec<(String, Option<String>)>,
+    },
+    /// The leader's agent changes its application's settings in a relation
+    /// or its leader settings (see [`crate::bags`]).
+    UpdateBag {
+        unit: String,
+        bag: crate::bags::Bag,
         changes: Vec<(String, Option<String>)>,
     },
     /// The unit's agent sets its Alive unit Dying because its service is
@@ -398,6 +405,12 @@ fn apply_in(tx: &mut Tx<'_>, by: &Caller, op: &AgentOp) -> Result<()> {
             }
             Store::update_relation_settings_in(tx, *relation, unit, changes)
         }
+        AgentOp::UpdateBag { unit, bag, changes } => {
+            if !is_unit(by, unit) {
+                return Err(unauthorized(by, format!("change {bag} as unit `{unit}`")));
+            }
+            crate::bags::update_bag_in(tx, unit, bag, changes)
+        }
         AgentOp::EnsureDyingUnit { unit } => {
             if !is_unit(by, unit) {
                 return Err(unauthorized(by, format!("destroy unit `{unit}`")));
@@ -507,6 +520,12 @@ pub struct UnitContext {
     pub runs: Vec<crate::runs::RunRequest>,
     /// The unit is its service's recorded leader.
     pub leader: bool,
+    /// The machine it runs on (its principal's, for a subordinate), and
+    /// that machine's availability zone.
+    pub machine: Option<i64>,
+    pub zone: Option<String>,
+    /// The ports and ranges the unit opened (`80/tcp`, `100-200/udp`).
+    pub ports: Vec<String>,
 }
 
 fn units_where(c: &Connection, clause: &str, arg: &dyn rusqlite::ToSql) -> Result<Vec<Unit>> {
@@ -677,10 +696,24 @@ impl Store {
         self.read(|c| {
             let unit = get_unit(c, name)?;
             let service = get_service(c, &unit.service)?;
-            let principal_service = match &unit.principal {
-                Some(p) => Some(get_unit(c, p)?.service),
+            let (principal_service, machine) = match &unit.principal {
+                Some(p) => {
+                    let p = get_unit(c, p)?;
+                    (Some(p.service), p.machine_id)
+                }
+                None => (None, unit.machine_id),
+            };
+            let zone: Option<String> = match machine {
+                Some(m) => c
+                    .prepare_cached("SELECT zone FROM machines WHERE id = ?1")?
+                    .query_row([m], |r| r.get(0))
+                    .optional()?
+                    .flatten(),
                 None => None,
             };
+            let ports: String = c
+                .prepare_cached("SELECT ports FROM units WHERE name = ?1")?
+                .query_row([name], |r| r.get(0))?;
             let scopes = scope_ids(c, name)?;
             let relations = relations_of(c, &unit.service)?
                 .into_iter()
@@ -712,6 +745,9 @@ impl Store {
                 relations,
                 subordinates,
                 runs,
+                machine,
+                zone,
+                ports: ports.split_whitespace().map(str::to_string).collect(),
             })
         })
     }
@@ -786,7 +822,8 @@ impl Store {
                     |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?)),
                 )?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
-            rows.into_iter()
+            let units = rows
+                .into_iter()
                 .map(|(name, raw)| {
                     let settings = raw
                         .map(|raw| {
@@ -798,7 +835,11 @@ impl Store {
                         .transpose()?;
                     Ok((name, settings))
                 })
-                .collect()
+                .collect::<Result<_>>()?;
+            Ok(ScopeSettings {
+                units,
+                app: Store::counterpart_bag_in(c, relation_id, unit)?,
+            })
         })
     }
 
@@ -1130,8 +1171,14 @@ pub const WORKLOAD_STATUSES: [&str; 4] = ["maintenance", "blocked", "waiting", "
 /// The longest workload status message.
 pub const MAX_WORKLOAD_MESSAGE_BYTES: usize = 2048;
 /// A scope's members with their settings (`None`: beyond the answer's
-/// bound, read it on its own).
-pub type ScopeSettings = Vec<(String, Option<BTreeMap<String, String>>)>;
+/// bound, read it on its own), and the remote application's settings in
+/// the relation (its own application's in a peer relation).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ScopeSettings {
+    pub units: Vec<(String, Option<BTreeMap<String, String>>)>,
+    /// The remote application's name and settings.
+    pub app: Option<(String, BTreeMap<String, String>)>,
+}
 
 /// The most settings text one [`Store::scope_settings_seen_by`] answer
 /// carries (a scope's members beyond it are named without settings).
@@ -1141,7 +1188,7 @@ pub const MAX_WORKLOAD_VERSION_BYTES: usize = 256;
 
 /// Whether `unit` is the recorded leader of `service` now: recorded, and
 /// Alive with its agent present (see [`Store::claim_leadership`]).
-fn leader_in(c: &rusqlite::Connection, service: &str, unit: &str) -> Result<bool> {
+pub(crate) fn leader_in(c: &rusqlite::Connection, service: &str, unit: &str) -> Result<bool> {
     Ok(current_leader(c, service, presence_since(c)?)?.as_deref() == Some(unit))
 }
 

@@ -25,6 +25,7 @@
 //! and records instances in it; providers never see it.
 
 pub mod agents;
+pub mod bags;
 pub mod cleanups;
 pub mod credentials;
 pub mod db;
@@ -60,6 +61,8 @@ pub enum Entity {
     Unit,
     Relation,
     Charm,
+    /// A queued action (`show-task`).
+    Task,
 }
 
 impl fmt::Display for Entity {
@@ -71,6 +74,7 @@ impl fmt::Display for Entity {
             Entity::Unit => "unit",
             Entity::Relation => "relation",
             Entity::Charm => "charm",
+            Entity::Task => "task",
         })
     }
 }

@@ -95,6 +95,9 @@ pub struct Service {
     /// The unit recorded as its leader (it may have been lost since; see
     /// `Store::claim_leadership`).
     pub leader: Option<String>,
+    /// Moves whenever the leader changes its leader settings
+    /// (`leader-settings-changed` runs on the other units).
+    pub leader_settings_version: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -154,6 +157,8 @@ pub struct Charm {
     pub url: String,
     pub meta: CharmMeta,
     pub config: CharmConfig,
+    /// Its `actions.yaml`.
+    pub actions: jujube_core::actions::CharmActions,
     /// Where the charm was read from, for agents that deploy it.
     pub path: String,
 }
@@ -223,7 +228,7 @@ pub(crate) fn get_machine(c: &Connection, id: i64) -> Result<Machine> {
 }
 
 pub(crate) const SERVICE_COLS: &str =
-    "name, charm_url, series, subordinate, constraints, life, unit_count, relation_count, force_charm, leader";
+    "name, charm_url, series, subordinate, constraints, life, unit_count, relation_count, force_charm, leader, leader_settings_version";
 
 pub(crate) fn service_row(r: &Row<'_>) -> rusqlite::Result<(Service, i64, String)> {
     Ok((
@@ -238,6 +243,7 @@ pub(crate) fn service_row(r: &Row<'_>) -> rusqlite::Result<(Service, i64, String
             relation_count: r.get(7)?,
             force_charm: r.get(8)?,
             leader: r.get(9)?,
+            leader_settings_version: r.get(10)?,
         },
         r.get(5)?,
         r.get(4)?,
@@ -380,9 +386,9 @@ pub(crate) fn relation_endpoints(c: &Connection, id: i64) -> Result<Vec<Endpoint
 }
 
 pub(crate) fn get_charm(c: &Connection, url: &str) -> Result<Charm> {
-    let (meta, config, path): (String, String, String) = c
-        .prepare_cached("SELECT meta, config, path FROM charms WHERE url = ?1")?
-        .query_row([url], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+    let (meta, config, path, actions): (String, String, String, String) = c
+        .prepare_cached("SELECT meta, config, path, actions FROM charms WHERE url = ?1")?
+        .query_row([url], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
         .optional()?
         .ok_or_else(|| Error::not_found(Entity::Charm, url))?;
     Ok(Charm {
@@ -393,6 +399,10 @@ pub(crate) fn get_charm(c: &Connection, url: &str) -> Result<Charm> {
         })?,
         config: serde_json::from_str(&config).map_err(|_| Error::Corrupt {
             what: "charm config",
+            value: url.to_string(),
+        })?,
+        actions: serde_json::from_str(&actions).map_err(|_| Error::Corrupt {
+            what: "charm actions",
             value: url.to_string(),
         })?,
         path,

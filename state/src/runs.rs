@@ -21,11 +21,18 @@ use rusqlite::OptionalExtension;
 /// The most output kept of each stream (stdout, stderr) of a run.
 pub const MAX_RUN_OUTPUT: usize = 1 << 20;
 
-/// A queued command, as the unit's agent gets it.
+/// How many answered actions a unit keeps for `show-task` (the oldest go
+/// first): what a unit's actions hold in the store is bounded.
+pub const KEPT_ACTIONS: i64 = 100;
+
+/// A queued command, or action, as the unit's agent gets it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunRequest {
     pub id: i64,
+    /// The command (empty for an action).
     pub argv: Vec<String>,
+    /// The action to run and its checked parameters (a JSON object).
+    pub action: Option<(String, serde_json::Value)>,
     /// Seconds the agent lets it run before killing it, counted from when
     /// it was queued.
     pub timeout: u64,
@@ -39,6 +46,46 @@ pub struct RunResult {
     pub code: i32,
     pub stdout: String,
     pub stderr: String,
+    /// For an action: what it said with the action tools.
+    pub action: Option<ActionOutcome>,
+}
+
+/// What an action said with `action-set`, `action-fail` and `action-log`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ActionOutcome {
+    /// `action-set`'s results, keys dotted as set (`detail.level`).
+    pub results: std::collections::BTreeMap<String, String>,
+    /// `action-fail`'s message: the action failed.
+    pub failed: Option<String>,
+    /// `action-log`'s messages, with their unix time.
+    pub log: Vec<(i64, String)>,
+}
+
+/// A queued action as `show-task` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Task {
+    pub id: i64,
+    pub unit: String,
+    pub action: String,
+    pub params: serde_json::Value,
+    /// Unix seconds.
+    pub queued: i64,
+    /// `None` while pending or running.
+    pub result: Option<RunResult>,
+}
+
+impl Task {
+    /// Juju's task status: `pending`, `completed` or `failed` (failed when
+    /// the action said so or exited non-zero).
+    pub fn status(&self) -> &'static str {
+        match &self.result {
+            None => "pending",
+            Some(r) if r.code != 0 || r.action.as_ref().is_some_and(|a| a.failed.is_some()) => {
+                "failed"
+            }
+            Some(_) => "completed",
+        }
+    }
 }
 
 /// Cuts `s` to at most [`MAX_RUN_OUTPUT`] bytes, on a character boundary,
@@ -97,6 +144,93 @@ impl Store {
         })
     }
 
+    /// Queues action `name` of `unit`'s charm with parameters `raw`
+    /// (`key=value` as typed), checked against the charm's `actions.yaml`
+    /// and completed with its defaults first: refused, queueing nothing,
+    /// when they do not fit. Returns the task's id.
+    pub fn queue_action(
+        &self,
+        unit: &str,
+        name: &str,
+        raw: &[String],
+        timeout: u64,
+    ) -> Result<i64> {
+        jujube_core::names::parse_unit(unit)?;
+        if timeout == 0 {
+            return Err(Error::Relation(
+                "an action's timeout must be at least one second".into(),
+            ));
+        }
+        self.write(|tx| {
+            let u = get_unit(tx, unit)?;
+            if u.life != Life::Alive {
+                return Err(Error::NotAlive {
+                    kind: Entity::Unit,
+                    id: unit.to_string(),
+                    life: u.life,
+                    action: "run actions",
+                });
+            }
+            let svc = crate::model::get_service(tx, &u.service)?;
+            let charm = crate::model::get_charm(tx, &svc.charm_url)?;
+            let params = charm
+                .actions
+                .params(name, raw)
+                .map_err(|e| Error::Relation(format!("{e} (charm `{}`)", svc.charm_url)))?;
+            tx.prepare_cached(
+                "INSERT INTO runs (unit, argv, timeout, queued, action, params)
+                 VALUES (?1, '[]', ?2, ?3, ?4, ?5)",
+            )?
+            .execute((
+                unit,
+                timeout as i64,
+                crate::unix_now(),
+                name,
+                params.to_string(),
+            ))?;
+            let id = tx.last_insert_rowid();
+            tx.changed(ChangeKind::Run, unit)?;
+            Ok(id)
+        })
+    }
+
+    /// Task `id` (a queued action), answered or not.
+    pub fn task(&self, id: i64) -> Result<Task> {
+        self.read(|c| {
+            type Row = (String, Option<String>, Option<String>, i64, Option<i32>, Option<String>, Option<String>, Option<String>);
+            let row: Option<Row> = c
+                .prepare_cached(
+                    "SELECT unit, action, params, queued, code, stdout, stderr, results FROM runs WHERE id = ?1",
+                )?
+                .query_row([id], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?))
+                })
+                .optional()?;
+            let missing = || Error::not_found(Entity::Task, id.to_string());
+            let Some((unit, Some(action), params, queued, code, out, err, results)) = row else {
+                return Err(missing());
+            };
+            let params = json_of("action parameters", params.as_deref().unwrap_or("{}"))?;
+            let result = match code {
+                None => None,
+                Some(code) => Some(RunResult {
+                    code,
+                    stdout: out.unwrap_or_default(),
+                    stderr: err.unwrap_or_default(),
+                    action: results
+                        .map(|r| {
+                            serde_json::from_str(&r).map_err(|_| Error::Corrupt {
+                                what: "action results",
+                                value: r,
+                            })
+                        })
+                        .transpose()?,
+                }),
+            };
+            Ok(Task { id, unit, action, params, queued, result })
+        })
+    }
+
     /// The answer to run `id`: `None` while it is queued or running;
     /// [`Error::NotFound`] when it (or its unit) is gone.
     pub fn run_result(&self, id: i64) -> Result<Option<RunResult>> {
@@ -112,16 +246,20 @@ impl Store {
                     code,
                     stdout: out.unwrap_or_default(),
                     stderr: err.unwrap_or_default(),
+                    action: None,
                 })),
             }
         })
     }
 
     /// Forgets an answered run (the command that asked has printed it).
+    /// An action stays for `show-task` (at most [`KEPT_ACTIONS`] a unit).
     pub fn forget_run(&self, id: i64) -> Result<()> {
         self.write(|tx| {
-            tx.prepare_cached("DELETE FROM runs WHERE id = ?1 AND code IS NOT NULL")?
-                .execute([id])?;
+            tx.prepare_cached(
+                "DELETE FROM runs WHERE id = ?1 AND code IS NOT NULL AND action IS NULL",
+            )?
+            .execute([id])?;
             Ok(())
         })
     }
@@ -132,10 +270,18 @@ impl Store {
     }
 }
 
+fn json_of(what: &'static str, text: &str) -> Result<serde_json::Value> {
+    serde_json::from_str(text).map_err(|_| Error::Corrupt {
+        what,
+        value: text.to_string(),
+    })
+}
+
 pub(crate) fn pending_runs_in(c: &rusqlite::Connection, unit: &str) -> Result<Vec<RunRequest>> {
     let rows = c
         .prepare_cached(
-            "SELECT id, argv, timeout, queued FROM runs WHERE unit = ?1 AND code IS NULL ORDER BY id",
+            "SELECT id, argv, timeout, queued, action, params FROM runs
+             WHERE unit = ?1 AND code IS NULL ORDER BY id",
         )?
         .query_map([unit], |r| {
             Ok((
@@ -143,19 +289,29 @@ pub(crate) fn pending_runs_in(c: &rusqlite::Connection, unit: &str) -> Result<Ve
                 r.get::<_, String>(1)?,
                 r.get::<_, i64>(2)?,
                 r.get::<_, i64>(3)?,
+                r.get::<_, Option<String>>(4)?,
+                r.get::<_, Option<String>>(5)?,
             ))
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let now = crate::unix_now().max(0) as u64;
     rows.into_iter()
-        .map(|(id, argv, timeout, queued)| {
+        .map(|(id, argv, timeout, queued, action, params)| {
             let argv = serde_json::from_str(&argv).map_err(|_| Error::Corrupt {
                 what: "run command",
                 value: argv,
             })?;
+            let action = match action {
+                Some(name) => Some((
+                    name,
+                    json_of("action parameters", params.as_deref().unwrap_or("{}"))?,
+                )),
+                None => None,
+            };
             Ok(RunRequest {
                 id,
                 argv,
+                action,
                 timeout: timeout.max(1) as u64,
                 waited: match u64::try_from(queued) {
                     Ok(q) if q > 0 => now.saturating_sub(q),
@@ -183,17 +339,39 @@ pub(crate) fn finish_run_in(
             format!("run {id} of unit `{unit}`"),
         ));
     }
+    let results = match &result.action {
+        Some(outcome) => {
+            let text = serde_json::to_string(outcome).expect("plain data");
+            if text.len() > MAX_RUN_OUTPUT {
+                return Err(Error::Relation(format!(
+                    "the action's results and log are {} bytes, more than the {MAX_RUN_OUTPUT} an action may answer; nothing was recorded: set less with `action-set`",
+                    text.len()
+                )));
+            }
+            Some(text)
+        }
+        None => None,
+    };
     let n = tx
         .prepare_cached(
-            "UPDATE runs SET code = ?1, stdout = ?2, stderr = ?3 WHERE id = ?4 AND code IS NULL",
+            "UPDATE runs SET code = ?1, stdout = ?2, stderr = ?3, results = ?4
+             WHERE id = ?5 AND code IS NULL",
         )?
         .execute((
             result.code,
             bound_output(result.stdout.clone()),
             bound_output(result.stderr.clone()),
+            results,
             id,
         ))?;
     if n > 0 {
+        // The unit's answered actions beyond the newest KEPT_ACTIONS go.
+        tx.prepare_cached(
+            "DELETE FROM runs WHERE unit = ?1 AND action IS NOT NULL AND code IS NOT NULL
+               AND id NOT IN (SELECT id FROM runs WHERE unit = ?1 AND action IS NOT NULL
+                              AND code IS NOT NULL ORDER BY id DESC LIMIT ?2)",
+        )?
+        .execute((unit, KEPT_ACTIONS))?;
         tx.changed(ChangeKind::Run, unit)?;
     }
     Ok(())

@@ -307,4 +307,22 @@ ALTER TABLE services ADD COLUMN leader TEXT;
     r#"
 ALTER TABLE services ADD COLUMN workload_version TEXT NOT NULL DEFAULT '';
 "#,
+    // 18 (today's charms): the leader's settings (`leader-set`, a JSON
+    // object) and their version, which wakes the other units
+    // (`leader-settings-changed`); a charm's actions (`actions.yaml` as
+    // JSON); and actions queued as runs: a run with an `action` name runs
+    // that action with `params` (a JSON object) and answers `results` (a
+    // JSON object: the results, whether it failed and why, its log).
+    // An application's settings in a relation (`relation-set --app`) are
+    // rows of `relation_settings` whose `unit` is the service's name (a
+    // unit's name always has a `/`): they go with the relation as unit
+    // settings do.
+    r#"
+ALTER TABLE services ADD COLUMN leader_settings TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE services ADD COLUMN leader_settings_version INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE charms ADD COLUMN actions TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE runs ADD COLUMN action TEXT;
+ALTER TABLE runs ADD COLUMN params TEXT;
+ALTER TABLE runs ADD COLUMN results TEXT;
+"#,
 ];

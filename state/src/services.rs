@@ -47,6 +47,7 @@ pub struct Setting {
 fn store_charm(tx: &mut Tx<'_>, charm: &Charm) -> Result<String> {
     let meta = serde_json::to_string(&charm.meta).expect("charm metadata serialises");
     let config = serde_json::to_string(&charm.config).expect("charm config serialises");
+    let actions = serde_json::to_string(&charm.actions).expect("charm actions serialise");
     let (base, mut rev) = match charm.url.rsplit_once('-') {
         Some((b, r)) if r.chars().all(|c| c.is_ascii_digit()) && !r.is_empty() => {
             (b.to_string(), r.parse::<u64>().unwrap_or(0))
@@ -55,22 +56,22 @@ fn store_charm(tx: &mut Tx<'_>, charm: &Charm) -> Result<String> {
     };
     loop {
         let url = format!("{base}-{rev}");
-        let existing: Option<(String, String)> = tx
+        let existing: Option<(String, String, String)> = tx
             .query_row(
-                "SELECT meta, config FROM charms WHERE url = ?1",
+                "SELECT meta, config, actions FROM charms WHERE url = ?1",
                 [&url],
-                |r| Ok((r.get(0)?, r.get(1)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )
             .optional()?;
         match existing {
             None => {
                 tx.execute(
-                    "INSERT INTO charms (url, meta, config, path) VALUES (?1, ?2, ?3, ?4)",
-                    (&url, &meta, &config, &charm.path),
+                    "INSERT INTO charms (url, meta, config, path, actions) VALUES (?1, ?2, ?3, ?4, ?5)",
+                    (&url, &meta, &config, &charm.path, &actions),
                 )?;
                 return Ok(url);
             }
-            Some((m, c)) if m == meta && c == config => return Ok(url),
+            Some((m, c, a)) if m == meta && c == config && a == actions => return Ok(url),
             Some(_) => rev += 1,
         }
     }

@@ -54,7 +54,7 @@ fn wait_resolving_interrupted_hooks(j: &Jujube) {
     }
 }
 
-fn agent_pid(j: &Jujube, machine: &str) -> Option<u32> {
+pub(crate) fn agent_pid(j: &Jujube, machine: &str) -> Option<u32> {
     let dir = j
         .home
         .path()

@@ -10,6 +10,7 @@ mod input;
 mod lxd;
 mod lxd_direct;
 mod model;
+mod ops;
 mod provisioning;
 
 use std::path::{Path, PathBuf};
@@ -21,6 +22,7 @@ pub struct Jujube {
     pub envs: Vec<(String, String)>,
 }
 
+#[derive(Debug)]
 pub struct Run {
     pub code: i32,
     pub stdout: String,

@@ -47,6 +47,7 @@ fn fixture() -> Fixture {
                 url: "local:jammy/wordpress-1".into(),
                 meta,
                 config: CharmConfig::parse("wordpress", CONFIG).unwrap(),
+                actions: Default::default(),
                 path: path.to_string_lossy().into_owned(),
             },
             series: "jammy".into(),
@@ -108,6 +109,8 @@ impl Fixture {
                     "mysql/10".to_string(),
                 ],
             )]),
+            apps: BTreeMap::from([(self.db, "mysql".to_string())]),
+            action: None,
         };
         Arc::new(HookContext::new(
             "ctx-1".into(),

@@ -89,6 +89,20 @@ pub struct HookContext {
     pub(crate) config: Mutex<Option<BTreeMap<String, serde_json::Value>>>,
     /// `relation-set`s of this hook, per relation, written on success.
     pub pending: Mutex<BTreeMap<i64, BTreeMap<String, Option<String>>>>,
+    /// `relation-set --app`s of this hook, per relation, written on
+    /// success.
+    pub pending_app: Mutex<BTreeMap<i64, BTreeMap<String, Option<String>>>>,
+    /// Per relation, the remote application (`relation-list --app`).
+    pub(crate) apps: BTreeMap<i64, String>,
+    /// The action running in this context, if it is one.
+    pub action: Option<ActionContext>,
+}
+
+/// What an action's tools use: its parameters (`action-get`) and what it
+/// says (`action-set`, `action-fail`, `action-log`).
+pub struct ActionContext {
+    pub params: serde_json::Value,
+    pub outcome: Mutex<crate::api::ActionOutcome>,
 }
 
 /// What a hook is about and what its relations look like to it.
@@ -101,6 +115,11 @@ pub struct HookView {
     pub relations: BTreeMap<i64, String>,
     /// See [`HookContext::members_of`].
     pub members: BTreeMap<i64, Vec<String>>,
+    /// Per relation, the remote application (the unit's own in a peer
+    /// relation).
+    pub apps: BTreeMap<i64, String>,
+    /// The parameters of the action that runs, if one does.
+    pub action: Option<serde_json::Value>,
 }
 
 impl HookContext {
@@ -116,6 +135,8 @@ impl HookContext {
             remote,
             relations,
             members,
+            apps,
+            action,
         } = view;
         HookContext {
             id,
@@ -129,6 +150,12 @@ impl HookContext {
             members,
             config: Mutex::default(),
             pending: Mutex::default(),
+            pending_app: Mutex::default(),
+            apps,
+            action: action.map(|params| ActionContext {
+                params,
+                outcome: Mutex::default(),
+            }),
         }
     }
 

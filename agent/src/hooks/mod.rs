@@ -27,7 +27,7 @@ pub mod state;
 pub mod tools;
 
 /// Names the `jujube` binary answers to as a hook tool.
-pub const TOOLS: [&str; 27] = [
+pub const TOOLS: [&str; 34] = [
     "juju-log",
     "status-set",
     "status-get",
@@ -55,6 +55,13 @@ pub const TOOLS: [&str; 27] = [
     "relation-set",
     "relation-ids",
     "relation-list",
+    "opened-ports",
+    "leader-get",
+    "leader-set",
+    "action-get",
+    "action-set",
+    "action-fail",
+    "action-log",
 ];
 
 /// Now, as the units' logs write it: `YYYY-MM-DD HH:MM:SS` in UTC (Juju's

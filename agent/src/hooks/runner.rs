@@ -66,16 +66,22 @@ fn environment() -> Environment {
 pub const JUJU_VERSION: &str = "3.6.4";
 
 /// What runs for `hook` in `charm`: the charm's `dispatch` when it has an
-/// executable one (every hook, told which by `JUJU_DISPATCH_PATH`, as
-/// charmcraft packs charms), else `hooks/NAME`.
-pub fn program(charm: &Path, hook: &str) -> (PathBuf, Option<String>) {
+/// executable one (every hook and action, told which by
+/// `JUJU_DISPATCH_PATH`, as charmcraft packs charms), else `hooks/NAME`
+/// (`actions/NAME` for an action).
+pub fn program(charm: &Path, hook: &Hook) -> (PathBuf, Option<String>) {
     use std::os::unix::fs::PermissionsExt;
+    let dir = if hook.action.is_some() {
+        "actions"
+    } else {
+        "hooks"
+    };
     let dispatch = charm.join("dispatch");
     match std::fs::metadata(&dispatch) {
         Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => {
-            (dispatch, Some(format!("hooks/{hook}")))
+            (dispatch, Some(format!("{dir}/{}", hook.name)))
         }
-        _ => (charm.join("hooks").join(hook), None),
+        _ => (charm.join(dir).join(&hook.name), None),
     }
 }
 
@@ -87,8 +93,17 @@ pub struct Hook {
     pub relation: Option<(i64, String)>,
     /// The remote unit of `-joined`, `-changed`, `-departed`.
     pub remote: Option<String>,
+    /// `JUJU_REMOTE_APP`: the remote unit's service, or the remote
+    /// application of a `-broken` hook or of a `-changed` about its
+    /// application settings (no remote unit then).
+    pub remote_app: Option<String>,
     /// The principal of the unit it runs for, when that is a subordinate.
     pub principal: Option<String>,
+    /// `JUJU_MACHINE_ID` and `JUJU_AVAILABILITY_ZONE`.
+    pub machine: Option<i64>,
+    pub zone: Option<String>,
+    /// An action (`name` is the action's): its task id, `JUJU_ACTION_UUID`.
+    pub action: Option<i64>,
 }
 
 impl Hook {
@@ -97,23 +112,48 @@ impl Hook {
             name: name.to_string(),
             relation: None,
             remote: None,
+            remote_app: None,
             principal: None,
+            machine: None,
+            zone: None,
+            action: None,
         }
     }
 
-    /// The same hook, run for a subordinate of `principal`
-    /// (`JUJU_PRINCIPAL_UNIT`).
-    pub fn for_subordinate_of(mut self, principal: Option<String>) -> Hook {
-        self.principal = principal;
+    /// Action `name`, task `id`.
+    pub fn action(name: &str, id: i64) -> Hook {
+        Hook {
+            action: Some(id),
+            ..Hook::unit(name)
+        }
+    }
+
+    /// The same hook, told where its unit runs: its principal, for a
+    /// subordinate (`JUJU_PRINCIPAL_UNIT`), its machine and zone.
+    pub fn placed(mut self, view: &crate::api::UnitView) -> Hook {
+        self.principal = view.principal.clone();
+        self.machine = view.machine;
+        self.zone = view.zone.clone();
         self
     }
 
     pub fn relation(rel: i64, rel_name: &str, kind: &str, remote: Option<&str>) -> Hook {
         Hook {
-            name: format!("{rel_name}-relation-{kind}"),
             relation: Some((rel, rel_name.to_string())),
             remote: remote.map(str::to_string),
-            principal: None,
+            remote_app: remote
+                .and_then(|r| r.split_once('/'))
+                .map(|(app, _)| app.to_string()),
+            ..Hook::unit(&format!("{rel_name}-relation-{kind}"))
+        }
+    }
+
+    /// A relation hook about the remote application `app` (`-broken`, or
+    /// `-changed` for its application settings): no remote unit.
+    pub fn about_app(rel: i64, rel_name: &str, kind: &str, app: Option<&str>) -> Hook {
+        Hook {
+            remote_app: app.map(str::to_string),
+            ..Hook::relation(rel, rel_name, kind, None)
         }
     }
 }
@@ -156,7 +196,7 @@ pub async fn run(
 ) -> Outcome {
     use std::os::unix::fs::PermissionsExt;
     let charm = unit_dir.join("charm");
-    let (path, dispatch) = program(&charm, &hook.name);
+    let (path, _) = program(&charm, hook);
     let meta = match std::fs::metadata(&path) {
         Ok(m) => m,
         Err(_) => return Outcome::Missing,
@@ -182,13 +222,7 @@ pub async fn run(
         Err(e) => return Outcome::Failed(format!("cannot open the unit's log: {e}")),
     };
     let mut cmd = match command(&path, unit_dir, unit, context_id, socket, hook) {
-        Ok(mut c) => {
-            c.env("JUJU_HOOK_NAME", &hook.name);
-            if let Some(d) = dispatch {
-                c.env("JUJU_DISPATCH_PATH", d);
-            }
-            c
-        }
+        Ok(c) => c,
         Err(e) => return Outcome::Failed(format!("cannot set up the hook tools: {e}")),
     };
     cmd.stdout(log).stderr(err);
@@ -275,17 +309,51 @@ fn command(
     }
     if let Some(remote) = &hook.remote {
         cmd.env("JUJU_REMOTE_UNIT", remote);
-        if let Some((app, _)) = remote.split_once('/') {
-            cmd.env("JUJU_REMOTE_APP", app);
-        }
         if hook.name.ends_with("-relation-departed") {
             cmd.env("JUJU_DEPARTING_UNIT", remote);
         }
     }
+    if let Some(app) = &hook.remote_app {
+        cmd.env("JUJU_REMOTE_APP", app);
+    }
     if let Some(p) = &hook.principal {
         cmd.env("JUJU_PRINCIPAL_UNIT", p);
     }
+    if let Some(m) = hook.machine {
+        cmd.env("JUJU_MACHINE_ID", m.to_string());
+    }
+    if let Some(z) = &hook.zone {
+        cmd.env("JUJU_AVAILABILITY_ZONE", z);
+    }
+    let (_, dispatch) = self::program(&charm, hook);
+    match hook.action {
+        Some(id) => {
+            cmd.env("JUJU_ACTION_NAME", &hook.name)
+                .env("JUJU_ACTION_UUID", id.to_string());
+        }
+        // `jujube run`'s commands are no hook.
+        None if hook.name == "run" => {}
+        None => {
+            cmd.env("JUJU_HOOK_NAME", &hook.name);
+        }
+    }
+    if hook.name != "run" || hook.action.is_some() {
+        if let Some(d) = dispatch {
+            cmd.env("JUJU_DISPATCH_PATH", d);
+        }
+    }
     Ok(cmd)
+}
+
+/// Where a command runs: the unit's directory and log, the unit, and the
+/// hook context its tools reach (id and socket).
+#[derive(Debug, Clone, Copy)]
+pub struct Site<'a> {
+    pub unit_dir: &'a Path,
+    pub log: &'a Path,
+    pub unit: &'a str,
+    pub context_id: &'a str,
+    pub socket: &'a Path,
 }
 
 /// What `jujube run` gets back.
@@ -301,14 +369,18 @@ pub struct Captured {
 /// as `jujube run` asks, capturing its output; killed after `timeout`. Its
 /// output is also appended to the unit's log, after a line naming it.
 pub async fn run_command(
-    unit_dir: &Path,
-    log: &Path,
-    unit: &str,
-    context_id: &str,
-    socket: &Path,
+    site: &Site<'_>,
+    hook: &Hook,
     argv: &[String],
     timeout: std::time::Duration,
 ) -> Captured {
+    let Site {
+        unit_dir,
+        log,
+        unit,
+        context_id,
+        socket,
+    } = *site;
     let fail = |stderr: String| Captured {
         code: -1,
         stdout: String::new(),
@@ -317,15 +389,7 @@ pub async fn run_command(
     let Some(program) = argv.first() else {
         return fail("error: no command given\n".into());
     };
-    let hook = Hook::unit("run");
-    let mut cmd = match command(
-        Path::new(program),
-        unit_dir,
-        unit,
-        context_id,
-        socket,
-        &hook,
-    ) {
+    let mut cmd = match command(Path::new(program), unit_dir, unit, context_id, socket, hook) {
         Ok(c) => c,
         Err(e) => return fail(format!("error: cannot set up the hook tools: {e}\n")),
     };
@@ -359,7 +423,14 @@ pub async fn run_command(
     };
     if let Ok(mut f) = open_log(log) {
         use std::io::Write;
-        let _ = writeln!(f, "jujube run {} (exit {})", loggable(argv), captured.code);
+        let _ = match hook.action {
+            Some(id) => writeln!(
+                f,
+                "action {} (task {id}, exit {})",
+                hook.name, captured.code
+            ),
+            None => writeln!(f, "jujube run {} (exit {})", loggable(argv), captured.code),
+        };
         let _ = f.write_all(captured.stdout.as_bytes());
         let _ = f.write_all(captured.stderr.as_bytes());
     }

@@ -12,6 +12,13 @@ pub struct RelationState {
     /// Remote units it ran `-joined` for, with the settings (a digest) it
     /// last ran `-changed` with.
     pub joined: BTreeMap<String, String>,
+    /// The remote application (the unit's own in a peer relation).
+    #[serde(default)]
+    pub app: String,
+    /// The remote application's settings (a digest) it last ran
+    /// `-changed` with; `None` before they were first set.
+    #[serde(default)]
+    pub app_settings: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,6 +43,11 @@ pub struct HookState {
     /// leader.
     #[serde(default)]
     pub leader: bool,
+    /// 1 + the version of the leader settings the last
+    /// `leader-settings-changed` saw (see `UnitView`), 0 before it first
+    /// ran (a `u32`: every idle agent keeps this record).
+    #[serde(default)]
+    pub leader_settings: u32,
 }
 
 /// Which hook, as recorded.

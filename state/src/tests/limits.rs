@@ -550,10 +550,15 @@ fn a_scopes_settings_in_one_answer_are_bounded() {
     }
     let answer = e.st.scope_settings_seen_by(rel.id, &ws[0]).unwrap();
     assert_eq!(
-        answer.iter().map(|(u, _)| u.as_str()).collect::<Vec<_>>(),
+        answer
+            .units
+            .iter()
+            .map(|(u, _)| u.as_str())
+            .collect::<Vec<_>>(),
         ms.iter().map(String::as_str).collect::<Vec<_>>()
     );
     let carried: usize = answer
+        .units
         .iter()
         .filter_map(|(_, s)| s.as_ref())
         .map(|s| s["blob"].len())
@@ -562,7 +567,7 @@ fn a_scopes_settings_in_one_answer_are_bounded() {
         carried <= MAX_SCOPE_SETTINGS_BYTES,
         "{carried} bytes in one answer"
     );
-    let (with, without): (Vec<_>, Vec<_>) = answer.iter().partition(|(_, s)| s.is_some());
+    let (with, without): (Vec<_>, Vec<_>) = answer.units.iter().partition(|(_, s)| s.is_some());
     assert_eq!(
         with.len(),
         MAX_SCOPE_SETTINGS_BYTES / value.len(),

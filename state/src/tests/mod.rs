@@ -31,6 +31,7 @@ pub(crate) fn charm(meta: &str) -> Charm {
         url: format!("local:jammy/{}-1", meta.name),
         meta,
         config,
+        actions: Default::default(),
         path: String::new(),
     }
 }

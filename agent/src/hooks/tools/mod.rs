@@ -38,6 +38,8 @@ const FORMAT: Flag = Flag::value(
 );
 const OUTPUT: Flag = Flag::string(Some('o'), "output", "", "specify an output file");
 const RELATION: Flag = Flag::value(Some('r'), "relation", "", "specify a relation by id");
+/// `relation-get/set/list --app` (Juju 2.7+): the application's settings.
+const APP: Flag = Flag::bool(None, "app", "the application's settings, not a unit's");
 /// Accepted and ignored with a warning, as Juju 1.25 does.
 const DEPRECATED_FORMAT: Flag = Flag::string(None, "format", "", "deprecated format flag");
 
@@ -177,15 +179,16 @@ pub const SPECS: &[Spec] = &[
         name: "relation-list",
         args: "",
         purpose: "list relation units",
-        flags: &[FORMAT, OUTPUT, RELATION],
+        flags: &[APP, FORMAT, OUTPUT, RELATION],
         doc: "-r must be specified when not in a relation hook. The units listed are those\n\
-              whose -joined hook has run and that have not departed.",
+              whose -joined hook has run and that have not departed. With --app, the\n\
+              remote application's name is printed instead.",
     },
     Spec {
         name: "relation-get",
         args: "<key> <unit id>",
         purpose: "get relation settings",
-        flags: &[FORMAT, OUTPUT, RELATION],
+        flags: &[APP, FORMAT, OUTPUT, RELATION],
         doc: "relation-get prints the value of a unit's relation setting, specified by key.\n\
               If no key is given, or if the key is \"-\", all keys and values will be printed.\n\
               -r must be specified when not in a relation hook; <unit id> may be omitted\n\
@@ -196,6 +199,7 @@ pub const SPECS: &[Spec] = &[
         args: "key=value [key=value ...]",
         purpose: "set relation settings",
         flags: &[
+            APP,
             Flag::value(None, "file", "", "file containing key-value pairs"),
             DEPRECATED_FORMAT,
             RELATION,
@@ -210,7 +214,65 @@ pub const SPECS: &[Spec] = &[
               system. The file will contain a YAML map containing the settings. Settings\n\
               in the file will be overridden by any duplicate key-value arguments. A value\n\
               of \"-\" for the filename means <stdin>. The changes are written when the\n\
-              hook exits 0.",
+              hook exits 0. With --app, the leader sets its application's settings.",
+    },
+    Spec {
+        name: "opened-ports",
+        args: "",
+        purpose: "list all ports or ranges opened by the unit",
+        flags: &[FORMAT, OUTPUT],
+        doc: "Each port or range is printed as <port>/<protocol> or <from>-<to>/<protocol>.",
+    },
+    Spec {
+        name: "leader-get",
+        args: "[<key>]",
+        purpose: "print application leadership settings",
+        flags: &[FORMAT, OUTPUT],
+        doc: "leader-get prints the value of a leadership setting specified by key. If no key\n\
+              is given, or if the key is \"-\", all keys and values will be printed.",
+    },
+    Spec {
+        name: "leader-set",
+        args: "<key>=<value> [...]",
+        purpose: "write application leadership settings",
+        flags: &[],
+        doc: "leader-set immediately writes the supplied key/value pairs to the controller,\n\
+              which will then inform non-leader units of the change. It will fail if called\n\
+              without arguments, or if called by a unit that is not currently application\n\
+              leader. Setting a value to the empty string removes it.",
+    },
+    Spec {
+        name: "action-get",
+        args: "[<key>[.<key>.<key>...]]",
+        purpose: "get action parameters",
+        flags: &[FORMAT, OUTPUT],
+        doc: "action-get will print the value of the parameter at the given key, serialized\n\
+              as YAML. If multiple keys are passed, action-get will recurse into the param\n\
+              map as needed.",
+    },
+    Spec {
+        name: "action-set",
+        args: "<key>=<value> [<key>=<value> ...]",
+        purpose: "set action results",
+        flags: &[],
+        doc: "action-set adds the given values to the results map of the Action. This map\n\
+              is returned to the user after the completion of the Action. Keys must start\n\
+              and end with lowercase alphanumeric, and contain only lowercase alphanumeric,\n\
+              hyphens and periods; a period nests the value under a map.",
+    },
+    Spec {
+        name: "action-fail",
+        args: "[\"<failure message>\"]",
+        purpose: "set action fail status with message",
+        flags: &[],
+        doc: "action-fail sets the fail state of the action with a given error message.",
+    },
+    Spec {
+        name: "action-log",
+        args: "<message>",
+        purpose: "record a progress message for the current action",
+        flags: &[],
+        doc: "",
     },
     Spec {
         name: "open-port",
@@ -537,6 +599,9 @@ async fn run_tool(
             output(&p)?;
             let rel = relation_id(ctx, &p)?;
             check_empty(&p.args).map_err(usage)?;
+            if p.is_set("app") {
+                return print(&p, &json!(remote_app(ctx, rel)?));
+            }
             print(&p, &json!(ctx.members_of(rel)))
         }
         "relation-get" => {
@@ -544,15 +609,21 @@ async fn run_tool(
             let rel = relation_id(ctx, &p)?;
             let mut args = p.args.iter();
             let key = args.next().filter(|k| *k != "-").cloned();
+            let app = p.is_set("app");
             let unit = match args.next() {
                 Some(u) => u.clone(),
+                None if app => remote_app(ctx, rel)?,
                 None => ctx
                     .remote
                     .clone()
                     .ok_or_else(|| usage("no unit id specified"))?,
             };
             check_empty(args.as_slice()).map_err(usage)?;
-            let settings = settings_of(ctx, rel, &unit).await?;
+            let settings = if app {
+                app_settings_of(ctx, rel, &unit).await?
+            } else {
+                settings_of(ctx, rel, &unit).await?
+            };
             let v = match key {
                 None => json!(settings),
                 Some(k) => settings.get(&k).map_or(Value::Null, |v| json!(v)),
@@ -585,9 +656,20 @@ async fn run_tool(
             for (k, v) in parsed_args {
                 changes.insert(k, (!v.is_empty()).then_some(v));
             }
-            // Refused here, at the write, when the unit's settings would
-            // outgrow the bound: never discovered by the reader.
-            let mut after = settings_of(ctx, rel, &ctx.unit).await?;
+            let app = p.is_set("app");
+            if app && !ctx.api.is_leader(&ctx.unit).await.map_err(|e| e.message)? {
+                return Err(Failure::Run(format!(
+                    "cannot write relation settings: unit `{}` is not the leader; only the leader sets its application's settings (`is-leader` tells)",
+                    ctx.unit
+                )));
+            }
+            // Refused here, at the write, when the settings would outgrow
+            // the bound: never discovered by the reader.
+            let mut after = if app {
+                app_settings_of(ctx, rel, own_app(ctx)).await?
+            } else {
+                settings_of(ctx, rel, &ctx.unit).await?
+            };
             for (k, v) in &changes {
                 match v {
                     Some(v) => after.insert(k.clone(), v.clone()),
@@ -603,7 +685,11 @@ async fn run_tool(
             }
             // `-r ID` with no settings is valid (Juju 1.25; later versions
             // refuse it): nothing changes.
-            let mut pending = ctx.pending.lock().await;
+            let mut pending = if app {
+                ctx.pending_app.lock().await
+            } else {
+                ctx.pending.lock().await
+            };
             let entry = pending.entry(rel).or_default();
             for (k, v) in changes {
                 entry.insert(k, v);
@@ -624,7 +710,227 @@ async fn run_tool(
                 .map_err(|e| e.to_string())?;
             Ok(warn(warning))
         }
+        "opened-ports" => {
+            output(&p)?;
+            check_empty(&p.args).map_err(usage)?;
+            let view = ctx.api.unit(&ctx.unit).await.map_err(|e| e.message)?;
+            print(&p, &json!(view.ports))
+        }
+        "leader-get" => {
+            output(&p)?;
+            let key = match p.args.as_slice() {
+                [] => None,
+                [k] if k == "-" => None,
+                [k] => Some(k.clone()),
+                [_, extra, ..] => return Err(usage(format!("unrecognized args: [{extra:?}]"))),
+            };
+            let settings = ctx
+                .api
+                .bag(&ctx.unit, crate::api::Bag::Leader)
+                .await
+                .map_err(|e| format!("cannot read leadership settings: {}", e.message))?;
+            let v = match key {
+                None => json!(settings),
+                Some(k) => settings.get(&k).map_or(Value::Null, |v| json!(v)),
+            };
+            print(&p, &v)
+        }
+        "leader-set" => {
+            let changes = key_values(&p.args)?;
+            if changes.is_empty() {
+                return Err(usage("no key=value pairs specified"));
+            }
+            // Written at once, as Juju does: the other units learn it now.
+            ctx.api
+                .update_bag(&ctx.unit, crate::api::Bag::Leader, changes)
+                .await
+                .map_err(|e| e.message)?;
+            Ok(Output::ok(""))
+        }
+        "action-get" | "action-set" | "action-fail" | "action-log" => action_tool(ctx, spec, p).await,
         other => Err(format!("unknown hook tool `{other}`").into()),
+    }
+}
+
+/// `key=value` arguments, an empty value deleting the key; a key given
+/// twice or without `=` is a usage error.
+fn key_values(args: &[String]) -> Result<Vec<(String, Option<String>)>, Failure> {
+    let mut out: Vec<(String, Option<String>)> = Vec::new();
+    for kv in args {
+        match kv.split_once('=') {
+            Some((k, _)) if out.iter().any(|(seen, _)| seen == k) => {
+                return Err(usage(format!("key {k:?} specified more than once")))
+            }
+            Some((k, v)) if !k.is_empty() => {
+                out.push((k.to_string(), (!v.is_empty()).then(|| v.to_string())))
+            }
+            _ => return Err(usage(format!("expected \"key=value\", got {kv:?}"))),
+        }
+    }
+    Ok(out)
+}
+
+/// The unit's own application.
+fn own_app(ctx: &HookContext) -> &str {
+    ctx.unit.split('/').next().unwrap_or_default()
+}
+
+/// The remote application of relation `rel` (the unit's own in a peer
+/// relation).
+fn remote_app(ctx: &HookContext, rel: i64) -> Result<String, Failure> {
+    ctx.apps
+        .get(&rel)
+        .filter(|a| !a.is_empty())
+        .cloned()
+        .ok_or_else(|| {
+            Failure::Run(format!(
+                "relation not found: no remote application known for relation {rel}"
+            ))
+        })
+}
+
+/// An application's settings in relation `rel`, with this hook's own
+/// `relation-set --app`s in when it is the unit's own application.
+async fn app_settings_of(
+    ctx: &HookContext,
+    rel: i64,
+    app: &str,
+) -> Result<BTreeMap<String, String>, Failure> {
+    let bag = crate::api::Bag::App {
+        relation: rel,
+        service: app.to_string(),
+    };
+    let mut settings = ctx.api.bag(&ctx.unit, bag).await.map_err(|e| {
+        format!(
+            "cannot read the settings of application {app:?} in relation {rel}: {}",
+            e.message
+        )
+    })?;
+    if app == own_app(ctx) {
+        if let Some(changes) = ctx.pending_app.lock().await.get(&rel) {
+            for (k, v) in changes {
+                match v {
+                    Some(v) => settings.insert(k.clone(), v.clone()),
+                    None => settings.remove(k),
+                };
+            }
+        }
+    }
+    Ok(settings)
+}
+
+/// The longest `action-log` message, and the most an action's log keeps
+/// (as JSON; later messages go to the unit's log only).
+pub const MAX_ACTION_LOG_MESSAGE: usize = 4096;
+pub const MAX_ACTION_LOG_BYTES: usize = 256 << 10;
+
+/// Juju's rule for `action-set` keys (each dotted part): lowercase letters,
+/// digits and dashes, starting and ending with a letter or digit.
+fn valid_result_key(part: &str) -> bool {
+    let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    !part.is_empty()
+        && part.starts_with(ok_char)
+        && part.ends_with(ok_char)
+        && part.chars().all(|c| ok_char(c) || c == '-')
+}
+
+async fn action_tool(ctx: &HookContext, spec: &Spec, p: Parsed) -> Result<Output, Failure> {
+    let Some(action) = &ctx.action else {
+        return Err(Failure::Run(format!(
+            "{} may only be used in an action context; this is {}",
+            spec.name,
+            if ctx.relation.is_some() {
+                "a relation hook"
+            } else {
+                "a hook or a command"
+            }
+        )));
+    };
+    match spec.name {
+        "action-get" => {
+            output(&p)?;
+            let mut v = &action.params;
+            if let [path] = p.args.as_slice() {
+                for part in path.split('.') {
+                    v = v.get(part).unwrap_or(&Value::Null);
+                }
+            } else if p.args.len() > 1 {
+                return Err(usage(format!("unrecognized args: [{:?}]", p.args[1])));
+            }
+            print(&p, v)
+        }
+        "action-set" => {
+            if p.args.is_empty() {
+                return Err(usage("no key=value pairs specified"));
+            }
+            let mut parsed = Vec::new();
+            for kv in &p.args {
+                let Some((k, v)) = kv.split_once('=') else {
+                    return Err(usage(format!(
+                        "argument {kv:?} must be of the form key=value"
+                    )));
+                };
+                if !k.split('.').all(valid_result_key) {
+                    return Err(usage(format!(
+                        "key {k:?} must start and end with lowercase alphanumeric, and contain only lowercase alphanumeric, hyphens and periods"
+                    )));
+                }
+                if ["stdout", "stderr", "stdout-encoding", "stderr-encoding"].contains(&k) {
+                    return Err(usage(format!("cannot set reserved action key {k:?}")));
+                }
+                parsed.push((k.to_string(), v.to_string()));
+            }
+            let mut outcome = action.outcome.lock().await;
+            let mut after = outcome.results.clone();
+            after.extend(parsed.iter().cloned());
+            let size = serde_json::to_string(&after).map_or(0, |t| t.len());
+            if size > crate::api::MAX_ACTION_RESULTS_BYTES {
+                return Err(Failure::Run(format!(
+                    "the action's results would be {size} bytes, more than the {} an action may set; set less, or write large output to a file",
+                    crate::api::MAX_ACTION_RESULTS_BYTES
+                )));
+            }
+            outcome.results = after;
+            Ok(Output::ok(""))
+        }
+        "action-fail" => {
+            let message = match p.args.as_slice() {
+                [] => "action failed without reason given, check action for errors".to_string(),
+                [m] => m.clone(),
+                [_, extra, ..] => return Err(usage(format!("unrecognized args: [{extra:?}]"))),
+            };
+            action.outcome.lock().await.failed = Some(message);
+            Ok(Output::ok(""))
+        }
+        _ => {
+            // action-log: also in the unit's log (and so `debug-log`).
+            if p.args.is_empty() {
+                return Err(usage("no message specified"));
+            }
+            let mut message = p.args.join(" ");
+            if message.len() > MAX_ACTION_LOG_MESSAGE {
+                let mut end = MAX_ACTION_LOG_MESSAGE;
+                while !message.is_char_boundary(end) {
+                    end -= 1;
+                }
+                message.truncate(end);
+                message.push_str(" [cut]");
+            }
+            if let Ok(mut f) = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&ctx.log)
+            {
+                use std::io::Write;
+                let _ = writeln!(f, "{} INFO action: {message}", super::log_time());
+            }
+            let mut outcome = action.outcome.lock().await;
+            outcome.log.push((jujube_core::time::unix_now(), message));
+            if serde_json::to_string(&outcome.log).map_or(0, |t| t.len()) > MAX_ACTION_LOG_BYTES {
+                outcome.log.pop();
+            }
+            Ok(Output::ok(""))
+        }
     }
 }
 
