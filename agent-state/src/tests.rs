@@ -891,3 +891,33 @@ async fn an_agent_waiting_for_a_pass_keeps_little() {
         .collect();
     assert_eq!(all.len(), crate::facade::PASSES);
 }
+
+/// A charm packed by charmcraft links `hooks/install` to `../dispatch`:
+/// such a link ships as a copy of its file; a link out of the charm, or to a
+/// directory, is refused rather than followed.
+#[test]
+fn a_charms_links_to_its_own_files_ship_as_copies() {
+    use std::os::unix::fs::symlink;
+    let dir = tempfile::tempdir().unwrap();
+    let charm = dir.path().join("c");
+    std::fs::create_dir_all(charm.join("hooks")).unwrap();
+    std::fs::write(charm.join("dispatch"), "#!/bin/sh\n").unwrap();
+    symlink("../dispatch", charm.join("hooks/install")).unwrap();
+    let files = crate::facade::charm_manifest(&charm).unwrap();
+    let paths: Vec<&str> = files.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(paths, ["dispatch", "hooks/install"]);
+    assert_eq!(files[1].len, 10);
+    assert_eq!(std::fs::read(&files[1].file).unwrap(), b"#!/bin/sh\n");
+    for (name, target) in [("out", "../../secret"), ("dir", "../hooks")] {
+        std::fs::write(dir.path().join("secret"), "key").unwrap();
+        let link = charm.join("hooks").join(name);
+        symlink(target, &link).unwrap();
+        let err = crate::facade::charm_manifest(&charm).unwrap_err();
+        assert!(
+            err.message
+                .contains("does not name a file inside the charm"),
+            "{err}"
+        );
+        std::fs::remove_file(link).unwrap();
+    }
+}

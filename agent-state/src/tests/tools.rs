@@ -680,3 +680,111 @@ async fn version_network_and_unsupported_tools() {
     let st = f.w.store.status().unwrap();
     assert_eq!(st.services.get("wordpress").unwrap().version, "5.7.2");
 }
+
+/// Application data (`--app`), leader settings, `opened-ports` and the
+/// action tools, as `ops` calls them: the leader writes its application's
+/// bag (seen by its own later reads in the hook), a non-leader is refused;
+/// the action tools work only in an action's context.
+#[tokio::test]
+async fn application_data_leader_settings_and_actions_as_ops_calls_them() {
+    let f = fixture();
+    let ctx = f.ctx(Some("mysql/0"));
+    assert!(f.w.store.claim_leadership("mysql/2").unwrap());
+    check(
+        &ctx,
+        &[
+            ("relation-list --format=json --app -r {r}", "\"mysql\"\n", "", 0),
+            ("relation-get --format=json -r {r} --app - mysql", "{}\n", "", 0),
+            // In a hook about mysql/0, --app without a name is mysql's bag.
+            ("relation-get --app --format=json", "{}\n", "", 0),
+            ("relation-set -r {r} --app url=http://w", "", "", 0),
+            ("relation-get --format=json -r {r} --app - wordpress", "{\"url\":\"http://w\"}\n", "", 0),
+            ("is-leader --format=json", "true\n", "", 0),
+            ("leader-set password=s3cret gone=", "", "", 0),
+            ("leader-get --format=json", "{\"password\":\"s3cret\"}\n", "", 0),
+            ("leader-get password", "s3cret\n", "", 0),
+            ("leader-set", "", "error: no key=value pairs specified\n", 2),
+            ("open-port 80/tcp", "", "", 0),
+            ("opened-ports --format=json", "[\"80/tcp\"]\n", "", 0),
+            (
+                "action-get",
+                "",
+                "error: action-get may only be used in an action context; this is a relation hook\n",
+                1,
+            ),
+        ],
+    )
+    .await;
+    // The hook's --app write is pending until it succeeds, then it is the
+    // application's for mysql's units to read.
+    let pending = ctx.pending_app.lock().await.get(&f.db).cloned().unwrap();
+    assert_eq!(pending["url"].as_deref(), Some("http://w"));
+    let m0 = Arc::new(HookContext::new(
+        "ctx-m0".into(),
+        "mysql/0",
+        HookView {
+            relation: Some((f.db, "db".into())),
+            relations: BTreeMap::from([(f.db, "db".to_string())]),
+            apps: BTreeMap::from([(f.db, "wordpress".to_string())]),
+            ..HookView::default()
+        },
+        f.facades.for_agent(Tag::unit("mysql/0")),
+        f.w.dir.path().join("unit.log"),
+    ));
+    check(
+        &m0,
+        &[
+            (
+                "relation-set --app -r {db} x=1",
+                "",
+                "error: cannot write relation settings: unit `mysql/0` is not the leader; only the leader sets its application's settings (`is-leader` tells)\n",
+                1,
+            ),
+            ("leader-get --format=json", "{}\n", "", 0),
+        ],
+    )
+    .await;
+    let out = run(&m0, &["leader-set", "a=b"]).await;
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(out.stderr.contains("not the leader"), "{}", out.stderr);
+
+    // An action's context.
+    let action = Arc::new(HookContext::new(
+        "ctx-action".into(),
+        "wordpress/0",
+        HookView {
+            action: Some(serde_json::json!({"target": "x", "nested": {"level": 3}})),
+            ..HookView::default()
+        },
+        f.facades.for_agent(Tag::unit("wordpress/0")),
+        f.w.dir.path().join("unit.log"),
+    ));
+    check(
+        &action,
+        &[
+            ("action-get --format=json", "{\"nested\":{\"level\":3},\"target\":\"x\"}\n", "", 0),
+            ("action-get nested.level", "3\n", "", 0),
+            ("action-get missing", "", "", 0),
+            ("action-set path=/b/x detail.level=3 compressed=True", "", "", 0),
+            (
+                "action-set Bad=1",
+                "",
+                "error: key \"Bad\" must start and end with lowercase alphanumeric, and contain only lowercase alphanumeric, hyphens and periods\n",
+                2,
+            ),
+            ("action-set stdout=1", "", "error: cannot set reserved action key \"stdout\"\n", 2),
+            ("action-log -- backing up", "", "", 0),
+            ("action-fail -- disk-full", "", "", 0),
+            ("action-fail a b", "", "error: unrecognized args: [\"b\"]\n", 2),
+        ],
+    )
+    .await;
+    let outcome = action.action.as_ref().unwrap().outcome.lock().await.clone();
+    assert_eq!(
+        outcome.results.keys().collect::<Vec<_>>(),
+        ["compressed", "detail.level", "path"]
+    );
+    assert_eq!(outcome.failed.as_deref(), Some("disk-full"));
+    assert_eq!(outcome.log.len(), 1);
+    assert_eq!(outcome.log[0].1, "backing up");
+}

@@ -2,6 +2,7 @@
 //! (`rules`), the change feed (`feed`), and a property test over long random
 //! sequences of operations (`prop`).
 
+mod charms;
 mod cleanups;
 mod feed;
 mod limits;
