@@ -448,6 +448,7 @@ impl Hub {
                     s.relation_count,
                     store.service_settings_raw(name)?,
                     s.charm_url,
+                    s.leader_settings_version,
                 )),
                 Err(jujube_state::Error::NotFound { .. }) => None,
                 Err(e) => return Err(e),
@@ -486,6 +487,21 @@ impl Hub {
             }
         }
         for (rel, unit) in scopes {
+            // An application's bag (its name has no `/`) belongs to no
+            // container: every unit of the relation's services may act on
+            // it.
+            if !unit.contains('/') {
+                for s in known
+                    .relations
+                    .get(&rel)
+                    .map(|r| &r.services)
+                    .into_iter()
+                    .flatten()
+                {
+                    keys.insert(Key::Service(s.as_str().into()));
+                }
+                continue;
+            }
             let container = match known.relations.get(&rel).map(|r| r.scope) {
                 Some(Scope::Container) => known
                     .units
@@ -530,9 +546,10 @@ struct RelationRoute {
     services: Vec<String>,
 }
 
-/// A service as the hub last saw it: life, relation count, settings, and
-/// charm (`upgrade-charm` wakes its units).
-type ServiceSeen = (Life, i64, Vec<(String, String)>, String);
+/// A service as the hub last saw it: life, relation count, settings, charm
+/// (`upgrade-charm` wakes its units) and leader settings' version
+/// (`leader-settings-changed` does).
+type ServiceSeen = (Life, i64, Vec<(String, String)>, String, i64);
 
 /// What the hub remembers to compare against.
 struct Known {
@@ -577,7 +594,16 @@ impl Known {
         let mut services = HashMap::new();
         for s in store.services()? {
             let settings = store.service_settings_raw(&s.name)?;
-            services.insert(s.name, (s.life, s.relation_count, settings, s.charm_url));
+            services.insert(
+                s.name,
+                (
+                    s.life,
+                    s.relation_count,
+                    settings,
+                    s.charm_url,
+                    s.leader_settings_version,
+                ),
+            );
         }
         let machines = store
             .machines()?

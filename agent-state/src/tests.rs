@@ -921,3 +921,54 @@ fn a_charms_links_to_its_own_files_ship_as_copies() {
         std::fs::remove_file(link).unwrap();
     }
 }
+
+/// What the leader writes wakes the units that act on it: an application's
+/// bag in a container-scoped relation wakes the other service's units (the
+/// bag has no container), leader settings wake the service's other units
+/// (`leader-settings-changed`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaders_bags_wake_the_units_that_read_them() {
+    use futures_util::{FutureExt, StreamExt};
+    use jujube_state::bags::Bag;
+    let (w, _, info) = scoped_world();
+    let f = Facades::new(w.store.clone()).unwrap();
+    f.ready().await;
+    let watch = |u: &str| {
+        let api = f.for_agent(Tag::unit(u));
+        let target = WatchTarget::Unit(unit(u));
+        async move { api.watch(target).await.unwrap() }
+    };
+    let mut wp1 = watch("wordpress/1").await;
+    let mut mysql = watch("mysql/0").await;
+    assert!(w.store.claim_leadership("logging/0").unwrap());
+    assert!(w.store.claim_leadership("wordpress/0").unwrap());
+    let bag = |u: &str, bag: Bag| AgentOp::UpdateBag {
+        unit: unit(u),
+        bag,
+        changes: vec![("k".into(), Some("v".into()))],
+    };
+    w.apply(
+        Caller::Unit(unit("logging/0")),
+        bag(
+            "logging/0",
+            Bag::App {
+                relation: info,
+                service: "logging".into(),
+            },
+        ),
+    );
+    tokio::time::timeout(std::time::Duration::from_secs(5), wp1.next())
+        .await
+        .expect("wordpress/1 told of logging's application settings");
+    w.apply(
+        Caller::Unit(unit("wordpress/0")),
+        bag("wordpress/0", Bag::Leader),
+    );
+    tokio::time::timeout(std::time::Duration::from_secs(5), wp1.next())
+        .await
+        .expect("wordpress/1 told of the leader settings");
+    assert!(
+        mysql.next().now_or_never().is_none(),
+        "mysql/0 was told of a change it cannot see"
+    );
+}

@@ -460,7 +460,10 @@ fn leadership_moves_when_the_leaders_agent_is_lost() {
     let dispatch = charm.join("dispatch");
     std::fs::write(
         &dispatch,
-        "#!/bin/sh\n[ \"$JUJU_HOOK_NAME\" = install ] && is-leader >/dev/null\necho \"dispatch: $JUJU_DISPATCH_PATH\"\n",
+        "#!/bin/sh\n[ \"$JUJU_HOOK_NAME\" = install ] && is-leader >/dev/null\n\
+         [ \"$JUJU_HOOK_NAME\" = leader-elected ] && leader-set chosen=\"$JUJU_UNIT_NAME\"\n\
+         [ \"$JUJU_HOOK_NAME\" = leader-settings-changed ] && echo \"leader says: $(leader-get chosen)\"\n\
+         echo \"dispatch: $JUJU_DISPATCH_PATH\"\n",
     )
     .unwrap();
     std::fs::set_permissions(&dispatch, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -526,6 +529,17 @@ fn leadership_moves_when_the_leaders_agent_is_lost() {
         !elected(other),
         "{other} ran leader-elected while {first} led"
     );
+    // What the leader set reaches the other unit: leader-settings-changed.
+    let told = format!("leader says: {first}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !log_of(other).contains(&told) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{other} never ran leader-settings-changed with {first}'s setting: {}",
+            log_of(other)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     // The leader's agent frozen: the other unit leads and runs
     // leader-elected.
     let pid = agent_pid(&j, &machine_of(&first)).expect("the leader's agent process");
