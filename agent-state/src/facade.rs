@@ -739,6 +739,17 @@ impl Facade for InProcess {
         .await
     }
 
+    async fn goal_state(&self, unit: &str) -> ApiResult<jujube_agent::api::GoalState> {
+        if !self.is_unit(unit) {
+            return Err(self.denied(format!("read the goal state of unit `{unit}`")));
+        }
+        let g = self.store().goal_state(unit).map_err(|e| self.err(e))?;
+        Ok(jujube_agent::api::GoalState {
+            units: g.units,
+            relations: g.relations,
+        })
+    }
+
     async fn bag(&self, unit: &str, bag: Bag) -> ApiResult<BTreeMap<String, String>> {
         let bag = state_bag(bag);
         if !self.is_unit(unit) {

@@ -64,6 +64,15 @@ pub struct ScopeSettings {
     pub app: Option<(String, BTreeMap<String, String>)>,
 }
 
+/// What `goal-state` answers: the unit's service's units and, per relation
+/// endpoint, the related applications and their units, each with a status
+/// (`active`, `dying`; `joined` for a related application).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GoalState {
+    pub units: BTreeMap<String, String>,
+    pub relations: BTreeMap<String, BTreeMap<String, String>>,
+}
+
 /// A databag the service's leader writes (see `jujube_state::bags`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -451,6 +460,8 @@ pub trait Facade: Send + Sync + 'static {
         unit: &str,
         changes: Vec<(String, Option<String>)>,
     ) -> ApiResult<()>;
+    /// `goal-state` for the caller's own unit.
+    async fn goal_state(&self, unit: &str) -> ApiResult<GoalState>;
     /// A leader-written bag as `unit` may read it (empty when never
     /// written).
     async fn bag(&self, unit: &str, bag: Bag) -> ApiResult<BTreeMap<String, String>>;

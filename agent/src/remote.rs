@@ -616,6 +616,10 @@ impl Facade for Remote {
     async fn is_leader(&self, unit: &str) -> ApiResult<bool> {
         self.call(Call::IsLeader { unit: unit.into() }).await
     }
+    async fn goal_state(&self, unit: &str) -> ApiResult<crate::api::GoalState> {
+        self.call(Call::GoalState { unit: unit.into() }).await
+    }
+
     async fn bag(&self, unit: &str, bag: crate::api::Bag) -> ApiResult<BTreeMap<String, String>> {
         self.call(Call::Bag {
             unit: unit.into(),

@@ -154,6 +154,9 @@ pub enum Call {
         unit: String,
         bag: Bag,
     },
+    GoalState {
+        unit: String,
+    },
     UpdateBag {
         unit: String,
         bag: Bag,
@@ -189,6 +192,7 @@ impl Call {
                 | Call::ServiceConfig { .. }
                 | Call::RelationSettings { .. }
                 | Call::Bag { .. }
+                | Call::GoalState { .. }
         )
     }
 
@@ -221,6 +225,7 @@ impl Call {
             Call::RelationSettings { .. } => "relation-settings",
             Call::UpdateRelationSettings { .. } => "update-relation-settings",
             Call::Bag { .. } => "bag",
+            Call::GoalState { .. } => "goal-state",
             Call::UpdateBag { .. } => "update-bag",
             Call::SetUnitCredential { .. } => "set-unit-credential",
         }
@@ -315,6 +320,7 @@ pub async fn dispatch(facade: &dyn Facade, call: Call) -> ApiResult<serde_json::
                 .await?,
         ),
         Call::Bag { unit, bag } => encode(facade.bag(&unit, bag).await?),
+        Call::GoalState { unit } => encode(facade.goal_state(&unit).await?),
         Call::UpdateBag { unit, bag, changes } => {
             encode(facade.update_bag(&unit, bag, changes).await?)
         }

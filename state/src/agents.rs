@@ -1183,6 +1183,16 @@ pub struct ScopeSettings {
 /// The most settings text one [`Store::scope_settings_seen_by`] answer
 /// carries (a scope's members beyond it are named without settings).
 pub const MAX_SCOPE_SETTINGS_BYTES: usize = 1 << 20;
+/// What `goal-state` answers (see [`Store::goal_state`]): unit → status,
+/// and per relation endpoint, application or unit → status.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GoalState {
+    pub units: BTreeMap<String, String>,
+    pub relations: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+/// The most units of one service `goal-state` lists.
+pub const MAX_GOAL_UNITS: usize = 10_000;
 /// The longest workload version.
 pub const MAX_WORKLOAD_VERSION_BYTES: usize = 256;
 
@@ -1294,6 +1304,64 @@ impl Store {
                 }
             }
             Ok(elected)
+        })
+    }
+
+    /// `goal-state`: what `unit`'s service and its relations are meant to
+    /// hold: its service's units, and per relation endpoint the related
+    /// applications and their units, each `active` (Alive) or `dying`
+    /// (Juju's `joined` for a related application). Refused for a service,
+    /// or a relation, of more than [`MAX_GOAL_UNITS`] units: the answer is
+    /// one message.
+    pub fn goal_state(&self, unit: &str) -> Result<GoalState> {
+        self.read(|c| {
+            let u = get_unit(c, unit)?;
+            let status = |life: Life| {
+                if life == Life::Alive {
+                    "active"
+                } else {
+                    "dying"
+                }
+            };
+            let units_of = |service: &str| -> Result<BTreeMap<String, String>> {
+                let rows: Vec<(String, i64)> = c
+                    .prepare_cached(
+                        "SELECT name, life FROM units WHERE service = ?1 ORDER BY number LIMIT ?2",
+                    )?
+                    .query_map((service, MAX_GOAL_UNITS as i64 + 1), |r| {
+                        Ok((r.get(0)?, r.get(1)?))
+                    })?
+                    .collect::<rusqlite::Result<_>>()?;
+                if rows.len() > MAX_GOAL_UNITS {
+                    return Err(Error::Relation(format!(
+                        "goal-state answers for services of at most {MAX_GOAL_UNITS} units; `{service}` has more"
+                    )));
+                }
+                rows.into_iter()
+                    .map(|(n, l)| Ok((n, status(crate::model::life(l)?).to_string())))
+                    .collect()
+            };
+            let mut goal = GoalState {
+                units: units_of(&u.service)?,
+                relations: BTreeMap::new(),
+            };
+            for rel in relations_of(c, &u.service)? {
+                let Some(mine) = rel.endpoint_of(&u.service) else {
+                    continue;
+                };
+                let Some(other) = rel.counterpart_of(&u.service) else {
+                    continue;
+                };
+                let entry = goal.relations.entry(mine.relation.clone()).or_default();
+                let joined = if rel.life == Life::Alive { "joined" } else { "dying" };
+                entry.insert(other.service.clone(), joined.to_string());
+                for (name, st) in units_of(&other.service)? {
+                    if name != unit {
+                        entry.insert(name, st);
+                    }
+                }
+            }
+            Ok(goal)
         })
     }
 

@@ -47,7 +47,7 @@ const DEPRECATED_FORMAT: Flag = Flag::string(None, "format", "", "deprecated for
 const NOT_SUPPORTED: &str = "not supported by jujube";
 
 /// A tool of a Juju feature jujube does not have (cloud credentials,
-/// storage, secrets, goal state): it is there, so that a charm probing for
+/// storage, secrets): it is there, so that a charm probing for
 /// it gets Juju's "not supported" answer (exit 1), not "command not found".
 const fn unsupported(name: &'static str) -> Spec {
     Spec {
@@ -147,7 +147,16 @@ pub const SPECS: &[Spec] = &[
     unsupported("secret-grant"),
     unsupported("secret-revoke"),
     unsupported("secret-remove"),
-    unsupported("goal-state"),
+    Spec {
+        name: "goal-state",
+        args: "",
+        purpose: "print the status of the charm's peers and related units",
+        flags: &[FORMAT, OUTPUT],
+        doc: "goal-state prints what the unit's application and its relations are meant to\n\
+              hold: the application's units and, per endpoint, the related applications and\n\
+              their units, each with a status (active, dying; joined for an application).\n\
+              `since` is when the question was answered: jujube keeps no time for these.",
+    },
     Spec {
         name: "unit-get",
         args: "<setting>",
@@ -525,7 +534,7 @@ async fn run_tool(
             print(&p, &v)
         }
         name if spec.purpose == NOT_SUPPORTED => Err(Failure::Run(format!(
-            "{name} is not supported: jujube has no cloud credentials, storage, secrets or goal state for charms"
+            "{name} is not supported: jujube has no cloud credentials, storage or secrets for charms"
         ))),
         "is-leader" => {
             output(&p)?;
@@ -715,6 +724,20 @@ async fn run_tool(
             check_empty(&p.args).map_err(usage)?;
             let view = ctx.api.unit(&ctx.unit).await.map_err(|e| e.message)?;
             print(&p, &json!(view.ports))
+        }
+        "goal-state" => {
+            output(&p)?;
+            check_empty(&p.args).map_err(usage)?;
+            let goal = ctx.api.goal_state(&ctx.unit).await.map_err(|e| e.message)?;
+            let since = format!("{}Z", super::log_time());
+            let entry = |status: &String| json!({"status": status, "since": since});
+            let v = json!({
+                "units": goal.units.iter().map(|(u, st)| (u.clone(), entry(st))).collect::<serde_json::Map<_, _>>(),
+                "relations": goal.relations.iter().map(|(ep, members)| {
+                    (ep.clone(), Value::Object(members.iter().map(|(m, st)| (m.clone(), entry(st))).collect()))
+                }).collect::<serde_json::Map<_, _>>(),
+            });
+            print(&p, &v)
         }
         "leader-get" => {
             output(&p)?;
