@@ -328,6 +328,15 @@ async fn the_facade_refuses_every_method_outside_the_callers_scope() {
             action: None,
         };
         denied(&w, f.finish_run(u, 1, answer).await, b);
+        denied(&w, f.goal_state(u).await, b);
+        denied(&w, f.bag(u, jujube_agent::api::Bag::Leader).await, b);
+        let changes = vec![("k".to_string(), Some("v".to_string()))];
+        denied(
+            &w,
+            f.update_bag(u, jujube_agent::api::Bag::Leader, changes)
+                .await,
+            b,
+        );
     }
     // enter/leave scope, scope units, relation settings: only its own unit,
     // in relations of its own service

@@ -4,7 +4,7 @@
 //! entity, watches that survive a server restart, and the limits.
 
 use crate::{tls, ApiServer, Limits};
-use jujube_agent::api::{AgentStatus, ErrorCode, Facade, RunResult, Tag, WatchTarget};
+use jujube_agent::api::{AgentStatus, Bag, ErrorCode, Facade, RunResult, Tag, WatchTarget};
 use jujube_agent::remote::Remote;
 use jujube_agent::wire::{new_secret, secret_hash, AgentConf};
 use jujube_agent_state::Facades;
@@ -226,6 +226,13 @@ async fn try_everything_out_of_scope(api: &dyn Facade, machine: i64, unit: &str,
     assert_unauthorized(
         "update_relation_settings",
         api.update_relation_settings(relation, unit, vec![("k".into(), Some("v".into()))])
+            .await,
+    );
+    assert_unauthorized("goal_state", api.goal_state(unit).await);
+    assert_unauthorized("bag", api.bag(unit, Bag::Leader).await);
+    assert_unauthorized(
+        "update_bag",
+        api.update_bag(unit, Bag::Leader, vec![("k".into(), Some("v".into()))])
             .await,
     );
 }

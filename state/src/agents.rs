@@ -37,7 +37,7 @@ use crate::units::destroy_unit_in;
 use crate::{Error, Result};
 use jujube_core::charm::Scope;
 use jujube_core::Life;
-use rusqlite::{Connection, OptionalExtension};
+use rusqlite::Connection;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -703,17 +703,13 @@ impl Store {
                 }
                 None => (None, unit.machine_id),
             };
-            let zone: Option<String> = match machine {
-                Some(m) => c
-                    .prepare_cached("SELECT zone FROM machines WHERE id = ?1")?
-                    .query_row([m], |r| r.get(0))
-                    .optional()?
-                    .flatten(),
-                None => None,
-            };
-            let ports: String = c
-                .prepare_cached("SELECT ports FROM units WHERE name = ?1")?
-                .query_row([name], |r| r.get(0))?;
+            // The unit's open ports and its machine's zone, in one read.
+            let (ports, zone): (String, Option<String>) = c
+                .prepare_cached(
+                    "SELECT u.ports, m.zone FROM units u LEFT JOIN machines m ON m.id = ?2
+                     WHERE u.name = ?1",
+                )?
+                .query_row((name, machine), |r| Ok((r.get(0)?, r.get(1)?)))?;
             let scopes = scope_ids(c, name)?;
             let relations = relations_of(c, &unit.service)?
                 .into_iter()

@@ -601,20 +601,6 @@ async fn workload_status_and_leadership_as_ops_calls_them() {
         ],
     )
     .await;
-    // goal-state: the service's units, and per endpoint the related
-    // application and its units (here mysql/1 is being destroyed).
-    f.w.store.destroy_units(&["mysql/1".to_string()]).unwrap();
-    let out = run(&ctx, &["goal-state", "--format=json"]).await;
-    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
-    assert_eq!(v["units"]["wordpress/0"]["status"], "active", "{v}");
-    let db = &v["relations"]["db"];
-    assert_eq!(db["mysql"]["status"], "joined", "{v}");
-    assert_eq!(db["mysql/0"]["status"], "active", "{v}");
-    assert_eq!(db["mysql/1"]["status"], "dying", "{v}");
-    assert!(
-        db["mysql/0"]["since"].as_str().unwrap().ends_with('Z'),
-        "{v}"
-    );
     let st = f.w.store.status().unwrap();
     let wp = st.services.get("wordpress").unwrap();
     assert_eq!(wp.workload_status.current, "blocked");
@@ -690,6 +676,20 @@ async fn version_network_and_unsupported_tools() {
     assert_eq!(
         v["bind-addresses"][0]["addresses"][0]["address"],
         address.as_str()
+    );
+    // goal-state: the service's units, and per endpoint the related
+    // application and its units (here mysql/1 is being destroyed).
+    f.w.store.destroy_units(&["mysql/1".to_string()]).unwrap();
+    let out = run(&ctx, &["goal-state", "--format=json"]).await;
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(v["units"]["wordpress/0"]["status"], "active", "{v}");
+    let db = &v["relations"]["db"];
+    assert_eq!(db["mysql"]["status"], "joined", "{v}");
+    assert_eq!(db["mysql/0"]["status"], "active", "{v}");
+    assert_eq!(db["mysql/1"]["status"], "dying", "{v}");
+    assert!(
+        db["mysql/0"]["since"].as_str().unwrap().ends_with('Z'),
+        "{v}"
     );
     let st = f.w.store.status().unwrap();
     assert_eq!(st.services.get("wordpress").unwrap().version, "5.7.2");
