@@ -505,9 +505,11 @@ fn hooks_get_exactly_jujus_environment_and_cannot_run_jujubes_commands() {
             "HOME",
             "JUJU_AGENT_SOCKET",
             "JUJU_API_ADDRESSES",
+            "JUJU_AVAILABILITY_ZONE",
             "JUJU_CHARM_DIR",
             "JUJU_CONTEXT_ID",
             "JUJU_ENV_NAME",
+            "JUJU_MACHINE_ID",
             "JUJU_MODEL_NAME",
             "JUJU_MODEL_UUID",
             "JUJU_UNIT_NAME",
@@ -519,7 +521,13 @@ fn hooks_get_exactly_jujus_environment_and_cannot_run_jujubes_commands() {
         "{env}"
     );
     assert!(!env.contains("do-not-leak"), "{env}");
-    let uuid = j.status()["environment"]["uuid"]
+    let st = j.status();
+    let uuid = st["environment"]["uuid"].as_str().unwrap().to_string();
+    let machine = st["services"]["flaky"]["units"]["flaky/0"]["machine"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let zone = st["machines"][&machine]["zone"]
         .as_str()
         .unwrap()
         .to_string();
@@ -527,6 +535,8 @@ fn hooks_get_exactly_jujus_environment_and_cannot_run_jujubes_commands() {
         "JUJU_MODEL_NAME=t".to_string(),
         format!("JUJU_MODEL_UUID={uuid}"),
         "JUJU_VERSION=3.6.4".to_string(),
+        format!("JUJU_MACHINE_ID={machine}"),
+        format!("JUJU_AVAILABILITY_ZONE={zone}"),
     ] {
         assert!(env.lines().any(|l| l == var), "{var} in {env}");
     }
