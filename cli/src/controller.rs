@@ -1121,8 +1121,10 @@ pub async fn destroy(home: &Home, name: &str, yes: bool, out: &mut impl Write) -
             bail!("not confirmed; environment `{name}` is unchanged");
         }
     }
-    // A running controller is asked to stop first; its lock is then ours,
+    // The supervisor first, which stops its controller (else it would start
+    // it again); then any other controller is asked to stop; its lock is then ours,
     // so that no controller starts while the environment is destroyed.
+    crate::supervise::stop_supervisor(home, name, STOP_TIMEOUT, out).await?;
     let _lock = match try_lock(home, name)? {
         Some(lock) => lock,
         None => stop_controller(home, name, out).await?,

@@ -19,6 +19,7 @@ mod home;
 mod hooktool;
 mod progress;
 mod render;
+mod supervise;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -88,6 +89,11 @@ enum Command {
         /// Series for services and machines that name none.
         #[arg(long, default_value = series::DEFAULT_SERIES)]
         default_series: String,
+        /// Start no controller: run `jujube controller` yourself (development,
+        /// a service manager). Without it, on the dummy, machine 0's controller
+        /// is left running in the background, restarted if it dies.
+        #[arg(long)]
+        manual_controller: bool,
     },
     /// List environments; the current one is marked with `*`.
     Environments,
@@ -240,6 +246,10 @@ enum Command {
     },
     /// Run the provisioner and the cleaner in the foreground (logs: RUST_LOG).
     Controller,
+    /// Run `jujube controller`, starting it again when it dies (what
+    /// `bootstrap` leaves running in the background).
+    #[command(hide = true)]
+    Supervise,
     /// Show the units' logs (hook output and juju-log), then follow them.
     DebugLog {
         /// Only this unit's log (repeatable).
@@ -484,6 +494,7 @@ fn run(cli: Cli) -> Result<()> {
             config,
             constraints,
             default_series,
+            manual_controller,
         } => {
             let config: BTreeMap<String, String> =
                 key_values(&config, "config")?.into_iter().collect();
@@ -521,6 +532,23 @@ fn run(cli: Cli) -> Result<()> {
                 "bootstrapped environment `{name}` ({}) on provider `{}`",
                 spec.uuid, spec.provider
             )?;
+            if manual_controller {
+                writeln!(out, "no controller started: run `jujube controller`")?;
+            } else if spec.provider == "dummy" {
+                supervise::start(&home, &name)?;
+                writeln!(
+                    out,
+                    "machine 0's controller runs in the background (log: `{}`)",
+                    supervise::log_path(&home, &name).display()
+                )?;
+            } else {
+                // Machine 0 of LXD and EC2 does not run the controller yet.
+                writeln!(
+                    out,
+                    "run the controller with `jujube controller` (on provider `{}` it runs on this host, not on machine 0)",
+                    spec.provider
+                )?;
+            }
         }
         Command::Environments => {
             let current = home.current();
@@ -536,6 +564,18 @@ fn run(cli: Cli) -> Result<()> {
         Command::DestroyEnvironment { name, yes } => {
             let name = home.select(Some(&name))?;
             runtime()?.block_on(controller::destroy(&home, &name, yes, out))?;
+        }
+        Command::Supervise => {
+            let name = home.select(env_flag)?;
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env()
+                        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                )
+                .with_writer(std::io::stderr)
+                .with_ansi(false)
+                .init();
+            runtime()?.block_on(supervise::supervise(&home, &name))?;
         }
         Command::Controller => {
             let name = home.select(env_flag)?;
@@ -952,10 +992,12 @@ fn model_command(
         }
         Command::Status { format } => {
             let mut st = store.status()?;
-            // Machine 0's jobs run in `jujube controller`, not in an agent
-            // of its own (until the controller moves onto it): its agent
-            // status says whether a controller runs them now.
+            // Machine 0's jobs run in `jujube controller` (on the dummy the
+            // one `bootstrap` left running under its supervisor), not in an
+            // agent of its own: its agent status says whether a controller
+            // runs them now.
             let runs = controller::controller_runs(zones.home, zones.name);
+            let supervised = supervise::running(zones.home, zones.name).is_some();
             for (_, m) in st.machines.0.iter_mut() {
                 let manages = m
                     .jobs
@@ -964,7 +1006,17 @@ fn model_command(
                 if manages && m.agent_status == "pending" {
                     if runs {
                         m.agent_status = "started".into();
-                        m.agent_status_info = "its jobs run in `jujube controller`".into();
+                        m.agent_status_info = if supervised {
+                            "its jobs run in the controller `bootstrap` started (restarted if it dies)"
+                        } else {
+                            "its jobs run in `jujube controller`"
+                        }
+                        .into();
+                    } else if supervised {
+                        m.agent_status_info = format!(
+                            "its controller is being started again; see `{}`",
+                            supervise::log_path(zones.home, zones.name).display()
+                        );
                     } else {
                         m.agent_status_info =
                             "no controller runs its jobs; start one with `jujube controller`"
@@ -1025,6 +1077,7 @@ fn model_command(
         | Command::Switch { .. }
         | Command::DestroyEnvironment { .. }
         | Command::Controller
+        | Command::Supervise
         | Command::Agent { .. }
         | Command::DebugLog { .. }
         | Command::Run { .. }

@@ -12,6 +12,7 @@ mod lxd_direct;
 mod model;
 mod ops;
 mod provisioning;
+mod supervised;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -20,6 +21,11 @@ pub struct Jujube {
     pub home: tempfile::TempDir,
     /// Extra environment for every command (e.g. AWS credentials).
     pub envs: Vec<(String, String)>,
+    /// Whether `bootstrap` leaves machine 0's controller running, as it
+    /// does for users; most tests start their own (`Jujube::controller`),
+    /// after setting what they need, so they bootstrap with
+    /// `--manual-controller`.
+    pub auto_controller: bool,
 }
 
 #[derive(Debug)]
@@ -52,12 +58,15 @@ impl Jujube {
         Jujube {
             home: tempfile::tempdir().unwrap(),
             envs: Vec::new(),
+            auto_controller: false,
         }
     }
 
     pub fn run(&self, args: &[&str]) -> Run {
+        let manual = args.first() == Some(&"bootstrap") && !self.auto_controller;
         let out: Output = Command::new(env!("CARGO_BIN_EXE_jujube"))
             .args(args)
+            .args(manual.then_some("--manual-controller"))
             .env("JUJUBE_HOME", self.home.path())
             .env_remove("JUJUBE_ENV")
             .env_remove("JUJUBE_REPOSITORY")
