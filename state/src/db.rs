@@ -3,7 +3,7 @@
 use crate::feed::ChangeKind;
 use crate::schema::MIGRATIONS;
 use crate::{Error, Result};
-use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
+use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -166,11 +166,10 @@ impl Store {
         conn.set_prepared_statement_cache_capacity(128);
         migrate(&conn)?;
         let reader = open_reader(&path)?;
-        let head: i64 = conn.query_row(
-            "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'changes'), 0)",
-            [],
-            |r| r.get(0),
-        )?;
+        let head: i64 =
+            conn.query_row("SELECT coalesce(max(revision), 0) FROM changes", [], |r| {
+                r.get(0)
+            })?;
         let (tx, _) = watch::channel(head as u64);
         Ok(Store {
             inner: Arc::new(Inner {
@@ -387,6 +386,16 @@ fn migrate(conn: &Connection) -> Result<()> {
     if version == known {
         return Ok(());
     }
+    // Some migrations rebuild a table that others reference: SQLite's way
+    // is with foreign keys off (they cannot be turned off inside a
+    // transaction), checked before the commit.
+    conn.pragma_update(None, "foreign_keys", "OFF")?;
+    let migrated = migrate_in(conn);
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    migrated
+}
+
+fn migrate_in(conn: &Connection) -> Result<()> {
     conn.execute_batch("BEGIN IMMEDIATE")?;
     let result = (|| {
         // Re-read under the write lock: another process may have migrated.
@@ -394,6 +403,15 @@ fn migrate(conn: &Connection) -> Result<()> {
         for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
             conn.execute_batch(sql)?;
             conn.pragma_update(None, "user_version", i as i64 + 1)?;
+        }
+        let broken: Option<String> = conn
+            .query_row("PRAGMA foreign_key_check", [], |r| r.get(0))
+            .optional()?;
+        if let Some(table) = broken {
+            return Err(Error::Corrupt {
+                what: "foreign key after a migration",
+                value: table,
+            });
         }
         Ok::<_, Error>(())
     })();

@@ -97,11 +97,11 @@ impl Store {
     /// The revision of the newest committed change.
     pub fn head_revision(&self) -> Result<u64> {
         self.read(|c| {
-            Ok(c.query_row(
-                "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'changes'), 0)",
-                [],
-                |r| r.get::<_, i64>(0),
-            )? as u64)
+            Ok(
+                c.query_row("SELECT coalesce(max(revision), 0) FROM changes", [], |r| {
+                    r.get::<_, i64>(0)
+                })? as u64,
+            )
         })
     }
 
@@ -150,12 +150,13 @@ impl Store {
     /// transaction. Returns how many were deleted.
     pub fn prune_changes(&self, keep: u64, batch: usize) -> Result<usize> {
         self.write(|tx| {
-            let head: i64 = tx.query_row(
-                "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'changes'), 0)",
-                [],
-                |r| r.get(0),
-            )?;
-            let cut = head - keep as i64;
+            let head: i64 =
+                tx.query_row("SELECT coalesce(max(revision), 0) FROM changes", [], |r| {
+                    r.get(0)
+                })?;
+            // The newest change always stays: a revision is the largest one
+            // plus one, so an emptied feed would count from 1 again.
+            let cut = head - keep.max(1) as i64;
             if cut <= 0 {
                 return Ok(0);
             }

@@ -325,4 +325,56 @@ ALTER TABLE runs ADD COLUMN action TEXT;
 ALTER TABLE runs ADD COLUMN params TEXT;
 ALTER TABLE runs ADD COLUMN results TEXT;
 "#,
+    // 19 (write path): the change feed without AUTOINCREMENT, which wrote
+    // `sqlite_sequence` — one more page — in every transaction. A revision
+    // is the largest one plus one; it never goes back because pruning keeps
+    // the newest change (`Store::prune_changes`). An empty feed keeps its
+    // high-water mark as one row.
+    r#"
+CREATE TABLE changes_new (
+    revision INTEGER PRIMARY KEY,
+    kind     TEXT NOT NULL,
+    id       TEXT NOT NULL
+);
+INSERT INTO changes_new (revision, kind, id) SELECT revision, kind, id FROM changes;
+INSERT INTO changes_new (revision, kind, id)
+    SELECT seq, 'environment', '' FROM sqlite_sequence
+    WHERE name = 'changes' AND seq > 0 AND NOT EXISTS (SELECT 1 FROM changes_new);
+DROP TABLE changes;
+ALTER TABLE changes_new RENAME TO changes;
+"#,
+    // 20 (write path): `machines.instance_id` unique through a partial
+    // index: a new machine, with no instance yet, writes no entry (the
+    // UNIQUE column's index held every NULL: one more page per machine).
+    // A table rebuild (`migrate` turns foreign keys off around it and
+    // checks them before committing).
+    r#"
+CREATE TABLE machines_new (
+    id                INTEGER PRIMARY KEY,
+    life              INTEGER NOT NULL DEFAULT 0 CHECK (life IN (0, 1, 2)),
+    series            TEXT NOT NULL,
+    jobs              TEXT NOT NULL,
+    manage_environ    INTEGER NOT NULL DEFAULT 0,
+    constraints       TEXT NOT NULL DEFAULT '',
+    instance_id       TEXT,
+    nonce             TEXT,
+    status            TEXT NOT NULL DEFAULT 'pending',
+    status_info       TEXT NOT NULL DEFAULT '',
+    zone              TEXT,
+    hardware          TEXT,
+    instance_status   TEXT,
+    agent_status      TEXT NOT NULL DEFAULT 'pending',
+    agent_status_info TEXT NOT NULL DEFAULT ''
+);
+INSERT INTO machines_new (id, life, series, jobs, manage_environ, constraints, instance_id, nonce,
+                          status, status_info, zone, hardware, instance_status, agent_status,
+                          agent_status_info)
+    SELECT id, life, series, jobs, manage_environ, constraints, instance_id, nonce, status,
+           status_info, zone, hardware, instance_status, agent_status, agent_status_info
+    FROM machines;
+DROP TABLE machines;
+ALTER TABLE machines_new RENAME TO machines;
+CREATE INDEX machines_actionable ON machines (id) WHERE life != 0 OR instance_id IS NULL;
+CREATE UNIQUE INDEX machines_instance ON machines (instance_id) WHERE instance_id IS NOT NULL;
+"#,
 ];

@@ -257,3 +257,26 @@ fn a_lost_leader_is_replaced_by_a_present_unit() {
     assert!(!e.st.unit_context("mysql/1").unwrap().leader);
     assert!(!e.st.claim_leadership("mysql/0").unwrap());
 }
+
+/// A revision is the largest one plus one: pruning, even asked to keep
+/// nothing, keeps the newest change, so the feed never counts from 1 again
+/// (a watcher would miss everything up to its old revision); nor does
+/// reopening the store.
+#[test]
+fn revisions_never_go_back_whatever_is_pruned() {
+    let e = env();
+    e.deploy(WORDPRESS, "wordpress", 3);
+    let head = e.st.head_revision().unwrap();
+    while e.st.prune_changes(0, 1000).unwrap() > 0 {}
+    assert_eq!(e.st.head_revision().unwrap(), head);
+    e.deploy(MYSQL, "mysql", 1);
+    let next = e.st.changes_since(head, 100).unwrap();
+    assert!(!next.changes.is_empty());
+    assert!(next.changes.iter().all(|c| c.revision > head), "{next:?}");
+    drop(e.st.clone());
+    let reopened = crate::Store::open(e.st.path()).unwrap();
+    assert_eq!(
+        reopened.head_revision().unwrap(),
+        e.st.head_revision().unwrap()
+    );
+}

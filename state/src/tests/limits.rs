@@ -578,3 +578,23 @@ fn a_scopes_settings_in_one_answer_are_bounded() {
         assert_eq!(e.st.relation_settings(rel.id, u).unwrap()["blob"], value);
     }
 }
+
+/// An instance belongs to at most one machine (the partial unique index of
+/// migration 20 keeps UNIQUE's rule for the ids that are set).
+#[test]
+fn two_machines_cannot_record_the_same_instance() {
+    let e = env();
+    let units = e.deploy(MYSQL, "mysql", 2);
+    assert_eq!(units.len(), 2);
+    let set = |id: i64| {
+        e.st.write(|tx| {
+            Ok(tx.execute(
+                "UPDATE machines SET instance_id = 'i-same' WHERE id = ?1",
+                [id],
+            )?)
+        })
+    };
+    assert_eq!(set(1).unwrap(), 1);
+    let err = set(2).unwrap_err();
+    assert!(err.to_string().contains("UNIQUE"), "{err}");
+}
