@@ -377,4 +377,38 @@ ALTER TABLE machines_new RENAME TO machines;
 CREATE INDEX machines_actionable ON machines (id) WHERE life != 0 OR instance_id IS NULL;
 CREATE UNIQUE INDEX machines_instance ON machines (instance_id) WHERE instance_id IS NOT NULL;
 "#,
+    // 21 (write path): units keyed by name alone (WITHOUT ROWID): the
+    // table was a rowid table with an index on its TEXT primary key, two
+    // B-trees — two pages — for what one holds.
+    r#"
+CREATE TABLE units_new (
+    name             TEXT PRIMARY KEY,
+    service          TEXT NOT NULL REFERENCES services (name),
+    number           INTEGER NOT NULL,
+    series           TEXT NOT NULL,
+    principal        TEXT REFERENCES units (name),
+    machine_id       INTEGER REFERENCES machines (id),
+    constraints      TEXT NOT NULL DEFAULT '',
+    life             INTEGER NOT NULL DEFAULT 0 CHECK (life IN (0, 1, 2)),
+    status           TEXT NOT NULL DEFAULT 'pending',
+    status_info      TEXT NOT NULL DEFAULT '',
+    agent_started    INTEGER NOT NULL DEFAULT 0,
+    resolved         TEXT,
+    ports            TEXT NOT NULL DEFAULT '',
+    workload_status  TEXT NOT NULL DEFAULT 'unknown',
+    workload_message TEXT NOT NULL DEFAULT '',
+    CHECK (principal IS NULL OR machine_id IS NULL)
+) WITHOUT ROWID;
+INSERT INTO units_new (name, service, number, series, principal, machine_id, constraints, life,
+                       status, status_info, agent_started, resolved, ports, workload_status,
+                       workload_message)
+    SELECT name, service, number, series, principal, machine_id, constraints, life, status,
+           status_info, agent_started, resolved, ports, workload_status, workload_message
+    FROM units;
+DROP TABLE units;
+ALTER TABLE units_new RENAME TO units;
+CREATE INDEX units_service ON units (service, number);
+CREATE INDEX units_machine ON units (machine_id);
+CREATE INDEX units_principal ON units (principal) WHERE principal IS NOT NULL;
+"#,
 ];
