@@ -118,6 +118,11 @@ impl UnitAgent {
         }
     }
 
+    /// The unit's service: its name's part before the `/`.
+    fn service(&self) -> &str {
+        self.name().split('/').next().unwrap_or_default()
+    }
+
     /// The unit's directory (its charm is in `charm/`).
     pub fn dir(&self) -> PathBuf {
         self.machine_dir.join(unit_dir_name(self.name()))
@@ -324,16 +329,10 @@ impl UnitAgent {
                 .await?;
         }
         let pending = std::mem::take(&mut *ctx.pending_app.lock().await);
-        let service = self
-            .name()
-            .split('/')
-            .next()
-            .unwrap_or_default()
-            .to_string();
         for (relation, changes) in pending {
             let bag = crate::api::Bag::App {
                 relation,
-                service: service.clone(),
+                service: self.service().to_string(),
             };
             self.api
                 .update_bag(self.name(), bag, changes.into_iter().collect())
@@ -552,13 +551,10 @@ impl UnitAgent {
         let mut seen_now = scope.units;
         seen_now.sort_by(|a, b| a.0.cmp(&b.0));
         let remote: Vec<String> = seen_now.iter().map(|(u, _)| u.clone()).collect();
-        let service = self
-            .name()
-            .split('/')
-            .next()
+        let app = rel
+            .counterpart_of(self.service())
             .unwrap_or_default()
             .to_string();
-        let app = rel.counterpart_of(&service).unwrap_or_default().to_string();
         let state = self
             .hook_state()
             .relations

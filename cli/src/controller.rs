@@ -855,26 +855,8 @@ pub async fn run_command(
     let id = store.queue_run(unit, argv, timeout.as_secs().max(1))?;
     // The agent kills the command at `timeout`; a little longer for the
     // agent to pick it up and answer.
-    let deadline = tokio::time::Instant::now() + timeout + Duration::from_secs(30);
-    let mut watcher = store
-        .watch(store.head_revision()?)
-        .with_poll_interval(Duration::from_millis(100));
-    let result = loop {
-        match store.run_result(id) {
-            Ok(Some(r)) => break r,
-            Ok(None) => {}
-            Err(jujube_state::Error::NotFound { .. }) => {
-                bail!("unit `{unit}` was removed before it ran the command")
-            }
-            Err(e) => return Err(e.into()),
-        }
-        if tokio::time::timeout_at(deadline, watcher.next())
-            .await
-            .is_err()
-        {
-            bail!("unit `{unit}` did not run the command within {}s; is its agent running? (`jujube status` shows its agent-status)", timeout.as_secs() + 30);
-        }
-    };
+    let what = "the command".to_string();
+    let result = answer(store, unit, &what, timeout, "", || store.run_result(id)).await?;
     let _ = store.forget_run(id);
     out.write_all(result.stdout.as_bytes())?;
     out.flush()?;
@@ -883,6 +865,39 @@ pub async fn run_command(
         0..=255 => result.code as u8,
         _ => 1,
     })
+}
+
+/// Waits for `unit`'s agent to answer (`poll` gives the answer once there
+/// is one): `timeout` for its run, 30 s more for the agent to pick it up
+/// and answer. `what` names the request in errors, `hint` ends the timeout's.
+async fn answer<T>(
+    store: &Store,
+    unit: &str,
+    what: &str,
+    timeout: Duration,
+    hint: &str,
+    poll: impl Fn() -> jujube_state::Result<Option<T>>,
+) -> Result<T> {
+    let deadline = tokio::time::Instant::now() + timeout + Duration::from_secs(30);
+    let mut watcher = store
+        .watch(store.head_revision()?)
+        .with_poll_interval(Duration::from_millis(100));
+    loop {
+        match poll() {
+            Ok(Some(r)) => return Ok(r),
+            Ok(None) => {}
+            Err(jujube_state::Error::NotFound { .. }) => {
+                bail!("unit `{unit}` was removed before it ran {what}")
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if tokio::time::timeout_at(deadline, watcher.next())
+            .await
+            .is_err()
+        {
+            bail!("unit `{unit}` did not run {what} within {}s; is its agent running? (`jujube status` shows its agent-status{hint})", timeout.as_secs() + 30);
+        }
+    }
 }
 
 /// What `jujube run UNIT ACTION` asks for.
@@ -928,26 +943,13 @@ pub async fn run_action(
         "Running operation {id} with 1 task\n  - task {id} on unit-{}\n\nWaiting for task {id}...",
         unit.replace('/', "-")
     );
-    let deadline = tokio::time::Instant::now() + timeout + Duration::from_secs(30);
-    let mut watcher = store
-        .watch(store.head_revision()?)
-        .with_poll_interval(Duration::from_millis(100));
-    let task = loop {
-        match store.task(id) {
-            Ok(t) if t.result.is_some() => break t,
-            Ok(_) => {}
-            Err(jujube_state::Error::NotFound { .. }) => {
-                bail!("unit `{unit}` was removed before it ran action `{action}` (task {id})")
-            }
-            Err(e) => return Err(e.into()),
-        }
-        if tokio::time::timeout_at(deadline, watcher.next())
-            .await
-            .is_err()
-        {
-            bail!("unit `{unit}` did not run action `{action}` within {}s; is its agent running? (`jujube status` shows its agent-status; `jujube show-task {id}` shows the task later)", timeout.as_secs() + 30);
-        }
-    };
+    let what = format!("action `{action}` (task {id})");
+    let later = format!("; `jujube show-task {id}` shows the task later");
+    let task = answer(store, unit, &what, timeout, &later, || {
+        let t = store.task(id)?;
+        Ok(t.result.is_some().then_some(t))
+    })
+    .await?;
     let result = task.result.as_ref().expect("answered");
     let outcome = result.action.clone().unwrap_or_default();
     for (at, message) in &outcome.log {

@@ -24,7 +24,6 @@ use crate::db::{Store, Tx};
 use crate::feed::ChangeKind;
 use crate::model::{get_service, get_unit};
 use crate::relations::relations_of;
-use crate::relations::{MAX_RELATION_SETTINGS_BYTES, MAX_RELATION_SETTING_KEY_BYTES};
 use crate::{Error, Result};
 use rusqlite::OptionalExtension;
 use std::collections::BTreeMap;
@@ -166,26 +165,9 @@ pub(crate) fn update_bag_in(
     changes: &[(String, Option<String>)],
 ) -> Result<()> {
     let (relation, service) = check(tx, unit, bag, true)?;
-    let mut settings = read_bag(tx, relation, &service, bag)?;
-    for (k, v) in changes {
-        if k.is_empty() || k.len() > MAX_RELATION_SETTING_KEY_BYTES {
-            return Err(Error::Relation(format!(
-                "unit `{unit}` cannot set a key {} bytes long in {bag}: a key is 1 to {MAX_RELATION_SETTING_KEY_BYTES} bytes",
-                k.len()
-            )));
-        }
-        match v {
-            Some(v) => settings.insert(k.clone(), v.clone()),
-            None => settings.remove(k),
-        };
-    }
-    let text = serde_json::to_string(&settings).expect("settings serialise");
-    if text.len() > MAX_RELATION_SETTINGS_BYTES {
-        return Err(Error::Relation(format!(
-            "{bag} would be {} bytes, more than the {MAX_RELATION_SETTINGS_BYTES} they may hold; nothing was changed: pass large data another way (a file the charm serves, a reference)",
-            text.len()
-        )));
-    }
+    let settings = read_bag(tx, relation, &service, bag)?;
+    let text =
+        crate::relations::apply_settings(settings, changes, &bag.to_string(), "they may hold")?;
     match bag {
         Bag::Leader => {
             get_service(tx, &service)?;

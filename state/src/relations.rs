@@ -598,30 +598,17 @@ impl Store {
             let raw = raw.ok_or_else(|| Error::Relation(format!(
                 "unit `{unit}` is not in the scope of relation `{relation_id}`; it can only change its settings while joined"
             )))?;
-            let mut settings: BTreeMap<String, String> =
+            let settings: BTreeMap<String, String> =
                 serde_json::from_str(&raw).map_err(|_| Error::Corrupt {
                     what: "relation settings",
                     value: raw,
                 })?;
-            for (k, v) in changes {
-                if k.is_empty() || k.len() > MAX_RELATION_SETTING_KEY_BYTES {
-                    return Err(Error::Relation(format!(
-                        "unit `{unit}` cannot set a relation setting whose key is {} bytes long: a key is 1 to {MAX_RELATION_SETTING_KEY_BYTES} bytes",
-                        k.len()
-                    )));
-                }
-                match v {
-                    Some(v) => settings.insert(k.clone(), v.clone()),
-                    None => settings.remove(k),
-                };
-            }
-            let text = serde_json::to_string(&settings).expect("settings serialise");
-            if text.len() > MAX_RELATION_SETTINGS_BYTES {
-                return Err(Error::Relation(format!(
-                    "unit `{unit}`'s settings in relation `{relation_id}` would be {} bytes, more than the {MAX_RELATION_SETTINGS_BYTES} a unit may hold in one relation; nothing was changed: pass large data another way (a file the charm serves, a reference)",
-                    text.len()
-                )));
-            }
+            let text = apply_settings(
+                settings,
+                changes,
+                &format!("unit `{unit}`'s settings in relation `{relation_id}`"),
+                "a unit may hold in one relation",
+            )?;
             tx.execute(
                 "UPDATE relation_settings SET settings = ?1, version = version + 1
                  WHERE relation_id = ?2 AND unit = ?3",
@@ -630,4 +617,37 @@ impl Store {
             tx.changed(ChangeKind::Settings, format!("{relation_id}#{unit}"))
         }
     }
+}
+
+/// `settings` with `changes` applied (`None` deletes a key), as the JSON to
+/// store: refused when a key is empty or longer than
+/// [`MAX_RELATION_SETTING_KEY_BYTES`], or the whole longer than
+/// [`MAX_RELATION_SETTINGS_BYTES`]. `whose` names them in the refusal,
+/// `holder` says who is bounded.
+pub(crate) fn apply_settings(
+    mut settings: BTreeMap<String, String>,
+    changes: &[(String, Option<String>)],
+    whose: &str,
+    holder: &str,
+) -> Result<String> {
+    for (k, v) in changes {
+        if k.is_empty() || k.len() > MAX_RELATION_SETTING_KEY_BYTES {
+            return Err(Error::Relation(format!(
+                "{whose} cannot take a key {} bytes long: a key is 1 to {MAX_RELATION_SETTING_KEY_BYTES} bytes",
+                k.len()
+            )));
+        }
+        match v {
+            Some(v) => settings.insert(k.clone(), v.clone()),
+            None => settings.remove(k),
+        };
+    }
+    let text = serde_json::to_string(&settings).expect("settings serialise");
+    if text.len() > MAX_RELATION_SETTINGS_BYTES {
+        return Err(Error::Relation(format!(
+            "{whose} would be {} bytes, more than the {MAX_RELATION_SETTINGS_BYTES} {holder}; nothing was changed: pass large data another way (a file the charm serves, a reference)",
+            text.len()
+        )));
+    }
+    Ok(text)
 }

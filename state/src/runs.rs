@@ -120,15 +120,7 @@ impl Store {
             ));
         }
         self.write(|tx| {
-            let u = get_unit(tx, unit)?;
-            if u.life != Life::Alive {
-                return Err(Error::NotAlive {
-                    kind: Entity::Unit,
-                    id: unit.to_string(),
-                    life: u.life,
-                    action: "run commands",
-                });
-            }
+            alive_unit(tx, unit, "run commands")?;
             tx.prepare_cached(
                 "INSERT INTO runs (unit, argv, timeout, queued) VALUES (?1, ?2, ?3, ?4)",
             )?
@@ -162,15 +154,7 @@ impl Store {
             ));
         }
         self.write(|tx| {
-            let u = get_unit(tx, unit)?;
-            if u.life != Life::Alive {
-                return Err(Error::NotAlive {
-                    kind: Entity::Unit,
-                    id: unit.to_string(),
-                    life: u.life,
-                    action: "run actions",
-                });
-            }
+            let u = alive_unit(tx, unit, "run actions")?;
             let svc = crate::model::get_service(tx, &u.service)?;
             let charm = crate::model::get_charm(tx, &svc.charm_url)?;
             let params = charm
@@ -268,6 +252,20 @@ impl Store {
     pub fn pending_runs(&self, unit: &str) -> Result<Vec<RunRequest>> {
         self.read(|c| pending_runs_in(c, unit))
     }
+}
+
+/// `unit`, refused unless Alive (a dying unit's agent is busy leaving).
+fn alive_unit(c: &rusqlite::Connection, unit: &str, action: &'static str) -> Result<crate::Unit> {
+    let u = get_unit(c, unit)?;
+    if u.life != Life::Alive {
+        return Err(Error::NotAlive {
+            kind: Entity::Unit,
+            id: unit.to_string(),
+            life: u.life,
+            action,
+        });
+    }
+    Ok(u)
 }
 
 fn json_of(what: &'static str, text: &str) -> Result<serde_json::Value> {
