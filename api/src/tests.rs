@@ -1143,16 +1143,16 @@ type H2Conn = hyper::client::conn::http2::Connection<
     hyper_util::rt::TokioExecutor,
 >;
 
-/// A client HTTP/2 connection over TCP and TLS: the sender, and the
-/// connection that must be polled for anything to move.
-async fn h2_parts(
-    w: &World,
-    conf: &AgentConf,
-    window: u32,
-) -> std::io::Result<(
+/// A client HTTP/2 connection's sender, and the connection that must be
+/// polled for anything to move.
+type H2Parts = (
     hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
     H2Conn,
-)> {
+);
+
+/// A client HTTP/2 connection over TCP and TLS: the sender, and the
+/// connection that must be polled for anything to move.
+async fn h2_parts(w: &World, conf: &AgentConf, window: u32) -> std::io::Result<H2Parts> {
     h2_parts_at(w.server.as_ref().unwrap().tcp_addr().unwrap(), conf, window).await
 }
 
@@ -1161,10 +1161,7 @@ async fn h2_parts_at(
     addr: std::net::SocketAddr,
     conf: &AgentConf,
     window: u32,
-) -> std::io::Result<(
-    hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
-    H2Conn,
-)> {
+) -> std::io::Result<H2Parts> {
     use hyper_util::rt::{TokioExecutor, TokioIo};
     use jujube_agent::wire::SERVER_NAME;
     use rustls::pki_types::pem::PemObject;

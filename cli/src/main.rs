@@ -661,7 +661,12 @@ fn run(cli: Cli) -> Result<()> {
         Command::ShowTask { id } => {
             let name = home.select(env_flag)?;
             let store = home.open(&name)?;
-            let task = store.task(id)?;
+            let task = match store.task(id) {
+                Err(jujube_state::Error::NotFound { .. }) => bail!(
+                    "task `{id}` not found: a unit keeps its last 100 tasks, and a removed unit's go with it (`jujube run --background` prints a task's id)"
+                ),
+                r => r?,
+            };
             write!(out, "{}", controller::render_task(&task))?;
         }
         Command::Enroll {

@@ -124,7 +124,16 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
     )?;
     if !st.services.0.is_empty() {
         writeln!(out)?;
-        let service_messages = st.services.0.iter().any(|(_, s)| !s.message.is_empty());
+        // A service's message: its workload's (the leader's `status-set
+        // --application`), then what holds it when Dying.
+        let service_message = |s: &jujube_state::status::ServiceStatus| {
+            join_messages(&[&s.workload_status.message, &s.message])
+        };
+        let service_messages = st
+            .services
+            .0
+            .iter()
+            .any(|(_, s)| !service_message(s).is_empty());
         let rows: Vec<Vec<String>> = st
             .services
             .0
@@ -134,6 +143,8 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
                     name.clone(),
                     s.charm.clone(),
                     s.life.to_string(),
+                    s.workload_status.current.clone(),
+                    dash(&s.version),
                     s.series.clone(),
                     if s.subordinate {
                         "-".into()
@@ -143,12 +154,21 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
                     dash(&s.constraints),
                 ];
                 if service_messages {
-                    row.push(s.message.clone());
+                    row.push(service_message(s));
                 }
                 row
             })
             .collect();
-        let mut headers = vec!["Service", "Charm", "Life", "Series", "Units", "Constraints"];
+        let mut headers = vec![
+            "Service",
+            "Charm",
+            "Life",
+            "Workload",
+            "Version",
+            "Series",
+            "Units",
+            "Constraints",
+        ];
         if service_messages {
             headers.push("Message");
         }

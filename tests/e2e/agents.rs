@@ -54,6 +54,19 @@ fn wait_resolving_interrupted_hooks(j: &Jujube) {
     }
 }
 
+/// Bootstraps `t` whose agents run as processes of their own, reaching the
+/// controller only through its API, with presence lapsing after 4 s (a
+/// frozen agent shows quickly).
+pub(crate) fn bootstrap_with_agent_processes(j: &Jujube) {
+    j.run(&["bootstrap", "t"]).ok();
+    j.run(&[
+        "set-environment",
+        "dummy-agents=process",
+        "agent-presence-lapse=4",
+    ])
+    .ok();
+}
+
 pub(crate) fn agent_pid(j: &Jujube, machine: &str) -> Option<u32> {
     let dir = j
         .home
@@ -377,13 +390,7 @@ fn an_agent_process_whose_pid_was_never_recorded_is_adopted_and_destroyed() {
 #[test]
 fn a_frozen_agent_process_shows_down_and_wait_names_it() {
     let j = Jujube::new();
-    j.run(&["bootstrap", "t"]).ok();
-    j.run(&[
-        "set-environment",
-        "dummy-agents=process",
-        "agent-presence-lapse=4",
-    ])
-    .ok();
+    bootstrap_with_agent_processes(&j);
     j.run(&["deploy", &j.charm("mysql")]).ok();
     let ctl = j.controller();
     j.run(&["wait", "--timeout", "60s"]).ok();
@@ -467,13 +474,7 @@ fn leadership_moves_when_the_leaders_agent_is_lost() {
     )
     .unwrap();
     std::fs::set_permissions(&dispatch, std::fs::Permissions::from_mode(0o755)).unwrap();
-    j.run(&["bootstrap", "t"]).ok();
-    j.run(&[
-        "set-environment",
-        "dummy-agents=process",
-        "agent-presence-lapse=4",
-    ])
-    .ok();
+    bootstrap_with_agent_processes(&j);
     j.run(&["deploy", charm.to_str().unwrap(), "-n", "2"]).ok();
     let ctl = j.controller();
     j.run(&["wait", "--timeout", "60s"]).ok();

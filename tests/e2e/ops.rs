@@ -111,15 +111,9 @@ fn ops_charms_run_unchanged() {
     let db = pack(charms.path(), "ops-db", &ops);
     let app = pack(charms.path(), "ops-app", &ops);
     let j = Jujube::new();
-    j.run(&["bootstrap", "t"]).ok();
     // Agents as processes of their own, reaching the controller over the
     // API only; presence lapses after 4 s, so failover is quick.
-    j.run(&[
-        "set-environment",
-        "dummy-agents=process",
-        "agent-presence-lapse=4",
-    ])
-    .ok();
+    crate::agents::bootstrap_with_agent_processes(&j);
     j.run(&["deploy", db.to_str().unwrap(), "-n", "2"]).ok();
     j.run(&["deploy", app.to_str().unwrap()]).ok();
     j.run(&["add-relation", "ops-app", "ops-db"]).ok();

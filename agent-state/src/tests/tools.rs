@@ -793,7 +793,22 @@ async fn application_data_leader_settings_and_actions_as_ops_calls_them() {
         ],
     )
     .await;
-    let outcome = action.action.as_ref().unwrap().outcome.lock().await.clone();
+    // Results above their bound are refused, those set before kept; the
+    // log keeps what fits its bound (the rest is in the unit's log only).
+    let big = format!(
+        "blob={}",
+        "x".repeat(jujube_agent::api::MAX_ACTION_RESULTS_BYTES)
+    );
+    let out = run(&action, &["action-set", &big]).await;
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(out.stderr.contains("more than the"), "{}", out.stderr);
+    let line = "y".repeat(tools::MAX_ACTION_LOG_MESSAGE);
+    for _ in 0..(tools::MAX_ACTION_LOG_BYTES / tools::MAX_ACTION_LOG_MESSAGE + 2) {
+        assert_eq!(run(&action, &["action-log", &line]).await.code, 0);
+    }
+    let mut outcome = action.action.as_ref().unwrap().outcome.lock().await.clone();
+    assert!(serde_json::to_string(&outcome.log).unwrap().len() <= tools::MAX_ACTION_LOG_BYTES);
+    outcome.log.truncate(1);
     assert_eq!(
         outcome.results.keys().collect::<Vec<_>>(),
         ["compressed", "detail.level", "path"]

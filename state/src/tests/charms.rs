@@ -234,3 +234,52 @@ fn actions_are_checked_before_they_are_queued_and_answered_once() {
         .unwrap();
     assert_eq!(kept, crate::runs::KEPT_ACTIONS);
 }
+
+/// What an action answers is bounded at the write: results and log above
+/// `MAX_RUN_OUTPUT` are refused, the task left unanswered.
+#[test]
+fn an_actions_answer_above_its_bound_is_refused_with_nothing_changed() {
+    let e = env();
+    let mut args = deploy_args(MYSQL, "mysql", 1);
+    args.charm.actions = jujube_core::actions::CharmActions::parse("mysql", ACTIONS).unwrap();
+    let u = e.st.deploy(&args).unwrap().remove(0);
+    let id =
+        e.st.queue_action(&u, "backup", &["target=x".into()], 60)
+            .unwrap();
+    let big = "x".repeat(crate::runs::MAX_RUN_OUTPUT);
+    let result = crate::runs::RunResult {
+        code: 0,
+        stdout: String::new(),
+        stderr: String::new(),
+        action: Some(crate::runs::ActionOutcome {
+            results: BTreeMap::from([("data".to_string(), big)]),
+            failed: None,
+            log: vec![],
+        }),
+    };
+    let err = e.refused(|st| {
+        st.apply(
+            &Caller::Unit(u.clone()),
+            &AgentOp::FinishRun {
+                unit: u.clone(),
+                id,
+                result: result.clone(),
+            },
+        )
+    });
+    assert!(err.to_string().contains("an action may answer"), "{err}");
+    assert_eq!(e.st.task(id).unwrap().status(), "pending");
+}
+
+/// `goal-state` answers for a service of at most `MAX_GOAL_UNITS` units and
+/// refuses, saying so, beyond: its answer is one message.
+#[test]
+fn goal_state_is_refused_beyond_its_bound() {
+    let e = env();
+    let units = e.deploy(MYSQL, "mysql", crate::agents::MAX_GOAL_UNITS);
+    let goal = e.st.goal_state(&units[0]).unwrap();
+    assert_eq!(goal.units.len(), crate::agents::MAX_GOAL_UNITS);
+    e.st.add_units("mysql", 1, None).unwrap();
+    let err = e.st.goal_state(&units[0]).unwrap_err();
+    assert!(err.to_string().contains("at most 10000 units"), "{err}");
+}
