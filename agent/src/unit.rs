@@ -629,6 +629,10 @@ impl UnitAgent {
             ("start", None, _) => self.hook_state().started = true,
             ("stop", None, _) => self.hook_state().stopped = true,
             ("leader-elected", None, _) => self.hook_state().leader = true,
+            ("leader-settings-changed", None, _) => {
+                self.hook_state().leader_settings =
+                    (view.leader_settings_version as u32).wrapping_add(1);
+            }
             ("upgrade-charm", None, _) => {
                 self.hook_state().charm = Some(view.charm_url.clone());
                 self.ran_config_changed = false;
@@ -650,6 +654,13 @@ impl UnitAgent {
                 self.relation_state(*rel)
                     .joined
                     .insert(remote.clone(), settings);
+            }
+            // A -changed about the remote application's settings.
+            (_, Some((rel, _)), None) if kind == "changed" => {
+                let app = self.api.scope_settings(*rel, self.name()).await?.app;
+                if let Some((_, bag)) = app {
+                    self.relation_state(*rel).app_settings = Some(digest(&bag));
+                }
             }
             (_, Some((rel, _)), Some(remote)) if kind == "departed" => {
                 self.relation_state(*rel).joined.remove(remote);

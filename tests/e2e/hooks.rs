@@ -1099,3 +1099,55 @@ fn a_charm_with_dispatch_runs_it_for_every_hook() {
         "{seen:?}"
     );
 }
+
+/// `resolved` without `--retry` counts a failed `leader-settings-changed`
+/// as done: it is not run again until the leader settings change.
+#[test]
+fn resolved_counts_a_failed_leader_settings_changed_as_done() {
+    use std::os::unix::fs::PermissionsExt;
+    let j = Jujube::new();
+    let charms = tempfile::tempdir().unwrap();
+    let charm = charms.path().join("lsc");
+    std::fs::create_dir_all(&charm).unwrap();
+    std::fs::write(charm.join("metadata.yaml"), "name: lsc\nsummary: s\n").unwrap();
+    let dispatch = charm.join("dispatch");
+    std::fs::write(
+        &dispatch,
+        "#!/bin/sh\ncase \"$JUJU_HOOK_NAME\" in\n  \
+         install) is-leader >/dev/null ;;\n  \
+         leader-settings-changed) echo ran >> \"$CHARM_DIR/../lsc.count\"; exit 1 ;;\nesac\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&dispatch, std::fs::Permissions::from_mode(0o755)).unwrap();
+    j.run(&["bootstrap", "t"]).ok();
+    j.run(&["deploy", charm.to_str().unwrap(), "-n", "2"]).ok();
+    let _ctl = j.controller();
+    let units = ["lsc/0", "lsc/1"];
+    eventually("a unit held by leader-settings-changed", || {
+        units.iter().any(|u| holds_on_failure(&j, u))
+    });
+    let (_, info) = units
+        .iter()
+        .map(|u| agent_status(&j, u))
+        .find(|(s, _)| s == "error")
+        .unwrap();
+    assert!(info.contains("leader-settings-changed"), "{info}");
+    j.run(&["resolved", "--all"]).ok();
+    eventually("both units started", || {
+        units.iter().all(|u| agent_status(&j, u).0 == "started")
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let st = j.status();
+    for u in units {
+        assert_eq!(agent_status(&j, u).0, "started", "{u}");
+        let machine = st["services"]["lsc"]["units"][u]["machine"]
+            .as_str()
+            .unwrap();
+        let count = j.home.path().join(format!(
+            "environments/t/agents/machine-{machine}/unit-{}/lsc.count",
+            u.replace('/', "-")
+        ));
+        let runs = std::fs::read_to_string(count).unwrap_or_default();
+        assert!(runs.lines().count() <= 1, "{u} ran it again: {runs:?}");
+    }
+}
