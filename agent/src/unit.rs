@@ -415,8 +415,18 @@ impl UnitAgent {
                     Some(a) => Some(std::mem::take(&mut *a.outcome.lock().await)),
                     None => None,
                 };
+                let mut out = out;
                 if out.code == 0 && action.as_ref().is_none_or(|a| a.failed.is_none()) {
-                    self.commit_context(&ctx).await?;
+                    // What it set refused by the store (a bound, leadership
+                    // lost): the run failed, as a hook would have.
+                    match self.commit_context(&ctx).await {
+                        Err(crate::Error::Api(e)) if e.code == ErrorCode::Refused => {
+                            out.code = 1;
+                            out.stderr
+                                .push_str(&format!("error: what it set was refused: {e}\n"));
+                        }
+                        r => r?,
+                    }
                 }
                 RunResult {
                     code: out.code,
@@ -435,7 +445,24 @@ impl UnitAgent {
                     action: None,
                 }
             };
-            self.api.finish_run(self.name(), run.id, result).await?;
+            // An answer the store refuses (above its bound) is answered
+            // without what the action said: else the run stays pending and
+            // runs again on every pass until its timeout.
+            match self.api.finish_run(self.name(), run.id, result).await {
+                Err(e) if e.code == ErrorCode::Refused => {
+                    let refused = RunResult {
+                        code: 1,
+                        stdout: String::new(),
+                        stderr: format!("error: its answer was refused: {e}\n"),
+                        action: run.action.as_ref().map(|_| crate::api::ActionOutcome {
+                            failed: Some(format!("its answer was refused: {e}")),
+                            ..Default::default()
+                        }),
+                    };
+                    self.api.finish_run(self.name(), run.id, refused).await?;
+                }
+                r => r?,
+            }
         }
         Ok(true)
     }

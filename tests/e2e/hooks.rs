@@ -1151,3 +1151,53 @@ fn resolved_counts_a_failed_leader_settings_changed_as_done() {
         assert!(runs.lines().count() <= 1, "{u} ran it again: {runs:?}");
     }
 }
+
+/// An action whose answer would pass the store's bound still gets one: it
+/// is not run again and again (each pass found it unanswered) until its
+/// timeout, and `jujube run` says it failed.
+#[test]
+fn an_action_answering_more_than_the_store_keeps_runs_once_and_fails() {
+    use std::os::unix::fs::PermissionsExt;
+    let j = Jujube::new();
+    let charms = tempfile::tempdir().unwrap();
+    let charm = charms.path().join("big");
+    std::fs::create_dir_all(charm.join("actions")).unwrap();
+    std::fs::write(charm.join("metadata.yaml"), "name: big\nsummary: s\n").unwrap();
+    std::fs::write(
+        charm.join("actions.yaml"),
+        "shout:\n  description: says a lot\n",
+    )
+    .unwrap();
+    // Results near their bound, and a failure message of control
+    // characters, which JSON writes six bytes each.
+    let action = charm.join("actions/shout");
+    std::fs::write(
+        &action,
+        "#!/bin/sh\necho ran >> \"$CHARM_DIR/../shout.count\"\n\
+         x=$(head -c 120000 /dev/zero | tr '\\0' x)\n\
+         action-set a=\"$x\" b=\"$x\" c=\"$x\" d=\"$x\"\n\
+         action-fail \"$(head -c 120000 /dev/zero | tr '\\0' '\\001')\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&action, std::fs::Permissions::from_mode(0o755)).unwrap();
+    j.run(&["bootstrap", "t"]).ok();
+    j.run(&["deploy", charm.to_str().unwrap()]).ok();
+    let _ctl = j.controller();
+    j.run(&["wait", "--timeout", "60s"]).ok();
+    let r = j.run(&["run", "big/0", "shout", "--timeout", "20s"]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("action `shout` on unit `big/0` failed"),
+        "{}",
+        r.stderr
+    );
+    let machine = j.status()["services"]["big"]["units"]["big/0"]["machine"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let count = j.home.path().join(format!(
+        "environments/t/agents/machine-{machine}/unit-big-0/shout.count"
+    ));
+    let runs = std::fs::read_to_string(count).unwrap();
+    assert_eq!(runs.lines().count(), 1, "{runs:?}");
+}

@@ -842,8 +842,8 @@ async fn app_settings_of(
     Ok(settings)
 }
 
-/// The longest `action-log` message, and the most an action's log keeps
-/// (as JSON; later messages go to the unit's log only).
+/// The longest `action-log` or `action-fail` message, and the most an
+/// action's log keeps (as JSON; later messages go to the unit's log only).
 pub const MAX_ACTION_LOG_MESSAGE: usize = 4096;
 pub const MAX_ACTION_LOG_BYTES: usize = 256 << 10;
 
@@ -855,6 +855,20 @@ fn valid_result_key(part: &str) -> bool {
         && part.starts_with(ok_char)
         && part.ends_with(ok_char)
         && part.chars().all(|c| ok_char(c) || c == '-')
+}
+
+/// `message` cut, marked, at [`MAX_ACTION_LOG_MESSAGE`] bytes (an
+/// `action-log` or `action-fail` message), on a character boundary.
+fn cut(mut message: String) -> String {
+    if message.len() > MAX_ACTION_LOG_MESSAGE {
+        let mut end = MAX_ACTION_LOG_MESSAGE;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push_str(" [cut]");
+    }
+    message
 }
 
 async fn action_tool(ctx: &HookContext, spec: &Spec, p: Parsed) -> Result<Output, Failure> {
@@ -919,7 +933,7 @@ async fn action_tool(ctx: &HookContext, spec: &Spec, p: Parsed) -> Result<Output
         "action-fail" => {
             let message = match p.args.as_slice() {
                 [] => "action failed without reason given, check action for errors".to_string(),
-                [m] => m.clone(),
+                [m] => cut(m.clone()),
                 [_, extra, ..] => return Err(usage(format!("unrecognized args: [{extra:?}]"))),
             };
             action.outcome.lock().await.failed = Some(message);
@@ -930,15 +944,7 @@ async fn action_tool(ctx: &HookContext, spec: &Spec, p: Parsed) -> Result<Output
             if p.args.is_empty() {
                 return Err(usage("no message specified"));
             }
-            let mut message = p.args.join(" ");
-            if message.len() > MAX_ACTION_LOG_MESSAGE {
-                let mut end = MAX_ACTION_LOG_MESSAGE;
-                while !message.is_char_boundary(end) {
-                    end -= 1;
-                }
-                message.truncate(end);
-                message.push_str(" [cut]");
-            }
+            let message = cut(p.args.join(" "));
             if let Ok(mut f) = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
