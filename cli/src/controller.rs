@@ -927,17 +927,18 @@ pub async fn run_action(
         timeout,
         background,
     } = run;
+    let runs = controller_runs(home, env_name);
+    if !runs && !background {
+        bail!("no controller runs for environment `{env_name}`, so no agent can run the action; start one with `jujube controller` (nothing was queued; `--background` queues it for when one runs)");
+    }
     let id = store.queue_action(unit, action, params, timeout.as_secs().max(1))?;
     if background {
         writeln!(out, "Scheduled operation {id} with task {id}")?;
         writeln!(out, "Check operation status with 'jujube show-task {id}'")?;
-        if !controller_runs(home, env_name) {
+        if !runs {
             eprintln!("warning: no controller runs for environment `{env_name}`; the task waits until one does (`jujube controller`)");
         }
         return Ok(0);
-    }
-    if !controller_runs(home, env_name) {
-        bail!("no controller runs for environment `{env_name}`, so no agent can run the action; start one with `jujube controller` (task {id} stays queued)");
     }
     eprintln!(
         "Running operation {id} with 1 task\n  - task {id} on unit-{}\n\nWaiting for task {id}...",

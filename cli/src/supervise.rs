@@ -37,10 +37,15 @@ fn pid_path(home: &Home, env: &str) -> PathBuf {
     home.env_dir(env).join(PID)
 }
 
-/// Whether `pid` runs `jujube ... supervise`.
-fn is_supervisor(pid: i32) -> bool {
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .is_ok_and(|c| c.split(|&b| b == 0).any(|a| a == b"supervise"))
+/// Whether `pid` runs `jujube --env ENV supervise` for `env` (a pid in a
+/// stale file may have been reused by anything since).
+fn is_supervisor(pid: i32, env: &str) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+    args.windows(3)
+        .any(|w| w == [&b"--env"[..], env.as_bytes(), &b"supervise"[..]])
 }
 
 /// The running supervisor's pid, if one runs for `env`.
@@ -48,7 +53,7 @@ pub fn running(home: &Home, env: &str) -> Option<i32> {
     std::fs::read_to_string(pid_path(home, env))
         .ok()
         .and_then(|s| s.trim().parse::<i32>().ok())
-        .filter(|&p| p > 0 && is_supervisor(p))
+        .filter(|&p| p > 0 && is_supervisor(p, env))
 }
 
 /// Starts the supervisor of `env`'s controller, detached (a session of its
@@ -187,7 +192,7 @@ pub async fn stop_supervisor(
         }
     }
     let deadline = tokio::time::Instant::now() + timeout;
-    while is_supervisor(pid) && !gone(pid) {
+    while is_supervisor(pid, env) && !gone(pid) {
         if tokio::time::Instant::now() >= deadline {
             bail!("the controller's supervisor of environment `{env}` (pid {pid}) did not stop within {}s; stop it (`kill {pid}`) and try again", timeout.as_secs());
         }

@@ -1187,7 +1187,7 @@ pub struct GoalState {
     pub relations: BTreeMap<String, BTreeMap<String, String>>,
 }
 
-/// The most units of one service `goal-state` lists.
+/// The most units `goal-state` lists, all services together.
 pub const MAX_GOAL_UNITS: usize = 10_000;
 /// The longest workload version.
 pub const MAX_WORKLOAD_VERSION_BYTES: usize = 256;
@@ -1306,9 +1306,9 @@ impl Store {
     /// `goal-state`: what `unit`'s service and its relations are meant to
     /// hold: its service's units, and per relation endpoint the related
     /// applications and their units, each `active` (Alive) or `dying`
-    /// (Juju's `joined` for a related application). Refused for a service,
-    /// or a relation, of more than [`MAX_GOAL_UNITS`] units: the answer is
-    /// one message.
+    /// (Juju's `joined` for a related application). Refused when the
+    /// services it names have more than [`MAX_GOAL_UNITS`] units in all: the
+    /// answer is one message.
     pub fn goal_state(&self, unit: &str) -> Result<GoalState> {
         self.read(|c| {
             let u = get_unit(c, unit)?;
@@ -1337,8 +1337,27 @@ impl Store {
                     .map(|(n, l)| Ok((n, status(crate::model::life(l)?).to_string())))
                     .collect()
             };
+            // Each service's units read once, however many relations name
+            // it; the whole answer bounded as one service's is.
+            let mut seen: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+            let mut total = 0;
+            let mut units_once = |service: &str| -> Result<BTreeMap<String, String>> {
+                if let Some(units) = seen.get(service) {
+                    return Ok(units.clone());
+                }
+                let units = units_of(service)?;
+                total += units.len();
+                if total > MAX_GOAL_UNITS {
+                    return Err(Error::Relation(format!(
+                        "goal-state answers for at most {MAX_GOAL_UNITS} units in all; `{}`'s service and its relations have more",
+                        u.name
+                    )));
+                }
+                seen.insert(service.to_string(), units.clone());
+                Ok(units)
+            };
             let mut goal = GoalState {
-                units: units_of(&u.service)?,
+                units: units_once(&u.service)?,
                 relations: BTreeMap::new(),
             };
             for rel in relations_of(c, &u.service)? {
@@ -1351,7 +1370,7 @@ impl Store {
                 let entry = goal.relations.entry(mine.relation.clone()).or_default();
                 let joined = if rel.life == Life::Alive { "joined" } else { "dying" };
                 entry.insert(other.service.clone(), joined.to_string());
-                for (name, st) in units_of(&other.service)? {
+                for (name, st) in units_once(&other.service)? {
                     if name != unit {
                         entry.insert(name, st);
                     }

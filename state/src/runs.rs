@@ -25,6 +25,10 @@ pub const MAX_RUN_OUTPUT: usize = 1 << 20;
 /// first): what a unit's actions hold in the store is bounded.
 pub const KEPT_ACTIONS: i64 = 100;
 
+/// How many commands and actions may wait for one unit's agent: every view
+/// of the unit carries them.
+pub const MAX_PENDING_RUNS: i64 = 100;
+
 /// A queued command, or action, as the unit's agent gets it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunRequest {
@@ -121,6 +125,7 @@ impl Store {
         }
         self.write(|tx| {
             alive_unit(tx, unit, "run commands")?;
+            check_pending(tx, unit)?;
             tx.prepare_cached(
                 "INSERT INTO runs (unit, argv, timeout, queued) VALUES (?1, ?2, ?3, ?4)",
             )?
@@ -155,6 +160,7 @@ impl Store {
         }
         self.write(|tx| {
             let u = alive_unit(tx, unit, "run actions")?;
+            check_pending(tx, unit)?;
             let svc = crate::model::get_service(tx, &u.service)?;
             let charm = crate::model::get_charm(tx, &svc.charm_url)?;
             let params = charm
@@ -268,6 +274,19 @@ fn alive_unit(c: &rusqlite::Connection, unit: &str, action: &'static str) -> Res
     Ok(u)
 }
 
+/// Refuses a run when [`MAX_PENDING_RUNS`] already wait for `unit`.
+fn check_pending(c: &rusqlite::Connection, unit: &str) -> Result<()> {
+    let pending: i64 = c
+        .prepare_cached("SELECT count(*) FROM runs WHERE unit = ?1 AND code IS NULL")?
+        .query_row([unit], |r| r.get(0))?;
+    if pending >= MAX_PENDING_RUNS {
+        return Err(Error::Relation(format!(
+            "{pending} commands and actions already wait for unit `{unit}`'s agent, the most it queues; wait for some to finish (`jujube show-task`, `jujube status`)"
+        )));
+    }
+    Ok(())
+}
+
 fn json_of(what: &'static str, text: &str) -> Result<serde_json::Value> {
     serde_json::from_str(text).map_err(|_| Error::Corrupt {
         what,
@@ -363,13 +382,15 @@ pub(crate) fn finish_run_in(
             id,
         ))?;
     if n > 0 {
-        // The unit's answered actions beyond the newest KEPT_ACTIONS go.
-        tx.prepare_cached(
-            "DELETE FROM runs WHERE unit = ?1 AND action IS NOT NULL AND code IS NOT NULL
-               AND id NOT IN (SELECT id FROM runs WHERE unit = ?1 AND action IS NOT NULL
-                              AND code IS NOT NULL ORDER BY id DESC LIMIT ?2)",
-        )?
-        .execute((unit, KEPT_ACTIONS))?;
+        if result.action.is_some() {
+            // The unit's answered actions beyond the newest KEPT_ACTIONS go.
+            tx.prepare_cached(
+                "DELETE FROM runs WHERE unit = ?1 AND action IS NOT NULL AND code IS NOT NULL
+                   AND id NOT IN (SELECT id FROM runs WHERE unit = ?1 AND action IS NOT NULL
+                                  AND code IS NOT NULL ORDER BY id DESC LIMIT ?2)",
+            )?
+            .execute((unit, KEPT_ACTIONS))?;
+        }
         tx.changed(ChangeKind::Run, unit)?;
     }
     Ok(())

@@ -1201,3 +1201,40 @@ fn an_action_answering_more_than_the_store_keeps_runs_once_and_fails() {
     let runs = std::fs::read_to_string(count).unwrap();
     assert_eq!(runs.lines().count(), 1, "{runs:?}");
 }
+
+/// Without a running controller `jujube run UNIT ACTION` queues nothing
+/// and says so; `--background` queues it for when one runs.
+#[test]
+fn an_action_without_a_controller_is_queued_only_in_the_background() {
+    use std::os::unix::fs::PermissionsExt;
+    let j = Jujube::new();
+    let charms = tempfile::tempdir().unwrap();
+    let charm = charms.path().join("act");
+    std::fs::create_dir_all(charm.join("actions")).unwrap();
+    std::fs::write(charm.join("metadata.yaml"), "name: act\nsummary: s\n").unwrap();
+    std::fs::write(charm.join("actions.yaml"), "hello: {}\n").unwrap();
+    let action = charm.join("actions/hello");
+    std::fs::write(&action, "#!/bin/sh\naction-set said=hello\n").unwrap();
+    std::fs::set_permissions(&action, std::fs::Permissions::from_mode(0o755)).unwrap();
+    j.run(&["bootstrap", "t"]).ok();
+    j.run(&["deploy", charm.to_str().unwrap()]).ok();
+    j.refused(
+        &["run", "act/0", "hello"],
+        1,
+        "no controller runs for environment `t`, so no agent can run the action; start one with `jujube controller` (nothing was queued; `--background` queues it for when one runs)",
+    );
+    let bg = j.run(&["run", "act/0", "hello", "--background"]).ok();
+    let id = bg.stdout.split_whitespace().nth(2).unwrap().to_string();
+    assert!(j
+        .run(&["show-task", &id])
+        .ok()
+        .stdout
+        .contains("status: pending"));
+    let _ctl = j.controller();
+    eventually("the queued action to run", || {
+        j.run(&["show-task", &id])
+            .ok()
+            .stdout
+            .contains("said: hello")
+    });
+}

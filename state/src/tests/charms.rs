@@ -283,3 +283,29 @@ fn goal_state_is_refused_beyond_its_bound() {
     let err = e.st.goal_state(&units[0]).unwrap_err();
     assert!(err.to_string().contains("at most 10000 units"), "{err}");
 }
+
+/// At most `MAX_PENDING_RUNS` commands and actions wait for one unit's
+/// agent (each of its views carries them); one more is refused, changing
+/// nothing.
+#[test]
+fn a_units_queue_of_runs_is_bounded() {
+    let e = env();
+    let mut args = deploy_args(MYSQL, "mysql", 1);
+    args.charm.actions = jujube_core::actions::CharmActions::parse("mysql", ACTIONS).unwrap();
+    let u = e.st.deploy(&args).unwrap().remove(0);
+    for i in 0..crate::runs::MAX_PENDING_RUNS {
+        if i % 2 == 0 {
+            e.st.queue_action(&u, "backup", &["target=x".into()], 60)
+                .unwrap();
+        } else {
+            e.st.queue_run(&u, &["true".into()], 60).unwrap();
+        }
+    }
+    let err = e.refused(|st| st.queue_action(&u, "backup", &["target=x".into()], 60));
+    assert!(err.to_string().contains("the most it queues"), "{err}");
+    e.refused(|st| st.queue_run(&u, &["true".into()], 60));
+    assert_eq!(
+        e.st.pending_runs(&u).unwrap().len() as i64,
+        crate::runs::MAX_PENDING_RUNS
+    );
+}
