@@ -768,7 +768,8 @@ impl Store {
     /// in a peer relation — never itself.
     pub fn scope_units_seen_by(&self, relation_id: i64, unit: &str) -> Result<Vec<String>> {
         self.read(|c| {
-            let (container, peer, service) = scope_of(c, relation_id, unit)?;
+            let (container, rel, service) = scope_of(c, relation_id, unit)?;
+            let peer = rel.endpoints.len() == 1;
             let names = c
                 .prepare_cached(
                     "SELECT x.unit FROM relation_scopes x JOIN units u ON u.name = x.unit
@@ -793,7 +794,8 @@ impl Store {
     /// than that, however many members a scope has.
     pub fn scope_settings_seen_by(&self, relation_id: i64, unit: &str) -> Result<ScopeSettings> {
         self.read(|c| {
-            let (container, peer, service) = scope_of(c, relation_id, unit)?;
+            let (container, rel, service) = scope_of(c, relation_id, unit)?;
+            let peer = rel.endpoints.len() == 1;
             let rows = c
                 .prepare_cached(
                     "SELECT unit, CASE WHEN running <= ?6 THEN coalesce(settings, '{}') END FROM (
@@ -834,7 +836,7 @@ impl Store {
                 .collect::<Result<_>>()?;
             Ok(ScopeSettings {
                 units,
-                app: Store::counterpart_bag_in(c, relation_id, unit)?,
+                app: crate::bags::counterpart_bag_in(c, &rel, &service)?,
             })
         })
     }
@@ -1054,14 +1056,14 @@ fn scope_of(
     c: &rusqlite::Connection,
     relation_id: i64,
     unit: &str,
-) -> Result<(String, bool, String)> {
+) -> Result<(String, Relation, String)> {
     let rel = crate::model::get_relation(c, relation_id)?;
     let u = get_unit(c, unit)?;
     let container = match rel.scope {
         Scope::Global => String::new(),
         Scope::Container => u.principal.clone().unwrap_or_else(|| u.name.clone()),
     };
-    Ok((container, rel.endpoints.len() == 1, u.service))
+    Ok((container, rel, u.service))
 }
 
 /// How many units a blocker's description names.

@@ -22,8 +22,8 @@
 use crate::agents::leader_in;
 use crate::db::{Store, Tx};
 use crate::feed::ChangeKind;
+use crate::model::Relation;
 use crate::model::{get_service, get_unit};
-use crate::relations::relations_of;
 use crate::{Error, Result};
 use rusqlite::OptionalExtension;
 use std::collections::BTreeMap;
@@ -79,9 +79,8 @@ fn check(c: &rusqlite::Connection, unit: &str, bag: &Bag, write: bool) -> Result
             Ok((0, u.service))
         }
         Bag::App { relation, service } => {
-            let rel = relations_of(c, &u.service)?
-                .into_iter()
-                .find(|r| r.id == *relation);
+            let rel = crate::model::find_relation(c, *relation)?
+                .filter(|r| r.endpoint_of(&u.service).is_some());
             let Some(rel) = rel else {
                 return denied("its service is not in that relation");
             };
@@ -131,29 +130,28 @@ impl Store {
             read_bag(c, relation, &service, bag)
         })
     }
+}
 
-    /// The remote application's bag in `relation` as `unit` sees it (its
-    /// own application's in a peer relation); `None` when the unit's
-    /// service is not in the relation.
-    pub(crate) fn counterpart_bag_in(
-        c: &rusqlite::Connection,
-        relation: i64,
-        unit: &str,
-    ) -> Result<Option<(String, Settings)>> {
-        let u = get_unit(c, unit)?;
-        let rel = relations_of(c, &u.service)?
-            .into_iter()
-            .find(|r| r.id == relation);
-        let Some(rel) = rel else { return Ok(None) };
-        let Some(other) = rel.counterpart_of(&u.service).map(|e| e.service.clone()) else {
-            return Ok(None);
-        };
-        let bag = Bag::App {
-            relation,
-            service: other.clone(),
-        };
-        Ok(Some((other.clone(), read_bag(c, relation, &other, &bag)?)))
+/// The remote application's bag in `rel` as a unit of `service` sees it
+/// (its own application's in a peer relation); `None` when `service` is not
+/// in the relation.
+pub(crate) fn counterpart_bag_in(
+    c: &rusqlite::Connection,
+    rel: &Relation,
+    service: &str,
+) -> Result<Option<(String, Settings)>> {
+    if rel.endpoint_of(service).is_none() {
+        return Ok(None);
     }
+    let Some(other) = rel.counterpart_of(service).map(|e| e.service.clone()) else {
+        return Ok(None);
+    };
+    let bag = Bag::App {
+        relation: rel.id,
+        service: other.clone(),
+    };
+    let settings = read_bag(c, rel.id, &other, &bag)?;
+    Ok(Some((other, settings)))
 }
 
 /// Applies `changes` (`None` deletes a key) to `bag` for `unit`, under the

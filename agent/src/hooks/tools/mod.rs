@@ -642,18 +642,7 @@ async fn run_tool(
         "relation-set" => {
             let rel = relation_id(ctx, &p)?;
             let mut changes: BTreeMap<String, Option<String>> = BTreeMap::new();
-            let mut parsed_args = Vec::new();
-            for kv in &p.args {
-                match kv.split_once('=') {
-                    Some((k, _)) if parsed_args.iter().any(|(seen, _)| seen == k) => {
-                        return Err(usage(format!("key {k:?} specified more than once")))
-                    }
-                    Some((k, v)) if !k.is_empty() => {
-                        parsed_args.push((k.to_string(), v.to_string()))
-                    }
-                    _ => return Err(usage(format!("expected \"key=value\", got {kv:?}"))),
-                }
-            }
+            let parsed_args = key_values(&p.args)?;
             let warning = deprecated_format(spec, &p);
             if let Some(file) = p.get("file").filter(|f| !f.is_empty()) {
                 let text = read_settings_file(file, inv)?;
@@ -662,9 +651,7 @@ async fn run_tool(
                 }
             }
             // key=value arguments win over the file.
-            for (k, v) in parsed_args {
-                changes.insert(k, (!v.is_empty()).then_some(v));
-            }
+            changes.extend(parsed_args);
             let app = p.is_set("app");
             if app && !ctx.api.is_leader(&ctx.unit).await.map_err(|e| e.message)? {
                 return Err(Failure::Run(format!(
