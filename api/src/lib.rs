@@ -10,10 +10,15 @@
 //!   keeps); the call then runs on the facade scoped to that agent
 //!   (`jujube_agent_state`), whose scope check is the authorisation — the
 //!   same code that confines in-process agents.
+//! - [`clients`]: users' requests on the same server — the client facade
+//!   (a user and its password, checked against the store's argon2id hash,
+//!   guesses slowed) and registration; what a user may do is checked by
+//!   the store in each call's transaction.
 //!
 //! The wire format is `jujube_agent::wire` (one `Call` per facade method);
 //! the client is `jujube_agent::remote::Remote`.
 
+pub mod clients;
 pub mod server;
 pub mod tls;
 

@@ -97,10 +97,14 @@ impl Default for Limits {
     }
 }
 
-struct Shared {
-    store: Store,
+pub(crate) struct Shared {
+    pub(crate) store: Store,
     facades: Arc<Facades>,
-    limits: Limits,
+    pub(crate) limits: Limits,
+    /// Users' calls, once the controller hands a handler over.
+    pub(crate) clients: std::sync::OnceLock<Arc<dyn crate::clients::ClientHandler>>,
+    /// Password checks running at once (see [`crate::clients`]).
+    pub(crate) checks: Semaphore,
     acceptor: tokio_rustls::TlsAcceptor,
     connections: Arc<Semaphore>,
     /// The agent binary served at [`TOOLS_PATH`], with its SHA-256.
@@ -188,6 +192,8 @@ impl ApiServer {
             acceptor,
             tools: std::sync::OnceLock::new(),
             enroller: std::sync::OnceLock::new(),
+            clients: std::sync::OnceLock::new(),
+            checks: crate::clients::checks(),
             unproven: Mutex::default(),
             per_credential: Mutex::default(),
             refusals: Mutex::default(),
@@ -287,6 +293,11 @@ impl ApiServer {
     /// Answers [`ENROLL_PATH`] with `enroller` from now on.
     pub fn enroll_with(&self, enroller: Arc<dyn Enroller>) {
         let _ = self.shared.enroller.set(enroller);
+    }
+
+    /// Answers users ([`crate::clients`]) with `handler` from now on.
+    pub fn serve_clients(&self, handler: Arc<dyn crate::clients::ClientHandler>) {
+        let _ = self.shared.clients.set(handler);
     }
 
     /// The TCP address it listens on (the port chosen when 0 was asked).
@@ -448,7 +459,7 @@ impl Drop for Unproven {
 }
 
 /// What the idle timer watches on one connection.
-struct Activity {
+pub(crate) struct Activity {
     in_flight: AtomicUsize,
     watches: AtomicUsize,
     last: Mutex<Instant>,
@@ -458,6 +469,8 @@ struct Activity {
     /// replaced) and at least every [`RECHECK`], so a replaced or removed
     /// credential stops working on a connection that logged in with it.
     proven: Mutex<Option<Proven>>,
+    /// The user this connection last proved (see [`crate::clients`]).
+    pub(crate) user: Mutex<Option<crate::clients::ProvenUser>>,
     /// Set when the connection's credential was found replaced or removed:
     /// the connection is closed.
     revoked: tokio::sync::Notify,
@@ -495,6 +508,19 @@ fn release(counts: &Mutex<std::collections::HashMap<String, usize>>, key: &str) 
 }
 
 impl Activity {
+    /// A user proved itself here: the connection no longer counts among
+    /// its peer's unproven ones.
+    pub(crate) fn proven_user(&self) {
+        if let Some(mut u) = self
+            .unproven
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            u.proven();
+        }
+    }
+
     fn touch(&self) {
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
     }
@@ -612,6 +638,7 @@ async fn serve_connection<IO>(
         watches: AtomicUsize::new(0),
         last: Mutex::new(Instant::now()),
         proven: Mutex::new(None),
+        user: Mutex::new(None),
         revoked: tokio::sync::Notify::new(),
         unproven: Mutex::new(Some(unproven)),
         counted: Mutex::new(None),
@@ -687,7 +714,7 @@ async fn serve_connection<IO>(
     }
 }
 
-type Body = UnsyncBoxBody<Bytes, Infallible>;
+pub(crate) type Body = UnsyncBoxBody<Bytes, Infallible>;
 
 fn reply(status: StatusCode, r: &Reply) -> Response<Body> {
     Response::builder()
@@ -885,6 +912,9 @@ async fn handle(
     }
     if req.method() == hyper::Method::POST && req.uri().path() == ENROLL_PATH {
         return enroll(&shared, &activity.peer, req).await;
+    }
+    if crate::clients::serves(req.uri().path()) {
+        return crate::clients::handle(&shared, &activity, req).await;
     }
     if req.method() != hyper::Method::POST || ![CALL_PATH, WATCH_PATH].contains(&req.uri().path()) {
         return reply(

@@ -47,9 +47,8 @@ pub fn resolve(reference: &str, repository: Option<&Path>) -> Result<(PathBuf, O
     Ok((dir, None))
 }
 
-/// Reads a charm directory; `series` completes its URL.
-pub fn load(reference: &str, repository: Option<&Path>) -> Result<Loaded> {
-    let (dir, url_series) = resolve(reference, repository)?;
+/// Reads the charm in `dir`, found as a reference naming `url_series`.
+pub fn read_dir(dir: PathBuf, url_series: Option<String>) -> Result<Loaded> {
     let meta_path = dir.join("metadata.yaml");
     let meta_text = std::fs::read_to_string(&meta_path)
         .with_context(|| format!("cannot read `{}`", meta_path.display()))?;

@@ -5,6 +5,7 @@
 //! exclusive `flock`) for its lifetime and writes its pid into it, so that
 //! `destroy-environment` can ask it to stop (SIGTERM) and wait for the lock.
 
+use crate::client::Client;
 use crate::home::Home;
 use crate::progress::Reporter;
 use anyhow::{anyhow, bail, Context, Result};
@@ -14,6 +15,8 @@ use jujube_providers::Provider;
 use jujube_provisioner::Provisioner;
 use jujube_state::model::machine_status;
 use jujube_state::Store;
+use jujube_wire::client::{ClientCall, WaitState};
+use jujube_wire::view::{RunResult, Task};
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::Write;
@@ -784,7 +787,7 @@ const UNITS_LISTED: usize = 20;
 /// provisioning failed and units (subordinates too) held by a failed hook —
 /// which also hold their relations and machines — each with what frees it.
 /// Empty when nothing is.
-fn errors_listed(store: &Store) -> Result<String> {
+pub fn errors_listed(store: &Store) -> Result<String> {
     let mut out = String::new();
     let machines = in_error(store)?;
     if !machines.is_empty() {
@@ -815,7 +818,7 @@ fn errors_listed(store: &Store) -> Result<String> {
 }
 
 /// The progress line of `wait`.
-fn progress_line(p: &jujube_state::status::Progress, stuck: &[String]) -> (String, String) {
+fn progress_line(p: &jujube_wire::view::Progress, stuck: &[String]) -> (String, String) {
     let mut msg = format!(
         "units {}/{} on started machines",
         p.units_on_started_machines, p.units
@@ -843,7 +846,7 @@ fn progress_line(p: &jujube_state::status::Progress, stuck: &[String]) -> (Strin
 pub async fn run_command(
     home: &Home,
     env_name: &str,
-    store: &Store,
+    client: &Client<'_>,
     unit: &str,
     argv: &[String],
     timeout: Duration,
@@ -852,12 +855,19 @@ pub async fn run_command(
     if !controller_runs(home, env_name) {
         bail!("no controller runs for environment `{env_name}`, so no agent can run the command; start one with `jujube controller`");
     }
-    let id = store.queue_run(unit, argv, timeout.as_secs().max(1))?;
+    let id: i64 = client.call(ClientCall::QueueRun {
+        unit: unit.to_string(),
+        argv: argv.to_vec(),
+        timeout: timeout.as_secs().max(1),
+    })?;
     // The agent kills the command at `timeout`; a little longer for the
     // agent to pick it up and answer.
     let what = "the command".to_string();
-    let result = answer(store, unit, &what, timeout, "", || store.run_result(id)).await?;
-    let _ = store.forget_run(id);
+    let result: RunResult = answer(unit, &what, timeout, "", || {
+        client.call(ClientCall::RunResult { id })
+    })
+    .await?;
+    let _ = client.call::<()>(ClientCall::ForgetRun { id });
     out.write_all(result.stdout.as_bytes())?;
     out.flush()?;
     eprint!("{}", result.stderr);
@@ -867,36 +877,36 @@ pub async fn run_command(
     })
 }
 
+/// How often a command waiting for an agent's answer asks again.
+const ANSWER_POLL: Duration = Duration::from_millis(100);
+
 /// Waits for `unit`'s agent to answer (`poll` gives the answer once there
 /// is one): `timeout` for its run, 30 s more for the agent to pick it up
 /// and answer. `what` names the request in errors, `hint` ends the timeout's.
 async fn answer<T>(
-    store: &Store,
     unit: &str,
     what: &str,
     timeout: Duration,
     hint: &str,
-    poll: impl Fn() -> jujube_state::Result<Option<T>>,
+    poll: impl Fn() -> Result<Option<T>>,
 ) -> Result<T> {
     let deadline = tokio::time::Instant::now() + timeout + Duration::from_secs(30);
-    let mut watcher = store
-        .watch(store.head_revision()?)
-        .with_poll_interval(Duration::from_millis(100));
     loop {
         match poll() {
             Ok(Some(r)) => return Ok(r),
             Ok(None) => {}
-            Err(jujube_state::Error::NotFound { .. }) => {
+            // The run's rows go with its unit.
+            Err(e)
+                if e.to_string().starts_with("unit `") && e.to_string().contains("not found") =>
+            {
                 bail!("unit `{unit}` was removed before it ran {what}")
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(e),
         }
-        if tokio::time::timeout_at(deadline, watcher.next())
-            .await
-            .is_err()
-        {
+        if tokio::time::Instant::now() >= deadline {
             bail!("unit `{unit}` did not run {what} within {}s; is its agent running? (`jujube status` shows its agent-status{hint})", timeout.as_secs() + 30);
         }
+        tokio::time::sleep(ANSWER_POLL).await;
     }
 }
 
@@ -916,7 +926,7 @@ pub struct ActionRun<'a> {
 pub async fn run_action(
     home: &Home,
     env_name: &str,
-    store: &Store,
+    client: &Client<'_>,
     run: ActionRun<'_>,
     out: &mut impl Write,
 ) -> Result<u8> {
@@ -931,7 +941,12 @@ pub async fn run_action(
     if !runs && !background {
         bail!("no controller runs for environment `{env_name}`, so no agent can run the action; start one with `jujube controller` (nothing was queued; `--background` queues it for when one runs)");
     }
-    let id = store.queue_action(unit, action, params, timeout.as_secs().max(1))?;
+    let id: i64 = client.call(ClientCall::QueueAction {
+        unit: unit.to_string(),
+        action: action.to_string(),
+        params: params.to_vec(),
+        timeout: timeout.as_secs().max(1),
+    })?;
     if background {
         writeln!(out, "Scheduled operation {id} with task {id}")?;
         writeln!(out, "Check operation status with 'jujube show-task {id}'")?;
@@ -946,8 +961,8 @@ pub async fn run_action(
     );
     let what = format!("action `{action}` (task {id})");
     let later = format!("; `jujube show-task {id}` shows the task later");
-    let task = answer(store, unit, &what, timeout, &later, || {
-        let t = store.task(id)?;
+    let task = answer(unit, &what, timeout, &later, || {
+        let t: Task = client.call(ClientCall::Task { id })?;
         Ok(t.result.is_some().then_some(t))
     })
     .await?;
@@ -975,7 +990,7 @@ pub async fn run_action(
 
 /// Why a task failed: what the action said with `action-fail`, else its
 /// exit status.
-fn failure_message(result: &jujube_state::runs::RunResult) -> String {
+fn failure_message(result: &RunResult) -> String {
     match result.action.as_ref().and_then(|a| a.failed.clone()) {
         Some(m) => m,
         None if result.code == -1 => result
@@ -1012,7 +1027,7 @@ fn nest(results: &std::collections::BTreeMap<String, String>) -> serde_json::Val
 }
 
 /// `jujube show-task ID`, as YAML (Juju's keys).
-pub fn render_task(task: &jujube_state::runs::Task) -> String {
+pub fn render_task(task: &Task) -> String {
     let time = |t: i64| {
         format!(
             "{} UTC",
@@ -1060,15 +1075,15 @@ pub fn render_task(task: &jujube_state::runs::Task) -> String {
 /// the error then says what holds things up rather than asking whether one
 /// runs.
 pub async fn wait(
-    store: &Store,
+    client: &Client<'_>,
     timeout: Duration,
     controller_runs: &dyn Fn() -> bool,
 ) -> Result<()> {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut progress = Reporter::new("wait", true);
     loop {
-        let s = stuck(store)?;
-        let p = store.progress()?;
+        let state: WaitState = client.call(ClientCall::WaitState)?;
+        let (s, p) = (state.stuck, state.progress);
         let (msg, line) = progress_line(&p, &s);
         progress.update(
             Some((p.machines_started as u64, p.machines as u64)),
@@ -1078,7 +1093,7 @@ pub async fn wait(
         let timed_out = tokio::time::Instant::now() >= deadline;
         if s.is_empty() || timed_out {
             progress.finish(&line);
-            let listed = errors_listed(store)?;
+            let listed = state.errors;
             if timed_out && !s.is_empty() {
                 let hint = if controller_runs() {
                     ""

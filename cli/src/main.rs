@@ -13,8 +13,10 @@
 
 mod agent;
 mod charm;
+mod client;
 mod controller;
 mod debuglog;
+mod facade;
 mod home;
 mod hooktool;
 mod progress;
@@ -23,10 +25,13 @@ mod supervise;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
+use client::Client;
 use home::Home;
 use jujube_core::{names, series, Constraints};
 use jujube_state::environment::EnvironmentSpec;
-use jujube_state::services::DeployArgs;
+use jujube_state::model::JOB_MANAGE_ENVIRON;
+use jujube_wire::client::{ClientCall, Deployed};
+use jujube_wire::view::{Status, Stray, Task};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
@@ -370,9 +375,9 @@ enum DummyAction {
 /// A command line that parsed but makes no sense: exit code 2.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-struct Usage(String);
+pub(crate) struct Usage(String);
 
-fn usage(msg: impl Into<String>) -> anyhow::Error {
+pub(crate) fn usage(msg: impl Into<String>) -> anyhow::Error {
     Usage(msg.into()).into()
 }
 
@@ -399,7 +404,7 @@ fn parse_constraints(c: Option<&str>) -> Result<Option<Constraints>> {
 
 /// Constraints for an environment on `provider`: parsed, and refused before
 /// anything changes if the provider cannot honour a key.
-fn constraints_for(provider: &str, c: Option<&str>) -> Result<Option<Constraints>> {
+pub(crate) fn constraints_for(provider: &str, c: Option<&str>) -> Result<Option<Constraints>> {
     let cons = parse_constraints(c)?;
     if let Some(cons) = &cons {
         jujube_providers::check_supported(provider, cons)?;
@@ -611,17 +616,17 @@ fn run(cli: Cli) -> Result<()> {
             let name = home.select(env_flag)?;
             let code = match (action.split_first(), command.is_empty()) {
                 (None, false) => {
-                    let store = home.open(&name)?;
+                    let client = Client::open(&home, &name)?;
                     runtime()?.block_on(controller::run_command(
-                        &home, &name, &store, &unit, &command, timeout, out,
+                        &home, &name, &client, &unit, &command, timeout, out,
                     ))?
                 }
                 (Some((action, params)), true) => {
-                    let store = home.open(&name)?;
+                    let client = Client::open(&home, &name)?;
                     runtime()?.block_on(controller::run_action(
                         &home,
                         &name,
-                        &store,
+                        &client,
                         controller::ActionRun {
                             unit: &unit,
                             action,
@@ -650,9 +655,9 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             let timeout = parse_timeout(&timeout)?;
             let name = home.select(env_flag)?;
-            let store = home.open(&name)?;
+            let client = Client::open(&home, &name)?;
             let code = runtime()?.block_on(controller::run_command(
-                &home, &name, &store, &unit, &command, timeout, out,
+                &home, &name, &client, &unit, &command, timeout, out,
             ))?;
             if code != 0 {
                 return Err(ExitWith(code).into());
@@ -660,13 +665,8 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::ShowTask { id } => {
             let name = home.select(env_flag)?;
-            let store = home.open(&name)?;
-            let task = match store.task(id) {
-                Err(jujube_state::Error::NotFound { .. }) => bail!(
-                    "task `{id}` not found: a unit keeps its last 100 tasks, and a removed unit's go with it (`jujube run --background` prints a task's id)"
-                ),
-                r => r?,
-            };
+            let client = Client::open(&home, &name)?;
+            let task: Task = client.call(ClientCall::Task { id })?;
             write!(out, "{}", controller::render_task(&task))?;
         }
         Command::Enroll {
@@ -738,73 +738,17 @@ fn run(cli: Cli) -> Result<()> {
         }
         command => {
             let name = home.select(env_flag)?;
-            let store = home.open(&name)?;
-            let zones = ZoneCheck {
-                home: &home,
-                name: &name,
-                store: &store,
-            };
-            model_command(&store, &zones, command, out)?;
+            let client = Client::open(&home, &name)?;
+            model_command(&client, &home, &name, command, out)?;
         }
     }
     Ok(())
 }
 
-/// Refuses constraints naming zones the environment's provider does not
-/// have, where it can list them (in at most [`ZONE_CHECK_TIMEOUT`]). When it
-/// cannot be asked, the constraints are accepted and a start in an unknown
-/// zone is a provisioning error naming the zones there are.
-struct ZoneCheck<'a> {
-    home: &'a Home,
-    name: &'a str,
-    store: &'a jujube_state::Store,
-}
-
-const ZONE_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-impl ZoneCheck<'_> {
-    fn check(&self, cons: Option<&Constraints>) -> Result<()> {
-        let Some(wanted) = cons.map(|c| c.zones()).filter(|z| !z.is_empty()) else {
-            return Ok(());
-        };
-        let known = runtime()?.block_on(async {
-            tokio::time::timeout(ZONE_CHECK_TIMEOUT, async {
-                let provider = controller::provider(self.home, self.name, self.store)
-                    .await
-                    .ok()?;
-                provider.zones().await.ok()
-            })
-            .await
-            .ok()
-            .flatten()
-        });
-        let Some(known) = known else { return Ok(()) };
-        let unknown: Vec<String> = wanted
-            .iter()
-            .filter(|z| !known.contains(z))
-            .map(|z| format!("`{z}`"))
-            .collect();
-        if unknown.is_empty() {
-            return Ok(());
-        }
-        let quoted: Vec<String> = known.iter().map(|z| format!("`{z}`")).collect();
-        bail!(
-            "unknown zone {} in `zones={}`; provider `{}` has zones {}",
-            unknown.join(", "),
-            wanted.join(","),
-            self.store.environment()?.provider,
-            if quoted.is_empty() {
-                "none".to_string()
-            } else {
-                quoted.join(", ")
-            }
-        )
-    }
-}
-
 fn model_command(
-    store: &jujube_state::Store,
-    zones: &ZoneCheck<'_>,
+    client: &Client<'_>,
+    home: &Home,
+    name: &str,
     command: Command,
     out: &mut impl Write,
 ) -> Result<()> {
@@ -814,47 +758,26 @@ fn model_command(
             service,
             num_units,
             constraints,
-            series: series_flag,
+            series,
             to,
             repository,
             config,
         } => {
-            let loaded = charm::load(&charm, repository.as_deref())?;
-            let env = store.environment()?;
-            let series_ = match (&series_flag, &loaded.url_series) {
-                (Some(f), Some(u)) if f != u => {
-                    return Err(usage(format!("`--series {f}` contradicts the charm's series `{u}` in `{charm}`; drop one of them")))
-                }
-                (Some(s), _) | (None, Some(s)) => s.clone(),
-                (None, None) => loaded.charm.meta.series.first().cloned().unwrap_or(env.default_series.clone()),
-            };
-            series::validate(&series_)?;
-            let mut c = loaded.charm;
-            c.url = format!("local:{series_}/{}", c.url);
-            let subordinate = c.meta.subordinate;
-            let to = to.as_deref().map(machine_id).transpose()?;
-            let units = num_units.unwrap_or(if subordinate { 0 } else { 1 });
-            if to.is_some() && units > 1 {
-                return Err(usage("`--to` places one unit; use `-n 1` with it"));
-            }
-            let constraints = constraints_for(&env.provider, constraints.as_deref())?;
-            zones.check(constraints.as_ref())?;
-            let args = DeployArgs {
-                service: service.unwrap_or_else(|| c.meta.name.clone()),
-                charm: c,
-                series: series_,
-                constraints: constraints.unwrap_or_default(),
-                units,
-                to,
+            let (dir, url_series) = charm::resolve(&charm, repository.as_deref())?;
+            let deployed: Deployed = client.call(ClientCall::Deploy {
+                charm: dir.to_string_lossy().into_owned(),
+                url_series,
+                series,
+                service,
+                units: num_units,
+                constraints,
+                to: to.as_deref().map(machine_id).transpose()?,
                 settings: key_values(&config, "setting")?,
-            };
-            let added = store.deploy(&args)?;
+            })?;
             writeln!(
                 out,
                 "deployed service `{}` ({}) with {} unit(s)",
-                args.service,
-                store.service(&args.service)?.charm_url,
-                added.len()
+                deployed.service, deployed.charm_url, deployed.units
             )?;
         }
         Command::AddUnit {
@@ -863,13 +786,12 @@ fn model_command(
             to,
         } => {
             let to = to.as_deref().map(machine_id).transpose()?;
-            if to.is_some() && num_units > 1 {
-                return Err(usage("`--to` places one unit; use `-n 1` with it"));
-            }
-            if num_units == 0 {
-                return Err(usage("`-n` must be at least 1"));
-            }
-            for u in store.add_units(&service, num_units, to)? {
+            let units: Vec<String> = client.call(ClientCall::AddUnits {
+                service,
+                n: num_units,
+                to,
+            })?;
+            for u in units {
                 writeln!(out, "added unit `{u}`")?;
             }
         }
@@ -881,50 +803,38 @@ fn model_command(
             if n == 0 {
                 return Err(usage("`-n` must be at least 1"));
             }
-            let cons = constraints_for(&store.environment()?.provider, constraints.as_deref())?;
-            zones.check(cons.as_ref())?;
-            for m in store.add_machines(n, series.as_deref(), cons.as_ref())? {
+            let ids: Vec<i64> = client.call(ClientCall::AddMachines {
+                n,
+                series,
+                constraints,
+            })?;
+            for m in ids {
                 writeln!(out, "added machine `{m}`")?;
             }
         }
         Command::SetConstraints {
             service,
             constraints,
-        } => {
-            let cons = Constraints::parse_words(constraints.iter().map(String::as_str))?;
-            jujube_providers::check_supported(&store.environment()?.provider, &cons)?;
-            zones.check(Some(&cons))?;
-            match service {
-                Some(s) => store.set_service_constraints(&s, &cons)?,
-                None => store.set_environment_constraints(&cons)?,
-            }
-        }
+        } => client.call::<()>(ClientCall::SetConstraints {
+            service,
+            constraints,
+        })?,
         Command::GetConstraints { service } => {
-            let cons = match service {
-                Some(s) => store.service(&s)?.constraints,
-                None => store.environment()?.constraints,
-            };
+            let cons: String = client.call(ClientCall::GetConstraints { service })?;
             writeln!(out, "{cons}")?;
         }
-        Command::Set { service, settings } => {
-            store.set_service_settings(&service, &key_values(&settings, "setting")?)?;
+        Command::Set { service, settings } => client.call::<()>(ClientCall::Set {
+            service,
+            settings: key_values(&settings, "setting")?,
+        })?,
+        Command::Get { service, format } => {
+            render::settings(&client.call(ClientCall::Get { service })?, format, out)?
         }
-        Command::Get { service, format } => render::settings(store, &service, format, out)?,
-        Command::SetEnvironment { config } => {
-            let kvs = key_values(&config, "config")?;
-            let mut merged = store.environment_config()?;
-            for (k, v) in &kvs {
-                if v.is_empty() {
-                    merged.remove(k);
-                } else {
-                    merged.insert(k.clone(), v.clone());
-                }
-            }
-            controller::validate_config(&store.environment()?.provider, &merged)?;
-            store.set_environment_config(&kvs)?
-        }
+        Command::SetEnvironment { config } => client.call::<()>(ClientCall::SetEnvironment {
+            config: key_values(&config, "config")?,
+        })?,
         Command::GetEnvironment { key } => {
-            let config = store.environment_config()?;
+            let config: BTreeMap<String, String> = client.call(ClientCall::GetEnvironment)?;
             match key {
                 Some(k) => writeln!(
                     out,
@@ -939,23 +849,27 @@ fn model_command(
             }
         }
         Command::AddRelation { a, b } => {
-            let rel = store.add_relation(&a, &b)?;
-            writeln!(out, "added relation `{}`", rel.key)?;
+            let key: String = client.call(ClientCall::AddRelation { a, b })?;
+            writeln!(out, "added relation `{key}`")?;
         }
-        Command::DestroyRelation { a, b } => store.destroy_relation(&a, &b)?,
-        Command::DestroyUnit { units } => store.destroy_units(&units)?,
-        Command::DestroyService { service } => store.destroy_service(&service)?,
+        Command::DestroyRelation { a, b } => {
+            client.call::<()>(ClientCall::DestroyRelation { a, b })?
+        }
+        Command::DestroyUnit { units } => client.call::<()>(ClientCall::DestroyUnits { units })?,
+        Command::DestroyService { service } => {
+            client.call::<()>(ClientCall::DestroyService { service })?
+        }
         Command::DestroyMachine { machines } => {
             let ids = machines
                 .iter()
                 .map(|m| machine_id(m))
                 .collect::<Result<Vec<_>>>()?;
-            store.destroy_machines(&ids)?;
+            client.call::<()>(ClientCall::DestroyMachines { ids })?;
         }
         Command::Resolved {
             all: true, retry, ..
         } => {
-            let units = store.resolve_all_units(retry)?;
+            let units: Vec<String> = client.call(ClientCall::ResolveAll { retry })?;
             match units.as_slice() {
                 [] => writeln!(out, "no unit is in error")?,
                 [one] => writeln!(out, "resolved unit `{one}`")?,
@@ -979,7 +893,7 @@ fn model_command(
                     "`--constraints` is for machines; a unit's constraints are its service's",
                 ));
             }
-            store.resolve_unit(&unit, retry)?;
+            client.call::<()>(ClientCall::ResolveUnit { unit, retry })?;
         }
         Command::Resolved {
             machine,
@@ -991,23 +905,21 @@ fn model_command(
             if retry {
                 return Err(usage("`--retry` is for units (a failed hook); a machine in error is simply provisioned again"));
             }
-            let cons = constraints_for(&store.environment()?.provider, constraints.as_deref())?;
-            zones.check(cons.as_ref())?;
-            store.resolve_machine(machine_id(&machine)?, cons.as_ref())?;
+            client.call::<()>(ClientCall::ResolveMachine {
+                id: machine_id(&machine)?,
+                constraints,
+            })?;
         }
         Command::Status { format } => {
-            let mut st = store.status()?;
+            let mut st: Status = client.call(ClientCall::Status)?;
             // Machine 0's jobs run in `jujube controller` (on the dummy the
             // one `bootstrap` left running under its supervisor), not in an
             // agent of its own: its agent status says whether a controller
             // runs them now.
-            let runs = controller::controller_runs(zones.home, zones.name);
-            let supervised = supervise::running(zones.home, zones.name).is_some();
+            let runs = controller::controller_runs(home, name);
+            let supervised = supervise::running(home, name).is_some();
             for (_, m) in st.machines.0.iter_mut() {
-                let manages = m
-                    .jobs
-                    .iter()
-                    .any(|j| j == jujube_state::model::JOB_MANAGE_ENVIRON);
+                let manages = m.jobs.iter().any(|j| j == JOB_MANAGE_ENVIRON);
                 if manages && m.agent_status == "pending" {
                     if runs {
                         m.agent_status = "started".into();
@@ -1020,7 +932,7 @@ fn model_command(
                     } else if supervised {
                         m.agent_status_info = format!(
                             "its controller is being started again; see `{}`",
-                            supervise::log_path(zones.home, zones.name).display()
+                            supervise::log_path(home, name).display()
                         );
                     } else {
                         m.agent_status_info =
@@ -1037,45 +949,46 @@ fn model_command(
             repository,
             force,
         } => {
-            let svc = store.service(&service)?;
-            let from = match path {
-                Some(p) => p,
-                None => store.charm(&svc.charm_url)?.path,
-            };
-            let loaded = charm::load(&from, repository.as_deref())?;
-            let mut c = loaded.charm;
-            c.url = format!("local:{}/{}", svc.series, c.url);
-            let url = store.upgrade_charm(&service, &c, force)?;
+            let path = path
+                .map(|p| charm::resolve(&p, repository.as_deref()))
+                .transpose()?
+                .map(|(dir, _)| dir.to_string_lossy().into_owned());
+            let url: String = client.call(ClientCall::UpgradeCharm {
+                service: service.clone(),
+                path,
+                force,
+            })?;
             writeln!(out, "service `{service}` upgraded to charm `{url}`")?;
         }
         Command::RetryProvisioning { machines, all } => {
             let ids = if all {
-                // Found and resolved in the same transactions, batch by
-                // batch: a machine resolved meanwhile is no error.
-                store.retry_all_provisioning()?
+                None
             } else if machines.is_empty() {
                 return Err(usage("name the machines to retry, or use `--all`"));
             } else {
-                let ids = machines
-                    .iter()
-                    .map(|m| machine_id(m))
-                    .collect::<Result<Vec<_>>>()?;
-                store.retry_provisioning(&ids)?;
-                ids
+                Some(
+                    machines
+                        .iter()
+                        .map(|m| machine_id(m))
+                        .collect::<Result<Vec<_>>>()?,
+                )
             };
+            let ids: Vec<i64> = client.call(ClientCall::RetryProvisioning { ids })?;
             for id in ids {
                 writeln!(out, "machine `{id}` will be provisioned again")?;
             }
         }
-        Command::Strays { format } => render::strays(&store.strays()?, format, out)?,
+        Command::Strays { format } => {
+            render::strays(&client.call::<Vec<Stray>>(ClientCall::Strays)?, format, out)?
+        }
         Command::Wait { timeout } => {
             let timeout = jujube_core::duration::parse(&timeout).ok_or_else(|| {
                 usage(format!(
                     "invalid `--timeout {timeout}`: use a duration such as `90s` or `10m`"
                 ))
             })?;
-            let runs = || controller::controller_runs(zones.home, zones.name);
-            runtime()?.block_on(controller::wait(store, timeout, &runs))?;
+            let runs = || controller::controller_runs(home, name);
+            runtime()?.block_on(controller::wait(client, timeout, &runs))?;
         }
         Command::Bootstrap { .. }
         | Command::Environments
@@ -1102,7 +1015,7 @@ fn parse_timeout(timeout: &str) -> Result<std::time::Duration> {
     })
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -2,8 +2,8 @@
 
 use crate::Format;
 use anyhow::Result;
-use jujube_state::status::Status;
-use jujube_state::Store;
+use jujube_wire::client::ServiceSettings;
+use jujube_wire::view::Status;
 use serde::Serialize;
 use std::io::Write;
 
@@ -245,47 +245,7 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
     Ok(())
 }
 
-#[derive(Serialize)]
-struct SettingOut {
-    #[serde(rename = "type")]
-    kind: String,
-    description: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    value: Option<jujube_core::charm::SettingValue>,
-    default: bool,
-}
-
-#[derive(Serialize)]
-struct SettingsOut {
-    service: String,
-    charm: String,
-    settings: std::collections::BTreeMap<String, SettingOut>,
-}
-
-pub fn settings(store: &Store, service: &str, format: Format, out: &mut impl Write) -> Result<()> {
-    let svc = store.service(service)?;
-    let settings = store
-        .service_settings(service)?
-        .into_iter()
-        .map(|s| {
-            let default = s.value.is_none();
-            let value = s.value.or(s.option.default.clone());
-            (
-                s.key,
-                SettingOut {
-                    kind: s.option.kind,
-                    description: s.option.description,
-                    value,
-                    default,
-                },
-            )
-        })
-        .collect();
-    let doc = SettingsOut {
-        service: svc.name,
-        charm: svc.charm_url,
-        settings,
-    };
+pub fn settings(doc: &ServiceSettings, format: Format, out: &mut impl Write) -> Result<()> {
     if !structured(&doc, format, out)? {
         let rows: Vec<Vec<String>> = doc
             .settings
@@ -308,7 +268,7 @@ pub fn settings(store: &Store, service: &str, format: Format, out: &mut impl Wri
     Ok(())
 }
 
-fn strays_table(strays: &[jujube_state::provisioning::Stray], out: &mut impl Write) -> Result<()> {
+fn strays_table(strays: &[jujube_wire::view::Stray], out: &mut impl Write) -> Result<()> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_secs() as i64;
@@ -342,7 +302,7 @@ fn strays_table(strays: &[jujube_state::provisioning::Stray], out: &mut impl Wri
 }
 
 pub fn strays(
-    strays: &[jujube_state::provisioning::Stray],
+    strays: &[jujube_wire::view::Stray],
     format: Format,
     out: &mut impl Write,
 ) -> Result<()> {

@@ -59,6 +59,27 @@ pub fn validate_environment(name: &str) -> Result<()> {
     }
 }
 
+/// Validates a user name (Juju's rule): letters, digits, `.`, `+` and
+/// `-`, starting and ending with a letter or digit, at most 64 characters.
+pub fn validate_user(name: &str) -> Result<()> {
+    let ends_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    let ok = name.len() <= 64
+        && ends_ok(name.chars().next())
+        && ends_ok(name.chars().last())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidName {
+            kind: "user",
+            name: name.to_string(),
+            why: "use letters, digits, `.`, `+` and `-`, starting and ending with a letter or digit, at most 64 characters",
+        })
+    }
+}
+
 /// Validates a relation name as it appears in charm metadata.
 pub fn validate_relation(name: &str) -> Result<()> {
     let ok = name.starts_with(|c: char| c.is_ascii_lowercase())

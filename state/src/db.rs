@@ -3,6 +3,7 @@
 use crate::feed::ChangeKind;
 use crate::schema::MIGRATIONS;
 use crate::{Error, Result};
+use jujube_wire::client::Access;
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -65,6 +66,9 @@ struct Inner {
 #[derive(Clone)]
 pub struct Store {
     inner: Arc<Inner>,
+    /// Set by [`Store::as_user`]: every transaction checks this user's
+    /// access inside itself. `None`: the controller's own handle.
+    user: Option<Arc<str>>,
 }
 
 /// A write transaction in progress. Everything that changes the model goes
@@ -186,7 +190,24 @@ impl Store {
                 max_rows: AtomicU64::new(0),
                 credential_epoch: AtomicU64::new(0),
             }),
+            user: None,
         })
+    }
+
+    /// A handle on the same database acting for `user`: each of its
+    /// transactions reads the user's access inside itself first and
+    /// refuses with [`Error::Forbidden`] unless it is enough (see
+    /// [`crate::users`]).
+    pub fn as_user(&self, user: &str) -> Store {
+        Store {
+            inner: self.inner.clone(),
+            user: Some(user.into()),
+        }
+    }
+
+    /// The user this handle acts for ([`Store::as_user`]).
+    pub fn user(&self) -> Option<&str> {
+        self.user.as_deref()
     }
 
     pub fn path(&self) -> &Path {
@@ -264,7 +285,17 @@ impl Store {
     /// `f` must read everything it decides on through the transaction it is
     /// given: it may run more than once, because a transaction that finds the
     /// database busy is retried from the start.
-    pub(crate) fn write<T>(&self, mut f: impl FnMut(&mut Tx<'_>) -> Result<T>) -> Result<T> {
+    pub(crate) fn write<T>(&self, f: impl FnMut(&mut Tx<'_>) -> Result<T>) -> Result<T> {
+        self.write_at(Access::Write, f)
+    }
+
+    /// [`Store::write`] for a method that needs `needs` of a user handle
+    /// ([`Store::as_user`]); checked first thing in the transaction.
+    pub(crate) fn write_at<T>(
+        &self,
+        needs: Access,
+        mut f: impl FnMut(&mut Tx<'_>) -> Result<T>,
+    ) -> Result<T> {
         let mut conn = self.lock();
         let mut attempt = 0;
         loop {
@@ -275,6 +306,9 @@ impl Store {
                     tx,
                     last_revision: None,
                 };
+                if let Some(user) = &self.user {
+                    crate::users::require_access(&tx, user, needs)?;
+                }
                 let value = f(&mut tx)?;
                 let revision = tx.last_revision;
                 tx.tx.commit()?;
@@ -310,6 +344,26 @@ impl Store {
     /// Runs `f` on a read snapshot: everything it reads is from one
     /// committed state, whatever other writers do meanwhile.
     pub(crate) fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        self.read_at(Access::Read, f)
+    }
+
+    /// [`Store::read`] needing `needs` of a user handle.
+    pub(crate) fn read_at<T>(
+        &self,
+        needs: Access,
+        f: impl FnOnce(&Connection) -> Result<T>,
+    ) -> Result<T> {
+        let user = self.user.clone();
+        self.read_unchecked(|c| {
+            if let Some(user) = &user {
+                crate::users::require_access(c, user, needs)?;
+            }
+            f(c)
+        })
+    }
+
+    /// A read no user check applies to (the login itself).
+    pub(crate) fn read_unchecked<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
         let mut guard = self.lock_reader()?;
         let conn = guard.as_mut().expect("opened by lock_reader");
         let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;

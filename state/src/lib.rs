@@ -40,6 +40,7 @@ mod schema;
 pub mod services;
 pub mod status;
 pub mod units;
+pub mod users;
 
 #[cfg(test)]
 mod tests;
@@ -151,6 +152,22 @@ pub enum Error {
     Busy { attempts: u32 },
     #[error("the state database was written by a newer jujube (schema {found}, this one knows {known}); upgrade jujube")]
     SchemaTooNew { found: i64, known: i64 },
+    #[error("user `{user}` has `{has}` access to this environment and this needs `{needs}`; an admin can grant it with `jujube grant {user} {needs}`")]
+    Forbidden {
+        user: String,
+        has: jujube_wire::client::Access,
+        needs: jujube_wire::client::Access,
+    },
+    #[error("user `{0}` not found; `jujube users` lists the users")]
+    NoSuchUser(String),
+    #[error("user `{0}` already exists; choose another name")]
+    UserExists(String),
+    #[error("registration refused: the registration string is wrong or was used already; ask an admin for a new user (`jujube add-user`)")]
+    RegistrationRefused,
+    #[error("user `{0}` is the last admin and keeps `admin`; grant `admin` to another user first")]
+    LastAdmin(String),
+    #[error("invalid password: {0}; choose another")]
+    BadPassword(String),
     #[error("state database error: {0}")]
     Database(#[from] rusqlite::Error),
     #[error("cannot secure the state database `{path}`: {source}; check its directory's owner and permissions")]

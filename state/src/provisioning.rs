@@ -58,19 +58,7 @@ pub struct Owner {
     pub provisioning: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct Stray {
-    pub instance_id: String,
-    pub machine_tag: String,
-    /// `destroyed` (its machine was removed), `unknown` (no machine ever had
-    /// it) or `errored` (a machine in error that does not own it).
-    pub class: String,
-    /// Unix seconds.
-    pub first_seen: i64,
-    /// Unix seconds; `None` when the harvest mode leaves it alone.
-    pub reap_at: Option<i64>,
-}
+pub use jujube_wire::view::{ProviderStatus, Stray};
 
 impl Store {
     /// Commits a nonce (if the machine has none) for each Alive machine
@@ -574,13 +562,6 @@ fn record_in(tx: &mut Tx<'_>, started: &[Started]) -> Result<Vec<Recorded>> {
         out.push(Recorded::Recorded);
     }
     Ok(out)
-}
-
-/// The provider cannot be reached: why, and since when (unix seconds).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct ProviderStatus {
-    pub message: String,
-    pub since: i64,
 }
 
 pub(crate) fn provider_status_in(c: &rusqlite::Connection) -> Result<Option<ProviderStatus>> {

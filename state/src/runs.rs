@@ -44,53 +44,7 @@ pub struct RunRequest {
     pub waited: u64,
 }
 
-/// What a run printed and exited with.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunResult {
-    pub code: i32,
-    pub stdout: String,
-    pub stderr: String,
-    /// For an action: what it said with the action tools.
-    pub action: Option<ActionOutcome>,
-}
-
-/// What an action said with `action-set`, `action-fail` and `action-log`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ActionOutcome {
-    /// `action-set`'s results, keys dotted as set (`detail.level`).
-    pub results: std::collections::BTreeMap<String, String>,
-    /// `action-fail`'s message: the action failed.
-    pub failed: Option<String>,
-    /// `action-log`'s messages, with their unix time.
-    pub log: Vec<(i64, String)>,
-}
-
-/// A queued action as `show-task` shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Task {
-    pub id: i64,
-    pub unit: String,
-    pub action: String,
-    pub params: serde_json::Value,
-    /// Unix seconds.
-    pub queued: i64,
-    /// `None` while pending or running.
-    pub result: Option<RunResult>,
-}
-
-impl Task {
-    /// Juju's task status: `pending`, `completed` or `failed` (failed when
-    /// the action said so or exited non-zero).
-    pub fn status(&self) -> &'static str {
-        match &self.result {
-            None => "pending",
-            Some(r) if r.code != 0 || r.action.as_ref().is_some_and(|a| a.failed.is_some()) => {
-                "failed"
-            }
-            Some(_) => "completed",
-        }
-    }
-}
+pub use jujube_wire::view::{ActionOutcome, RunResult, Task};
 
 /// Cuts `s` to at most [`MAX_RUN_OUTPUT`] bytes, on a character boundary,
 /// saying so at the end.
@@ -123,7 +77,7 @@ impl Store {
                 "a run's timeout must be at least one second".into(),
             ));
         }
-        self.write(|tx| {
+        self.write_at(jujube_wire::client::Access::Admin, |tx| {
             alive_unit(tx, unit, "run commands")?;
             check_pending(tx, unit)?;
             tx.prepare_cached(

@@ -411,4 +411,19 @@ CREATE INDEX units_service ON units (service, number);
 CREATE INDEX units_machine ON units (machine_id);
 CREATE INDEX units_principal ON units (principal) WHERE principal IS NOT NULL;
 "#,
+    // 22 (users): who may use the environment through the API. `access`
+    // 0 none, 1 read, 2 write, 3 admin; `password_hash` an argon2id PHC
+    // string, NULL until the user registers; `registration_hash` the
+    // SHA-256 of `add-user`'s one-time secret, NULL once used. Neither
+    // secret is ever stored itself.
+    r#"
+CREATE TABLE users (
+    name              TEXT PRIMARY KEY,
+    access            INTEGER NOT NULL CHECK (access IN (0, 1, 2, 3)),
+    password_hash     TEXT,
+    registration_hash TEXT,
+    created_by        TEXT,
+    created_at        INTEGER NOT NULL
+) WITHOUT ROWID;
+"#,
 ];

@@ -8,6 +8,7 @@ mod feed;
 mod limits;
 mod prop;
 mod rules;
+mod users;
 
 use crate::environment::EnvironmentSpec;
 use crate::model::Charm;

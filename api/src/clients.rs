@@ -1,0 +1,229 @@
+//! Users' requests: the client facade ([`CLIENT_PATH`]) and registration
+//! ([`REGISTER_PATH`]).
+//!
+//! A user proves itself on each request with its name and password; the
+//! password is checked against the argon2id hash the store keeps, and a
+//! connection that proved it is trusted for [`RECHECK`] before the store
+//! is asked again. Checking costs memory and time by design (argon2), so
+//! at most [`CHECKS_AT_ONCE`] run at once, and a failed login or
+//! registration is answered only after [`FAILURE_PAUSE`], holding its
+//! slot: however many connections guess, they guess at most
+//! `CHECKS_AT_ONCE` passwords per pause. The answer is the same whether
+//! the user exists or not. What a proven user may do is then the store's
+//! to check, in each call's transaction.
+
+use crate::server::{Activity, Body, Shared};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use jujube_wire::client::{
+    ClientCall, ClientError, ClientReply, Registration, CLIENT_PATH, REGISTER_PATH, USER_HEADER,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+/// How long a proven user is trusted on one connection without asking the
+/// store again.
+pub const RECHECK: Duration = Duration::from_secs(5);
+/// Password checks (and registrations) running at once.
+pub const CHECKS_AT_ONCE: usize = 2;
+/// How long a failed login or registration waits before it is answered.
+pub const FAILURE_PAUSE: Duration = Duration::from_secs(1);
+
+/// Answers a client call on behalf of a proven user: the controller's
+/// business (it knows the provider and the charms), not the server's.
+pub trait ClientHandler: Send + Sync + 'static {
+    /// Runs on a blocking thread.
+    fn call(&self, user: &str, call: ClientCall) -> Result<serde_json::Value, ClientError>;
+}
+
+/// A user proven on a connection: who, a digest of the password it
+/// presented (never the password), and when.
+pub(crate) struct ProvenUser {
+    user: String,
+    digest: [u8; 32],
+    at: Instant,
+}
+
+fn digest(password: &str) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(password.as_bytes()).into()
+}
+
+pub(crate) fn checks() -> Semaphore {
+    Semaphore::new(CHECKS_AT_ONCE)
+}
+
+fn client_reply(status: StatusCode, r: &ClientReply) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(serde_json::to_vec(r).expect("plain data"))).boxed_unsync())
+        .expect("a valid response")
+}
+
+fn refused(status: StatusCode, message: impl Into<String>) -> Response<Body> {
+    client_reply(status, &ClientReply::Error(ClientError::new(message)))
+}
+
+/// Whether `path` is a users' endpoint.
+pub(crate) fn serves(path: &str) -> bool {
+    path == CLIENT_PATH || path == REGISTER_PATH
+}
+
+pub(crate) async fn handle(
+    shared: &Arc<Shared>,
+    activity: &Arc<Activity>,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    let Some(handler) = shared.clients.get().cloned() else {
+        return refused(
+            StatusCode::NOT_FOUND,
+            "this API server does not serve users",
+        );
+    };
+    if req.method() != hyper::Method::POST {
+        return refused(StatusCode::NOT_FOUND, "use POST");
+    }
+    if req.uri().path() == REGISTER_PATH {
+        return register(shared, req).await;
+    }
+    let user = match authenticate(shared, activity, &req).await {
+        Ok(u) => u,
+        Err(resp) => return resp,
+    };
+    let body = match read(shared, req.into_body()).await {
+        Ok(b) => b,
+        Err(resp) => return resp,
+    };
+    let Ok(call) = serde_json::from_slice::<ClientCall>(&body) else {
+        return refused(
+            StatusCode::BAD_REQUEST,
+            "malformed call; is this jujube as new as the controller?",
+        );
+    };
+    debug!(user = %user, method = %call.method(), "client call");
+    let answer = tokio::task::spawn_blocking(move || handler.call(&user, call)).await;
+    match answer {
+        Ok(Ok(v)) => client_reply(StatusCode::OK, &ClientReply::Ok(v)),
+        Ok(Err(e)) => client_reply(StatusCode::CONFLICT, &ClientReply::Error(e)),
+        Err(e) => refused(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the call failed: {e}"),
+        ),
+    }
+}
+
+async fn read(shared: &Shared, body: Incoming) -> Result<Bytes, Response<Body>> {
+    match http_body_util::Limited::new(body, shared.limits.max_request_bytes)
+        .collect()
+        .await
+    {
+        Ok(b) => Ok(b.to_bytes()),
+        Err(_) => Err(refused(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "request larger than {} bytes, or cut short",
+                shared.limits.max_request_bytes
+            ),
+        )),
+    }
+}
+
+async fn authenticate(
+    shared: &Arc<Shared>,
+    activity: &Activity,
+    req: &Request<Incoming>,
+) -> Result<String, Response<Body>> {
+    let user: String = req
+        .headers()
+        .get(USER_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .chars()
+        .take(64)
+        .collect();
+    let password = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("")
+        .to_string();
+    let presented = digest(&password);
+    {
+        let proven = activity.user.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = proven.as_ref() {
+            if p.user == user && p.digest == presented && p.at.elapsed() < RECHECK {
+                return Ok(user);
+            }
+        }
+    }
+    let Ok(_slot) = shared.checks.acquire().await else {
+        return Err(refused(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is stopping",
+        ));
+    };
+    let store = shared.store.clone();
+    let name = user.clone();
+    let ok = tokio::task::spawn_blocking(move || match store.login(&name) {
+        Ok(Some(login)) => login
+            .password_hash
+            .is_some_and(|h| jujube_state::users::password_matches(&password, &h)),
+        _ => false,
+    })
+    .await
+    .unwrap_or(false);
+    if !ok {
+        warn!(user = %user, "refused a login");
+        tokio::time::sleep(FAILURE_PAUSE).await;
+        *activity.user.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        return Err(refused(
+            StatusCode::UNAUTHORIZED,
+            format!("invalid credentials for user `{user}`; log in again with `jujube login`"),
+        ));
+    }
+    activity.proven_user();
+    *activity.user.lock().unwrap_or_else(|e| e.into_inner()) = Some(ProvenUser {
+        user: user.clone(),
+        digest: presented,
+        at: Instant::now(),
+    });
+    Ok(user)
+}
+
+async fn register(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
+    let body = match read(shared, req.into_body()).await {
+        Ok(b) => b,
+        Err(resp) => return resp,
+    };
+    let Ok(r) = serde_json::from_slice::<Registration>(&body) else {
+        return refused(StatusCode::BAD_REQUEST, "malformed registration");
+    };
+    let Ok(_slot) = shared.checks.acquire().await else {
+        return refused(StatusCode::SERVICE_UNAVAILABLE, "the server is stopping");
+    };
+    let store = shared.store.clone();
+    let user = r.user.clone();
+    let done =
+        tokio::task::spawn_blocking(move || store.register_user(&r.user, &r.secret, &r.password))
+            .await;
+    match done {
+        Ok(Ok(())) => {
+            info!(user = %user, "user registered");
+            client_reply(StatusCode::OK, &ClientReply::Ok(serde_json::Value::Null))
+        }
+        Ok(Err(e)) => {
+            if !matches!(e, jujube_state::Error::BadPassword(_)) {
+                tokio::time::sleep(FAILURE_PAUSE).await;
+            }
+            refused(StatusCode::FORBIDDEN, e.to_string())
+        }
+        Err(e) => refused(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}

@@ -1,0 +1,353 @@
+//! The client facade: every [`ClientCall`] a user's `jujube` makes, answered
+//! on a store handle acting for that user ([`Store::as_user`]: the store
+//! checks the user's access inside each call's transaction).
+//!
+//! The API server runs it for callers over the network; the CLI runs the
+//! same code in process while the environment's store is on its own disk.
+//! Either way a command is the same calls, refused with the same words.
+
+use crate::charm;
+use crate::home::Home;
+use crate::usage;
+use anyhow::{bail, Result};
+use jujube_core::{series, Constraints};
+use jujube_state::services::DeployArgs;
+use jujube_state::Store;
+use jujube_wire::client::{
+    ClientCall, ClientError, Deployed, EnvironmentInfo, ServiceSettings, SettingOut, WaitState,
+};
+use serde_json::Value;
+use std::path::PathBuf;
+
+/// Where the environment is, for what a call reads beside the store: the
+/// provider (zones, constraint keys) and charm directories.
+pub struct Context<'a> {
+    /// Lists the provider's zones, where it can (see [`ZONE_CHECK_TIMEOUT`]);
+    /// `None` when it cannot be asked.
+    pub zones: &'a (dyn Fn(&Store) -> Option<Vec<String>> + Sync),
+}
+
+/// How long a command waits for the provider's zones before accepting the
+/// constraints unchecked (a start in an unknown zone is then a provisioning
+/// error naming the zones there are).
+pub const ZONE_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Answers `call` on `store` (a handle acting for the caller), as JSON.
+pub fn call(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Value, ClientError> {
+    answer(cx, store, call).map_err(|e| {
+        let is_usage = e.downcast_ref::<crate::Usage>().is_some();
+        let mut message = e.to_string();
+        for cause in e.chain().skip(1) {
+            message.push_str(&format!(": {cause}"));
+        }
+        ClientError {
+            message,
+            usage: is_usage,
+        }
+    })
+}
+
+fn json<T: serde::Serialize>(v: T) -> Result<Value> {
+    Ok(serde_json::to_value(v)?)
+}
+
+fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Value> {
+    match call {
+        ClientCall::Status => json(store.status()?),
+        ClientCall::Environment => {
+            let env = store.environment()?;
+            json(EnvironmentInfo {
+                name: env.name,
+                uuid: env.uuid,
+                provider: env.provider,
+                default_series: env.default_series,
+            })
+        }
+        ClientCall::GetConstraints { service } => json(
+            match service {
+                Some(s) => store.service(&s)?.constraints,
+                None => store.environment()?.constraints,
+            }
+            .to_string(),
+        ),
+        ClientCall::Get { service } => json(settings(store, &service)?),
+        ClientCall::GetEnvironment => json(store.environment_config()?),
+        ClientCall::Strays => json(store.strays()?),
+        ClientCall::Task { id } => match store.task(id) {
+            Err(jujube_state::Error::NotFound { .. }) => bail!(
+                "task `{id}` not found: a unit keeps its last 100 tasks, and a removed unit's go with it (`jujube run --background` prints a task's id)"
+            ),
+            r => json(r?),
+        },
+        ClientCall::RunResult { id } => json(store.run_result(id)?),
+        ClientCall::WaitState => json(WaitState {
+            stuck: crate::controller::stuck(store)?,
+            progress: store.progress()?,
+            errors: crate::controller::errors_listed(store)?,
+        }),
+        ClientCall::Deploy {
+            charm,
+            url_series,
+            series: series_flag,
+            service,
+            units,
+            constraints,
+            to,
+            settings,
+        } => {
+            let loaded = charm::read_dir(PathBuf::from(&charm), url_series)?;
+            let env = store.environment()?;
+            let series_ = match (&series_flag, &loaded.url_series) {
+                (Some(f), Some(u)) if f != u => {
+                    return Err(usage(format!("`--series {f}` contradicts the charm's series `{u}` in `{charm}`; drop one of them")))
+                }
+                (Some(s), _) | (None, Some(s)) => s.clone(),
+                (None, None) => loaded.charm.meta.series.first().cloned().unwrap_or(env.default_series.clone()),
+            };
+            series::validate(&series_)?;
+            let mut c = loaded.charm;
+            c.url = format!("local:{series_}/{}", c.url);
+            let subordinate = c.meta.subordinate;
+            let units = units.unwrap_or(if subordinate { 0 } else { 1 });
+            if to.is_some() && units > 1 {
+                return Err(usage("`--to` places one unit; use `-n 1` with it"));
+            }
+            let constraints = constraints_for(cx, store, &env.provider, constraints.as_deref())?;
+            let args = DeployArgs {
+                service: service.unwrap_or_else(|| c.meta.name.clone()),
+                charm: c,
+                series: series_,
+                constraints: constraints.unwrap_or_default(),
+                units,
+                to,
+                settings,
+            };
+            let added = store.deploy(&args)?;
+            json(Deployed {
+                charm_url: store.service(&args.service)?.charm_url,
+                service: args.service,
+                units: added.len(),
+            })
+        }
+        ClientCall::AddUnits { service, n, to } => {
+            if to.is_some() && n > 1 {
+                return Err(usage("`--to` places one unit; use `-n 1` with it"));
+            }
+            if n == 0 {
+                return Err(usage("`-n` must be at least 1"));
+            }
+            json(store.add_units(&service, n, to)?)
+        }
+        ClientCall::AddMachines {
+            n,
+            series,
+            constraints,
+        } => {
+            if n == 0 {
+                return Err(usage("`-n` must be at least 1"));
+            }
+            let provider = store.environment()?.provider;
+            let cons = constraints_for(cx, store, &provider, constraints.as_deref())?;
+            json(store.add_machines(n, series.as_deref(), cons.as_ref())?)
+        }
+        ClientCall::SetConstraints {
+            service,
+            constraints,
+        } => {
+            let cons = Constraints::parse_words(constraints.iter().map(String::as_str))?;
+            let provider = store.environment()?.provider;
+            jujube_providers::check_supported(&provider, &cons)?;
+            check_zones(cx, store, &provider, Some(&cons))?;
+            match service {
+                Some(s) => store.set_service_constraints(&s, &cons)?,
+                None => store.set_environment_constraints(&cons)?,
+            }
+            json(())
+        }
+        ClientCall::Set { service, settings } => {
+            store.set_service_settings(&service, &settings)?;
+            json(())
+        }
+        ClientCall::SetEnvironment { config } => {
+            let mut merged = store.environment_config()?;
+            for (k, v) in &config {
+                if v.is_empty() {
+                    merged.remove(k);
+                } else {
+                    merged.insert(k.clone(), v.clone());
+                }
+            }
+            crate::controller::validate_config(&store.environment()?.provider, &merged)?;
+            store.set_environment_config(&config)?;
+            json(())
+        }
+        ClientCall::AddRelation { a, b } => json(store.add_relation(&a, &b)?.key),
+        ClientCall::DestroyRelation { a, b } => json(store.destroy_relation(&a, &b)?),
+        ClientCall::DestroyUnits { units } => json(store.destroy_units(&units)?),
+        ClientCall::DestroyService { service } => json(store.destroy_service(&service)?),
+        ClientCall::DestroyMachines { ids } => json(store.destroy_machines(&ids)?),
+        ClientCall::ResolveAll { retry } => json(store.resolve_all_units(retry)?),
+        ClientCall::ResolveUnit { unit, retry } => json(store.resolve_unit(&unit, retry)?),
+        ClientCall::ResolveMachine { id, constraints } => {
+            let provider = store.environment()?.provider;
+            let cons = constraints_for(cx, store, &provider, constraints.as_deref())?;
+            json(store.resolve_machine(id, cons.as_ref())?)
+        }
+        ClientCall::UpgradeCharm {
+            service,
+            path,
+            force,
+        } => {
+            let svc = store.service(&service)?;
+            let from = match path {
+                Some(p) => p,
+                None => store.charm(&svc.charm_url)?.path,
+            };
+            let loaded = charm::read_dir(PathBuf::from(&from), None)?;
+            let mut c = loaded.charm;
+            c.url = format!("local:{}/{}", svc.series, c.url);
+            json(store.upgrade_charm(&service, &c, force)?)
+        }
+        ClientCall::RetryProvisioning { ids } => match ids {
+            // Found and resolved in the same transactions, batch by batch:
+            // a machine resolved meanwhile is no error.
+            None => json(store.retry_all_provisioning()?),
+            Some(ids) if ids.is_empty() => {
+                Err(usage("name the machines to retry, or use `--all`"))
+            }
+            Some(ids) => {
+                store.retry_provisioning(&ids)?;
+                json(ids)
+            }
+        },
+        ClientCall::QueueRun {
+            unit,
+            argv,
+            timeout,
+        } => json(store.queue_run(&unit, &argv, timeout)?),
+        ClientCall::ForgetRun { id } => json(store.forget_run(id)?),
+        ClientCall::QueueAction {
+            unit,
+            action,
+            params,
+            timeout,
+        } => json(store.queue_action(&unit, &action, &params, timeout)?),
+        ClientCall::AddUser { name, access } => {
+            let secret = new_secret();
+            store.add_user(&name, access, &jujube_state::users::secret_hash(&secret))?;
+            json(secret)
+        }
+        ClientCall::Users => json(store.users()?),
+        ClientCall::ChangeAccess {
+            name,
+            access,
+            grant,
+        } => json(store.change_access(&name, access, grant)?),
+        ClientCall::SetPassword { name, password } => {
+            json(store.set_user_password(&name, &password)?)
+        }
+    }
+}
+
+/// A random secret (two v4 UUIDs: 244 random bits), for registrations and
+/// `admin`'s first password.
+pub fn new_secret() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+fn settings(store: &Store, service: &str) -> Result<ServiceSettings> {
+    let svc = store.service(service)?;
+    let settings = store
+        .service_settings(service)?
+        .into_iter()
+        .map(|s| {
+            let default = s.value.is_none();
+            let value = s.value.or(s.option.default.clone());
+            (
+                s.key,
+                SettingOut {
+                    kind: s.option.kind,
+                    description: s.option.description,
+                    value,
+                    default,
+                },
+            )
+        })
+        .collect();
+    Ok(ServiceSettings {
+        service: svc.name,
+        charm: svc.charm_url,
+        settings,
+    })
+}
+
+/// Constraints for an environment on `provider`: parsed, and refused before
+/// anything changes if the provider cannot honour a key or has no such
+/// zone.
+fn constraints_for(
+    cx: &Context<'_>,
+    store: &Store,
+    provider: &str,
+    c: Option<&str>,
+) -> Result<Option<Constraints>> {
+    let cons = crate::constraints_for(provider, c)?;
+    check_zones(cx, store, provider, cons.as_ref())?;
+    Ok(cons)
+}
+
+/// Refuses constraints naming zones the provider does not have, where it
+/// can list them.
+fn check_zones(
+    cx: &Context<'_>,
+    store: &Store,
+    provider: &str,
+    cons: Option<&Constraints>,
+) -> Result<()> {
+    let Some(wanted) = cons.map(|c| c.zones()).filter(|z| !z.is_empty()) else {
+        return Ok(());
+    };
+    let Some(known) = (cx.zones)(store) else {
+        return Ok(());
+    };
+    let unknown: Vec<String> = wanted
+        .iter()
+        .filter(|z| !known.contains(z))
+        .map(|z| format!("`{z}`"))
+        .collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    let quoted: Vec<String> = known.iter().map(|z| format!("`{z}`")).collect();
+    bail!(
+        "unknown zone {} in `zones={}`; provider `{provider}` has zones {}",
+        unknown.join(", "),
+        wanted.join(","),
+        if quoted.is_empty() {
+            "none".to_string()
+        } else {
+            quoted.join(", ")
+        }
+    )
+}
+
+/// The provider's zones, asked on `runtime` within [`ZONE_CHECK_TIMEOUT`].
+pub fn zones_on(
+    runtime: &tokio::runtime::Handle,
+    home: &Home,
+    name: &str,
+    store: &Store,
+) -> Option<Vec<String>> {
+    runtime.block_on(async {
+        tokio::time::timeout(ZONE_CHECK_TIMEOUT, async {
+            let provider = crate::controller::provider(home, name, store).await.ok()?;
+            provider.zones().await.ok()
+        })
+        .await
+        .ok()
+        .flatten()
+    })
+}
