@@ -35,6 +35,38 @@ use tokio::sync::Mutex;
 /// hundred kilobytes).
 const MAX_REPLY: usize = 16 << 20;
 
+/// A TLS client configuration trusting only `ca_cert` (PEM), speaking
+/// HTTP/2.
+fn tls_trusting(ca_cert: &str) -> ApiResult<tokio_rustls::TlsConnector> {
+    let mut roots = rustls::RootCertStore::empty();
+    use rustls::pki_types::pem::PemObject;
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca_cert.as_bytes()) {
+        let cert = cert
+            .map_err(|e| ApiError::new(ErrorCode::Internal, format!("bad CA certificate: {e}")))?;
+        roots
+            .add(cert)
+            .map_err(|e| ApiError::new(ErrorCode::Internal, format!("bad CA certificate: {e}")))?;
+    }
+    if roots.is_empty() {
+        return Err(ApiError::new(
+            ErrorCode::Internal,
+            "no CA certificate in the agent's configuration",
+        ));
+    }
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
+/// How long connecting and the TLS and HTTP/2 handshakes may take at one
+/// address (a frozen server accepts, then never answers).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A facade whose every method is a call to the API server.
 pub struct Remote {
     tag: Tag,
@@ -44,7 +76,9 @@ pub struct Remote {
 struct Inner {
     addresses: Vec<String>,
     tls: tokio_rustls::TlsConnector,
-    tag_header: String,
+    /// Who calls: the header naming it and its value (an agent's tag, or a
+    /// user's name).
+    who: (&'static str, String),
     /// `Bearer SECRET`; `None` until a deferred credential is obtained.
     bearer: Mutex<Option<String>>,
     deferred: Option<Deferred>,
@@ -73,35 +107,12 @@ fn unavailable(what: impl std::fmt::Display) -> ApiError {
 impl Remote {
     /// A client for `conf`'s entity. Nothing is sent until the first call.
     pub fn new(conf: &AgentConf) -> ApiResult<Remote> {
-        let mut roots = rustls::RootCertStore::empty();
-        use rustls::pki_types::pem::PemObject;
-        for cert in rustls::pki_types::CertificateDer::pem_slice_iter(conf.ca_cert.as_bytes()) {
-            let cert = cert.map_err(|e| {
-                ApiError::new(ErrorCode::Internal, format!("bad CA certificate: {e}"))
-            })?;
-            roots.add(cert).map_err(|e| {
-                ApiError::new(ErrorCode::Internal, format!("bad CA certificate: {e}"))
-            })?;
-        }
-        if roots.is_empty() {
-            return Err(ApiError::new(
-                ErrorCode::Internal,
-                "no CA certificate in the agent's configuration",
-            ));
-        }
-        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-        let mut config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        config.alpn_protocols = vec![b"h2".to_vec()];
         Ok(Remote {
             tag: conf.tag.clone(),
             inner: Arc::new(Inner {
                 addresses: conf.api_addresses.clone(),
-                tls: tokio_rustls::TlsConnector::from(Arc::new(config)),
-                tag_header: conf.tag.to_string(),
+                tls: tls_trusting(&conf.ca_cert)?,
+                who: (TAG_HEADER, conf.tag.to_string()),
                 bearer: Mutex::new(Some(format!("Bearer {}", conf.secret))),
                 deferred: None,
                 conn: Mutex::new(None),
@@ -135,7 +146,7 @@ impl Remote {
             inner: Arc::new(Inner {
                 addresses: deployer.inner.addresses.clone(),
                 tls: deployer.inner.tls.clone(),
-                tag_header: tag.to_string(),
+                who: (TAG_HEADER, tag.to_string()),
                 bearer: Mutex::new(None),
                 deferred: Some(Deferred {
                     deployer,
@@ -266,20 +277,29 @@ impl Inner {
     async fn connect(&self) -> ApiResult<SendRequest<Full<Bytes>>> {
         let mut last = unavailable("no API address configured");
         for addr in &self.addresses {
-            let attempt = if let Some(path) = addr.strip_prefix("unix:") {
-                match tokio::net::UnixStream::connect(path).await {
-                    Ok(s) => self.handshake(s).await,
-                    Err(e) => Err(unavailable(format!("connecting to `{addr}`: {e}"))),
-                }
-            } else {
-                match tokio::net::TcpStream::connect(addr.as_str()).await {
-                    Ok(s) => {
-                        let _ = s.set_nodelay(true);
-                        self.handshake(s).await
+            let attempt = tokio::time::timeout(CONNECT_TIMEOUT, async {
+                if let Some(path) = addr.strip_prefix("unix:") {
+                    match tokio::net::UnixStream::connect(path).await {
+                        Ok(s) => self.handshake(s).await,
+                        Err(e) => Err(unavailable(format!("connecting to `{addr}`: {e}"))),
                     }
-                    Err(e) => Err(unavailable(format!("connecting to `{addr}`: {e}"))),
+                } else {
+                    match tokio::net::TcpStream::connect(addr.as_str()).await {
+                        Ok(s) => {
+                            let _ = s.set_nodelay(true);
+                            self.handshake(s).await
+                        }
+                        Err(e) => Err(unavailable(format!("connecting to `{addr}`: {e}"))),
+                    }
                 }
-            };
+            })
+            .await
+            .unwrap_or_else(|_| {
+                Err(unavailable(format!(
+                    "connecting to `{addr}`: no TLS session within {}s",
+                    CONNECT_TIMEOUT.as_secs()
+                )))
+            });
             match attempt {
                 Ok(s) => return Ok(s),
                 Err(e) => last = e,
@@ -321,7 +341,7 @@ impl Inner {
 
     fn request(&self, path: &str, body: Vec<u8>, bearer: &str) -> hyper::Request<Full<Bytes>> {
         hyper::Request::post(format!("https://{SERVER_NAME}{path}"))
-            .header(TAG_HEADER, &self.tag_header)
+            .header(self.who.0, &self.who.1)
             .header(hyper::header::AUTHORIZATION, bearer)
             .header(hyper::header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(body)))
@@ -457,7 +477,7 @@ impl Facade for Remote {
             loop {
                 if let Some(b) = body.take() {
                     pump(b, &tx, &mut since).await;
-                    tracing::debug!(agent = %inner.tag_header, ?target, since, "watch stream ended");
+                    tracing::debug!(agent = %inner.who.1, ?target, since, "watch stream ended");
                     backoff = Duration::from_millis(100);
                 }
                 if tx.is_closed() {
@@ -470,16 +490,16 @@ impl Facade for Remote {
                 backoff = (backoff * 2).min(Duration::from_secs(5));
                 match inner.open_watch(&target, since).await {
                     Ok((b, _)) => {
-                        tracing::debug!(agent = %inner.tag_header, ?target, since, "watch resumed");
+                        tracing::debug!(agent = %inner.who.1, ?target, since, "watch resumed");
                         body = Some(b)
                     }
                     // The entity is gone or no longer ours: the watch ends.
                     Err(e) if e.is_unauthorized() => {
-                        tracing::debug!(agent = %inner.tag_header, ?target, error = %e, "watch refused; it ends");
+                        tracing::debug!(agent = %inner.who.1, ?target, error = %e, "watch refused; it ends");
                         return;
                     }
                     Err(e) => {
-                        tracing::debug!(agent = %inner.tag_header, ?target, error = %e, "cannot resume a watch yet")
+                        tracing::debug!(agent = %inner.who.1, ?target, error = %e, "cannot resume a watch yet")
                     }
                 }
             }
@@ -708,5 +728,78 @@ impl Connector for RemoteConnector {
             tag.clone(),
             self.dir.join(format!("{tag}.conf")),
         ))
+    }
+}
+
+/// A user's client of the controller: the client facade
+/// ([`jujube_wire::client`]) over the same kind of connection an agent
+/// has — HTTP/2, TLS trusting only the environment's CA.
+pub struct UserClient {
+    inner: Inner,
+}
+
+impl UserClient {
+    /// A client for `user` with `password` at `addresses`; nothing is sent
+    /// until the first call.
+    pub fn new(
+        addresses: &[String],
+        ca_cert: &str,
+        user: &str,
+        password: &str,
+    ) -> ApiResult<UserClient> {
+        Ok(UserClient {
+            inner: Inner {
+                addresses: addresses.to_vec(),
+                tls: tls_trusting(ca_cert)?,
+                who: (jujube_wire::client::USER_HEADER, user.to_string()),
+                bearer: Mutex::new(Some(format!("Bearer {password}"))),
+                deferred: None,
+                conn: Mutex::new(None),
+                refused: std::sync::atomic::AtomicBool::new(false),
+            },
+        })
+    }
+
+    /// Makes `call`; the answer's JSON, or the controller's refusal. A
+    /// controller that cannot be reached is `Err` of [`ApiError`].
+    pub async fn call(
+        &self,
+        call: &jujube_wire::client::ClientCall,
+    ) -> ApiResult<Result<serde_json::Value, jujube_wire::client::ClientError>> {
+        let body = serde_json::to_vec(call).expect("plain data");
+        let resp = self
+            .inner
+            .send(jujube_wire::client::CLIENT_PATH, body)
+            .await?;
+        client_answer(resp).await
+    }
+
+    /// `jujube register`: trades a registration secret for a password (no
+    /// credential is presented).
+    pub async fn register(
+        &self,
+        registration: &jujube_wire::client::Registration,
+    ) -> ApiResult<Result<serde_json::Value, jujube_wire::client::ClientError>> {
+        let body = serde_json::to_vec(registration).expect("plain data");
+        let resp = self
+            .inner
+            .send(jujube_wire::client::REGISTER_PATH, body)
+            .await?;
+        client_answer(resp).await
+    }
+}
+
+async fn client_answer(
+    resp: hyper::Response<Incoming>,
+) -> ApiResult<Result<serde_json::Value, jujube_wire::client::ClientError>> {
+    use jujube_wire::client::ClientReply;
+    let bytes = read_limited(resp.into_body()).await?;
+    match serde_json::from_slice::<ClientReply>(&bytes) {
+        Ok(ClientReply::Ok(v)) => Ok(Ok(v)),
+        Ok(ClientReply::Error(e)) => Ok(Err(e)),
+        Err(e) => Err(ApiError::new(
+            ErrorCode::Internal,
+            format!("malformed answer from the controller: {e}"),
+        )),
     }
 }

@@ -232,6 +232,49 @@ pub async fn start_api(
     Ok(api)
 }
 
+/// Where users reach environment `env_name`'s controller: its unix socket
+/// (where the path fits one) and, when `api-address` names a fixed port,
+/// that address.
+pub fn api_addresses(
+    home: &Home,
+    env_name: &str,
+    config: &BTreeMap<String, String>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let socket = home.env_dir(env_name).join("api.socket");
+    if socket.as_os_str().len() < 100 {
+        out.push(format!("unix:{}", socket.display()));
+    }
+    if let Some(a) = config.get("api-address") {
+        if !a.ends_with(":0") {
+            out.push(a.clone());
+        }
+    }
+    out
+}
+
+/// Users' calls over the API: the client facade on a store handle acting
+/// for the proven user.
+struct Clients {
+    home: Home,
+    name: String,
+    store: Store,
+    runtime: tokio::runtime::Handle,
+}
+
+impl jujube_api::clients::ClientHandler for Clients {
+    fn call(
+        &self,
+        user: &str,
+        call: jujube_wire::client::ClientCall,
+    ) -> std::result::Result<serde_json::Value, jujube_wire::client::ClientError> {
+        let zones =
+            |store: &Store| crate::facade::zones_on(&self.runtime, &self.home, &self.name, store);
+        let cx = crate::facade::Context { zones: &zones };
+        crate::facade::call(&cx, &self.store.as_user(user), call)
+    }
+}
+
 /// Where machine agents run, from environment config:
 /// - `dummy-agents`: `in-process` (the default: tasks of the controller) or
 ///   `process` (one `jujube agent` process per machine, through the API
@@ -600,6 +643,14 @@ pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
     // process: the API server and the host share them.
     let facades = std::sync::Arc::new(jujube_agent_state::Facades::new(store.clone())?);
     let api = start_api(home, env_name, &store, facades.clone()).await?;
+    api.serve_clients(Arc::new(Clients {
+        home: Home {
+            root: home.root.clone(),
+        },
+        name: env_name.to_string(),
+        store: store.clone(),
+        runtime: tokio::runtime::Handle::current(),
+    }));
     jujube_agent::hooks::runner::set_environment(jujube_agent::hooks::runner::Environment {
         name: env_name.to_string(),
         uuid: store.environment()?.uuid,
@@ -843,7 +894,7 @@ fn progress_line(p: &jujube_wire::view::Progress, stuck: &[String]) -> (String, 
 /// waits for its answer, prints its output (stdout to `out`, stderr to
 /// stderr) and returns its exit status (1 when it could not run or was
 /// killed). The unit's agent runs it in a hook context between hooks.
-pub async fn run_command(
+pub fn run_command(
     home: &Home,
     env_name: &str,
     client: &Client<'_>,
@@ -865,8 +916,7 @@ pub async fn run_command(
     let what = "the command".to_string();
     let result: RunResult = answer(unit, &what, timeout, "", || {
         client.call(ClientCall::RunResult { id })
-    })
-    .await?;
+    })?;
     let _ = client.call::<()>(ClientCall::ForgetRun { id });
     out.write_all(result.stdout.as_bytes())?;
     out.flush()?;
@@ -883,14 +933,14 @@ const ANSWER_POLL: Duration = Duration::from_millis(100);
 /// Waits for `unit`'s agent to answer (`poll` gives the answer once there
 /// is one): `timeout` for its run, 30 s more for the agent to pick it up
 /// and answer. `what` names the request in errors, `hint` ends the timeout's.
-async fn answer<T>(
+fn answer<T>(
     unit: &str,
     what: &str,
     timeout: Duration,
     hint: &str,
     poll: impl Fn() -> Result<Option<T>>,
 ) -> Result<T> {
-    let deadline = tokio::time::Instant::now() + timeout + Duration::from_secs(30);
+    let deadline = std::time::Instant::now() + timeout + Duration::from_secs(30);
     loop {
         match poll() {
             Ok(Some(r)) => return Ok(r),
@@ -903,10 +953,10 @@ async fn answer<T>(
             }
             Err(e) => return Err(e),
         }
-        if tokio::time::Instant::now() >= deadline {
+        if std::time::Instant::now() >= deadline {
             bail!("unit `{unit}` did not run {what} within {}s; is its agent running? (`jujube status` shows its agent-status{hint})", timeout.as_secs() + 30);
         }
-        tokio::time::sleep(ANSWER_POLL).await;
+        std::thread::sleep(ANSWER_POLL);
     }
 }
 
@@ -923,7 +973,7 @@ pub struct ActionRun<'a> {
 /// parameters checked against the charm's actions.yaml first: refused,
 /// nothing queued), waits for its task and prints its results as YAML;
 /// exits 1 when it failed. `--background` prints the task's id instead.
-pub async fn run_action(
+pub fn run_action(
     home: &Home,
     env_name: &str,
     client: &Client<'_>,
@@ -964,8 +1014,7 @@ pub async fn run_action(
     let task = answer(unit, &what, timeout, &later, || {
         let t: Task = client.call(ClientCall::Task { id })?;
         Ok(t.result.is_some().then_some(t))
-    })
-    .await?;
+    })?;
     let result = task.result.as_ref().expect("answered");
     let outcome = result.action.clone().unwrap_or_default();
     for (at, message) in &outcome.log {
@@ -1074,12 +1123,12 @@ pub fn render_task(task: &Task) -> String {
 /// `controller_runs` tells, on a timeout, whether a controller is at work:
 /// the error then says what holds things up rather than asking whether one
 /// runs.
-pub async fn wait(
+pub fn wait(
     client: &Client<'_>,
     timeout: Duration,
     controller_runs: &dyn Fn() -> bool,
 ) -> Result<()> {
-    let deadline = tokio::time::Instant::now() + timeout;
+    let deadline = std::time::Instant::now() + timeout;
     let mut progress = Reporter::new("wait", true);
     loop {
         let state: WaitState = client.call(ClientCall::WaitState)?;
@@ -1090,7 +1139,7 @@ pub async fn wait(
             &msg,
             &line,
         );
-        let timed_out = tokio::time::Instant::now() >= deadline;
+        let timed_out = std::time::Instant::now() >= deadline;
         if s.is_empty() || timed_out {
             progress.finish(&line);
             let listed = state.errors;
@@ -1115,7 +1164,7 @@ pub async fn wait(
             }
             return Ok(());
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        std::thread::sleep(Duration::from_millis(200));
     }
 }
 
@@ -1123,6 +1172,9 @@ pub async fn wait(
 /// then deletes its state.
 pub async fn destroy(home: &Home, name: &str, yes: bool, out: &mut impl Write) -> Result<()> {
     use std::io::IsTerminal;
+    if !home.has_store(name) {
+        bail!("environment `{name}` was not bootstrapped from this home (`JUJUBE_HOME`): destroy it from the home that bootstrapped it");
+    }
     let store = home.open(name)?;
     if !yes {
         if !std::io::stdin().is_terminal() {
@@ -1177,6 +1229,7 @@ pub async fn destroy(home: &Home, name: &str, yes: bool, out: &mut impl Write) -
     drop(store);
     std::fs::remove_dir_all(home.env_dir(name))
         .with_context(|| format!("cannot remove `{}`", home.env_dir(name).display()))?;
+    home.forget(name)?;
     if home.current().as_deref() == Some(name) {
         home.clear_current()?;
     }

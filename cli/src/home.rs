@@ -2,10 +2,36 @@
 //! directory + `jujube`), one folder per environment holding its state
 //! database (and, for the dummy provider, its cloud), and a `current-environment`
 //! file naming the one commands use by default.
+//!
+//! What the client knows of controllers, beside: `controllers.json` (each
+//! environment's API addresses and CA certificate) and `accounts.json` (the
+//! user and password this home logs in with, per environment; 0600). A
+//! home that bootstrapped an environment has both and its folder; one that
+//! registered with `jujube register` has only the two files.
 
 use anyhow::{anyhow, bail, Context, Result};
 use jujube_state::Store;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+
+/// How to reach an environment's controller.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControllerEntry {
+    pub uuid: String,
+    pub addresses: Vec<String>,
+    pub ca_cert: String,
+}
+
+/// Who this home logs in as.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Account {
+    pub user: String,
+    pub password: String,
+}
+
+const CONTROLLERS: &str = "controllers.json";
+const ACCOUNTS: &str = "accounts.json";
 
 pub struct Home {
     pub root: PathBuf,
@@ -35,7 +61,82 @@ impl Home {
     }
 
     pub fn exists(&self, name: &str) -> bool {
+        self.has_store(name) || self.controller(name).ok().flatten().is_some()
+    }
+
+    /// Whether the environment's store is on this host (it was bootstrapped
+    /// from this home).
+    pub fn has_store(&self, name: &str) -> bool {
         self.state_path(name).exists()
+    }
+
+    fn read_map<T: serde::de::DeserializeOwned>(&self, file: &str) -> Result<BTreeMap<String, T>> {
+        let path = self.root.join(file);
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .with_context(|| format!("cannot read `{}`; fix or remove it", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
+            Err(e) => Err(e).with_context(|| format!("cannot read `{}`", path.display())),
+        }
+    }
+
+    /// Writes `file` whole (0600, then renamed into place: a crash never
+    /// leaves half of it).
+    fn write_map<T: Serialize>(&self, file: &str, map: &BTreeMap<String, T>) -> Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::create_dir_all(&self.root)
+            .with_context(|| format!("cannot create `{}`", self.root.display()))?;
+        let path = self.root.join(file);
+        let tmp = self.root.join(format!("{file}.tmp"));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .with_context(|| format!("cannot write `{}`", tmp.display()))?;
+        f.write_all(&serde_json::to_vec_pretty(map)?)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)
+            .with_context(|| format!("cannot write `{}`", path.display()))?;
+        Ok(())
+    }
+
+    pub fn controller(&self, name: &str) -> Result<Option<ControllerEntry>> {
+        Ok(self.read_map::<ControllerEntry>(CONTROLLERS)?.remove(name))
+    }
+
+    pub fn set_controller(&self, name: &str, entry: ControllerEntry) -> Result<()> {
+        let mut all = self.read_map::<ControllerEntry>(CONTROLLERS)?;
+        all.insert(name.to_string(), entry);
+        self.write_map(CONTROLLERS, &all)
+    }
+
+    pub fn account(&self, name: &str) -> Result<Option<Account>> {
+        Ok(self.read_map::<Account>(ACCOUNTS)?.remove(name))
+    }
+
+    /// Sets (`Some`) or forgets (`None`) the account for `name`.
+    pub fn set_account(&self, name: &str, account: Option<Account>) -> Result<()> {
+        let mut all = self.read_map::<Account>(ACCOUNTS)?;
+        match account {
+            Some(a) => all.insert(name.to_string(), a),
+            None => all.remove(name),
+        };
+        self.write_map(ACCOUNTS, &all)
+    }
+
+    /// Forgets environment `name`'s controller and account.
+    pub fn forget(&self, name: &str) -> Result<()> {
+        let mut all = self.read_map::<ControllerEntry>(CONTROLLERS)?;
+        if all.remove(name).is_some() {
+            self.write_map(CONTROLLERS, &all)?;
+        }
+        if self.account(name)?.is_some() {
+            self.set_account(name, None)?;
+        }
+        Ok(())
     }
 
     pub fn environments(&self) -> Result<Vec<String>> {
@@ -53,7 +154,9 @@ impl Home {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e).with_context(|| format!("cannot read `{}`", dir.display())),
         }
+        names.extend(self.read_map::<ControllerEntry>(CONTROLLERS)?.into_keys());
         names.sort();
+        names.dedup();
         Ok(names)
     }
 

@@ -22,6 +22,7 @@ mod hooktool;
 mod progress;
 mod render;
 mod supervise;
+mod users;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -30,7 +31,7 @@ use home::Home;
 use jujube_core::{names, series, Constraints};
 use jujube_state::environment::EnvironmentSpec;
 use jujube_state::model::JOB_MANAGE_ENVIRON;
-use jujube_wire::client::{ClientCall, Deployed};
+use jujube_wire::client::{Access, ClientCall, Deployed, UserInfo};
 use jujube_wire::view::{Status, Stray, Task};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -249,6 +250,44 @@ enum Command {
         #[arg(long, value_enum, default_value = "tabular")]
         format: Format,
     },
+    /// Add a user (with `read` access unless `--access` says otherwise) and print
+    /// the one-time string it registers with.
+    AddUser {
+        name: String,
+        #[arg(long, default_value = "read", value_parser = parse_access)]
+        access: Access,
+    },
+    /// Register with the string `add-user` printed: choose a password, and make
+    /// the environment current. The password is read from the terminal, or
+    /// from standard input when it is not one.
+    Register { string: String },
+    /// Log in to the environment's controller as USER (default: this home's
+    /// user, else `admin`).
+    Login {
+        #[arg(long = "user", short = 'u')]
+        user: Option<String>,
+    },
+    /// Forget this home's password for the environment.
+    Logout,
+    /// Change a user's password (default: your own).
+    ChangeUserPassword { user: Option<String> },
+    /// List users (an admin sees every user; others themselves).
+    Users {
+        #[arg(long, value_enum, default_value = "tabular")]
+        format: Format,
+    },
+    /// Give a user `read`, `write` or `admin` access (never lowers it).
+    Grant {
+        user: String,
+        #[arg(value_parser = parse_access)]
+        access: Access,
+    },
+    /// Take `read`, `write` or `admin` access away (leaves what is below it).
+    Revoke {
+        user: String,
+        #[arg(value_parser = parse_access)]
+        access: Access,
+    },
     /// Run the provisioner and the cleaner in the foreground (logs: RUST_LOG).
     Controller,
     /// Run `jujube controller`, starting it again when it dies (what
@@ -370,6 +409,10 @@ enum DummyAction {
     },
     /// List live instances (all of them, whoever owns them) as JSON.
     List,
+}
+
+fn parse_access(s: &str) -> std::result::Result<Access, String> {
+    s.parse()
 }
 
 /// A command line that parsed but makes no sense: exit code 2.
@@ -525,11 +568,31 @@ fn run(cli: Cli) -> Result<()> {
                 store.initialize(&spec)?;
                 // The environment's CA and the API server's certificate.
                 jujube_api::tls::ensure(&dir, &spec.uuid)?;
+                // `admin`, with a password only this home's account file
+                // holds (the store keeps its hash).
+                let password = facade::new_secret();
+                store.create_admin(&password)?;
+                home.set_controller(
+                    &name,
+                    home::ControllerEntry {
+                        uuid: spec.uuid.clone(),
+                        addresses: controller::api_addresses(&home, &name, &spec.config),
+                        ca_cert: jujube_api::tls::ca_cert(&dir)?,
+                    },
+                )?;
+                home.set_account(
+                    &name,
+                    Some(home::Account {
+                        user: jujube_state::users::ADMIN.to_string(),
+                        password,
+                    }),
+                )?;
                 bootstrap_machine_0(&home, &name, &store)?;
                 home.set_current(&name)
             })();
             if let Err(e) = result {
                 let _ = std::fs::remove_dir_all(&dir);
+                let _ = home.forget(&name);
                 return Err(e);
             }
             writeln!(
@@ -617,13 +680,11 @@ fn run(cli: Cli) -> Result<()> {
             let code = match (action.split_first(), command.is_empty()) {
                 (None, false) => {
                     let client = Client::open(&home, &name)?;
-                    runtime()?.block_on(controller::run_command(
-                        &home, &name, &client, &unit, &command, timeout, out,
-                    ))?
+                    controller::run_command(&home, &name, &client, &unit, &command, timeout, out)?
                 }
                 (Some((action, params)), true) => {
                     let client = Client::open(&home, &name)?;
-                    runtime()?.block_on(controller::run_action(
+                    controller::run_action(
                         &home,
                         &name,
                         &client,
@@ -635,7 +696,7 @@ fn run(cli: Cli) -> Result<()> {
                             background,
                         },
                         out,
-                    ))?
+                    )?
                 }
                 (None, true) => return Err(usage(format!(
                     "name an action to run on `{unit}` (`jujube run {unit} ACTION [KEY=VALUE]...`), or a command after `--`"
@@ -656,9 +717,8 @@ fn run(cli: Cli) -> Result<()> {
             let timeout = parse_timeout(&timeout)?;
             let name = home.select(env_flag)?;
             let client = Client::open(&home, &name)?;
-            let code = runtime()?.block_on(controller::run_command(
-                &home, &name, &client, &unit, &command, timeout, out,
-            ))?;
+            let code =
+                controller::run_command(&home, &name, &client, &unit, &command, timeout, out)?;
             if code != 0 {
                 return Err(ExitWith(code).into());
             }
@@ -730,6 +790,15 @@ fn run(cli: Cli) -> Result<()> {
                     writeln!(out)?;
                 }
             }
+        }
+        Command::Register { string } => users::register(&home, &string, out)?,
+        Command::Login { user } => {
+            let name = home.select(env_flag)?;
+            users::login(&home, &name, user.as_deref(), out)?;
+        }
+        Command::Logout => {
+            let name = home.select(env_flag)?;
+            users::logout(&home, &name, out)?;
         }
         Command::Switch { name } => {
             let name = home.select(Some(&name))?;
@@ -916,7 +985,8 @@ fn model_command(
             // one `bootstrap` left running under its supervisor), not in an
             // agent of its own: its agent status says whether a controller
             // runs them now.
-            let runs = controller::controller_runs(home, name);
+            // A controller answered this call over the API: it runs.
+            let runs = client.is_remote() || controller::controller_runs(home, name);
             let supervised = supervise::running(home, name).is_some();
             for (_, m) in st.machines.0.iter_mut() {
                 let manages = m.jobs.iter().any(|j| j == JOB_MANAGE_ENVIRON);
@@ -925,8 +995,10 @@ fn model_command(
                         m.agent_status = "started".into();
                         m.agent_status_info = if supervised {
                             "its jobs run in the controller `bootstrap` started (restarted if it dies)"
-                        } else {
+                        } else if home.has_store(name) {
                             "its jobs run in `jujube controller`"
+                        } else {
+                            "its jobs run in the controller that answered"
                         }
                         .into();
                     } else if supervised {
@@ -978,6 +1050,21 @@ fn model_command(
                 writeln!(out, "machine `{id}` will be provisioned again")?;
             }
         }
+        Command::AddUser { name: user, access } => {
+            users::add_user(home, client, name, &user, access, out)?
+        }
+        Command::ChangeUserPassword { user } => {
+            users::change_password(home, client, name, user.as_deref(), out)?
+        }
+        Command::Users { format } => render::users(
+            &client.call::<Vec<UserInfo>>(ClientCall::Users)?,
+            format,
+            out,
+        )?,
+        Command::Grant { user, access } => users::change_access(client, &user, access, true, out)?,
+        Command::Revoke { user, access } => {
+            users::change_access(client, &user, access, false, out)?
+        }
         Command::Strays { format } => {
             render::strays(&client.call::<Vec<Stray>>(ClientCall::Strays)?, format, out)?
         }
@@ -988,7 +1075,7 @@ fn model_command(
                 ))
             })?;
             let runs = || controller::controller_runs(home, name);
-            runtime()?.block_on(controller::wait(client, timeout, &runs))?;
+            controller::wait(client, timeout, &runs)?;
         }
         Command::Bootstrap { .. }
         | Command::Environments
@@ -1001,6 +1088,9 @@ fn model_command(
         | Command::Run { .. }
         | Command::Exec { .. }
         | Command::ShowTask { .. }
+        | Command::Register { .. }
+        | Command::Login { .. }
+        | Command::Logout
         | Command::Enroll { .. }
         | Command::DummyCloud { .. } => unreachable!("handled by run"),
     }

@@ -338,3 +338,31 @@ fn join_messages(parts: &[&str]) -> String {
 fn unit_message(workload: &str, agent: &str, refused: Option<&str>) -> String {
     join_messages(&[workload, agent, &refused_message(refused)])
 }
+
+/// `jujube users`.
+pub fn users(
+    users: &[jujube_wire::client::UserInfo],
+    format: Format,
+    out: &mut impl Write,
+) -> Result<()> {
+    if !structured(&users, format, out)? {
+        let rows: Vec<Vec<String>> = users
+            .iter()
+            .map(|u| {
+                vec![
+                    u.name.clone(),
+                    u.access.to_string(),
+                    dash(u.created_by.as_deref().unwrap_or("")),
+                    jujube_core::time::format_utc(u64::try_from(u.created_at).unwrap_or(0)),
+                    if u.registered { "yes" } else { "no" }.into(),
+                ]
+            })
+            .collect();
+        table(
+            out,
+            &["Name", "Access", "Added by", "Added", "Registered"],
+            &rows,
+        )?;
+    }
+    Ok(())
+}

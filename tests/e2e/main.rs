@@ -13,6 +13,7 @@ mod model;
 mod ops;
 mod provisioning;
 mod supervised;
+mod users;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -63,16 +64,30 @@ impl Jujube {
     }
 
     pub fn run(&self, args: &[&str]) -> Run {
+        self.run_with_input(args, "")
+    }
+
+    /// Runs a command with `input` on its standard input (a pipe, not a
+    /// terminal).
+    pub fn run_with_input(&self, args: &[&str], input: &str) -> Run {
+        use std::io::Write;
         let manual = args.first() == Some(&"bootstrap") && !self.auto_controller;
-        let out: Output = Command::new(env!("CARGO_BIN_EXE_jujube"))
+        let mut child = Command::new(env!("CARGO_BIN_EXE_jujube"))
             .args(args)
             .args(manual.then_some("--manual-controller"))
             .env("JUJUBE_HOME", self.home.path())
             .env_remove("JUJUBE_ENV")
             .env_remove("JUJUBE_REPOSITORY")
             .envs(self.envs.iter().map(|(k, v)| (k, v)))
-            .output()
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
             .expect("run jujube");
+        let mut stdin = child.stdin.take().expect("a pipe");
+        let _ = stdin.write_all(input.as_bytes());
+        drop(stdin);
+        let out: Output = child.wait_with_output().expect("run jujube");
         Run {
             code: out.status.code().unwrap_or(-1),
             stdout: String::from_utf8(out.stdout).unwrap(),
