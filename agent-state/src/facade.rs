@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use jujube_agent::api::{
     AgentStatus, ApiError, ApiResult, Bag, CharmFile, CharmRef, Connector, EndpointView, ErrorCode,
     Facade, MachineView, NoticeStream, RelationView, RunRequest, RunResult, Tag, UnitRef, UnitView,
-    WatchTarget, MAX_CHARM_BYTES,
+    WatchTarget,
 };
 use jujube_state::agents::deployer_of;
 use jujube_state::{AgentOp, Caller, Relation, Store, Unit};
@@ -136,89 +136,7 @@ fn api_error(caller: &Caller, e: jujube_state::Error) -> ApiError {
     ApiError::new(code, message)
 }
 
-/// One file of a charm as [`charm_manifest`] finds it.
-#[derive(Debug, Clone)]
-pub struct CharmEntry {
-    /// Relative to the charm's root, `/`-separated.
-    pub path: String,
-    pub file: std::path::PathBuf,
-    pub mode: u32,
-    pub len: u64,
-}
-
-/// The files of the charm at `root`, sorted by path, without reading them:
-/// at most [`MAX_CHARM_BYTES`] in all. A symlink to a file inside the charm
-/// (charmcraft links `hooks/install` to `../dispatch`) is shipped as a copy
-/// of that file; one that leaves the charm, or names a directory, is
-/// refused.
-pub fn charm_manifest(root: &std::path::Path) -> ApiResult<Vec<CharmEntry>> {
-    use std::os::unix::fs::PermissionsExt;
-    let internal = |what: String| ApiError::new(ErrorCode::Internal, what);
-    let real_root = std::fs::canonicalize(root).map_err(|e| {
-        internal(format!(
-            "cannot read the charm at `{}`: {e}",
-            root.display()
-        ))
-    })?;
-    let mut out = Vec::new();
-    let mut total = 0u64;
-    let mut todo = vec![(root.to_path_buf(), String::new())];
-    while let Some((dir, rel)) = todo.pop() {
-        let entries = std::fs::read_dir(&dir)
-            .map_err(|e| internal(format!("cannot read the charm at `{}`: {e}", dir.display())))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| internal(e.to_string()))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let path = if rel.is_empty() {
-                name
-            } else {
-                format!("{rel}/{name}")
-            };
-            let mut meta =
-                std::fs::symlink_metadata(entry.path()).map_err(|e| internal(e.to_string()))?;
-            if meta.file_type().is_symlink() {
-                let target = std::fs::canonicalize(entry.path())
-                    .ok()
-                    .filter(|t| t.starts_with(&real_root))
-                    .and_then(|t| std::fs::metadata(t).ok())
-                    .filter(|m| m.is_file());
-                match target {
-                    Some(m) => meta = m,
-                    None => {
-                        return Err(ApiError::new(
-                            ErrorCode::Refused,
-                            format!("the charm at `{}` holds `{path}`, a symlink that does not name a file inside the charm; make it a link to a file in the charm, or a copy", root.display()),
-                        ))
-                    }
-                }
-            }
-            if meta.is_dir() {
-                todo.push((entry.path(), path));
-            } else if meta.is_file() {
-                total += meta.len();
-                if total > MAX_CHARM_BYTES as u64 {
-                    return Err(ApiError::new(
-                        ErrorCode::Refused,
-                        format!("the charm at `{}` is larger than {} MiB; agents on other machines cannot fetch it", root.display(), MAX_CHARM_BYTES >> 20),
-                    ));
-                }
-                out.push(CharmEntry {
-                    path,
-                    file: entry.path(),
-                    mode: meta.permissions().mode() & 0o7777,
-                    len: meta.len(),
-                });
-            } else {
-                return Err(ApiError::new(
-                    ErrorCode::Refused,
-                    format!("the charm at `{}` holds `{path}`, which is not a plain file, directory or link to a file in the charm", root.display()),
-                ));
-            }
-        }
-    }
-    out.sort_by(|a, b| a.path.cmp(&b.path));
-    Ok(out)
-}
+pub use jujube_agent::charmdir::{charm_manifest, CharmEntry};
 
 /// Every file under `root`, paths relative and `/`-separated (see
 /// [`charm_manifest`] for symlinks and the bound).

@@ -4,6 +4,8 @@
 //! # Layout
 //! - [`api`]: the [`Facade`](api::Facade) trait — the wire contract, scoped
 //!   to the agent's own entity — and its plain-data types.
+//! - [`charmdir`]: what of a charm directory is shipped (to agents, and a
+//!   client's upload to the controller) and the upload's archive.
 //! - [`deployer`]: deploying units (a directory per unit with the charm
 //!   copied in, and a running unit agent), recalling them, and the
 //!   deployer's duties shared by machine agents (principals) and unit agents
@@ -24,6 +26,7 @@
 //! (`jujube-agent-state`) or a remote one.
 
 pub mod api;
+pub mod charmdir;
 pub mod deployer;
 pub mod hooks;
 pub mod machine;

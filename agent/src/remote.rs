@@ -774,6 +774,21 @@ impl UserClient {
         client_answer(resp).await
     }
 
+    /// Uploads the charm at `root` (its [`crate::charmdir`] archive);
+    /// answers the `upload:ID` a following call names it by.
+    pub async fn upload_charm(
+        &self,
+        root: &std::path::Path,
+    ) -> ApiResult<Result<serde_json::Value, jujube_wire::client::ClientError>> {
+        let mut body = Vec::new();
+        crate::charmdir::write_archive(root, &mut body)?;
+        let resp = self
+            .inner
+            .send(jujube_wire::client::CHARM_PATH, body)
+            .await?;
+        client_answer(resp).await
+    }
+
     /// `jujube register`: trades a registration secret for a password (no
     /// credential is presented).
     pub async fn register(

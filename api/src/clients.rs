@@ -18,7 +18,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use jujube_wire::client::{
-    ClientCall, ClientError, ClientReply, Registration, CLIENT_PATH, REGISTER_PATH, USER_HEADER,
+    ClientCall, ClientError, ClientReply, Registration, CHARM_PATH, CLIENT_PATH, REGISTER_PATH,
+    USER_HEADER,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,7 +73,97 @@ fn refused(status: StatusCode, message: impl Into<String>) -> Response<Body> {
 
 /// Whether `path` is a users' endpoint.
 pub(crate) fn serves(path: &str) -> bool {
-    path == CLIENT_PATH || path == REGISTER_PATH
+    path == CLIENT_PATH || path == REGISTER_PATH || path == CHARM_PATH
+}
+
+/// How long an uploaded charm waits for the call that uses it; older ones
+/// are removed by the next upload.
+pub const UPLOAD_KEPT: Duration = Duration::from_secs(3600);
+
+/// Where uploads wait for their call, under the charms directory.
+pub const PENDING: &str = "pending";
+
+/// `POST` [`CHARM_PATH`]: the archive laid out as it arrives under
+/// `charms/pending/ID`; answers `upload:ID`.
+async fn upload(shared: &Arc<Shared>, user: &str, req: Request<Incoming>) -> Response<Body> {
+    let store = shared.store.as_user(user);
+    let allowed =
+        tokio::task::spawn_blocking(move || store.require(jujube_wire::client::Access::Write))
+            .await;
+    match allowed {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return refused(StatusCode::FORBIDDEN, e.to_string()),
+        Err(e) => return refused(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+    let pending = shared.charms_dir.join(PENDING);
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let dir = pending.join(&id);
+    let unpacked = {
+        let (pending, dir) = (pending.clone(), dir.clone());
+        let mut body = req.into_body();
+        async move {
+            tokio::task::spawn_blocking(move || forget_old(&pending))
+                .await
+                .ok();
+            let mut unpacker = {
+                let dir = dir.clone();
+                tokio::task::spawn_blocking(move || jujube_agent::charmdir::Unpacker::new(&dir))
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| e.message)?
+            };
+            while let Some(frame) = body.frame().await {
+                let frame = frame.map_err(|e| format!("the upload was cut short: {e}"))?;
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                unpacker =
+                    tokio::task::spawn_blocking(move || unpacker.feed(&data).map(|()| unpacker))
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .map_err(|e| e.message)?;
+            }
+            unpacker.finish().map_err(|e| e.message)
+        }
+        .await
+    };
+    match unpacked {
+        Ok(_) => {
+            info!(user = %user, upload = %id, "charm uploaded");
+            client_reply(
+                StatusCode::OK,
+                &ClientReply::Ok(serde_json::Value::String(format!(
+                    "{}{id}",
+                    jujube_wire::client::UPLOAD_PREFIX
+                ))),
+            )
+        }
+        Err(message) => {
+            let _ = std::fs::remove_dir_all(&dir);
+            refused(
+                StatusCode::CONFLICT,
+                format!("cannot upload the charm: {message}"),
+            )
+        }
+    }
+}
+
+/// Removes uploads older than [`UPLOAD_KEPT`].
+fn forget_old(pending: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(pending) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > UPLOAD_KEPT);
+        if old {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 pub(crate) async fn handle(
@@ -96,6 +187,9 @@ pub(crate) async fn handle(
         Ok(u) => u,
         Err(resp) => return resp,
     };
+    if req.uri().path() == CHARM_PATH {
+        return upload(shared, &user, req).await;
+    }
     let body = match read(shared, req.into_body()).await {
         Ok(b) => b,
         Err(resp) => return resp,

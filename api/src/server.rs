@@ -103,6 +103,8 @@ pub(crate) struct Shared {
     pub(crate) limits: Limits,
     /// Users' calls, once the controller hands a handler over.
     pub(crate) clients: std::sync::OnceLock<Arc<dyn crate::clients::ClientHandler>>,
+    /// Where charms users upload are kept (the environment's `charms`).
+    pub(crate) charms_dir: PathBuf,
     /// Password checks running at once (see [`crate::clients`]).
     pub(crate) checks: Semaphore,
     acceptor: tokio_rustls::TlsAcceptor,
@@ -194,6 +196,7 @@ impl ApiServer {
             enroller: std::sync::OnceLock::new(),
             clients: std::sync::OnceLock::new(),
             checks: crate::clients::checks(),
+            charms_dir: env_dir.join("charms"),
             unproven: Mutex::default(),
             per_credential: Mutex::default(),
             refusals: Mutex::default(),

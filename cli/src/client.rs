@@ -111,6 +111,25 @@ impl<'a> Client<'a> {
         matches!(self, Client::Remote { .. })
     }
 
+    /// The name a call gives the charm at `dir`: its path where the
+    /// controller reads this host's disk, else the id of its upload.
+    pub fn charm(&self, dir: &std::path::Path) -> Result<String> {
+        match self {
+            Client::Local { .. } => Ok(dir.to_string_lossy().into_owned()),
+            Client::Remote {
+                client, runtime, ..
+            } => {
+                match runtime
+                    .block_on(client.upload_charm(dir))
+                    .map_err(|e| anyhow!("{}", e.message))?
+                {
+                    Ok(v) => Ok(serde_json::from_value(v)?),
+                    Err(e) => Err(e.into()),
+                }
+            }
+        }
+    }
+
     /// Makes `call`; its answer read as `T`. A refusal is an error whose
     /// message is the controller's words (a usage error exits 2).
     pub fn call<T: DeserializeOwned>(&self, call: ClientCall) -> Result<T> {
@@ -120,7 +139,10 @@ impl<'a> Client<'a> {
                     let rt = crate::runtime().ok()?;
                     crate::facade::zones_on(rt.handle(), home, name, store)
                 };
-                let cx = crate::facade::Context { zones: &zones };
+                let cx = crate::facade::Context {
+                    zones: &zones,
+                    charms: None,
+                };
                 crate::facade::call(&cx, store, call)
             }
             Client::Remote {

@@ -270,7 +270,11 @@ impl jujube_api::clients::ClientHandler for Clients {
     ) -> std::result::Result<serde_json::Value, jujube_wire::client::ClientError> {
         let zones =
             |store: &Store| crate::facade::zones_on(&self.runtime, &self.home, &self.name, store);
-        let cx = crate::facade::Context { zones: &zones };
+        let charms = self.home.env_dir(&self.name).join("charms");
+        let cx = crate::facade::Context {
+            zones: &zones,
+            charms: Some(&charms),
+        };
         crate::facade::call(&cx, &self.store.as_user(user), call)
     }
 }
@@ -903,7 +907,8 @@ pub fn run_command(
     timeout: Duration,
     out: &mut impl Write,
 ) -> Result<u8> {
-    if !controller_runs(home, env_name) {
+    // A controller answering over the API runs, by definition.
+    if !client.is_remote() && !controller_runs(home, env_name) {
         bail!("no controller runs for environment `{env_name}`, so no agent can run the command; start one with `jujube controller`");
     }
     let id: i64 = client.call(ClientCall::QueueRun {
@@ -987,7 +992,7 @@ pub fn run_action(
         timeout,
         background,
     } = run;
-    let runs = controller_runs(home, env_name);
+    let runs = client.is_remote() || controller_runs(home, env_name);
     if !runs && !background {
         bail!("no controller runs for environment `{env_name}`, so no agent can run the action; start one with `jujube controller` (nothing was queued; `--background` queues it for when one runs)");
     }

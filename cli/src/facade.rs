@@ -25,6 +25,31 @@ pub struct Context<'a> {
     /// Lists the provider's zones, where it can (see [`ZONE_CHECK_TIMEOUT`]);
     /// `None` when it cannot be asked.
     pub zones: &'a (dyn Fn(&Store) -> Option<Vec<String>> + Sync),
+    /// Where uploaded charms are kept (`None`: no uploads, in process).
+    pub charms: Option<&'a std::path::Path>,
+}
+
+/// The directory a call's charm names: `upload:ID`, an upload, moved out
+/// of the pending ones to be kept (the store records its path); else a
+/// directory on the controller's disk.
+fn charm_dir(cx: &Context<'_>, charm: &str) -> Result<PathBuf> {
+    let Some(id) = charm.strip_prefix(jujube_wire::client::UPLOAD_PREFIX) else {
+        return Ok(PathBuf::from(charm));
+    };
+    let charms = cx
+        .charms
+        .ok_or_else(|| anyhow::anyhow!("charm `{charm}`: no uploads here"))?;
+    if id.is_empty() || !id.chars().all(|c| c.is_ascii_hexdigit()) {
+        bail!("charm `{charm}` is not an upload's id");
+    }
+    let pending = charms.join(jujube_api::clients::PENDING).join(id);
+    let kept = charms.join(id);
+    std::fs::rename(&pending, &kept).map_err(|_| {
+        anyhow::anyhow!(
+            "upload `{id}` not found: it was used already, or is older than an hour; deploy again"
+        )
+    })?;
+    Ok(kept)
 }
 
 /// How long a command waits for the provider's zones before accepting the
@@ -95,7 +120,10 @@ fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Value> {
             to,
             settings,
         } => {
-            let loaded = charm::read_dir(PathBuf::from(&charm), url_series)?;
+            let dir = charm_dir(cx, &charm)?;
+            let uploaded = charm.starts_with(jujube_wire::client::UPLOAD_PREFIX);
+            let deployed = (|| {
+            let loaded = charm::read_dir(dir.clone(), url_series)?;
             let env = store.environment()?;
             let series_ = match (&series_flag, &loaded.url_series) {
                 (Some(f), Some(u)) if f != u => {
@@ -123,11 +151,16 @@ fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Value> {
                 settings,
             };
             let added = store.deploy(&args)?;
-            json(Deployed {
+            Ok(Deployed {
                 charm_url: store.service(&args.service)?.charm_url,
                 service: args.service,
                 units: added.len(),
             })
+            })();
+            if uploaded {
+                keep_if_used(store, &dir, deployed.as_ref().ok().map(|d| d.charm_url.as_str()));
+            }
+            json(deployed?)
         }
         ClientCall::AddUnits { service, n, to } => {
             if to.is_some() && n > 1 {
@@ -199,14 +232,23 @@ fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Value> {
             force,
         } => {
             let svc = store.service(&service)?;
+            let uploaded = path
+                .as_deref()
+                .is_some_and(|p| p.starts_with(jujube_wire::client::UPLOAD_PREFIX));
             let from = match path {
-                Some(p) => p,
-                None => store.charm(&svc.charm_url)?.path,
+                Some(p) => charm_dir(cx, &p)?,
+                None => PathBuf::from(store.charm(&svc.charm_url)?.path),
             };
-            let loaded = charm::read_dir(PathBuf::from(&from), None)?;
-            let mut c = loaded.charm;
-            c.url = format!("local:{}/{}", svc.series, c.url);
-            json(store.upgrade_charm(&service, &c, force)?)
+            let upgraded = (|| {
+                let loaded = charm::read_dir(from.clone(), None)?;
+                let mut c = loaded.charm;
+                c.url = format!("local:{}/{}", svc.series, c.url);
+                Ok::<_, anyhow::Error>(store.upgrade_charm(&service, &c, force)?)
+            })();
+            if uploaded {
+                keep_if_used(store, &from, upgraded.as_ref().ok().map(String::as_str));
+            }
+            json(upgraded?)
         }
         ClientCall::RetryProvisioning { ids } => match ids {
             // Found and resolved in the same transactions, batch by batch:
@@ -246,6 +288,21 @@ fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Value> {
         ClientCall::SetPassword { name, password } => {
             json(store.set_user_password(&name, &password)?)
         }
+    }
+}
+
+/// Removes an uploaded charm's directory unless the store's charm `url`
+/// (the call's, when it succeeded) is kept there: a failed call, or a
+/// charm the store had already (its earlier copy is the one used), leaves
+/// nothing behind.
+fn keep_if_used(store: &Store, dir: &std::path::Path, url: Option<&str>) {
+    let used = url
+        .and_then(|u| store.charm(u).ok())
+        .and_then(|c| std::fs::canonicalize(c.path).ok())
+        .zip(std::fs::canonicalize(dir).ok())
+        .is_some_and(|(a, b)| a == b);
+    if !used {
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
 

@@ -834,7 +834,7 @@ fn model_command(
         } => {
             let (dir, url_series) = charm::resolve(&charm, repository.as_deref())?;
             let deployed: Deployed = client.call(ClientCall::Deploy {
-                charm: dir.to_string_lossy().into_owned(),
+                charm: client.charm(&dir)?,
                 url_series,
                 series,
                 service,
@@ -1024,7 +1024,8 @@ fn model_command(
             let path = path
                 .map(|p| charm::resolve(&p, repository.as_deref()))
                 .transpose()?
-                .map(|(dir, _)| dir.to_string_lossy().into_owned());
+                .map(|(dir, _)| client.charm(&dir))
+                .transpose()?;
             let url: String = client.call(ClientCall::UpgradeCharm {
                 service: service.clone(),
                 path,
@@ -1074,7 +1075,7 @@ fn model_command(
                     "invalid `--timeout {timeout}`: use a duration such as `90s` or `10m`"
                 ))
             })?;
-            let runs = || controller::controller_runs(home, name);
+            let runs = || client.is_remote() || controller::controller_runs(home, name);
             controller::wait(client, timeout, &runs)?;
         }
         Command::Bootstrap { .. }

@@ -249,6 +249,13 @@ impl Store {
         })
     }
 
+    /// Refuses unless this handle's user has at least `needs` now (for what
+    /// the API server does beside the store, e.g. keeping an uploaded
+    /// charm); the controller's own handle always may.
+    pub fn require(&self, needs: Access) -> Result<()> {
+        self.read_at(needs, |_| Ok(()))
+    }
+
     /// Every user (an admin), or only the caller itself (anyone else).
     pub fn users(&self) -> Result<Vec<UserInfo>> {
         let only = match self.user() {

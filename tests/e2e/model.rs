@@ -408,7 +408,7 @@ fn a_stale_cleanup_leaves_a_new_service_of_the_same_name_alone() {
     }
 }
 
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+pub(crate) fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {
         let e = e.unwrap();

@@ -117,6 +117,26 @@ fn a_registered_read_user_sees_the_model_over_the_api_and_changes_nothing() {
         bob.run(&["add-unit", "mysql"]).ok().stdout,
         "added unit `mysql/1`\n"
     );
+    // A charm on bob's side is uploaded with the deploy: the controller
+    // keeps its own copy, which is all its agents use.
+    let mine = bob.home.path().join("my-wordpress");
+    crate::model::copy_dir(&crate::charms().join("wordpress"), &mine);
+    let r = bob.run(&["deploy", mine.to_str().unwrap(), "blog"]).ok();
+    assert_eq!(
+        r.stdout,
+        "deployed service `blog` (local:jammy/wordpress-3) with 1 unit(s)\n"
+    );
+    std::fs::remove_dir_all(&mine).unwrap();
+    bob.run(&["add-relation", "blog", "mysql"]).ok();
+    bob.run(&["wait", "--timeout", "60s"]).ok();
+    let ids = admin
+        .run(&["exec", "blog/0", "--", "relation-ids", "db"])
+        .ok();
+    assert!(ids.stdout.starts_with("db:"), "{}", ids.stdout);
+    // exec is an admin's.
+    let r = bob.run(&["exec", "blog/0", "--", "true"]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("this needs `admin`"), "{}", r.stderr);
 
     // A wrong password is refused and keeps the account that works.
     let r = bob.run_with_input(&["login"], "not bobs\n");

@@ -6,8 +6,10 @@
 //!   proves it (`authorization: Bearer PASSWORD`).
 //! - `POST` [`REGISTER_PATH`] — a [`Registration`]: the one-time secret of
 //!   `jujube add-user` traded for a password; no credential.
-//! - `PUT` [`CHARM_PATH`] — a charm's files ([`charm_archive`]) for a
-//!   `deploy` or `upgrade-charm` that follows; answers its upload id.
+//! - `POST` [`CHARM_PATH`] — a charm's files (the agent crate's
+//!   `charmdir` archive) for a `deploy` or `upgrade-charm` that follows
+//!   (`write` access); answers [`UPLOAD_PREFIX`] and the upload's id, which
+//!   the call then names as its charm.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -16,6 +18,8 @@ pub const CLIENT_PATH: &str = "/v1/client";
 pub const REGISTER_PATH: &str = "/v1/register";
 pub const CHARM_PATH: &str = "/v1/charms";
 pub const USER_HEADER: &str = "x-jujube-user";
+/// A charm named `upload:ID` is one uploaded to [`CHARM_PATH`].
+pub const UPLOAD_PREFIX: &str = "upload:";
 
 /// What a user may do in an environment, each level including the ones
 /// below: `read` sees (`status`, `wait`, `debug-log`, `get*`), `write` also
