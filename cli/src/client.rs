@@ -1,38 +1,58 @@
 //! How the CLI reaches an environment: every command is a series of
-//! [`ClientCall`]s, answered by the client facade ([`crate::facade`]).
-//!
-//! - [`Client::Remote`]: over the controller's API (TLS, trusting only the
-//!   environment's CA), logged in with this home's account — what a
-//!   registered user always uses, and the bootstrapping home while its
-//!   controller runs.
-//! - [`Client::Local`]: the environment's store is on this host (this home
-//!   bootstrapped it) and no controller runs: the facade runs in process,
-//!   acting for `admin`. The calls, their checks and their refusals are the
-//!   ones the API server answers with.
+//! [`ClientCall`]s to its controller's API (TLS, trusting only the
+//! environment's CA), logged in with this home's account, answered by the
+//! client facade ([`crate::facade`]) — whether this home bootstrapped the
+//! environment or registered with it.
 
 use crate::home::Home;
 use anyhow::{anyhow, Result};
-use jujube_agent::api::ErrorCode;
+use jujube_agent::api::{ApiResult, ErrorCode};
 use jujube_agent::remote::UserClient;
 use jujube_wire::client::{ClientCall, ClientError};
 use serde::de::DeserializeOwned;
+use std::future::Future;
 use std::time::{Duration, Instant};
 
-pub enum Client<'a> {
-    Local {
-        home: &'a Home,
-        name: String,
-        store: jujube_state::Store,
-    },
-    Remote {
-        name: String,
-        addresses: Vec<String>,
-        client: Box<UserClient>,
-        runtime: tokio::runtime::Runtime,
-        /// While a controller is known to run (its lock is held on this
-        /// host), how long to keep trying to reach it: it may be starting.
-        patience: Duration,
-    },
+pub struct Client {
+    name: String,
+    addresses: Vec<String>,
+    client: UserClient,
+    runtime: tokio::runtime::Runtime,
+    /// While a controller is known to run (its lock or its supervisor is
+    /// on this host), how long to keep trying to reach it: it may be
+    /// starting, or restarting.
+    patience: Duration,
+    /// What to check when it cannot be reached.
+    hint: String,
+}
+
+/// Gives an environment bootstrapped before users existed its `admin`
+/// (with a new password) and this home its controller entry and account.
+fn adopt(home: &Home, name: &str) -> Result<()> {
+    let store = home.open(name)?;
+    let admin = jujube_state::users::ADMIN;
+    let password = crate::facade::new_secret();
+    match store.login(admin)? {
+        None => store.create_admin(&password)?,
+        Some(_) => store.set_user_password(admin, &password)?,
+    }
+    let env = store.environment()?;
+    let config = store.environment_config()?;
+    home.set_controller(
+        name,
+        crate::home::ControllerEntry {
+            uuid: env.uuid,
+            addresses: crate::controller::api_addresses(home, name, &config),
+            ca_cert: jujube_api::tls::ca_cert(&home.env_dir(name))?,
+        },
+    )?;
+    home.set_account(
+        name,
+        Some(crate::home::Account {
+            user: admin.to_string(),
+            password,
+        }),
+    )
 }
 
 /// How long a command keeps trying a controller that runs on this host but
@@ -40,45 +60,42 @@ pub enum Client<'a> {
 /// supervisor).
 const STARTING_PATIENCE: Duration = Duration::from_secs(20);
 
-impl<'a> Client<'a> {
+impl Client {
     /// The client of environment `name` of `home`.
-    pub fn open(home: &'a Home, name: &str) -> Result<Client<'a>> {
-        let remote = match (home.controller(name)?, home.account(name)?) {
-            (Some(c), Some(a)) => Some((c, a)),
-            _ => None,
-        };
-        let runs = crate::controller::controller_runs(home, name);
-        if home.has_store(name) && (remote.is_none() || !runs) {
-            let store = home.open(name)?;
-            // `admin`, made by `bootstrap`; an environment bootstrapped
-            // before users existed has none, and its owner's handle is
-            // unscoped.
-            let admin = jujube_state::users::ADMIN;
-            let store = match store.login(admin)? {
-                Some(_) => store.as_user(admin),
-                None => store,
-            };
-            return Ok(Client::Local {
-                home,
-                name: name.to_string(),
-                store,
-            });
+    pub fn open(home: &Home, name: &str) -> Result<Client> {
+        let here = home.has_store(name);
+        if here && home.controller(name)?.is_none() {
+            adopt(home, name)?;
         }
-        let Some((controller, account)) = remote else {
+        let (Some(controller), Some(account)) = (home.controller(name)?, home.account(name)?)
+        else {
             return Err(anyhow!(
                 "not logged in to environment `{name}`; log in with `jujube login` (or register with the string an admin's `jujube add-user` printed)"
             ));
         };
-        Client::remote(
-            name,
-            &controller,
-            &account,
-            if runs {
-                STARTING_PATIENCE
-            } else {
-                Duration::ZERO
-            },
-        )
+        // Where this home runs the controller: a controller holding its
+        // lock, or its supervisor, may be starting — worth a little
+        // patience; none at all is said at once.
+        let (patience, hint) = if !here {
+            (Duration::ZERO, "check that it runs".to_string())
+        } else if crate::controller::controller_runs(home, name)
+            || crate::supervise::running(home, name).is_some()
+        {
+            (
+                STARTING_PATIENCE,
+                format!(
+                    "it runs on this host but does not answer; see `{}`",
+                    crate::supervise::log_path(home, name).display()
+                ),
+            )
+        } else {
+            (
+                Duration::ZERO,
+                "no controller runs for it on this host: start one with `jujube controller`"
+                    .to_string(),
+            )
+        };
+        Client::remote(name, &controller, &account, patience, hint)
     }
 
     /// A client of `name`'s controller at `controller`, as `account`.
@@ -87,7 +104,8 @@ impl<'a> Client<'a> {
         controller: &crate::home::ControllerEntry,
         account: &crate::home::Account,
         patience: Duration,
-    ) -> Result<Client<'a>> {
+        hint: String,
+    ) -> Result<Client> {
         let client = UserClient::new(
             &controller.addresses,
             &controller.ca_cert,
@@ -95,80 +113,58 @@ impl<'a> Client<'a> {
             &account.password,
         )
         .map_err(|e| anyhow!("{}", e.message))?;
-        Ok(Client::Remote {
+        Ok(Client {
             name: name.to_string(),
             addresses: controller.addresses.clone(),
-            client: Box::new(client),
+            client,
             runtime: tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?,
             patience,
+            hint,
         })
     }
 
-    /// Whether calls go over the API.
-    pub fn is_remote(&self) -> bool {
-        matches!(self, Client::Remote { .. })
-    }
-
-    /// The name a call gives the charm at `dir`: its path where the
-    /// controller reads this host's disk, else the id of its upload.
+    /// The name a call gives the charm at `dir`: the id of its upload.
     pub fn charm(&self, dir: &std::path::Path) -> Result<String> {
-        match self {
-            Client::Local { .. } => Ok(dir.to_string_lossy().into_owned()),
-            Client::Remote {
-                client, runtime, ..
-            } => {
-                match runtime
-                    .block_on(client.upload_charm(dir))
-                    .map_err(|e| anyhow!("{}", e.message))?
-                {
-                    Ok(v) => Ok(serde_json::from_value(v)?),
-                    Err(e) => Err(e.into()),
-                }
-            }
-        }
+        self.request(|| self.client.upload_charm(dir))
     }
 
     /// Makes `call`; its answer read as `T`. A refusal is an error whose
     /// message is the controller's words (a usage error exits 2).
     pub fn call<T: DeserializeOwned>(&self, call: ClientCall) -> Result<T> {
-        let answer = match self {
-            Client::Local { home, name, store } => {
-                let zones = |store: &jujube_state::Store| {
-                    let rt = crate::runtime().ok()?;
-                    crate::facade::zones_on(rt.handle(), home, name, store)
-                };
-                let cx = crate::facade::Context {
-                    zones: &zones,
-                    charms: None,
-                };
-                crate::facade::call(&cx, store, call)
-            }
-            Client::Remote {
-                name,
-                addresses,
-                client,
-                runtime,
-                patience,
-            } => {
-                let deadline = Instant::now() + *patience;
-                loop {
-                    match runtime.block_on(client.call(&call)) {
-                        Ok(answer) => break answer,
-                        Err(e) if e.code == ErrorCode::Unavailable && Instant::now() < deadline => {
-                            std::thread::sleep(Duration::from_millis(200));
-                        }
-                        Err(e) if e.code == ErrorCode::Unavailable => {
-                            return Err(anyhow!(
-                                "cannot reach the controller of environment `{name}` at {}: {}; check that it runs (on the dummy, `jujube bootstrap` started it; its log is `controller.log` in the environment's directory)",
-                                addresses.iter().map(|a| format!("`{a}`")).collect::<Vec<_>>().join(", "),
-                                e.message
-                            ))
-                        }
-                        Err(e) => return Err(anyhow!("{}", e.message)),
-                    }
+        self.request(|| self.client.call(&call))
+    }
+
+    /// Sends a request (again while the controller is starting, within
+    /// the patience); its answer read as `T`.
+    fn request<'c, T, F, Fut>(&'c self, send: F) -> Result<T>
+    where
+        T: DeserializeOwned,
+        F: Fn() -> Fut,
+        Fut: Future<Output = ApiResult<Result<serde_json::Value, ClientError>>> + 'c,
+    {
+        let deadline = Instant::now() + self.patience;
+        let answer = loop {
+            match self.runtime.block_on(send()) {
+                Ok(answer) => break answer,
+                Err(e) if e.code == ErrorCode::Unavailable && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(200));
                 }
+                Err(e) if e.code == ErrorCode::Unavailable => {
+                    return Err(anyhow!(
+                        "cannot reach the controller of environment `{}` at {}: {}; {}",
+                        self.name,
+                        self.addresses
+                            .iter()
+                            .map(|a| format!("`{a}`"))
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        e.message,
+                        self.hint
+                    ))
+                }
+                Err(e) => return Err(anyhow!("{}", e.message)),
             }
         };
         match answer {

@@ -899,18 +899,12 @@ fn progress_line(p: &jujube_wire::view::Progress, stuck: &[String]) -> (String, 
 /// stderr) and returns its exit status (1 when it could not run or was
 /// killed). The unit's agent runs it in a hook context between hooks.
 pub fn run_command(
-    home: &Home,
-    env_name: &str,
-    client: &Client<'_>,
+    client: &Client,
     unit: &str,
     argv: &[String],
     timeout: Duration,
     out: &mut impl Write,
 ) -> Result<u8> {
-    // A controller answering over the API runs, by definition.
-    if !client.is_remote() && !controller_runs(home, env_name) {
-        bail!("no controller runs for environment `{env_name}`, so no agent can run the command; start one with `jujube controller`");
-    }
     let id: i64 = client.call(ClientCall::QueueRun {
         unit: unit.to_string(),
         argv: argv.to_vec(),
@@ -978,13 +972,7 @@ pub struct ActionRun<'a> {
 /// parameters checked against the charm's actions.yaml first: refused,
 /// nothing queued), waits for its task and prints its results as YAML;
 /// exits 1 when it failed. `--background` prints the task's id instead.
-pub fn run_action(
-    home: &Home,
-    env_name: &str,
-    client: &Client<'_>,
-    run: ActionRun<'_>,
-    out: &mut impl Write,
-) -> Result<u8> {
+pub fn run_action(client: &Client, run: ActionRun<'_>, out: &mut impl Write) -> Result<u8> {
     let ActionRun {
         unit,
         action,
@@ -992,10 +980,6 @@ pub fn run_action(
         timeout,
         background,
     } = run;
-    let runs = client.is_remote() || controller_runs(home, env_name);
-    if !runs && !background {
-        bail!("no controller runs for environment `{env_name}`, so no agent can run the action; start one with `jujube controller` (nothing was queued; `--background` queues it for when one runs)");
-    }
     let id: i64 = client.call(ClientCall::QueueAction {
         unit: unit.to_string(),
         action: action.to_string(),
@@ -1005,9 +989,6 @@ pub fn run_action(
     if background {
         writeln!(out, "Scheduled operation {id} with task {id}")?;
         writeln!(out, "Check operation status with 'jujube show-task {id}'")?;
-        if !runs {
-            eprintln!("warning: no controller runs for environment `{env_name}`; the task waits until one does (`jujube controller`)");
-        }
         return Ok(0);
     }
     eprintln!(
@@ -1124,15 +1105,9 @@ pub fn render_task(task: &Task) -> String {
 /// `jujube wait`: until nothing can make progress, or the timeout. Succeeds
 /// only when everything converged without error; otherwise the error lists
 /// every machine in error (and, on timeout, what is still stuck).
-///
-/// `controller_runs` tells, on a timeout, whether a controller is at work:
-/// the error then says what holds things up rather than asking whether one
-/// runs.
-pub fn wait(
-    client: &Client<'_>,
-    timeout: Duration,
-    controller_runs: &dyn Fn() -> bool,
-) -> Result<()> {
+/// The controller answers each look, so it is at work: a timeout says
+/// what holds things up.
+pub fn wait(client: &Client, timeout: Duration) -> Result<()> {
     let deadline = std::time::Instant::now() + timeout;
     let mut progress = Reporter::new("wait", true);
     loop {
@@ -1149,13 +1124,8 @@ pub fn wait(
             progress.finish(&line);
             let listed = state.errors;
             if timed_out && !s.is_empty() {
-                let hint = if controller_runs() {
-                    ""
-                } else {
-                    "; no controller runs for this environment: start one with `jujube controller`"
-                };
                 bail!(
-                    "timed out after {timeout:?}; still waiting: {}{hint}{}",
+                    "timed out after {timeout:?}; still waiting: {}{}",
                     s.join("; "),
                     if listed.is_empty() {
                         String::new()

@@ -680,13 +680,11 @@ fn run(cli: Cli) -> Result<()> {
             let code = match (action.split_first(), command.is_empty()) {
                 (None, false) => {
                     let client = Client::open(&home, &name)?;
-                    controller::run_command(&home, &name, &client, &unit, &command, timeout, out)?
+                    controller::run_command(&client, &unit, &command, timeout, out)?
                 }
                 (Some((action, params)), true) => {
                     let client = Client::open(&home, &name)?;
                     controller::run_action(
-                        &home,
-                        &name,
                         &client,
                         controller::ActionRun {
                             unit: &unit,
@@ -717,8 +715,7 @@ fn run(cli: Cli) -> Result<()> {
             let timeout = parse_timeout(&timeout)?;
             let name = home.select(env_flag)?;
             let client = Client::open(&home, &name)?;
-            let code =
-                controller::run_command(&home, &name, &client, &unit, &command, timeout, out)?;
+            let code = controller::run_command(&client, &unit, &command, timeout, out)?;
             if code != 0 {
                 return Err(ExitWith(code).into());
             }
@@ -815,7 +812,7 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 fn model_command(
-    client: &Client<'_>,
+    client: &Client,
     home: &Home,
     name: &str,
     command: Command,
@@ -833,6 +830,9 @@ fn model_command(
             config,
         } => {
             let (dir, url_series) = charm::resolve(&charm, repository.as_deref())?;
+            // Read here first: a charm the controller would refuse is
+            // refused naming the user's own files, before any upload.
+            charm::read_dir(dir.clone(), url_series.clone())?;
             let deployed: Deployed = client.call(ClientCall::Deploy {
                 charm: client.charm(&dir)?,
                 url_series,
@@ -985,32 +985,20 @@ fn model_command(
             // one `bootstrap` left running under its supervisor), not in an
             // agent of its own: its agent status says whether a controller
             // runs them now.
-            // A controller answered this call over the API: it runs.
-            let runs = client.is_remote() || controller::controller_runs(home, name);
+            // Machine 0's jobs run in the controller (on the dummy the one
+            // `bootstrap` left running under its supervisor), not in an
+            // agent of its own; it answered, so it runs.
             let supervised = supervise::running(home, name).is_some();
             for (_, m) in st.machines.0.iter_mut() {
                 let manages = m.jobs.iter().any(|j| j == JOB_MANAGE_ENVIRON);
                 if manages && m.agent_status == "pending" {
-                    if runs {
-                        m.agent_status = "started".into();
-                        m.agent_status_info = if supervised {
-                            "its jobs run in the controller `bootstrap` started (restarted if it dies)"
-                        } else if home.has_store(name) {
-                            "its jobs run in `jujube controller`"
-                        } else {
-                            "its jobs run in the controller that answered"
-                        }
-                        .into();
-                    } else if supervised {
-                        m.agent_status_info = format!(
-                            "its controller is being started again; see `{}`",
-                            supervise::log_path(home, name).display()
-                        );
+                    m.agent_status = "started".into();
+                    m.agent_status_info = if supervised {
+                        "its jobs run in the controller `bootstrap` started (restarted if it dies)"
                     } else {
-                        m.agent_status_info =
-                            "no controller runs its jobs; start one with `jujube controller`"
-                                .into();
+                        "its jobs run in the controller"
                     }
+                    .into();
                 }
             }
             render::status(&st, format, out)?
@@ -1024,7 +1012,10 @@ fn model_command(
             let path = path
                 .map(|p| charm::resolve(&p, repository.as_deref()))
                 .transpose()?
-                .map(|(dir, _)| client.charm(&dir))
+                .map(|(dir, _)| {
+                    charm::read_dir(dir.clone(), None)?;
+                    client.charm(&dir)
+                })
                 .transpose()?;
             let url: String = client.call(ClientCall::UpgradeCharm {
                 service: service.clone(),
@@ -1075,8 +1066,7 @@ fn model_command(
                     "invalid `--timeout {timeout}`: use a duration such as `90s` or `10m`"
                 ))
             })?;
-            let runs = || client.is_remote() || controller::controller_runs(home, name);
-            controller::wait(client, timeout, &runs)?;
+            controller::wait(client, timeout)?;
         }
         Command::Bootstrap { .. }
         | Command::Environments

@@ -31,7 +31,7 @@ const MAX_TICKET: usize = 64 << 10;
 
 pub fn add_user(
     home: &Home,
-    client: &Client<'_>,
+    client: &Client,
     env: &str,
     name: &str,
     access: Access,
@@ -148,7 +148,13 @@ pub fn login(home: &Home, env: &str, user: Option<&str>, out: &mut impl Write) -
         user: user.clone(),
         password,
     };
-    let client = Client::remote(env, &controller, &account, std::time::Duration::ZERO)?;
+    let client = Client::remote(
+        env,
+        &controller,
+        &account,
+        std::time::Duration::ZERO,
+        "check that it runs".into(),
+    )?;
     // Any call proves the password; this one every user may make.
     client.call::<Vec<UserInfo>>(ClientCall::Users)?;
     home.set_account(env, Some(account))?;
@@ -169,7 +175,7 @@ pub fn logout(home: &Home, env: &str, out: &mut impl Write) -> Result<()> {
 
 pub fn change_password(
     home: &Home,
-    client: &Client<'_>,
+    client: &Client,
     env: &str,
     user: Option<&str>,
     out: &mut impl Write,
@@ -194,7 +200,7 @@ pub fn change_password(
 }
 
 pub fn change_access(
-    client: &Client<'_>,
+    client: &Client,
     name: &str,
     access: Access,
     grant: bool,

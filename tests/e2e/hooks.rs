@@ -79,7 +79,7 @@ pub(crate) fn eventually(what: &str, mut f: impl FnMut() -> bool) {
 
 #[test]
 fn hooks_run_in_order_and_wordpress_gets_mysqls_credentials() {
-    let j = Jujube::new();
+    let mut j = Jujube::new();
     j.run(&["bootstrap", "t"]).ok();
     j.run(&["deploy", &j.charm("wordpress")]).ok();
     j.run(&["deploy", &j.charm("mysql")]).ok();
@@ -259,10 +259,17 @@ fn hooks_run_in_order_and_wordpress_gets_mysqls_credentials() {
         "{lg:?}"
     );
     assert_eq!(ctl.terminate().code(), Some(0));
-    j.refused(
-        &["run", "mysql/0", "--", "true"],
-        1,
-        "no controller runs for environment `t`, so no agent can run the command; start one with `jujube controller`",
+    j.start_controllers = false;
+    let r = j.run(&["run", "mysql/0", "--", "true"]);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr
+            .starts_with("error: cannot reach the controller of environment `t` at `unix:")
+            && r.stderr.ends_with(
+                "; no controller runs for it on this host: start one with `jujube controller`\n"
+            ),
+        "{}",
+        r.stderr
     );
 }
 
@@ -271,7 +278,7 @@ fn hooks_run_in_order_and_wordpress_gets_mysqls_credentials() {
 /// relation hooks); `block-hook=NAME` makes it write `blocked` and wait for
 /// the file `go` in the unit's directory, reading `config-get title` before
 /// and after.
-fn flaky_charm(dir: &Path) -> String {
+pub(crate) fn flaky_charm(dir: &Path) -> String {
     let charm = dir.join("flaky");
     std::fs::create_dir_all(charm.join("hooks")).unwrap();
     std::fs::write(
@@ -320,12 +327,17 @@ fi
 
 /// A bootstrapped environment with `n` units of the flaky charm (the
 /// charm's directory lives as long as the second value).
-fn flaky_env(n: usize) -> (Jujube, tempfile::TempDir) {
+fn flaky_env(n: usize, settings: &[&str]) -> (Jujube, tempfile::TempDir) {
     let j = Jujube::new();
     let charms = tempfile::tempdir().unwrap();
     j.run(&["bootstrap", "t"]).ok();
-    j.run(&["deploy", &flaky_charm(charms.path()), "-n", &n.to_string()])
-        .ok();
+    let charm = flaky_charm(charms.path());
+    let n = n.to_string();
+    let mut args = vec!["deploy", &charm, "-n", &n];
+    for s in settings {
+        args.extend(["--config", s]);
+    }
+    j.run(&args).ok();
     (j, charms)
 }
 
@@ -373,17 +385,23 @@ fn a_failed_hook_holds_the_unit_until_resolved_with_or_without_retry() {
     let j = Jujube::new();
     let charms = tempfile::tempdir().unwrap();
     j.run(&["bootstrap", "t"]).ok();
-    j.run(&["deploy", &flaky_charm(charms.path())]).ok();
-    j.run(&["set", "flaky", "fail-hook=install"]).ok();
-    let r = j.run(&["resolved", "flaky/0"]);
+    // A unit whose hooks all succeed is not in error.
+    let charm = flaky_charm(charms.path());
+    j.run(&["deploy", &charm, "steady"]).ok();
+    j.run(&["wait", "--timeout", "60s"]).ok();
+    let r = j.run(&["resolved", "steady/0"]);
     assert_eq!(r.code, 1);
     assert!(
-        r.stderr.contains("unit `flaky/0` is not in an error state"),
+        r.stderr
+            .contains("unit `steady/0` is not in an error state"),
         "{}",
         r.stderr
     );
+    // Asked to fail from its first hook on.
+    j.run(&["deploy", &charm, "--config", "fail-hook=install"])
+        .ok();
     let _ctl = j.controller();
-    let log = log(&j, "1", "flaky/0");
+    let log = log(&j, "2", "flaky/0");
     eventually("install to fail", || holds_on_failure(&j, "flaky/0"));
     let (_, info) = agent_status(&j, "flaky/0");
     assert!(info.contains("hook failed: \"install\""), "{info}");
@@ -430,8 +448,13 @@ fn a_hook_killed_with_its_agent_is_a_failed_hook_when_the_agent_comes_back() {
     let j = Jujube::new();
     let charms = tempfile::tempdir().unwrap();
     j.run(&["bootstrap", "t"]).ok();
-    j.run(&["deploy", &flaky_charm(charms.path())]).ok();
-    j.run(&["set", "flaky", "block-hook=install"]).ok();
+    j.run(&[
+        "deploy",
+        &flaky_charm(charms.path()),
+        "--config",
+        "block-hook=install",
+    ])
+    .ok();
     let ctl = j.controller();
     let unit_dir = j
         .home
@@ -685,9 +708,15 @@ fn reads_in_a_hook_are_a_snapshot_and_a_failed_hooks_relation_set_is_discarded()
     let j = Jujube::new();
     let charms = tempfile::tempdir().unwrap();
     j.run(&["bootstrap", "t"]).ok();
-    j.run(&["deploy", &flaky_charm(charms.path()), "-n", "2"])
-        .ok();
-    j.run(&["set", "flaky", "block-hook=start"]).ok();
+    j.run(&[
+        "deploy",
+        &flaky_charm(charms.path()),
+        "-n",
+        "2",
+        "--config",
+        "block-hook=start",
+    ])
+    .ok();
     let _ctl = j.controller();
     // Both units block in start; the title changes under them.
     let agents = j.home.path().join("environments/t/agents");
@@ -962,8 +991,7 @@ fn an_environments_files_are_its_users_alone() {
 
 #[test]
 fn wait_fails_naming_units_held_by_a_failed_hook_and_resolved_all_frees_them() {
-    let (j, _charms) = flaky_env(2);
-    j.run(&["set", "flaky", "fail-hook=install"]).ok();
+    let (j, _charms) = flaky_env(2, &["fail-hook=install"]);
     let _ctl = j.controller();
     eventually("both installs failed", || {
         holds_on_failure(&j, "flaky/0") && holds_on_failure(&j, "flaky/1")
@@ -1007,7 +1035,7 @@ fn wait_fails_naming_units_held_by_a_failed_hook_and_resolved_all_frees_them() {
 
 #[test]
 fn a_dying_machine_names_the_unit_a_failed_hook_holds() {
-    let (j, _charms) = flaky_env(1);
+    let (j, _charms) = flaky_env(1, &[]);
     j.run(&["set", "flaky", "fail-hook=stop"]).ok();
     let _ctl = j.controller();
     j.run(&["wait", "--timeout", "60s"]).ok();
@@ -1205,9 +1233,9 @@ fn an_action_answering_more_than_the_store_keeps_runs_once_and_fails() {
 /// Without a running controller `jujube run UNIT ACTION` queues nothing
 /// and says so; `--background` queues it for when one runs.
 #[test]
-fn an_action_without_a_controller_is_queued_only_in_the_background() {
+fn without_a_controller_an_action_is_refused_and_nothing_is_queued() {
     use std::os::unix::fs::PermissionsExt;
-    let j = Jujube::new();
+    let mut j = Jujube::new();
     let charms = tempfile::tempdir().unwrap();
     let charm = charms.path().join("act");
     std::fs::create_dir_all(charm.join("actions")).unwrap();
@@ -1218,19 +1246,28 @@ fn an_action_without_a_controller_is_queued_only_in_the_background() {
     std::fs::set_permissions(&action, std::fs::Permissions::from_mode(0o755)).unwrap();
     j.run(&["bootstrap", "t"]).ok();
     j.run(&["deploy", charm.to_str().unwrap()]).ok();
-    j.refused(
-        &["run", "act/0", "hello"],
-        1,
-        "no controller runs for environment `t`, so no agent can run the action; start one with `jujube controller` (nothing was queued; `--background` queues it for when one runs)",
-    );
+    j.run(&["wait", "--timeout", "60s"]).ok();
+    assert_eq!(j.controller().terminate().code(), Some(0));
+    j.start_controllers = false;
+    for args in [
+        &["run", "act/0", "hello"][..],
+        &["run", "act/0", "hello", "--background"][..],
+    ] {
+        let r = j.run(args);
+        assert_eq!(r.code, 1, "{args:?}");
+        assert!(
+            r.stderr
+                .starts_with("error: cannot reach the controller of environment `t`"),
+            "{}",
+            r.stderr
+        );
+    }
+    j.start_controllers = true;
+    let _ctl = j.controller();
+    let r = j.run(&["show-task", "1"]);
+    assert_eq!(r.code, 1, "nothing was queued: {}", r.stdout);
     let bg = j.run(&["run", "act/0", "hello", "--background"]).ok();
     let id = bg.stdout.split_whitespace().nth(2).unwrap().to_string();
-    assert!(j
-        .run(&["show-task", &id])
-        .ok()
-        .stdout
-        .contains("status: pending"));
-    let _ctl = j.controller();
     eventually("the queued action to run", || {
         j.run(&["show-task", &id])
             .ok()

@@ -32,7 +32,7 @@ fn counts_above_the_maximum_are_refused_without_allocating() {
     );
     j.refused(&["add-machine", "-n", "0"], 2, "`-n` must be at least 1");
     // Beyond what a number can hold: a usage error.
-    let before = j.snapshot();
+    let before = j.settled();
     let r = j.run(&["add-unit", "wordpress", "-n", "999999999999999999999999"]);
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.starts_with("error: "), "{}", r.stderr);
@@ -162,7 +162,7 @@ fn malformed_charm_metadata_is_refused_naming_the_file_and_the_line() {
         "name: broken\nsummary: x\nprovides:\n\tdb: mysql\n",
     );
     let file = charm.join("metadata.yaml");
-    let before = j.snapshot();
+    let before = j.settled();
     let r = j.run(&["deploy", charm.to_str().unwrap()]);
     assert_eq!(r.code, 1);
     let prefix = format!("error: cannot parse `{}` at line 4: ", file.display());

@@ -608,11 +608,14 @@ async fn reaping_a_listed_stray_never_deletes_the_retry_that_took_its_name() {
 
 /// Bootstrap config for machines whose agents run inside their containers,
 /// on the image `scripts/lxd-setup` builds for that.
-const AGENTS: [&str; 4] = [
+const AGENTS: [&str; 6] = [
     "--config",
     "image-alias=jujube-agent",
     "--config",
     "lxd-agents=container",
+    // Read when the controller starts.
+    "--config",
+    "agent-presence-lapse=8",
 ];
 
 /// A file inside a container, through LXD's file API ("" if missing).
@@ -684,7 +687,6 @@ async fn agents_run_inside_their_containers_and_hooks_run_there() {
     j.run(&["deploy", &j.charm("logging")]).ok();
     j.run(&["add-relation", "wordpress", "mysql"]).ok();
     j.run(&["add-relation", "logging", "wordpress"]).ok();
-    j.run(&["set-environment", "agent-presence-lapse=8"]).ok();
     let ctl = j.controller();
     j.run(&["wait", "--timeout", "180s"]).ok();
     let st = j.status();

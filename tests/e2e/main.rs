@@ -27,7 +27,29 @@ pub struct Jujube {
     /// after setting what they need, so they bootstrap with
     /// `--manual-controller`.
     pub auto_controller: bool,
+    /// Whether a command that needs the controller starts one first when
+    /// none runs (as a user would run `jujube controller`); the harness
+    /// keeps it until the test takes it with [`Jujube::controller`].
+    pub start_controllers: bool,
+    background: std::cell::RefCell<Option<Controller>>,
 }
+
+/// Commands that do not talk to a controller.
+const LOCAL_COMMANDS: &[&str] = &[
+    "bootstrap",
+    "environments",
+    "switch",
+    "destroy-environment",
+    "controller",
+    "supervise",
+    "dummy-cloud",
+    "register",
+    "login",
+    "logout",
+    "agent",
+    "enroll",
+    "debug-log",
+];
 
 #[derive(Debug)]
 pub struct Run {
@@ -60,6 +82,8 @@ impl Jujube {
             home: tempfile::tempdir().unwrap(),
             envs: Vec::new(),
             auto_controller: false,
+            start_controllers: true,
+            background: std::cell::RefCell::new(None),
         }
     }
 
@@ -71,6 +95,11 @@ impl Jujube {
     /// terminal).
     pub fn run_with_input(&self, args: &[&str], input: &str) -> Run {
         use std::io::Write;
+        if self.start_controllers && args.first().is_some_and(|a| !LOCAL_COMMANDS.contains(a)) {
+            if let Some(env) = self.env_of(args) {
+                self.ensure_controller(&env);
+            }
+        }
         let manual = args.first() == Some(&"bootstrap") && !self.auto_controller;
         let mut child = Command::new(env!("CARGO_BIN_EXE_jujube"))
             .args(args)
@@ -99,12 +128,28 @@ impl Jujube {
     /// that it changed nothing the user can see.
     #[track_caller]
     pub fn refused(&self, args: &[&str], code: i32, stderr: &str) {
-        let before = self.snapshot();
+        let before = self.settled();
         let r = self.run(args);
         assert_eq!(r.stderr, format!("error: {stderr}\n"), "stderr of {args:?}");
         assert_eq!(r.code, code, "exit code of {args:?}");
         assert_eq!(r.stdout, "", "stdout of {args:?}");
         assert_eq!(before, self.snapshot(), "{args:?} changed state");
+    }
+
+    /// A snapshot once the controller's work has settled (two in a row
+    /// alike, 200 ms apart), so that a comparison sees only what a command
+    /// changed.
+    pub fn settled(&self) -> String {
+        let t0 = std::time::Instant::now();
+        let mut last = self.snapshot();
+        loop {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            let now = self.snapshot();
+            if now == last || t0.elapsed() > std::time::Duration::from_secs(60) {
+                return now;
+            }
+            last = now;
+        }
     }
 
     pub fn snapshot(&self) -> String {
@@ -126,9 +171,65 @@ impl Jujube {
         })
     }
 
-    /// Starts `jujube controller` in the background; killed on drop.
+    /// The environment a command acts on: its `-e`/`--env`, else the
+    /// current one.
+    fn env_of(&self, args: &[&str]) -> Option<String> {
+        args.windows(2)
+            .find(|w| w[0] == "-e" || w[0] == "--env")
+            .map(|w| w[1].to_string())
+            .or_else(|| {
+                std::fs::read_to_string(self.home.path().join("current-environment"))
+                    .ok()
+                    .map(|s| s.trim().to_string())
+            })
+            .filter(|e| self.home.path().join("environments").join(e).exists())
+    }
+
+    /// The pid of the controller holding `env`'s lock, if one runs.
+    pub fn controller_pid(&self, env: &str) -> Option<i32> {
+        let lock = self
+            .home
+            .path()
+            .join("environments")
+            .join(env)
+            .join("controller.lock");
+        let pid: i32 = std::fs::read_to_string(lock).ok()?.trim().parse().ok()?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let zombie = stat.rsplit(')').next()?.split_whitespace().next()? == "Z";
+        (!zombie && cmdline.split(|&b| b == 0).any(|a| a == b"controller")).then_some(pid)
+    }
+
+    /// Starts a controller for `env` unless one runs, and waits until it
+    /// holds its lock.
+    fn ensure_controller(&self, env: &str) {
+        if self.controller_pid(env).is_some() {
+            return;
+        }
+        let c = self.spawn_controller(Some(env));
+        let t0 = std::time::Instant::now();
+        while self.controller_pid(env).is_none()
+            && t0.elapsed() < std::time::Duration::from_secs(30)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        *self.background.borrow_mut() = Some(c);
+    }
+
+    /// The controller the harness started, while it runs; else starts
+    /// `jujube controller` in the background. Killed on drop.
     pub fn controller(&self) -> Controller {
+        if let Some(mut c) = self.background.borrow_mut().take() {
+            if c.child.try_wait().ok().flatten().is_none() {
+                return c;
+            }
+        }
+        self.spawn_controller(None)
+    }
+
+    fn spawn_controller(&self, env: Option<&str>) -> Controller {
         let child = Command::new(env!("CARGO_BIN_EXE_jujube"))
+            .args(env.map(|e| ["--env", e]).into_iter().flatten())
             .arg("controller")
             .env("JUJUBE_HOME", self.home.path())
             .env_remove("JUJUBE_ENV")
