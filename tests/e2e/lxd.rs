@@ -231,7 +231,17 @@ fn lxd_jujube(env: &str, extra: &[&str]) -> (Jujube, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lxd_end_to_end_through_the_binary() {
     let Some(c) = lxd() else { return };
-    let (j, env_uuid) = lxd_jujube("lx", &["--config", "harvest-grace=0s"]);
+    // The controller runs from the first command, before the strays below
+    // exist: the harvest lists the cloud every 2 s to find them.
+    let (j, env_uuid) = lxd_jujube(
+        "lx",
+        &[
+            "--config",
+            "harvest-grace=0s",
+            "--config",
+            "harvest-interval=2s",
+        ],
+    );
     let prefix = format!("jujube-{}-", short(&env_uuid));
 
     // Bootstrap provisioned machine 0 as a running, tagged container.
