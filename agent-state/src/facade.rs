@@ -45,6 +45,8 @@ pub(crate) struct Shared {
     writes: mpsc::Sender<WriteRequest>,
     /// Agents in a pass at once (see `jujube_agent::Running`).
     passes: Arc<jujube_agent::Passes>,
+    /// Where shipped logs go (none: shipped logs are refused).
+    pub(crate) sink: std::sync::OnceLock<Arc<crate::logsink::LogSink>>,
 }
 
 impl Shared {
@@ -97,6 +99,7 @@ impl Shared {
             hub,
             writes,
             passes: jujube_agent::Passes::new(passes),
+            sink: std::sync::OnceLock::new(),
         })
     }
 }
@@ -655,6 +658,37 @@ impl Facade for InProcess {
             changes,
         })
         .await
+    }
+
+    async fn ship_log(&self, unit: &str, text: &str) -> ApiResult<()> {
+        if !self.is_unit(unit) {
+            return Err(self.denied(format!("ship unit `{unit}`'s log")));
+        }
+        if text.len() > jujube_agent::api::MAX_SHIPPED_LOG {
+            return Err(ApiError::new(
+                ErrorCode::Refused,
+                format!(
+                    "a shipped log is at most {} bytes a call",
+                    jujube_agent::api::MAX_SHIPPED_LOG
+                ),
+            ));
+        }
+        let Some(sink) = self.shared.sink.get().cloned() else {
+            return Err(ApiError::new(
+                ErrorCode::Unavailable,
+                "this controller keeps no log sink",
+            ));
+        };
+        let (unit, text) = (unit.to_string(), text.to_string());
+        tokio::task::spawn_blocking(move || sink.append(&unit, &text))
+            .await
+            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?
+            .map_err(|e| {
+                ApiError::new(
+                    ErrorCode::Internal,
+                    format!("cannot write the log sink: {e}"),
+                )
+            })
     }
 
     async fn goal_state(&self, unit: &str) -> ApiResult<jujube_agent::api::GoalState> {

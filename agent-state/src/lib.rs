@@ -9,6 +9,9 @@
 //!   notices to exactly the agents concerned.
 //! - [`host`]: [`Host`], one machine agent per machine that hosts units and
 //!   has an instance, in this process; their unit agents run under them.
+//! - [`logsink`]: [`LogSink`](logsink::LogSink), what unit agents ship of
+//!   their logs, bounded and rotated on the controller's disk, for
+//!   `debug-log`.
 //! - [`process`]: the same agents as `jujube agent` processes talking to
 //!   the API server (`dummy-agents=process`).
 //!
@@ -19,6 +22,7 @@
 pub mod facade;
 pub mod host;
 mod hub;
+pub mod logsink;
 pub mod process;
 
 pub use host::{Host, Mode};
@@ -41,6 +45,11 @@ impl Facades {
         let (stop, rx) = tokio::sync::watch::channel(false);
         tokio::spawn(hub.run(store, from, rx));
         Ok(Facades { shared, stop })
+    }
+
+    /// Keeps what agents ship of their logs in `sink` from now on.
+    pub fn keep_logs(&self, sink: Arc<logsink::LogSink>) {
+        let _ = self.shared.sink.set(sink);
     }
 
     /// Waits until changes are routed to watchers.

@@ -182,6 +182,25 @@ fn denied<T: std::fmt::Debug>(w: &World, r: jujube_agent::api::ApiResult<T>, bef
 }
 
 #[tokio::test]
+async fn a_unit_ships_its_own_log_to_the_sink_within_the_bound() {
+    let (w, _, _) = scoped_world();
+    let f = Facades::new(w.store.clone()).unwrap();
+    let wp = f.for_agent(Tag::unit("wordpress/0"));
+    // No sink kept: refused as unavailable, to be shipped later.
+    let e = wp.ship_log("wordpress/0", "early\n").await.unwrap_err();
+    assert_eq!(e.code, jujube_agent::api::ErrorCode::Unavailable);
+    let dir = tempfile::tempdir().unwrap();
+    let sink = Arc::new(crate::logsink::LogSink::open(dir.path()).unwrap());
+    f.keep_logs(sink.clone());
+    wp.ship_log("wordpress/0", "hook: install\n").await.unwrap();
+    let big = "x".repeat(jujube_agent::api::MAX_SHIPPED_LOG + 1);
+    let e = wp.ship_log("wordpress/0", &big).await.unwrap_err();
+    assert_eq!(e.code, jujube_agent::api::ErrorCode::Refused);
+    let read = sink.read(None, 10, &|_: &str| true).unwrap();
+    assert_eq!(read.lines, ["wordpress/0: hook: install"]);
+}
+
+#[tokio::test]
 async fn the_facade_refuses_every_method_outside_the_callers_scope() {
     let (w, db, info) = scoped_world();
     let f = Facades::new(w.store.clone()).unwrap();
@@ -329,6 +348,7 @@ async fn the_facade_refuses_every_method_outside_the_callers_scope() {
         };
         denied(&w, f.finish_run(u, 1, answer).await, b);
         denied(&w, f.goal_state(u).await, b);
+        denied(&w, f.ship_log(u, "not mine\n").await, b);
         denied(&w, f.bag(u, jujube_agent::api::Bag::Leader).await, b);
         let changes = vec![("k".to_string(), Some("v".to_string()))];
         denied(

@@ -285,6 +285,9 @@ pub const MAX_ACTION_RESULTS_BYTES: usize = 512 << 10;
 /// The most a charm's files may add up to over the API.
 pub const MAX_CHARM_BYTES: usize = 8 << 20;
 
+/// The most of its log a unit agent ships in one call.
+pub const MAX_SHIPPED_LOG: usize = 64 << 10;
+
 /// The most a unit's settings in one relation may hold, as JSON (the
 /// store refuses more at the write; `relation-set` refuses it at once).
 pub const MAX_RELATION_SETTINGS_BYTES: usize = 256 << 10;
@@ -465,6 +468,10 @@ pub trait Facade: Send + Sync + 'static {
     /// A leader-written bag as `unit` may read it (empty when never
     /// written).
     async fn bag(&self, unit: &str, bag: Bag) -> ApiResult<BTreeMap<String, String>>;
+    /// Ships lines of the caller's own unit's log to the controller's log
+    /// sink (what `debug-log` reads), at most [`MAX_SHIPPED_LOG`] bytes a
+    /// call.
+    async fn ship_log(&self, unit: &str, text: &str) -> ApiResult<()>;
     /// The leader changes a bag (`None` deletes a key); refused for another
     /// unit.
     async fn update_bag(

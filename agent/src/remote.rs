@@ -640,6 +640,14 @@ impl Facade for Remote {
         self.call(Call::GoalState { unit: unit.into() }).await
     }
 
+    async fn ship_log(&self, unit: &str, text: &str) -> ApiResult<()> {
+        self.call(Call::ShipLog {
+            unit: unit.into(),
+            text: text.into(),
+        })
+        .await
+    }
+
     async fn bag(&self, unit: &str, bag: crate::api::Bag) -> ApiResult<BTreeMap<String, String>> {
         self.call(Call::Bag {
             unit: unit.into(),

@@ -20,7 +20,7 @@
 
 use crate::api::{
     AgentStatus, ApiError, Connector, ErrorCode, Facade, RelationView, RunResult, Tag, UnitView,
-    WatchTarget,
+    WatchTarget, MAX_SHIPPED_LOG,
 };
 use crate::deployer::{unit_dir_name, Deployer};
 use crate::hooks::context::{HookContext, HookView, ToolServer};
@@ -33,6 +33,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tracing::debug;
+
+/// The most calls one shipping of a unit's log makes (the rest goes after
+/// the next hook).
+const SHIP_CALLS: usize = 16;
 
 pub struct UnitAgent {
     api: Arc<dyn Facade>,
@@ -156,6 +160,65 @@ impl UnitAgent {
             .join(format!("{}.log", unit_dir_name(self.name())))
     }
 
+    /// Ships what its log gained since last time to the controller's log
+    /// sink, whole lines in calls of at most [`MAX_SHIPPED_LOG`] bytes (at
+    /// most [`SHIP_CALLS`] calls a time). A controller that keeps no sink or
+    /// cannot be reached is tried again after the next hook: the offset
+    /// moves only with what was shipped.
+    async fn ship_log(&mut self) -> Result<()> {
+        use std::io::{Read, Seek, SeekFrom};
+        let path = self.log_path();
+        let Ok(len) = std::fs::metadata(&path).map(|m| m.len()) else {
+            return Ok(());
+        };
+        if self.hook_state().log_shipped > len {
+            // A new log (its file was replaced): from its start.
+            self.hook_state().log_shipped = 0;
+        }
+        for _ in 0..SHIP_CALLS {
+            let from = self.hook_state().log_shipped;
+            if from >= len {
+                break;
+            }
+            let mut chunk = Vec::new();
+            let read = std::fs::File::open(&path).and_then(|mut f| {
+                f.seek(SeekFrom::Start(from))?;
+                f.take(MAX_SHIPPED_LOG as u64).read_to_end(&mut chunk)
+            });
+            if read.is_err() {
+                break;
+            }
+            // Whole lines; a line longer than a call is cut.
+            let end = match chunk.iter().rposition(|&b| b == b'\n') {
+                Some(i) => i + 1,
+                None if chunk.len() == MAX_SHIPPED_LOG => chunk.len(),
+                None => break,
+            };
+            let text = String::from_utf8_lossy(&chunk[..end]).into_owned();
+            let text = if text.len() > MAX_SHIPPED_LOG {
+                // Lossy decoding grew it: keep within the bound.
+                let mut cut = MAX_SHIPPED_LOG;
+                while !text.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                text[..cut].to_string()
+            } else {
+                text
+            };
+            match self.api.ship_log(self.name(), &text).await {
+                Ok(()) => {
+                    self.hook_state().log_shipped = from + end as u64;
+                    self.save_hooks()?;
+                }
+                Err(e) => {
+                    tracing::debug!(unit = %self.name(), error = %e, "log not shipped yet");
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Whether this unit has a charm to run hooks from (a deployed unit).
     fn has_charm(&self) -> bool {
         self.dir().join("charm").is_dir()
@@ -201,6 +264,7 @@ impl UnitAgent {
         let log = self.log_path();
         let outcome = runner::run(&dir, &log, self.name(), &id, &socket, &hook).await;
         self.close_context().await;
+        self.ship_log().await?;
         // What the hook set is written now; the store refusing it (a bound
         // the tool did not see coming) fails the hook, it is no agent error.
         let outcome = match outcome {
@@ -411,6 +475,7 @@ impl UnitAgent {
                     runner::run_command(&site, &hook, &argv, std::time::Duration::from_secs(left))
                         .await;
                 self.close_context().await;
+                self.ship_log().await?;
                 let action = match &ctx.action {
                     Some(a) => Some(std::mem::take(&mut *a.outcome.lock().await)),
                     None => None,

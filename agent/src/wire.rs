@@ -154,6 +154,10 @@ pub enum Call {
         unit: String,
         bag: Bag,
     },
+    ShipLog {
+        unit: String,
+        text: String,
+    },
     GoalState {
         unit: String,
     },
@@ -226,6 +230,7 @@ impl Call {
             Call::UpdateRelationSettings { .. } => "update-relation-settings",
             Call::Bag { .. } => "bag",
             Call::GoalState { .. } => "goal-state",
+            Call::ShipLog { .. } => "ship-log",
             Call::UpdateBag { .. } => "update-bag",
             Call::SetUnitCredential { .. } => "set-unit-credential",
         }
@@ -321,6 +326,7 @@ pub async fn dispatch(facade: &dyn Facade, call: Call) -> ApiResult<serde_json::
         ),
         Call::Bag { unit, bag } => encode(facade.bag(&unit, bag).await?),
         Call::GoalState { unit } => encode(facade.goal_state(&unit).await?),
+        Call::ShipLog { unit, text } => encode(facade.ship_log(&unit, &text).await?),
         Call::UpdateBag { unit, bag, changes } => {
             encode(facade.update_bag(&unit, bag, changes).await?)
         }

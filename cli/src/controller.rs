@@ -260,6 +260,7 @@ struct Clients {
     name: String,
     store: Store,
     runtime: tokio::runtime::Handle,
+    logs: Arc<jujube_agent_state::logsink::LogSink>,
 }
 
 impl jujube_api::clients::ClientHandler for Clients {
@@ -273,7 +274,8 @@ impl jujube_api::clients::ClientHandler for Clients {
         let charms = self.home.env_dir(&self.name).join("charms");
         let cx = crate::facade::Context {
             zones: &zones,
-            charms: Some(&charms),
+            charms: &charms,
+            logs: &self.logs,
         };
         crate::facade::call(&cx, &self.store.as_user(user), call)
     }
@@ -536,22 +538,6 @@ fn lxd_agents_in_containers(config: &BTreeMap<String, String>) -> bool {
     )
 }
 
-/// Where `jujube debug-log` finds the agents' logs: inside the containers
-/// when agents run there, else under the environment's directory.
-pub fn log_source(home: &Home, env_name: &str, store: &Store) -> Result<crate::debuglog::Source> {
-    let env = store.environment()?;
-    let config = store.environment_config()?;
-    Ok(
-        if env.provider == "lxd" && lxd_agents_in_containers(&config) {
-            crate::debuglog::Source::Lxd(Box::new(jujube_providers::lxd::LxdProvider::new(
-                &env.uuid, &config,
-            )?))
-        } else {
-            crate::debuglog::Source::Local(home.env_dir(env_name))
-        },
-    )
-}
-
 /// Gives a machine's agent a fresh credential at each start attempt (only
 /// its hash is stored, replacing any earlier one) and the `agent.conf`
 /// holding it, for the provider to put on the instance.
@@ -647,6 +633,11 @@ pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
     // process: the API server and the host share them.
     let facades = std::sync::Arc::new(jujube_agent_state::Facades::new(store.clone())?);
     let api = start_api(home, env_name, &store, facades.clone()).await?;
+    let logs = Arc::new(
+        jujube_agent_state::logsink::LogSink::open(&home.env_dir(env_name).join("logsink"))
+            .context("cannot open the log sink")?,
+    );
+    facades.keep_logs(logs.clone());
     api.serve_clients(Arc::new(Clients {
         home: Home {
             root: home.root.clone(),
@@ -654,6 +645,7 @@ pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
         name: env_name.to_string(),
         store: store.clone(),
         runtime: tokio::runtime::Handle::current(),
+        logs,
     }));
     jujube_agent::hooks::runner::set_environment(jujube_agent::hooks::runner::Environment {
         name: env_name.to_string(),

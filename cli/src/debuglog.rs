@@ -1,78 +1,17 @@
-//! `jujube debug-log`: the units' logs (their hooks' output and
-//! `juju-log`), each line prefixed with its unit, the last lines of each and
-//! then, unless `--no-tail`, whatever they append, until interrupted.
+//! `jujube debug-log`: the units' logs (their hooks' output, `juju-log`,
+//! commands), as their agents shipped them to the controller's log sink,
+//! each line prefixed with its unit: the last lines and then, unless
+//! `--no-tail`, whatever arrives, until interrupted. It reads the same
+//! wherever the agents run.
 
+use crate::client::Client;
 use anyhow::Result;
-use std::collections::BTreeMap;
-use std::io::{Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use jujube_wire::client::{ClientCall, LogLines};
+use std::io::Write;
 use std::time::Duration;
 
-/// Where the agents' logs are.
-pub enum Source {
-    /// Under the environment's `agents/` (agents run by the controller).
-    Local(PathBuf),
-    /// Inside the environment's LXD containers, read through LXD's file
-    /// API (agents running in their containers).
-    Lxd(Box<jujube_providers::lxd::LxdProvider>),
-}
-
-impl Source {
-    /// Every log: its prefix (a unit's name, or `machine-N` for a machine
-    /// agent's own log) → its bytes after the offset `shown` has for it (a
-    /// local file is read from there; a container's is fetched whole).
-    async fn read(&self, shown: &BTreeMap<String, usize>) -> Result<BTreeMap<String, Vec<u8>>> {
-        let from = |prefix: &str| shown.get(prefix).copied().unwrap_or(0);
-        let mut out = BTreeMap::new();
-        match self {
-            Source::Local(env_dir) => {
-                for (unit, path) in logs(env_dir) {
-                    let mut bytes = Vec::new();
-                    if let Ok(mut f) = std::fs::File::open(&path) {
-                        let _ = f
-                            .seek(SeekFrom::Start(from(&unit) as u64))
-                            .and_then(|_| f.read_to_end(&mut bytes));
-                    }
-                    out.insert(unit, bytes);
-                }
-            }
-            Source::Lxd(p) => {
-                for (tag, bytes) in p.agent_logs().await? {
-                    let prefix = match tag.parse::<jujube_agent::api::Tag>() {
-                        Ok(jujube_agent::api::Tag::Unit(u)) => u,
-                        _ => tag,
-                    };
-                    let new = bytes.get(from(&prefix)..).unwrap_or_default().to_vec();
-                    out.insert(prefix, new);
-                }
-            }
-        }
-        Ok(out)
-    }
-}
-
-/// Every unit log of the environment: unit name → file.
-fn logs(env_dir: &Path) -> BTreeMap<String, PathBuf> {
-    let mut out = BTreeMap::new();
-    let Ok(machines) = env_dir.join("agents").read_dir() else {
-        return out;
-    };
-    for m in machines.flatten() {
-        let Ok(files) = m.path().join("logs").read_dir() else {
-            continue;
-        };
-        for f in files.flatten() {
-            let name = f.file_name().to_string_lossy().into_owned();
-            let Some(tag) = name.strip_suffix(".log") else {
-                continue;
-            };
-            if let Ok(jujube_agent::api::Tag::Unit(unit)) = tag.parse() {
-                out.insert(unit, f.path());
-            }
-        }
-    }
-    out
-}
+/// How often a follower asks for more when nothing new came.
+const FOLLOW_EVERY: Duration = Duration::from_millis(500);
 
 /// A log line as `debug-log` shows it: a line the agent stamped with
 /// `YYYY-MM-DD HH:MM:SS` (UTC) shows only the time of day, as Juju's
@@ -98,13 +37,8 @@ fn as_shown(line: &str) -> &str {
     }
 }
 
-fn last_lines(text: &str, n: usize) -> Vec<&str> {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].to_vec()
-}
-
-pub async fn run(
-    source: Source,
+pub fn run(
+    client: &Client,
     include: &[String],
     lines: usize,
     tail: bool,
@@ -113,45 +47,33 @@ pub async fn run(
     for u in include {
         jujube_core::names::parse_unit(u)?;
     }
-    let wanted = |unit: &str| include.is_empty() || include.iter().any(|i| i == unit);
-    // How far each log has been shown.
-    let mut shown: BTreeMap<String, usize> = BTreeMap::new();
-    for (unit, text) in source
-        .read(&shown)
-        .await?
-        .into_iter()
-        .filter(|(u, _)| wanted(u))
-    {
-        for l in last_lines(&String::from_utf8_lossy(&text), lines) {
-            writeln!(out, "{unit}: {}", as_shown(l))?;
-        }
-        shown.insert(unit, text.len());
-    }
-    out.flush()?;
-    if !tail {
-        return Ok(());
-    }
+    let mut cursor = None;
     loop {
-        tokio::time::sleep(match source {
-            Source::Local(_) => Duration::from_millis(200),
-            Source::Lxd(_) => Duration::from_secs(1),
-        })
-        .await;
-        for (unit, buf) in source
-            .read(&shown)
-            .await?
-            .into_iter()
-            .filter(|(u, _)| wanted(u))
-        {
-            let from = shown.get(&unit).copied().unwrap_or(0);
-            // Whole lines only; the rest next time.
-            let end = buf.iter().rposition(|&b| b == b'\n').map_or(0, |p| p + 1);
-            for l in String::from_utf8_lossy(&buf[..end]).lines() {
-                writeln!(out, "{unit}: {}", as_shown(l))?;
+        let got: LogLines = client.call(ClientCall::DebugLog {
+            include: include.to_vec(),
+            lines,
+            cursor,
+        })?;
+        if got.missed > 0 {
+            eprintln!(
+                "warning: {} bytes of log were rotated away before they were shown",
+                got.missed
+            );
+        }
+        for l in &got.lines {
+            match l.split_once(": ") {
+                Some((unit, text)) => writeln!(out, "{unit}: {}", as_shown(text))?,
+                None => writeln!(out, "{l}")?,
             }
-            shown.insert(unit, from + end);
         }
         out.flush()?;
+        if !tail {
+            return Ok(());
+        }
+        if got.lines.is_empty() || cursor == Some(got.cursor) {
+            std::thread::sleep(FOLLOW_EVERY);
+        }
+        cursor = Some(got.cursor);
     }
 }
 

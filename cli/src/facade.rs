@@ -25,8 +25,10 @@ pub struct Context<'a> {
     /// Lists the provider's zones, where it can (see [`ZONE_CHECK_TIMEOUT`]);
     /// `None` when it cannot be asked.
     pub zones: &'a (dyn Fn(&Store) -> Option<Vec<String>> + Sync),
-    /// Where uploaded charms are kept (`None`: no uploads, in process).
-    pub charms: Option<&'a std::path::Path>,
+    /// Where uploaded charms are kept.
+    pub charms: &'a std::path::Path,
+    /// What agents shipped of their logs.
+    pub logs: &'a jujube_agent_state::logsink::LogSink,
 }
 
 /// The directory a call's charm names: `upload:ID`, an upload, moved out
@@ -36,9 +38,7 @@ fn charm_dir(cx: &Context<'_>, charm: &str) -> Result<PathBuf> {
     let Some(id) = charm.strip_prefix(jujube_wire::client::UPLOAD_PREFIX) else {
         return Ok(PathBuf::from(charm));
     };
-    let charms = cx
-        .charms
-        .ok_or_else(|| anyhow::anyhow!("charm `{charm}`: no uploads here"))?;
+    let charms = cx.charms;
     if id.is_empty() || !id.chars().all(|c| c.is_ascii_hexdigit()) {
         bail!("charm `{charm}` is not an upload's id");
     }
@@ -274,6 +274,21 @@ fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Value> {
             params,
             timeout,
         } => json(store.queue_action(&unit, &action, &params, timeout)?),
+        ClientCall::DebugLog {
+            include,
+            lines,
+            cursor,
+        } => {
+            store.require(jujube_wire::client::Access::Read)?;
+            let prefixes: Vec<String> = include.iter().map(|u| format!("{u}: ")).collect();
+            let keep = |line: &str| prefixes.is_empty() || prefixes.iter().any(|p| line.starts_with(p));
+            let read = cx.logs.read(cursor, lines, &keep)?;
+            json(jujube_wire::client::LogLines {
+                lines: read.lines,
+                cursor: read.cursor,
+                missed: read.missed,
+            })
+        }
         ClientCall::AddUser { name, access } => {
             let secret = new_secret();
             store.add_user(&name, access, &jujube_state::users::secret_hash(&secret))?;

@@ -664,9 +664,8 @@ fn run(cli: Cli) -> Result<()> {
             no_tail,
         } => {
             let name = home.select(env_flag)?;
-            let store = home.open(&name)?;
-            let source = controller::log_source(&home, &name, &store)?;
-            runtime()?.block_on(debuglog::run(source, &include, lines, !no_tail, out))?;
+            let client = Client::open(&home, &name)?;
+            debuglog::run(&client, &include, lines, !no_tail, out)?;
         }
         Command::Run {
             unit,

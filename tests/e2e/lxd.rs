@@ -748,7 +748,8 @@ async fn agents_run_inside_their_containers_and_hooks_run_there() {
     let out = j.run(&["run", "mysql/0", "--", "hostname"]).ok().stdout;
     assert_eq!(out.trim(), my);
 
-    // debug-log reads the logs inside the containers.
+    // debug-log: the agents in the containers shipped their logs to the
+    // controller.
     let log = j
         .run(&["debug-log", "--no-tail", "--lines", "100"])
         .ok()

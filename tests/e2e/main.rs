@@ -48,7 +48,6 @@ const LOCAL_COMMANDS: &[&str] = &[
     "logout",
     "agent",
     "enroll",
-    "debug-log",
 ];
 
 #[derive(Debug)]

@@ -133,6 +133,24 @@ fn a_registered_read_user_sees_the_model_over_the_api_and_changes_nothing() {
         .run(&["exec", "blog/0", "--", "relation-ids", "db"])
         .ok();
     assert!(ids.stdout.starts_with("db:"), "{}", ids.stdout);
+    // The units' logs reach bob through the controller's log sink.
+    let log = bob
+        .run(&[
+            "debug-log",
+            "--no-tail",
+            "--include",
+            "blog/0",
+            "--lines",
+            "100",
+        ])
+        .ok()
+        .stdout;
+    assert!(
+        log.lines()
+            .any(|l| l.starts_with("blog/0: ") && l.ends_with("hook: install")),
+        "{log}"
+    );
+    assert!(log.lines().all(|l| l.starts_with("blog/0: ")), "{log}");
     // exec is an admin's.
     let r = bob.run(&["exec", "blog/0", "--", "true"]);
     assert_eq!(r.code, 1);

@@ -217,6 +217,14 @@ pub enum ClientCall {
         params: Vec<String>,
         timeout: u64,
     },
+    /// → [`LogLines`]: the units' log lines the controller's log sink
+    /// holds — the last `lines` of them, or (`cursor`) those after it —,
+    /// only `include`'s units when it names any.
+    DebugLog {
+        include: Vec<String>,
+        lines: usize,
+        cursor: Option<u64>,
+    },
     /// → `String`: the one-time registration secret (`admin`).
     AddUser { name: String, access: Access },
     /// → `Vec<`[`UserInfo`]`>`: every user for an admin, else oneself.
@@ -265,6 +273,15 @@ pub struct ServiceSettings {
     pub service: String,
     pub charm: String,
     pub settings: std::collections::BTreeMap<String, SettingOut>,
+}
+
+/// `debug-log`'s answer: lines `UNIT: text`, where to read on, and how
+/// many bytes were rotated away before they could be read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogLines {
+    pub lines: Vec<String>,
+    pub cursor: u64,
+    pub missed: u64,
 }
 
 /// What `wait` shows and decides on, read at once.

@@ -753,34 +753,6 @@ impl LxdProvider {
         Ok(())
     }
 
-    /// The logs of the agents inside this environment's containers, as
-    /// `jujube debug-log` shows them: `unit-…` (a unit's hooks) and
-    /// `machine-N` (the machine agent) → the file's bytes. Containers
-    /// without an agent have none.
-    pub async fn agent_logs(&self) -> Result<Vec<(String, Vec<u8>)>> {
-        let c = self.client();
-        let mut out = Vec::new();
-        let dir = format!("{AGENT_DIR}/logs");
-        for inst in Provider::instances(self).await? {
-            for name in c.list_dir(&inst.id, &dir).await? {
-                let Some(tag) = name.strip_suffix(".log") else {
-                    continue;
-                };
-                if let Some(bytes) = c.read_file(&inst.id, &format!("{dir}/{name}")).await? {
-                    out.push((tag.to_string(), bytes.to_vec()));
-                }
-            }
-            if let (Some(m), Some(bytes)) = (
-                inst.machine_id(),
-                c.read_file(&inst.id, &format!("{AGENT_DIR}/agent.log"))
-                    .await?,
-            ) {
-                out.push((format!("machine-{m}"), bytes.to_vec()));
-            }
-        }
-        Ok(out)
-    }
-
     async fn start_one(&self, spec: &StartSpec) -> Result<Instance> {
         let host = self.host().await?;
         self.check_constraints(&spec.constraints, &host)?;
