@@ -4,10 +4,10 @@
 //! client facade ([`crate::facade`]) — whether this home bootstrapped the
 //! environment or registered with it.
 
-use crate::home::Home;
 use anyhow::{anyhow, Result};
 use jujube_agent::api::{ApiResult, ErrorCode};
 use jujube_agent::remote::UserClient;
+use jujube_controller::home::{Account, ControllerEntry, Home};
 use jujube_wire::client::{ClientCall, ClientError};
 use serde::de::DeserializeOwned;
 use std::future::Future;
@@ -26,35 +26,6 @@ pub struct Client {
     hint: String,
 }
 
-/// Gives an environment bootstrapped before users existed its `admin`
-/// (with a new password) and this home its controller entry and account.
-fn adopt(home: &Home, name: &str) -> Result<()> {
-    let store = home.open(name)?;
-    let admin = jujube_state::users::ADMIN;
-    let password = crate::facade::new_secret();
-    match store.login(admin)? {
-        None => store.create_admin(&password)?,
-        Some(_) => store.set_user_password(admin, &password)?,
-    }
-    let env = store.environment()?;
-    let config = store.environment_config()?;
-    home.set_controller(
-        name,
-        crate::home::ControllerEntry {
-            uuid: env.uuid,
-            addresses: crate::controller::api_addresses(home, name, &config),
-            ca_cert: jujube_api::tls::ca_cert(&home.env_dir(name))?,
-        },
-    )?;
-    home.set_account(
-        name,
-        Some(crate::home::Account {
-            user: admin.to_string(),
-            password,
-        }),
-    )
-}
-
 /// How long a command keeps trying a controller that runs on this host but
 /// does not answer yet (it is starting, or restarting under its
 /// supervisor).
@@ -65,7 +36,7 @@ impl Client {
     pub fn open(home: &Home, name: &str) -> Result<Client> {
         let here = home.has_store(name);
         if here && home.controller(name)?.is_none() {
-            adopt(home, name)?;
+            jujube_controller::run::adopt(home, name)?;
         }
         let (Some(controller), Some(account)) = (home.controller(name)?, home.account(name)?)
         else {
@@ -78,14 +49,14 @@ impl Client {
         // patience; none at all is said at once.
         let (patience, hint) = if !here {
             (Duration::ZERO, "check that it runs".to_string())
-        } else if crate::controller::controller_runs(home, name)
-            || crate::supervise::running(home, name).is_some()
+        } else if jujube_controller::run::controller_runs(home, name)
+            || jujube_controller::supervise::running(home, name).is_some()
         {
             (
                 STARTING_PATIENCE,
                 format!(
                     "it runs on this host but does not answer; see `{}`",
-                    crate::supervise::log_path(home, name).display()
+                    jujube_controller::supervise::log_path(home, name).display()
                 ),
             )
         } else {
@@ -101,8 +72,8 @@ impl Client {
     /// A client of `name`'s controller at `controller`, as `account`.
     pub fn remote(
         name: &str,
-        controller: &crate::home::ControllerEntry,
-        account: &crate::home::Account,
+        controller: &ControllerEntry,
+        account: &Account,
         patience: Duration,
         hint: String,
     ) -> Result<Client> {

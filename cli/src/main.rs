@@ -14,24 +14,22 @@
 mod agent;
 mod charm;
 mod client;
-mod controller;
+mod commands;
 mod debuglog;
-mod facade;
-mod home;
 mod hooktool;
 mod progress;
 mod render;
-mod supervise;
 mod users;
+
+use jujube_controller::{run as controller, supervise};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use client::Client;
-use home::Home;
-use jujube_core::{names, series, Constraints};
-use jujube_state::environment::EnvironmentSpec;
-use jujube_state::model::JOB_MANAGE_ENVIRON;
+use jujube_controller::Home;
+use jujube_core::{names, series};
 use jujube_wire::client::{Access, ClientCall, Deployed, UserInfo};
+use jujube_wire::view::JOB_MANAGE_ENVIRON;
 use jujube_wire::view::{Status, Stray, Task};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -440,21 +438,6 @@ fn key_values(args: &[String], what: &str) -> Result<Vec<(String, String)>> {
         .collect()
 }
 
-fn parse_constraints(c: Option<&str>) -> Result<Option<Constraints>> {
-    c.map(|c| Constraints::parse(c).map_err(Into::into))
-        .transpose()
-}
-
-/// Constraints for an environment on `provider`: parsed, and refused before
-/// anything changes if the provider cannot honour a key.
-pub(crate) fn constraints_for(provider: &str, c: Option<&str>) -> Result<Option<Constraints>> {
-    let cons = parse_constraints(c)?;
-    if let Some(cons) = &cons {
-        jujube_providers::check_supported(provider, cons)?;
-    }
-    Ok(cons)
-}
-
 fn machine_id(s: &str) -> Result<i64> {
     Ok(names::parse_machine(s)?)
 }
@@ -546,63 +529,26 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             let config: BTreeMap<String, String> =
                 key_values(&config, "config")?.into_iter().collect();
-            names::validate_environment(&name)?;
-            controller::validate_config(provider.as_str(), &config)?;
-            let constraints =
-                constraints_for(provider.as_str(), constraints.as_deref())?.unwrap_or_default();
-            if home.env_dir(&name).exists() {
-                bail!("environment `{name}` already exists; choose another name, or remove it with `jujube destroy-environment {name}`");
-            }
-            let spec = EnvironmentSpec {
-                name: name.clone(),
-                uuid: uuid::Uuid::new_v4().to_string(),
-                provider: provider.as_str().to_string(),
-                default_series,
-                constraints,
-                config,
-            };
-            let dir = home.create_env_dir(&name)?;
-            // Leave nothing behind if bootstrap fails half-way.
-            let result = (|| {
-                let store = home.open(&name)?;
-                store.initialize(&spec)?;
-                // The environment's CA and the API server's certificate.
-                jujube_api::tls::ensure(&dir, &spec.uuid)?;
-                // `admin`, with a password only this home's account file
-                // holds (the store keeps its hash).
-                let password = facade::new_secret();
-                store.create_admin(&password)?;
-                home.set_controller(
-                    &name,
-                    home::ControllerEntry {
-                        uuid: spec.uuid.clone(),
-                        addresses: controller::api_addresses(&home, &name, &spec.config),
-                        ca_cert: jujube_api::tls::ca_cert(&dir)?,
-                    },
-                )?;
-                home.set_account(
-                    &name,
-                    Some(home::Account {
-                        user: jujube_state::users::ADMIN.to_string(),
-                        password,
-                    }),
-                )?;
-                bootstrap_machine_0(&home, &name, &store)?;
-                home.set_current(&name)
-            })();
-            if let Err(e) = result {
-                let _ = std::fs::remove_dir_all(&dir);
-                let _ = home.forget(&name);
-                return Err(e);
-            }
+            let mut progress = progress::Reporter::new("bootstrap", false);
+            let uuid = controller::bootstrap(
+                &home,
+                controller::BootstrapArgs {
+                    name: &name,
+                    provider: provider.as_str(),
+                    config,
+                    constraints: constraints.as_deref(),
+                    default_series: &default_series,
+                },
+                &mut progress,
+            )?;
             writeln!(
                 out,
-                "bootstrapped environment `{name}` ({}) on provider `{}`",
-                spec.uuid, spec.provider
+                "bootstrapped environment `{name}` ({uuid}) on provider `{}`",
+                provider.as_str()
             )?;
             if manual_controller {
                 writeln!(out, "no controller started: run `jujube controller`")?;
-            } else if spec.provider == "dummy" {
+            } else if provider.as_str() == "dummy" {
                 supervise::start(&home, &name)?;
                 writeln!(
                     out,
@@ -614,7 +560,7 @@ fn run(cli: Cli) -> Result<()> {
                 writeln!(
                     out,
                     "run the controller with `jujube controller` (on provider `{}` it runs on this host, not on machine 0)",
-                    spec.provider
+                    provider.as_str()
                 )?;
             }
         }
@@ -631,7 +577,26 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::DestroyEnvironment { name, yes } => {
             let name = home.select(Some(&name))?;
-            runtime()?.block_on(controller::destroy(&home, &name, yes, out))?;
+            if !home.has_store(&name) {
+                bail!("environment `{name}` was not bootstrapped from this home (`JUJUBE_HOME`): destroy it from the home that bootstrapped it");
+            }
+            if !yes {
+                use std::io::IsTerminal;
+                if !std::io::stdin().is_terminal() {
+                    bail!("destroying environment `{name}` stops all its instances and deletes its state; add `--yes` to confirm");
+                }
+                write!(
+                    out,
+                    "Destroy environment `{name}`, all its instances and its state? [y/N] "
+                )?;
+                out.flush()?;
+                let mut answer = String::new();
+                std::io::stdin().read_line(&mut answer)?;
+                if !matches!(answer.trim(), "y" | "Y" | "yes") {
+                    bail!("not confirmed; environment `{name}` is unchanged");
+                }
+            }
+            runtime()?.block_on(controller::destroy(&home, &name, out))?;
         }
         Command::Supervise => {
             let name = home.select(env_flag)?;
@@ -647,7 +612,6 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Controller => {
             let name = home.select(env_flag)?;
-            let store = home.open(&name)?;
             tracing_subscriber::fmt()
                 .with_env_filter(
                     tracing_subscriber::EnvFilter::try_from_default_env()
@@ -656,7 +620,7 @@ fn run(cli: Cli) -> Result<()> {
                 .with_writer(std::io::stderr)
                 .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .init();
-            runtime()?.block_on(controller::run(&home, &name, store))?;
+            runtime()?.block_on(controller::run(&home, &name))?;
         }
         Command::DebugLog {
             include,
@@ -679,13 +643,13 @@ fn run(cli: Cli) -> Result<()> {
             let code = match (action.split_first(), command.is_empty()) {
                 (None, false) => {
                     let client = Client::open(&home, &name)?;
-                    controller::run_command(&client, &unit, &command, timeout, out)?
+                    commands::run_command(&client, &unit, &command, timeout, out)?
                 }
                 (Some((action, params)), true) => {
                     let client = Client::open(&home, &name)?;
-                    controller::run_action(
+                    commands::run_action(
                         &client,
-                        controller::ActionRun {
+                        commands::ActionRun {
                             unit: &unit,
                             action,
                             params,
@@ -714,7 +678,7 @@ fn run(cli: Cli) -> Result<()> {
             let timeout = parse_timeout(&timeout)?;
             let name = home.select(env_flag)?;
             let client = Client::open(&home, &name)?;
-            let code = controller::run_command(&client, &unit, &command, timeout, out)?;
+            let code = commands::run_command(&client, &unit, &command, timeout, out)?;
             if code != 0 {
                 return Err(ExitWith(code).into());
             }
@@ -723,7 +687,7 @@ fn run(cli: Cli) -> Result<()> {
             let name = home.select(env_flag)?;
             let client = Client::open(&home, &name)?;
             let task: Task = client.call(ClientCall::Task { id })?;
-            write!(out, "{}", controller::render_task(&task))?;
+            write!(out, "{}", commands::render_task(&task))?;
         }
         Command::Enroll {
             data_dir,
@@ -768,8 +732,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::DummyCloud { action } => {
             let name = home.select(env_flag)?;
-            let store = home.open(&name)?;
-            let cloud = controller::dummy(&home, &name, &store)?;
+            let cloud = controller::dummy(&home, &name)?;
             match action {
                 DummyAction::Start { tags } => {
                     let tags = key_values(&tags, "tag")?.into_iter().collect();
@@ -831,7 +794,7 @@ fn model_command(
             let (dir, url_series) = charm::resolve(&charm, repository.as_deref())?;
             // Read here first: a charm the controller would refuse is
             // refused naming the user's own files, before any upload.
-            charm::read_dir(dir.clone(), url_series.clone())?;
+            jujube_controller::charm::read_dir(dir.clone(), url_series.clone())?;
             let deployed: Deployed = client.call(ClientCall::Deploy {
                 charm: client.charm(&dir)?,
                 url_series,
@@ -1012,7 +975,7 @@ fn model_command(
                 .map(|p| charm::resolve(&p, repository.as_deref()))
                 .transpose()?
                 .map(|(dir, _)| {
-                    charm::read_dir(dir.clone(), None)?;
+                    jujube_controller::charm::read_dir(dir.clone(), None)?;
                     client.charm(&dir)
                 })
                 .transpose()?;
@@ -1065,7 +1028,7 @@ fn model_command(
                     "invalid `--timeout {timeout}`: use a duration such as `90s` or `10m`"
                 ))
             })?;
-            controller::wait(client, timeout)?;
+            commands::wait(client, timeout)?;
         }
         Command::Bootstrap { .. }
         | Command::Environments
@@ -1100,55 +1063,4 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
         .worker_threads(2)
         .enable_all()
         .build()?)
-}
-
-/// Provisions machine 0 and waits for it, showing how it goes; on failure
-/// stops whatever was started for it, so that the caller can delete the
-/// environment and leave nothing behind.
-fn bootstrap_machine_0(home: &Home, name: &str, store: &jujube_state::Store) -> Result<()> {
-    runtime()?.block_on(async {
-        let provider = controller::provider(home, name, store).await?;
-        let kind = provider.kind();
-        let mut progress = progress::Reporter::new("bootstrap", false);
-        progress.line(&format!(
-            "starting machine 0 (the controller) on provider `{kind}`"
-        ));
-        let p = jujube_provisioner::Provisioner::new(store.clone(), provider.clone())?;
-        let start = p.provision_now(&[0]);
-        tokio::pin!(start);
-        let t0 = std::time::Instant::now();
-        let failed = loop {
-            tokio::select! {
-                r = &mut start => break r?,
-                _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {
-                    let m = store.machine(0)?;
-                    let what = match m.status.as_str() {
-                        "provisioning" => format!("waiting for `{kind}` to start machine 0's instance"),
-                        _ => format!("preparing machine 0 (status {})", m.status),
-                    };
-                    let msg = format!("{what} ({}s)", t0.elapsed().as_secs());
-                    progress.update(None, &msg, &what);
-                }
-            }
-        };
-        if let Some((_, why)) = failed.first() {
-            progress.finish("machine 0 failed to start");
-            let ours: Vec<String> = provider
-                .instances()
-                .await?
-                .into_iter()
-                .map(|i| i.id)
-                .collect();
-            provider.stop_instances(&ours).await?;
-            provider.destroy_environment().await?;
-            bail!("bootstrap failed: {why}");
-        }
-        let m = store.machine(0)?;
-        progress.finish(&format!(
-            "machine 0 started: instance `{}`{}",
-            m.instance_id.unwrap_or_default(),
-            m.zone.map(|z| format!(" in zone `{z}`")).unwrap_or_default()
-        ));
-        Ok(())
-    })
 }

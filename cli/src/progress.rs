@@ -84,6 +84,10 @@ impl Reporter {
     /// Ends the display with `line` as the last word (unless a plain
     /// display printed it already).
     pub fn finish(mut self, line: &str) {
+        self.end(line);
+    }
+
+    fn end(&mut self, line: &str) {
         match self.bar.take() {
             Some(bar) => {
                 bar.finish_and_clear();
@@ -92,6 +96,21 @@ impl Reporter {
             None if self.last != line => self.print(line),
             None => {}
         }
+    }
+}
+
+/// How `bootstrap` shows its progress.
+impl jujube_controller::run::Progress for Reporter {
+    fn line(&mut self, line: &str) {
+        Reporter::line(self, line)
+    }
+
+    fn update(&mut self, msg: &str, line: &str) {
+        Reporter::update(self, None, msg, line)
+    }
+
+    fn finish(&mut self, line: &str) {
+        self.end(line)
     }
 }
 

@@ -126,7 +126,7 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
         writeln!(out)?;
         // A service's message: its workload's (the leader's `status-set
         // --application`), then what holds it when Dying.
-        let service_message = |s: &jujube_state::status::ServiceStatus| {
+        let service_message = |s: &jujube_wire::view::ServiceStatus| {
             join_messages(&[&s.workload_status.message, &s.message])
         };
         let service_messages = st

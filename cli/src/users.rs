@@ -8,9 +8,9 @@
 //! secret that lets it choose a password; it holds no other secret.
 
 use crate::client::Client;
-use crate::home::{Account, ControllerEntry, Home};
 use anyhow::{anyhow, bail, Context, Result};
 use base64::Engine;
+use jujube_controller::home::{Account, ControllerEntry, Home};
 use jujube_wire::client::{Access, ClientCall, Registration, UserInfo};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
@@ -141,7 +141,7 @@ pub fn login(home: &Home, env: &str, user: Option<&str>, out: &mut impl Write) -
         None => home
             .account(env)?
             .map(|a| a.user)
-            .unwrap_or_else(|| jujube_state::users::ADMIN.to_string()),
+            .unwrap_or_else(|| jujube_wire::client::ADMIN.to_string()),
     };
     let password = read_password(&format!("Password for `{user}`: "), false)?;
     let account = Account {
@@ -184,7 +184,7 @@ pub fn change_password(
     let name = match (user, &own) {
         (Some(u), _) => u.to_string(),
         (None, Some(a)) => a.user.clone(),
-        (None, None) => jujube_state::users::ADMIN.to_string(),
+        (None, None) => jujube_wire::client::ADMIN.to_string(),
     };
     let password = read_password(&format!("New password for `{name}`: "), true)?;
     client.call::<()>(ClientCall::SetPassword {

@@ -8,7 +8,7 @@ use rusqlite::{Connection, OptionalExtension, Row};
 use serde::Serialize;
 
 pub const JOB_HOST_UNITS: &str = "host-units";
-pub const JOB_MANAGE_ENVIRON: &str = "manage-environ";
+pub use jujube_wire::view::JOB_MANAGE_ENVIRON;
 
 /// Agent status before any agent has reported (units and machines).
 pub const UNIT_PENDING: &str = "pending";

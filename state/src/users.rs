@@ -18,9 +18,8 @@ use crate::{unix_now, Error, Result};
 use jujube_wire::client::{Access, UserInfo};
 use rusqlite::{Connection, OptionalExtension};
 
-/// The user `bootstrap` makes; it cannot lose `admin` or be removed while
-/// it is the last admin.
-pub const ADMIN: &str = "admin";
+/// The user `bootstrap` makes.
+pub use jujube_wire::client::ADMIN;
 
 /// The longest password accepted (argon2 reads it whole).
 pub const MAX_PASSWORD_BYTES: usize = 1024;

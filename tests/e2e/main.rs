@@ -206,13 +206,22 @@ impl Jujube {
             return;
         }
         let c = self.spawn_controller(Some(env));
+        *self.background.borrow_mut() = Some(c);
+    }
+
+    /// Waits (up to 30 s) until a controller holds `env`'s lock, or `c`
+    /// has exited.
+    fn await_lock(&self, env: Option<&str>, c: &mut Controller) {
+        let Some(env) = env.map(str::to_string).or_else(|| self.env_of(&[])) else {
+            return;
+        };
         let t0 = std::time::Instant::now();
-        while self.controller_pid(env).is_none()
+        while self.controller_pid(&env).is_none()
+            && c.child.try_wait().ok().flatten().is_none()
             && t0.elapsed() < std::time::Duration::from_secs(30)
         {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        *self.background.borrow_mut() = Some(c);
     }
 
     /// The controller the harness started, while it runs; else starts
@@ -238,7 +247,9 @@ impl Jujube {
             .stderr(std::process::Stdio::inherit())
             .spawn()
             .expect("start the controller");
-        Controller { child }
+        let mut c = Controller { child };
+        self.await_lock(env, &mut c);
+        c
     }
 
     pub fn charm(&self, name: &str) -> String {

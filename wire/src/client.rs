@@ -18,6 +18,8 @@ pub const CLIENT_PATH: &str = "/v1/client";
 pub const REGISTER_PATH: &str = "/v1/register";
 pub const CHARM_PATH: &str = "/v1/charms";
 pub const USER_HEADER: &str = "x-jujube-user";
+/// The user `bootstrap` makes.
+pub const ADMIN: &str = "admin";
 /// A charm named `upload:ID` is one uploaded to [`CHARM_PATH`].
 pub const UPLOAD_PREFIX: &str = "upload:";
 

@@ -7,6 +7,9 @@ use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use std::collections::BTreeMap;
 
+/// The job of a machine that runs the controller (machine 0).
+pub const JOB_MANAGE_ENVIRON: &str = "manage-environ";
+
 /// A map that keeps insertion order when serialised (machine ids and unit
 /// numbers sort numerically, not as strings).
 #[derive(Debug, Clone, PartialEq)]

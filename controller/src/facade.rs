@@ -8,8 +8,7 @@
 
 use crate::charm;
 use crate::home::Home;
-use crate::usage;
-use anyhow::{bail, Result};
+use crate::{bail, refusal, Error, Result};
 use jujube_core::{series, Constraints};
 use jujube_state::services::DeployArgs;
 use jujube_state::Store;
@@ -45,7 +44,7 @@ fn charm_dir(cx: &Context<'_>, charm: &str) -> Result<PathBuf> {
     let pending = charms.join(jujube_api::clients::PENDING).join(id);
     let kept = charms.join(id);
     std::fs::rename(&pending, &kept).map_err(|_| {
-        anyhow::anyhow!(
+        refusal!(
             "upload `{id}` not found: it was used already, or is older than an hour; deploy again"
         )
     })?;
@@ -59,16 +58,9 @@ pub const ZONE_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_se
 
 /// Answers `call` on `store` (a handle acting for the caller), as JSON.
 pub fn call(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Value, ClientError> {
-    answer(cx, store, call).map_err(|e| {
-        let is_usage = e.downcast_ref::<crate::Usage>().is_some();
-        let mut message = e.to_string();
-        for cause in e.chain().skip(1) {
-            message.push_str(&format!(": {cause}"));
-        }
-        ClientError {
-            message,
-            usage: is_usage,
-        }
+    answer(cx, store, call).map_err(|e| ClientError {
+        message: e.to_string(),
+        usage: matches!(e, Error::Usage(_)),
     })
 }
 
@@ -106,9 +98,9 @@ fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Value> {
         },
         ClientCall::RunResult { id } => json(store.run_result(id)?),
         ClientCall::WaitState => json(WaitState {
-            stuck: crate::controller::stuck(store)?,
+            stuck: crate::run::stuck(store)?,
             progress: store.progress()?,
-            errors: crate::controller::errors_listed(store)?,
+            errors: crate::run::errors_listed(store)?,
         }),
         ClientCall::Deploy {
             charm,
@@ -210,7 +202,7 @@ fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Value> {
                     merged.insert(k.clone(), v.clone());
                 }
             }
-            crate::controller::validate_config(&store.environment()?.provider, &merged)?;
+            crate::run::validate_config(&store.environment()?.provider, &merged)?;
             store.set_environment_config(&config)?;
             json(())
         }
@@ -243,7 +235,7 @@ fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Value> {
                 let loaded = charm::read_dir(from.clone(), None)?;
                 let mut c = loaded.charm;
                 c.url = format!("local:{}/{}", svc.series, c.url);
-                Ok::<_, anyhow::Error>(store.upgrade_charm(&service, &c, force)?)
+                Ok::<_, crate::Error>(store.upgrade_charm(&service, &c, force)?)
             })();
             if uploaded {
                 keep_if_used(store, &from, upgraded.as_ref().ok().map(String::as_str));
@@ -321,6 +313,10 @@ fn keep_if_used(store: &Store, dir: &std::path::Path, url: Option<&str>) {
     }
 }
 
+fn usage(message: impl Into<String>) -> Error {
+    Error::Usage(message.into())
+}
+
 /// A random secret (two v4 UUIDs: 244 random bits), for registrations and
 /// `admin`'s first password.
 pub fn new_secret() -> String {
@@ -366,7 +362,10 @@ fn constraints_for(
     provider: &str,
     c: Option<&str>,
 ) -> Result<Option<Constraints>> {
-    let cons = crate::constraints_for(provider, c)?;
+    let cons = c.map(Constraints::parse).transpose()?;
+    if let Some(cons) = &cons {
+        jujube_providers::check_supported(provider, cons)?;
+    }
     check_zones(cx, store, provider, cons.as_ref())?;
     Ok(cons)
 }
@@ -415,7 +414,7 @@ pub fn zones_on(
 ) -> Option<Vec<String>> {
     runtime.block_on(async {
         tokio::time::timeout(ZONE_CHECK_TIMEOUT, async {
-            let provider = crate::controller::provider(home, name, store).await.ok()?;
+            let provider = crate::run::provider(home, name, store).await.ok()?;
             provider.zones().await.ok()
         })
         .await

@@ -5,18 +5,14 @@
 //! exclusive `flock`) for its lifetime and writes its pid into it, so that
 //! `destroy-environment` can ask it to stop (SIGTERM) and wait for the lock.
 
-use crate::client::Client;
 use crate::home::Home;
-use crate::progress::Reporter;
-use anyhow::{anyhow, bail, Context, Result};
+use crate::{bail, refusal, Context, Result};
 use jujube_core::Life;
 use jujube_providers::dummy::DummyProvider;
 use jujube_providers::Provider;
 use jujube_provisioner::Provisioner;
 use jujube_state::model::machine_status;
 use jujube_state::Store;
-use jujube_wire::client::{ClientCall, WaitState};
-use jujube_wire::view::{RunResult, Task};
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::Write;
@@ -71,7 +67,8 @@ pub async fn provider(home: &Home, env_name: &str, store: &Store) -> Result<Arc<
 }
 
 /// The dummy cloud of an environment, for the `dummy-cloud` command.
-pub fn dummy(home: &Home, env_name: &str, store: &Store) -> Result<DummyProvider> {
+pub fn dummy(home: &Home, env_name: &str) -> Result<DummyProvider> {
+    let store = home.open(env_name)?;
     let env = store.environment()?;
     if env.provider != "dummy" {
         bail!(
@@ -618,9 +615,10 @@ impl jujube_provisioner::AgentInstaller for Installer {
 
 /// `jujube controller`: the provisioner, the cleaner, the machine agents and
 /// the API server, until SIGINT/SIGTERM.
-pub async fn run(home: &Home, env_name: &str, store: Store) -> Result<()> {
+pub async fn run(home: &Home, env_name: &str) -> Result<()> {
+    let store = home.open(env_name)?;
     let mut lock = try_lock(home, env_name)?.ok_or_else(|| {
-        anyhow!("a controller is already running for environment `{env_name}`; stop it first")
+        refusal!("a controller is already running for environment `{env_name}`; stop it first")
     })?;
     lock.write_pid()?;
     let provider = provider(home, env_name, &store).await?;
@@ -864,300 +862,13 @@ pub fn errors_listed(store: &Store) -> Result<String> {
     Ok(out.trim_end().to_string())
 }
 
-/// The progress line of `wait`.
-fn progress_line(p: &jujube_wire::view::Progress, stuck: &[String]) -> (String, String) {
-    let mut msg = format!(
-        "units {}/{} on started machines",
-        p.units_on_started_machines, p.units
-    );
-    if p.machines_in_error > 0 {
-        msg.push_str(&format!(", {} machine(s) in error", p.machines_in_error));
-    }
-    if let Some(first) = stuck.first() {
-        msg.push_str(&format!("; waiting for: {first}"));
-        if stuck.len() > 1 {
-            msg.push_str(&format!(" (and {} more)", stuck.len() - 1));
-        }
-    }
-    let line = format!(
-        "{}/{} machines started, {msg}",
-        p.machines_started, p.machines
-    );
-    (msg, line)
-}
-
-/// `jujube run UNIT -- CMD...`: queues the command for the unit's agent,
-/// waits for its answer, prints its output (stdout to `out`, stderr to
-/// stderr) and returns its exit status (1 when it could not run or was
-/// killed). The unit's agent runs it in a hook context between hooks.
-pub fn run_command(
-    client: &Client,
-    unit: &str,
-    argv: &[String],
-    timeout: Duration,
-    out: &mut impl Write,
-) -> Result<u8> {
-    let id: i64 = client.call(ClientCall::QueueRun {
-        unit: unit.to_string(),
-        argv: argv.to_vec(),
-        timeout: timeout.as_secs().max(1),
-    })?;
-    // The agent kills the command at `timeout`; a little longer for the
-    // agent to pick it up and answer.
-    let what = "the command".to_string();
-    let result: RunResult = answer(unit, &what, timeout, "", || {
-        client.call(ClientCall::RunResult { id })
-    })?;
-    let _ = client.call::<()>(ClientCall::ForgetRun { id });
-    out.write_all(result.stdout.as_bytes())?;
-    out.flush()?;
-    eprint!("{}", result.stderr);
-    Ok(match result.code {
-        0..=255 => result.code as u8,
-        _ => 1,
-    })
-}
-
-/// How often a command waiting for an agent's answer asks again.
-const ANSWER_POLL: Duration = Duration::from_millis(100);
-
-/// Waits for `unit`'s agent to answer (`poll` gives the answer once there
-/// is one): `timeout` for its run, 30 s more for the agent to pick it up
-/// and answer. `what` names the request in errors, `hint` ends the timeout's.
-fn answer<T>(
-    unit: &str,
-    what: &str,
-    timeout: Duration,
-    hint: &str,
-    poll: impl Fn() -> Result<Option<T>>,
-) -> Result<T> {
-    let deadline = std::time::Instant::now() + timeout + Duration::from_secs(30);
-    loop {
-        match poll() {
-            Ok(Some(r)) => return Ok(r),
-            Ok(None) => {}
-            // The run's rows go with its unit.
-            Err(e)
-                if e.to_string().starts_with("unit `") && e.to_string().contains("not found") =>
-            {
-                bail!("unit `{unit}` was removed before it ran {what}")
-            }
-            Err(e) => return Err(e),
-        }
-        if std::time::Instant::now() >= deadline {
-            bail!("unit `{unit}` did not run {what} within {}s; is its agent running? (`jujube status` shows its agent-status{hint})", timeout.as_secs() + 30);
-        }
-        std::thread::sleep(ANSWER_POLL);
-    }
-}
-
-/// What `jujube run UNIT ACTION` asks for.
-pub struct ActionRun<'a> {
-    pub unit: &'a str,
-    pub action: &'a str,
-    pub params: &'a [String],
-    pub timeout: Duration,
-    pub background: bool,
-}
-
-/// `jujube run UNIT ACTION [KEY=VALUE]...`: queues the action (its
-/// parameters checked against the charm's actions.yaml first: refused,
-/// nothing queued), waits for its task and prints its results as YAML;
-/// exits 1 when it failed. `--background` prints the task's id instead.
-pub fn run_action(client: &Client, run: ActionRun<'_>, out: &mut impl Write) -> Result<u8> {
-    let ActionRun {
-        unit,
-        action,
-        params,
-        timeout,
-        background,
-    } = run;
-    let id: i64 = client.call(ClientCall::QueueAction {
-        unit: unit.to_string(),
-        action: action.to_string(),
-        params: params.to_vec(),
-        timeout: timeout.as_secs().max(1),
-    })?;
-    if background {
-        writeln!(out, "Scheduled operation {id} with task {id}")?;
-        writeln!(out, "Check operation status with 'jujube show-task {id}'")?;
-        return Ok(0);
-    }
-    eprintln!(
-        "Running operation {id} with 1 task\n  - task {id} on unit-{}\n\nWaiting for task {id}...",
-        unit.replace('/', "-")
-    );
-    let what = format!("action `{action}` (task {id})");
-    let later = format!("; `jujube show-task {id}` shows the task later");
-    let task = answer(unit, &what, timeout, &later, || {
-        let t: Task = client.call(ClientCall::Task { id })?;
-        Ok(t.result.is_some().then_some(t))
-    })?;
-    let result = task.result.as_ref().expect("answered");
-    let outcome = result.action.clone().unwrap_or_default();
-    for (at, message) in &outcome.log {
-        let time = jujube_core::time::format_utc(u64::try_from(*at).unwrap_or(0));
-        eprintln!("{} {message}", time.get(11..).unwrap_or(&time));
-    }
-    let results = nest(&outcome.results);
-    if results.as_object().is_some_and(|m| !m.is_empty()) {
-        out.write_all(yaml_serde::to_string(&results)?.as_bytes())?;
-    }
-    out.write_all(result.stdout.as_bytes())?;
-    out.flush()?;
-    eprint!("{}", result.stderr);
-    if task.status() == "failed" {
-        bail!(
-            "action `{action}` on unit `{unit}` failed: {} (task {id}; `jujube show-task {id}` shows it)",
-            failure_message(result)
-        );
-    }
-    Ok(0)
-}
-
-/// Why a task failed: what the action said with `action-fail`, else its
-/// exit status.
-fn failure_message(result: &RunResult) -> String {
-    match result.action.as_ref().and_then(|a| a.failed.clone()) {
-        Some(m) => m,
-        None if result.code == -1 => result
-            .stderr
-            .trim()
-            .trim_start_matches("error: ")
-            .to_string(),
-        None => format!("exit status {}", result.code),
-    }
-}
-
-/// `action-set`'s dotted keys as nested maps (`detail.level=3` is
-/// `detail: {level: "3"}`), as Juju shows them.
-fn nest(results: &std::collections::BTreeMap<String, String>) -> serde_json::Value {
-    let mut root = serde_json::Map::new();
-    for (key, value) in results {
-        let parts: Vec<&str> = key.split('.').collect();
-        let mut node = &mut root;
-        for part in &parts[..parts.len() - 1] {
-            let next = node
-                .entry(part.to_string())
-                .or_insert_with(|| serde_json::Value::Object(Default::default()));
-            if !next.is_object() {
-                *next = serde_json::Value::Object(Default::default());
-            }
-            node = next.as_object_mut().expect("just made an object");
-        }
-        node.insert(
-            parts[parts.len() - 1].to_string(),
-            serde_json::Value::String(value.clone()),
-        );
-    }
-    serde_json::Value::Object(root)
-}
-
-/// `jujube show-task ID`, as YAML (Juju's keys).
-pub fn render_task(task: &Task) -> String {
-    let time = |t: i64| {
-        format!(
-            "{} UTC",
-            jujube_core::time::format_utc(u64::try_from(t).unwrap_or(0))
-        )
-    };
-    let mut doc = serde_json::json!({
-        "id": task.id.to_string(),
-        "action": task.action,
-        "unit": task.unit,
-        "status": task.status(),
-        "parameters": task.params,
-        "enqueued": time(task.queued),
-    });
-    if let Some(r) = &task.result {
-        let outcome = r.action.clone().unwrap_or_default();
-        if task.status() == "failed" {
-            doc["message"] = failure_message(r).into();
-        }
-        doc["results"] = nest(&outcome.results);
-        doc["return-code"] = r.code.into();
-        if !r.stdout.is_empty() {
-            doc["stdout"] = r.stdout.clone().into();
-        }
-        if !r.stderr.is_empty() {
-            doc["stderr"] = r.stderr.clone().into();
-        }
-        if !outcome.log.is_empty() {
-            doc["log"] = outcome
-                .log
-                .iter()
-                .map(|(at, m)| format!("{} {m}", time(*at)))
-                .collect::<Vec<_>>()
-                .into();
-        }
-    }
-    yaml_serde::to_string(&doc).unwrap_or_default()
-}
-
-/// `jujube wait`: until nothing can make progress, or the timeout. Succeeds
-/// only when everything converged without error; otherwise the error lists
-/// every machine in error (and, on timeout, what is still stuck).
-/// The controller answers each look, so it is at work: a timeout says
-/// what holds things up.
-pub fn wait(client: &Client, timeout: Duration) -> Result<()> {
-    let deadline = std::time::Instant::now() + timeout;
-    let mut progress = Reporter::new("wait", true);
-    loop {
-        let state: WaitState = client.call(ClientCall::WaitState)?;
-        let (s, p) = (state.stuck, state.progress);
-        let (msg, line) = progress_line(&p, &s);
-        progress.update(
-            Some((p.machines_started as u64, p.machines as u64)),
-            &msg,
-            &line,
-        );
-        let timed_out = std::time::Instant::now() >= deadline;
-        if s.is_empty() || timed_out {
-            progress.finish(&line);
-            let listed = state.errors;
-            if timed_out && !s.is_empty() {
-                bail!(
-                    "timed out after {timeout:?}; still waiting: {}{}",
-                    s.join("; "),
-                    if listed.is_empty() {
-                        String::new()
-                    } else {
-                        format!("\n{listed}")
-                    }
-                );
-            }
-            if !listed.is_empty() {
-                bail!("{listed}");
-            }
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 /// `jujube destroy-environment`: stops every instance of the environment,
 /// then deletes its state.
-pub async fn destroy(home: &Home, name: &str, yes: bool, out: &mut impl Write) -> Result<()> {
-    use std::io::IsTerminal;
+pub async fn destroy(home: &Home, name: &str, out: &mut impl Write) -> Result<()> {
     if !home.has_store(name) {
         bail!("environment `{name}` was not bootstrapped from this home (`JUJUBE_HOME`): destroy it from the home that bootstrapped it");
     }
     let store = home.open(name)?;
-    if !yes {
-        if !std::io::stdin().is_terminal() {
-            bail!("destroying environment `{name}` stops all its instances and deletes its state; add `--yes` to confirm");
-        }
-        write!(
-            out,
-            "Destroy environment `{name}`, all its instances and its state? [y/N] "
-        )?;
-        out.flush()?;
-        let mut answer = String::new();
-        std::io::stdin().read_line(&mut answer)?;
-        if !matches!(answer.trim(), "y" | "Y" | "yes") {
-            bail!("not confirmed; environment `{name}` is unchanged");
-        }
-    }
     // The supervisor first, which stops its controller (else it would start
     // it again); then any other controller is asked to stop; its lock is then ours,
     // so that no controller starts while the environment is destroyed.
@@ -1202,6 +913,181 @@ pub async fn destroy(home: &Home, name: &str, yes: bool, out: &mut impl Write) -
     }
     writeln!(out, "destroyed environment `{name}`")?;
     Ok(())
+}
+
+/// What `bootstrap` shows of its progress (the CLI draws it).
+pub trait Progress {
+    /// A line of its own.
+    fn line(&mut self, line: &str);
+    /// What it waits for now: `msg` for a terminal's bar, `line` for a
+    /// log.
+    fn update(&mut self, msg: &str, line: &str);
+    /// The last line.
+    fn finish(&mut self, line: &str);
+}
+
+/// What `bootstrap` asks for.
+pub struct BootstrapArgs<'a> {
+    pub name: &'a str,
+    pub provider: &'a str,
+    pub config: BTreeMap<String, String>,
+    pub constraints: Option<&'a str>,
+    pub default_series: &'a str,
+}
+
+/// `jujube bootstrap`: the environment's directory, its store, its CA and
+/// the API server's certificate, `admin` (with a password only this home's
+/// account file holds: the store keeps its hash), this home's controller
+/// entry and account, and machine 0 provisioned; the environment is made
+/// current. On failure nothing is left behind. Answers its UUID.
+pub fn bootstrap(
+    home: &Home,
+    args: BootstrapArgs<'_>,
+    progress: &mut dyn Progress,
+) -> Result<String> {
+    let name = args.name;
+    jujube_core::names::validate_environment(name)?;
+    validate_config(args.provider, &args.config)?;
+    let constraints = args
+        .constraints
+        .map(jujube_core::Constraints::parse)
+        .transpose()?
+        .unwrap_or_default();
+    jujube_providers::check_supported(args.provider, &constraints)?;
+    jujube_core::series::validate(args.default_series)?;
+    if home.env_dir(name).exists() {
+        bail!("environment `{name}` already exists; choose another name, or remove it with `jujube destroy-environment {name}`");
+    }
+    let spec = jujube_state::environment::EnvironmentSpec {
+        name: name.to_string(),
+        uuid: uuid::Uuid::new_v4().to_string(),
+        provider: args.provider.to_string(),
+        default_series: args.default_series.to_string(),
+        constraints,
+        config: args.config,
+    };
+    let dir = home.create_env_dir(name)?;
+    let result = (|| {
+        let store = home.open(name)?;
+        store.initialize(&spec)?;
+        jujube_api::tls::ensure(&dir, &spec.uuid)?;
+        let password = crate::facade::new_secret();
+        store.create_admin(&password)?;
+        home.set_controller(
+            name,
+            crate::home::ControllerEntry {
+                uuid: spec.uuid.clone(),
+                addresses: api_addresses(home, name, &spec.config),
+                ca_cert: jujube_api::tls::ca_cert(&dir)?,
+            },
+        )?;
+        home.set_account(
+            name,
+            Some(crate::home::Account {
+                user: jujube_wire::client::ADMIN.to_string(),
+                password,
+            }),
+        )?;
+        bootstrap_machine_0(home, name, &store, progress)?;
+        home.set_current(name)
+    })();
+    if let Err(e) = result {
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = home.forget(name);
+        return Err(e);
+    }
+    Ok(spec.uuid)
+}
+
+/// Gives an environment bootstrapped before users existed its `admin`
+/// (with a new password) and this home its controller entry and account.
+pub fn adopt(home: &Home, name: &str) -> Result<()> {
+    let store = home.open(name)?;
+    let admin = jujube_wire::client::ADMIN;
+    let password = crate::facade::new_secret();
+    match store.login(admin)? {
+        None => store.create_admin(&password)?,
+        Some(_) => store.set_user_password(admin, &password)?,
+    }
+    let env = store.environment()?;
+    let config = store.environment_config()?;
+    home.set_controller(
+        name,
+        crate::home::ControllerEntry {
+            uuid: env.uuid,
+            addresses: api_addresses(home, name, &config),
+            ca_cert: jujube_api::tls::ca_cert(&home.env_dir(name))?,
+        },
+    )?;
+    home.set_account(
+        name,
+        Some(crate::home::Account {
+            user: admin.to_string(),
+            password,
+        }),
+    )
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
+}
+
+/// Provisions machine 0 and waits for it, showing how it goes; on failure
+/// stops whatever was started for it, so that the caller can delete the
+/// environment and leave nothing behind.
+fn bootstrap_machine_0(
+    home: &Home,
+    name: &str,
+    store: &Store,
+    progress: &mut dyn Progress,
+) -> Result<()> {
+    runtime()?.block_on(async {
+        let provider = provider(home, name, store).await?;
+        let kind = provider.kind();
+        progress.line(&format!(
+            "starting machine 0 (the controller) on provider `{kind}`"
+        ));
+        let p = Provisioner::new(store.clone(), provider.clone())?;
+        let start = p.provision_now(&[0]);
+        tokio::pin!(start);
+        let t0 = std::time::Instant::now();
+        let failed = loop {
+            tokio::select! {
+                r = &mut start => break r?,
+                _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {
+                    let m = store.machine(0)?;
+                    let what = match m.status.as_str() {
+                        "provisioning" => format!("waiting for `{kind}` to start machine 0's instance"),
+                        _ => format!("preparing machine 0 (status {})", m.status),
+                    };
+                    let msg = format!("{what} ({}s)", t0.elapsed().as_secs());
+                    progress.update(&msg, &what);
+                }
+            }
+        };
+        if let Some((_, why)) = failed.first() {
+            progress.finish("machine 0 failed to start");
+            let ours: Vec<String> = provider
+                .instances()
+                .await?
+                .into_iter()
+                .map(|i| i.id)
+                .collect();
+            provider.stop_instances(&ours).await?;
+            provider.destroy_environment().await?;
+            bail!("bootstrap failed: {why}");
+        }
+        let m = store.machine(0)?;
+        progress.finish(&format!(
+            "machine 0 started: instance `{}`{}",
+            m.instance_id.unwrap_or_default(),
+            m.zone.map(|z| format!(" in zone `{z}`")).unwrap_or_default()
+        ));
+        Ok(())
+    })
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@
 //! home that bootstrapped an environment has both and its folder; one that
 //! registered with `jujube register` has only the two files.
 
-use anyhow::{anyhow, bail, Context, Result};
+use crate::{bail, refusal, Context, Result};
 use jujube_state::Store;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -45,7 +45,7 @@ impl Home {
             Some(p) if !p.is_empty() => PathBuf::from(p),
             _ => dirs::data_dir()
                 .ok_or_else(|| {
-                    anyhow!("cannot find a data directory for this user; set `JUJUBE_HOME`")
+                    refusal!("cannot find a data directory for this user; set `JUJUBE_HOME`")
                 })?
                 .join("jujube"),
         };
@@ -218,7 +218,7 @@ impl Home {
         let name = match flag {
             Some(n) => n.to_string(),
             None => self.current().ok_or_else(|| {
-                anyhow!("no environment selected; create one with `jujube bootstrap NAME --provider dummy` or pick one with `jujube switch NAME`")
+                refusal!("no environment selected; create one with `jujube bootstrap NAME --provider dummy` or pick one with `jujube switch NAME`")
             })?,
         };
         jujube_core::names::validate_environment(&name)?;

@@ -11,7 +11,7 @@
 //! --manual-controller` starts nothing).
 
 use crate::home::Home;
-use anyhow::{bail, Context, Result};
+use crate::{bail, Context, Result};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -88,7 +88,7 @@ pub fn start(home: &Home, env: &str) -> Result<u32> {
         .context("cannot start the controller's supervisor")?;
     let pid = child.id();
     let deadline = std::time::Instant::now() + START_TIMEOUT;
-    while !crate::controller::controller_runs(home, env) {
+    while !crate::run::controller_runs(home, env) {
         if let Some(status) = child.try_wait()? {
             bail!(
                 "the controller of environment `{env}` did not start ({status}); see `{}`",
