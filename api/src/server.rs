@@ -1284,34 +1284,27 @@ async fn set_unit_credential(
             "an agent secret must be at least 32 characters (use 32 random bytes)",
         ));
     }
-    let (store, caller_, unit_) = (shared.store.clone(), caller.clone(), unit.clone());
+    let by = match caller {
+        Tag::Machine(m) => jujube_state::Caller::Machine(*m),
+        Tag::Unit(u) => jujube_state::Caller::Unit(u.clone()),
+    };
+    let store = shared.store.clone();
     let hash = wire::secret_hash(&secret);
-    let done = tokio::task::spawn_blocking(move || -> jujube_state::Result<bool> {
-        let Ok(u) = store.unit(&unit_) else {
-            return Ok(false);
-        };
-        let deploys = match (&caller_, &u.principal) {
-            (Tag::Unit(me), Some(p)) => p == me,
-            (Tag::Unit(_), None) => false,
-            (Tag::Machine(m), None) => u.machine_id == Some(*m),
-            (Tag::Machine(m), Some(p)) => store
-                .unit(p)
-                .map(|p| p.machine_id == Some(*m))
-                .unwrap_or(false),
-        };
-        if deploys {
-            store.set_unit_credential(&unit_, &Tag::Unit(unit_.clone()).to_string(), &hash)?;
+    let tag = Tag::Unit(unit.clone()).to_string();
+    let unit_ = unit.clone();
+    let done =
+        tokio::task::spawn_blocking(move || store.set_unit_credential_as(&by, &unit_, &tag, &hash))
+            .await
+            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+    match done {
+        Ok(()) => {}
+        Err(jujube_state::Error::Unauthorized { .. }) => {
+            return Err(ApiError::unauthorized(
+                caller,
+                format_args!("set the credential of unit `{unit}`"),
+            ))
         }
-        Ok(deploys)
-    })
-    .await
-    .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?
-    .map_err(|e| ApiError::new(ErrorCode::Unavailable, e.to_string()))?;
-    if !done {
-        return Err(ApiError::unauthorized(
-            caller,
-            format_args!("set the credential of unit `{unit}`"),
-        ));
+        Err(e) => return Err(ApiError::new(ErrorCode::Unavailable, e.to_string())),
     }
     Ok(serde_json::Value::Null)
 }
@@ -1345,33 +1338,16 @@ async fn open_watch(
     // it missed in between.
     let store = shared.store.clone();
     let since = w.since;
-    let looked = tokio::task::spawn_blocking(move || {
-        let head = store.head_revision()?;
-        let missed = if since > 0 {
-            Some(store.changes_since(since, 1)?)
-        } else {
-            None
-        };
-        Ok::<_, jujube_state::Error>((head, missed))
-    })
-    .await;
+    let looked = tokio::task::spawn_blocking(move || store.resume_point(since)).await;
+    // Notices say "re-read": one covers every change missed.
     let (head, first) = match looked {
-        Ok(Ok((head, Some(changes)))) if changes.truncated => (
+        Ok(Ok((head, missed))) => (
             head,
-            Some(Notice {
+            missed.map(|resync| Notice {
                 revision: head,
-                resync: true,
+                resync,
             }),
         ),
-        // Notices say "re-read": one covers every change missed.
-        Ok(Ok((head, Some(changes)))) if !changes.changes.is_empty() => (
-            head,
-            Some(Notice {
-                revision: head,
-                resync: false,
-            }),
-        ),
-        Ok(Ok((head, _))) => (head, None),
         _ => {
             return refuse(ApiError::new(
                 ErrorCode::Unavailable,

@@ -54,6 +54,50 @@ impl Store {
         r
     }
 
+    /// Sets (or replaces) unit `name`'s credential hash under `tag`, for
+    /// `by`: the unit's deployer (the machine agent of a principal's
+    /// machine, the principal's unit agent for a subordinate) or the agent
+    /// of the machine its principal runs on — checked in the same
+    /// transaction as the write, so a unit moved or removed meanwhile is
+    /// refused. Refused alike whether the unit exists or not.
+    pub fn set_unit_credential_as(
+        &self,
+        by: &crate::Caller,
+        name: &str,
+        tag: &str,
+        hash: &str,
+    ) -> Result<()> {
+        let denied = || Error::Unauthorized {
+            caller: by.to_string(),
+            action: format!("set the credential of unit `{name}`"),
+        };
+        let r = self.write(|tx| {
+            let Ok(u) = crate::model::get_unit(tx, name) else {
+                return Err(denied());
+            };
+            let allowed = *by == crate::agents::deployer_of(&u)
+                || match (by, &u.principal) {
+                    (crate::Caller::Machine(m), Some(p)) => crate::model::get_unit(tx, p)
+                        .map(|p| p.machine_id == Some(*m))
+                        .unwrap_or(false),
+                    _ => false,
+                };
+            if !allowed {
+                return Err(denied());
+            }
+            tx.prepare_cached(
+                "INSERT OR REPLACE INTO agent_credentials (tag, machine_id, unit, hash)
+                 VALUES (?1, NULL, ?2, ?3)",
+            )?
+            .execute((tag, name, hash))?;
+            Ok(())
+        });
+        if r.is_ok() {
+            self.credentials_changed();
+        }
+        r
+    }
+
     /// The credential hash stored for `tag`, if its entity still exists.
     pub fn agent_credential(&self, tag: &str) -> Result<Option<String>> {
         Ok(self.agent_credential_record(tag)?.map(|c| c.hash))

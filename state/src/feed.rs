@@ -105,6 +105,31 @@ impl Store {
         })
     }
 
+    /// Where a watch resumed from `since` (0: a new one) starts, read in
+    /// one snapshot: the head revision, and whether changes after `since`
+    /// were made (`Some(false)`) or pruned before they could be read
+    /// (`Some(true)`: the watcher must re-read everything).
+    pub fn resume_point(&self, since: u64) -> Result<(u64, Option<bool>)> {
+        self.read(|c| {
+            let head = c.query_row("SELECT coalesce(max(revision), 0) FROM changes", [], |r| {
+                r.get::<_, i64>(0)
+            })? as u64;
+            if since == 0 {
+                return Ok((head, None));
+            }
+            let floor: i64 = c
+                .query_row("SELECT next FROM sequences WHERE name = ?1", [FLOOR], |r| {
+                    r.get(0)
+                })
+                .optional()?
+                .unwrap_or(0);
+            if (since as i64) < floor {
+                return Ok((head, Some(true)));
+            }
+            Ok((head, (head > since).then_some(false)))
+        })
+    }
+
     /// Up to `limit` changes with revisions greater than `since`.
     pub fn changes_since(&self, since: u64, limit: usize) -> Result<Changes> {
         self.read(|c| {

@@ -280,3 +280,22 @@ fn revisions_never_go_back_whatever_is_pruned() {
         e.st.head_revision().unwrap()
     );
 }
+
+#[test]
+fn a_resumed_watch_learns_in_one_snapshot_whether_it_missed_changes_or_their_record() {
+    let e = env_with("");
+    let h = e.st.head_revision().unwrap();
+    assert_eq!(e.st.resume_point(0).unwrap(), (h, None));
+    assert_eq!(e.st.resume_point(h).unwrap(), (h, None));
+    e.st.add_machines(1, None, None).unwrap();
+    let now = e.st.head_revision().unwrap();
+    assert!(now > h);
+    assert_eq!(e.st.resume_point(h).unwrap(), (now, Some(false)));
+    assert_eq!(e.st.resume_point(now).unwrap(), (now, None));
+    // Pruned past it: the watcher must re-read everything.
+    e.st.add_machines(1, None, None).unwrap();
+    while e.st.prune_changes(0, 1000).unwrap() > 0 {}
+    let (head, missed) = e.st.resume_point(h).unwrap();
+    assert_eq!(missed, Some(true));
+    assert_eq!(head, e.st.head_revision().unwrap());
+}

@@ -1302,3 +1302,40 @@ fn dying_relations_and_services_name_what_holds_them() {
         "{waits}"
     );
 }
+
+#[test]
+fn a_units_credential_is_set_by_its_deployer_or_its_principals_machine_only() {
+    use crate::Caller;
+    let e = env();
+    let ws = e.deploy(WORDPRESS, "wordpress", 2);
+    e.deploy(LOGGING, "logging", 0);
+    let rel = e.st.add_relation("wordpress", "logging").unwrap();
+    e.st.enter_scope(rel.id, &ws[0]).unwrap();
+    let m0 = e.st.unit(&ws[0]).unwrap().machine_id.unwrap();
+    let m1 = e.st.unit(&ws[1]).unwrap().machine_id.unwrap();
+    let set = |by: &Caller, unit: &str| {
+        e.st.set_unit_credential_as(by, unit, &format!("unit-{}", unit.replace('/', "-")), "h")
+    };
+    // Its deployers may.
+    set(&Caller::Machine(m0), &ws[0]).unwrap();
+    set(&Caller::Unit(ws[0].clone()), "logging/0").unwrap();
+    set(&Caller::Machine(m0), "logging/0").unwrap();
+    // Nobody else, and a unit that does not exist is refused alike.
+    let before = e.digest();
+    for (by, unit) in [
+        (Caller::Machine(m1), ws[0].as_str()),
+        (Caller::Machine(m1), "logging/0"),
+        (Caller::Unit(ws[1].clone()), "logging/0"),
+        (Caller::Unit(ws[0].clone()), ws[1].as_str()),
+        (Caller::Machine(m0), "wordpress/9"),
+    ] {
+        let err = set(&by, unit).unwrap_err();
+        assert!(
+            matches!(err, Error::Unauthorized { .. }),
+            "{by} {unit}: {err}"
+        );
+    }
+    assert_eq!(before, e.digest());
+    let tag = format!("unit-{}", ws[1].replace('/', "-"));
+    assert_eq!(e.st.agent_credential(&tag).unwrap(), None);
+}
