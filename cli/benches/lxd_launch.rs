@@ -89,6 +89,21 @@ fn through_jujube(n: usize) -> Duration {
         .spawn()
         .expect("start the controller");
     // The controller is up and idle (machine 0 is started) before timing.
+    let up = Instant::now();
+    while !Command::new(env!("CARGO_BIN_EXE_jujube"))
+        .arg("status")
+        .env("JUJUBE_HOME", h)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        assert!(
+            up.elapsed() < Duration::from_secs(60),
+            "the controller never answered"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     jujube(h, &["wait", "--timeout", "60s"]);
     let t0 = Instant::now();
     jujube(h, &["add-machine", "-n", &n.to_string()]);
