@@ -971,7 +971,27 @@ fn model_command(
             repository,
             force,
         } => {
-            let path = path
+            // Without `--path`, a repository (`--repository` or
+            // `$JUJUBE_REPOSITORY`) is looked in for the service's charm
+            // by its URL (`local:SERIES/NAME`), as Juju does; with
+            // neither, the controller reads its own copy again.
+            let reference = match path {
+                Some(p) => Some(p),
+                None if repository.is_some() || std::env::var_os("JUJUBE_REPOSITORY").is_some() => {
+                    let current: jujube_wire::client::ServiceSettings =
+                        client.call(ClientCall::Get {
+                            service: service.clone(),
+                        })?;
+                    let url = current.charm;
+                    Some(
+                        url.rsplit_once('-')
+                            .filter(|(_, rev)| rev.chars().all(|c| c.is_ascii_digit()))
+                            .map_or(url.clone(), |(base, _)| base.to_string()),
+                    )
+                }
+                None => None,
+            };
+            let path = reference
                 .map(|p| charm::resolve(&p, repository.as_deref()))
                 .transpose()?
                 .map(|(dir, _)| {

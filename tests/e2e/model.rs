@@ -360,6 +360,23 @@ fn local_charms_are_found_in_the_repository_by_series() {
         ),
     );
     j.refused(&["deploy", "local:noble/mysql", "db2"], 1, "charm `local:noble/mysql` is a local charm: give its repository with `--repository DIR` or `JUJUBE_REPOSITORY`");
+    // A new version in the repository: upgrade-charm finds it by the
+    // service's charm URL and uploads it.
+    let meta = noble.join("mysql/metadata.yaml");
+    let text = std::fs::read_to_string(&meta).unwrap();
+    std::fs::write(&meta, format!("{text}tags: [next]\n")).unwrap();
+    let r = j
+        .run(&[
+            "upgrade-charm",
+            "mysql",
+            "--repository",
+            repo.path().to_str().unwrap(),
+        ])
+        .ok();
+    assert_eq!(
+        r.stdout,
+        "service `mysql` upgraded to charm `local:noble/mysql-2`\n"
+    );
 }
 
 #[test]
