@@ -413,30 +413,31 @@ impl AgentConf {
     /// Written whole (a temporary file renamed into place), readable by its
     /// owner only.
     pub fn write(&self, path: &Path) -> crate::Result<()> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let io = |action, source| crate::Error::Io {
-            action,
+        let text = serde_json::to_string_pretty(self).expect("plain data");
+        write_private(path, text.as_bytes()).map_err(|source| crate::Error::Io {
+            action: "write",
             path: path.to_path_buf(),
             source,
-        };
-        let tmp = path.with_extension("tmp");
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(|e| io("create", e))?;
-        f.write_all(
-            serde_json::to_string_pretty(self)
-                .expect("plain data")
-                .as_bytes(),
-        )
-        .and_then(|_| f.sync_all())
-        .map_err(|e| io("write", e))?;
-        std::fs::rename(&tmp, path).map_err(|e| io("rename", e))
+        })
     }
+}
+
+/// Writes `bytes` to `path` whole — a temporary file beside it, synced,
+/// renamed into place: a crash never leaves half of it — readable by its
+/// owner only (0600: it holds a secret).
+pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
 }
 
 /// A fresh agent secret: 32 bytes from the operating system's CSPRNG, hex.

@@ -213,19 +213,9 @@ pub(crate) async fn handle(
 }
 
 async fn read(shared: &Shared, body: Incoming) -> Result<Bytes, Response<Body>> {
-    match http_body_util::Limited::new(body, shared.limits.max_request_bytes)
-        .collect()
+    crate::server::collect_body(shared, body)
         .await
-    {
-        Ok(b) => Ok(b.to_bytes()),
-        Err(_) => Err(refused(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!(
-                "request larger than {} bytes, or cut short",
-                shared.limits.max_request_bytes
-            ),
-        )),
-    }
+        .map_err(|message| refused(StatusCode::PAYLOAD_TOO_LARGE, message))
 }
 
 async fn authenticate(
@@ -241,13 +231,7 @@ async fn authenticate(
         .chars()
         .take(64)
         .collect();
-    let password = req
-        .headers()
-        .get(hyper::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("")
-        .to_string();
+    let password = crate::server::bearer(req);
     let presented = digest(&password);
     {
         let proven = activity.user.lock().unwrap_or_else(|e| e.into_inner());

@@ -768,13 +768,7 @@ async fn authenticate(
     let Ok(tag) = tag_text.parse::<Tag>() else {
         return Err(denied(&shown));
     };
-    let secret = req
-        .headers()
-        .get(hyper::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("")
-        .to_string();
+    let secret = bearer(req);
     let epoch = shared.store.credential_epoch();
     let cached = {
         let p = activity.proven.lock().unwrap_or_else(|e| e.into_inner());
@@ -884,20 +878,38 @@ const MAX_NOTED_REFUSALS: usize = 10_000;
 use jujube_core::time::unix_now;
 
 async fn read_body(shared: &Shared, body: Incoming) -> std::result::Result<Bytes, Response<Body>> {
+    collect_body(shared, body).await.map_err(|message| {
+        reply(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &Reply::Error(ApiError::new(ErrorCode::Refused, message)),
+        )
+    })
+}
+
+/// The secret a request presents (`authorization: Bearer SECRET`; empty
+/// when none).
+pub(crate) fn bearer<B>(req: &Request<B>) -> String {
+    req.headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("")
+        .to_string()
+}
+
+/// A request's body, up to [`Limits::max_request_bytes`]; else why not.
+pub(crate) async fn collect_body(
+    shared: &Shared,
+    body: Incoming,
+) -> std::result::Result<Bytes, String> {
     match http_body_util::Limited::new(body, shared.limits.max_request_bytes)
         .collect()
         .await
     {
         Ok(b) => Ok(b.to_bytes()),
-        Err(_) => Err(reply(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            &Reply::Error(ApiError::new(
-                ErrorCode::Refused,
-                format!(
-                    "request larger than {} bytes, or cut short",
-                    shared.limits.max_request_bytes
-                ),
-            )),
+        Err(_) => Err(format!(
+            "request larger than {} bytes, or cut short",
+            shared.limits.max_request_bytes
         )),
     }
 }

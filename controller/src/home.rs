@@ -83,24 +83,11 @@ impl Home {
     /// Writes `file` whole (0600, then renamed into place: a crash never
     /// leaves half of it).
     fn write_map<T: Serialize>(&self, file: &str, map: &BTreeMap<String, T>) -> Result<()> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
         std::fs::create_dir_all(&self.root)
             .with_context(|| format!("cannot create `{}`", self.root.display()))?;
         let path = self.root.join(file);
-        let tmp = self.root.join(format!("{file}.tmp"));
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .with_context(|| format!("cannot write `{}`", tmp.display()))?;
-        f.write_all(&serde_json::to_vec_pretty(map)?)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)
-            .with_context(|| format!("cannot write `{}`", path.display()))?;
-        Ok(())
+        jujube_agent::wire::write_private(&path, &serde_json::to_vec_pretty(map)?)
+            .with_context(|| format!("cannot write `{}`", path.display()))
     }
 
     pub fn controller(&self, name: &str) -> Result<Option<ControllerEntry>> {

@@ -41,12 +41,7 @@ impl Store {
             if !exists {
                 return Err(Error::not_found(Entity::Unit, name));
             }
-            tx.prepare_cached(
-                "INSERT OR REPLACE INTO agent_credentials (tag, machine_id, unit, hash)
-                 VALUES (?1, NULL, ?2, ?3)",
-            )?
-            .execute((tag, name, hash))?;
-            Ok(())
+            insert_unit_credential(tx, name, tag, hash)
         });
         if r.is_ok() {
             self.credentials_changed();
@@ -85,12 +80,7 @@ impl Store {
             if !allowed {
                 return Err(denied());
             }
-            tx.prepare_cached(
-                "INSERT OR REPLACE INTO agent_credentials (tag, machine_id, unit, hash)
-                 VALUES (?1, NULL, ?2, ?3)",
-            )?
-            .execute((tag, name, hash))?;
-            Ok(())
+            insert_unit_credential(tx, name, tag, hash)
         });
         if r.is_ok() {
             self.credentials_changed();
@@ -312,4 +302,18 @@ impl Store {
         }
         r
     }
+}
+
+fn insert_unit_credential(
+    tx: &rusqlite::Connection,
+    unit: &str,
+    tag: &str,
+    hash: &str,
+) -> Result<()> {
+    tx.prepare_cached(
+        "INSERT OR REPLACE INTO agent_credentials (tag, machine_id, unit, hash)
+         VALUES (?1, NULL, ?2, ?3)",
+    )?
+    .execute((tag, unit, hash))?;
+    Ok(())
 }
