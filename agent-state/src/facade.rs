@@ -664,7 +664,11 @@ impl Facade for InProcess {
         if !self.is_unit(unit) {
             return Err(self.denied(format!("ship unit `{unit}`'s log")));
         }
-        if text.len() > jujube_agent::api::MAX_SHIPPED_LOG {
+        // Bounded as the sink writes it: each line gets the unit's name.
+        let written = text.len() + text.lines().count() * (unit.len() + 3);
+        if text.len() > jujube_agent::api::MAX_SHIPPED_LOG
+            || written > 2 * jujube_agent::api::MAX_SHIPPED_LOG
+        {
             return Err(ApiError::new(
                 ErrorCode::Refused,
                 format!(

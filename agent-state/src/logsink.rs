@@ -16,8 +16,6 @@ use std::sync::Mutex;
 
 /// The most one file of the sink holds before it is rotated.
 pub const MAX_FILE_BYTES: u64 = 16 << 20;
-/// The most one agent ships in one call.
-pub const MAX_SHIPPED_BYTES: usize = 64 << 10;
 /// The most one read answers.
 pub const MAX_READ_BYTES: usize = 256 << 10;
 
@@ -84,15 +82,15 @@ impl LogSink {
         let _held = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let current = self.len(FILE);
         if current > 0 && current + out.len() as u64 > self.max_file {
-            // Rotation: the base moves on by what the old file held, written
-            // first (renamed into place), so that a crash between the two
-            // steps at worst makes readers skip, never repeat.
+            // Rotation: the current file becomes the old one, then the base
+            // moves on by what the replaced old file held. A crash between
+            // the two steps at worst makes readers skip, never repeat.
             let old = self.len(OLD);
             let base = self.base() + old;
+            std::fs::rename(self.dir.join(FILE), self.dir.join(OLD))?;
             let tmp = self.dir.join(format!("{BASE}.tmp"));
             std::fs::write(&tmp, base.to_string())?;
             std::fs::rename(&tmp, self.dir.join(BASE))?;
-            std::fs::rename(self.dir.join(FILE), self.dir.join(OLD))?;
         }
         std::fs::OpenOptions::new()
             .create(true)
@@ -133,9 +131,18 @@ impl LogSink {
                 bytes.extend(part);
             }
         }
-        // Whole lines only: a cut line is read next time.
+        // Whole lines only: a cut line is read next time; a tail that began
+        // inside a line drops that line's end.
         let whole = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-        let text = String::from_utf8_lossy(&bytes[..whole]);
+        let first = if cursor.is_none() && from > start {
+            bytes[..whole]
+                .iter()
+                .position(|&b| b == b'\n')
+                .map_or(whole, |i| i + 1)
+        } else {
+            0
+        };
+        let text = String::from_utf8_lossy(&bytes[first..whole]);
         let mut lines: Vec<String> = text
             .lines()
             .filter(|l| keep(l))

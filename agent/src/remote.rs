@@ -755,6 +755,12 @@ impl UserClient {
         user: &str,
         password: &str,
     ) -> ApiResult<UserClient> {
+        use base64::Engine;
+        // A user's name goes in a header as it is (names are plain), its
+        // password as base64, whatever characters it holds.
+        jujube_core::names::validate_user(user)
+            .map_err(|e| ApiError::new(ErrorCode::Refused, e.to_string()))?;
+        let password = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(password);
         Ok(UserClient {
             inner: Inner {
                 addresses: addresses.to_vec(),

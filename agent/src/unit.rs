@@ -38,6 +38,30 @@ use tracing::debug;
 /// the next hook).
 const SHIP_CALLS: usize = 16;
 
+/// What of `chunk` (read from where shipping stands) one call ships: whole
+/// lines (a line longer than a call is cut), as text within
+/// [`MAX_SHIPPED_LOG`] even where invalid UTF-8 grows in decoding, and how
+/// many bytes of the chunk that is; `None` when there is no whole line yet.
+fn shippable(chunk: &[u8]) -> Option<(String, usize)> {
+    let mut end = match chunk.iter().rposition(|&b| b == b'\n') {
+        Some(i) => i + 1,
+        None if chunk.len() >= MAX_SHIPPED_LOG => chunk.len(),
+        None => return None,
+    };
+    loop {
+        let text = String::from_utf8_lossy(&chunk[..end]);
+        if text.len() <= MAX_SHIPPED_LOG {
+            return Some((text.into_owned(), end));
+        }
+        // Fewer bytes: up to an earlier line's end, else half.
+        end = chunk[..end - 1]
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(end / 2, |i| i + 1)
+            .max(1);
+    }
+}
+
 pub struct UnitAgent {
     api: Arc<dyn Facade>,
     connector: Arc<dyn Connector>,
@@ -163,20 +187,26 @@ impl UnitAgent {
     /// Ships what its log gained since last time to the controller's log
     /// sink, whole lines in calls of at most [`MAX_SHIPPED_LOG`] bytes (at
     /// most [`SHIP_CALLS`] calls a time). A controller that keeps no sink or
-    /// cannot be reached is tried again after the next hook: the offset
-    /// moves only with what was shipped.
+    /// cannot be reached is tried again after the next hook: the offset —
+    /// kept in `log.shipped` in the unit's directory, not in the agent,
+    /// which 100,000 idle agents would each hold — moves only with what
+    /// was shipped.
     async fn ship_log(&mut self) -> Result<()> {
         use std::io::{Read, Seek, SeekFrom};
         let path = self.log_path();
         let Ok(len) = std::fs::metadata(&path).map(|m| m.len()) else {
             return Ok(());
         };
-        if self.hook_state().log_shipped > len {
+        let mark = self.dir().join("log.shipped");
+        let mut from: u64 = std::fs::read_to_string(&mark)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        if from > len {
             // A new log (its file was replaced): from its start.
-            self.hook_state().log_shipped = 0;
+            from = 0;
         }
         for _ in 0..SHIP_CALLS {
-            let from = self.hook_state().log_shipped;
             if from >= len {
                 break;
             }
@@ -188,27 +218,16 @@ impl UnitAgent {
             if read.is_err() {
                 break;
             }
-            // Whole lines; a line longer than a call is cut.
-            let end = match chunk.iter().rposition(|&b| b == b'\n') {
-                Some(i) => i + 1,
-                None if chunk.len() == MAX_SHIPPED_LOG => chunk.len(),
-                None => break,
-            };
-            let text = String::from_utf8_lossy(&chunk[..end]).into_owned();
-            let text = if text.len() > MAX_SHIPPED_LOG {
-                // Lossy decoding grew it: keep within the bound.
-                let mut cut = MAX_SHIPPED_LOG;
-                while !text.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                text[..cut].to_string()
-            } else {
-                text
-            };
-            match self.api.ship_log(self.name(), &text).await {
+            let Some(text) = shippable(&chunk) else { break };
+            let end = text.1;
+            match self.api.ship_log(self.name(), &text.0).await {
                 Ok(()) => {
-                    self.hook_state().log_shipped = from + end as u64;
-                    self.save_hooks()?;
+                    from += end as u64;
+                    std::fs::write(&mark, from.to_string()).map_err(|source| crate::Error::Io {
+                        action: "write",
+                        path: mark.clone(),
+                        source,
+                    })?;
                 }
                 Err(e) => {
                     tracing::debug!(unit = %self.name(), error = %e, "log not shipped yet");
@@ -1052,5 +1071,30 @@ impl Agent for UnitAgent {
             d.stop().await;
         }
         self.tools = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{shippable, MAX_SHIPPED_LOG};
+
+    #[test]
+    fn a_shipment_is_whole_lines_within_the_bound_even_when_decoding_grows_it() {
+        assert_eq!(shippable(b"one\ntwo\nthr"), Some(("one\ntwo\n".into(), 8)));
+        assert_eq!(shippable(b"no newline yet"), None);
+        // A line longer than a call is cut at the bound.
+        let long = vec![b'x'; MAX_SHIPPED_LOG];
+        let (text, end) = shippable(&long).unwrap();
+        assert_eq!((text.len(), end), (MAX_SHIPPED_LOG, MAX_SHIPPED_LOG));
+        // Invalid bytes decode to three each: fewer bytes are shipped, and
+        // what is shipped is counted as shipped, nothing more.
+        let mut bad = vec![0xffu8; MAX_SHIPPED_LOG / 2];
+        bad.push(b'\n');
+        bad.extend(vec![0xffu8; MAX_SHIPPED_LOG / 2 - 2]);
+        bad.push(b'\n');
+        let (text, end) = shippable(&bad).unwrap();
+        assert!(text.len() <= MAX_SHIPPED_LOG, "{}", text.len());
+        assert!(end < bad.len());
+        assert_eq!(String::from_utf8_lossy(&bad[..end]), text);
     }
 }

@@ -427,17 +427,28 @@ impl AgentConf {
 /// owner only (0600: it holds a secret).
 pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    // A name of its own (two writers never share one), made new (never a
+    // file left behind with wider permissions).
+    let mut name = path.as_os_str().to_owned();
+    name.push(format!(
+        ".{}.{}.tmp",
+        std::process::id(),
+        new_secret().get(..8).unwrap_or("")
+    ));
+    let tmp = std::path::PathBuf::from(name);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
         .open(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    let written = f.write_all(bytes).and_then(|_| f.sync_all());
+    if let Err(e) = written.and_then(|_| std::fs::rename(&tmp, path)) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(())
 }
 
 /// A fresh agent secret: 32 bytes from the operating system's CSPRNG, hex.

@@ -5,11 +5,11 @@
 //! password is checked against the argon2id hash the store keeps, and a
 //! connection that proved it is trusted for [`RECHECK`] before the store
 //! is asked again. Checking costs memory and time by design (argon2), so
-//! at most [`CHECKS_AT_ONCE`] run at once, and a failed login or
-//! registration is answered only after [`FAILURE_PAUSE`], holding its
-//! slot: however many connections guess, they guess at most
-//! `CHECKS_AT_ONCE` passwords per pause. The answer is the same whether
-//! the user exists or not. What a proven user may do is then the store's
+//! at most [`CHECKS_AT_ONCE`] run at once, at most
+//! [`MAX_WAITING_CHECKS`] wait for one (more are told to try again), and a
+//! failed login or registration is answered only after [`FAILURE_PAUSE`].
+//! The answer is the same whether the user exists or not, and as slow: a
+//! user without a password hash is checked against a decoy. What a proven user may do is then the store's
 //! to check, in each call's transaction.
 
 use crate::server::{Activity, Body, Shared};
@@ -32,8 +32,32 @@ use tracing::{debug, info, warn};
 pub const RECHECK: Duration = Duration::from_secs(5);
 /// Password checks (and registrations) running at once.
 pub const CHECKS_AT_ONCE: usize = 2;
-/// How long a failed login or registration waits before it is answered.
+/// How long a failed login or registration waits before it is answered
+/// (its check slot given back first).
 pub const FAILURE_PAUSE: Duration = Duration::from_secs(1);
+/// Logins and registrations waiting for a check slot at once; more are
+/// answered "try again" at once.
+pub const MAX_WAITING_CHECKS: usize = 64;
+/// The largest registration read.
+pub const MAX_REGISTRATION_BYTES: usize = 8 << 10;
+
+/// A check slot, waited for only while fewer than [`MAX_WAITING_CHECKS`]
+/// others wait.
+async fn take_slot(
+    shared: &Arc<Shared>,
+) -> Result<tokio::sync::SemaphorePermit<'_>, Response<Body>> {
+    use std::sync::atomic::Ordering;
+    if shared.checks_waiting.fetch_add(1, Ordering::AcqRel) >= MAX_WAITING_CHECKS {
+        shared.checks_waiting.fetch_sub(1, Ordering::AcqRel);
+        return Err(refused(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many logins at once; try again in a moment",
+        ));
+    }
+    let slot = shared.checks.acquire().await;
+    shared.checks_waiting.fetch_sub(1, Ordering::AcqRel);
+    slot.map_err(|_| refused(StatusCode::SERVICE_UNAVAILABLE, "the server is stopping"))
+}
 
 /// Answers a client call on behalf of a proven user: the controller's
 /// business (it knows the provider and the charms), not the server's.
@@ -231,7 +255,15 @@ async fn authenticate(
         .chars()
         .take(64)
         .collect();
-    let password = crate::server::bearer(req);
+    // Sent as base64 (see `UserClient`): any characters travel.
+    let password = {
+        use base64::Engine;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(crate::server::bearer(req))
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok())
+            .unwrap_or_default()
+    };
     let presented = digest(&password);
     {
         let proven = activity.user.lock().unwrap_or_else(|e| e.into_inner());
@@ -241,22 +273,23 @@ async fn authenticate(
             }
         }
     }
-    let Ok(_slot) = shared.checks.acquire().await else {
-        return Err(refused(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the server is stopping",
-        ));
-    };
+    let slot = take_slot(shared).await?;
     let store = shared.store.clone();
     let name = user.clone();
-    let ok = tokio::task::spawn_blocking(move || match store.login(&name) {
-        Ok(Some(login)) => login
-            .password_hash
-            .is_some_and(|h| jujube_state::users::password_matches(&password, &h)),
-        _ => false,
+    let ok = tokio::task::spawn_blocking(move || {
+        match store
+            .login(&name)
+            .ok()
+            .flatten()
+            .and_then(|l| l.password_hash)
+        {
+            Some(h) => jujube_state::users::password_matches(&password, &h),
+            None => jujube_state::users::password_matches_nothing(&password),
+        }
     })
     .await
     .unwrap_or(false);
+    drop(slot);
     if !ok {
         warn!(user = %user, "refused a login");
         tokio::time::sleep(FAILURE_PAUSE).await;
@@ -276,21 +309,33 @@ async fn authenticate(
 }
 
 async fn register(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
-    let body = match read(shared, req.into_body()).await {
-        Ok(b) => b,
-        Err(resp) => return resp,
+    // A registration is a name, a secret and a password: small, and read
+    // before its caller has proved anything.
+    let body = match http_body_util::Limited::new(req.into_body(), MAX_REGISTRATION_BYTES)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return refused(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("a registration is at most {MAX_REGISTRATION_BYTES} bytes"),
+            )
+        }
     };
     let Ok(r) = serde_json::from_slice::<Registration>(&body) else {
         return refused(StatusCode::BAD_REQUEST, "malformed registration");
     };
-    let Ok(_slot) = shared.checks.acquire().await else {
-        return refused(StatusCode::SERVICE_UNAVAILABLE, "the server is stopping");
+    let slot = match take_slot(shared).await {
+        Ok(s) => s,
+        Err(resp) => return resp,
     };
     let store = shared.store.clone();
     let user = r.user.clone();
     let done =
         tokio::task::spawn_blocking(move || store.register_user(&r.user, &r.secret, &r.password))
             .await;
+    drop(slot);
     match done {
         Ok(Ok(())) => {
             info!(user = %user, "user registered");

@@ -107,6 +107,8 @@ pub(crate) struct Shared {
     pub(crate) charms_dir: PathBuf,
     /// Password checks running at once (see [`crate::clients`]).
     pub(crate) checks: Semaphore,
+    /// Logins and registrations waiting for one of those.
+    pub(crate) checks_waiting: AtomicUsize,
     acceptor: tokio_rustls::TlsAcceptor,
     connections: Arc<Semaphore>,
     /// The agent binary served at [`TOOLS_PATH`], with its SHA-256.
@@ -196,6 +198,7 @@ impl ApiServer {
             enroller: std::sync::OnceLock::new(),
             clients: std::sync::OnceLock::new(),
             checks: crate::clients::checks(),
+            checks_waiting: AtomicUsize::new(0),
             charms_dir: env_dir.join("charms"),
             unproven: Mutex::default(),
             per_credential: Mutex::default(),

@@ -12,6 +12,7 @@ use crate::{bail, refusal, Error, Result};
 use jujube_core::{series, Constraints};
 use jujube_state::services::DeployArgs;
 use jujube_state::Store;
+use jujube_wire::client::Access;
 use jujube_wire::client::{
     ClientCall, ClientError, Deployed, EnvironmentInfo, ServiceSettings, SettingOut, WaitState,
 };
@@ -28,14 +29,17 @@ pub struct Context<'a> {
     pub charms: &'a std::path::Path,
     /// What agents shipped of their logs.
     pub logs: &'a jujube_agent_state::logsink::LogSink,
+    /// The controller's own handle on the store, for what it decides
+    /// whoever asked (whether an uploaded charm is in use).
+    pub owner: &'a Store,
 }
 
-/// The directory a call's charm names: `upload:ID`, an upload, moved out
-/// of the pending ones to be kept (the store records its path); else a
-/// directory on the controller's disk.
+/// The directory a call's charm names — `upload:ID`, an upload — moved
+/// out of the pending ones to be kept (the store records its path). A
+/// client names nothing else: the controller reads no path a caller gives.
 fn charm_dir(cx: &Context<'_>, charm: &str) -> Result<PathBuf> {
     let Some(id) = charm.strip_prefix(jujube_wire::client::UPLOAD_PREFIX) else {
-        return Ok(PathBuf::from(charm));
+        bail!("charm `{charm}` is not an upload; the controller reads no path a client names: upload the charm first (`jujube deploy` and `jujube upgrade-charm` do)");
     };
     let charms = cx.charms;
     if id.is_empty() || !id.chars().all(|c| c.is_ascii_hexdigit()) {
@@ -43,10 +47,11 @@ fn charm_dir(cx: &Context<'_>, charm: &str) -> Result<PathBuf> {
     }
     let pending = charms.join(jujube_api::clients::PENDING).join(id);
     let kept = charms.join(id);
-    std::fs::rename(&pending, &kept).map_err(|_| {
-        refusal!(
+    std::fs::rename(&pending, &kept).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => refusal!(
             "upload `{id}` not found: it was used already, or is older than an hour; deploy again"
-        )
+        ),
+        _ => refusal!("cannot keep upload `{id}`: {e}; check the controller's disk"),
     })?;
     Ok(kept)
 }
@@ -68,7 +73,33 @@ fn json<T: serde::Serialize>(v: T) -> Result<Value> {
     Ok(serde_json::to_value(v)?)
 }
 
+/// What a call needs of its user, checked before it does anything (the
+/// store checks again in each transaction): nothing outside the store —
+/// an upload kept, the provider asked for its zones — happens for a caller
+/// who may not make the call.
+fn needs(call: &ClientCall) -> Access {
+    match call {
+        ClientCall::Status
+        | ClientCall::Environment
+        | ClientCall::GetConstraints { .. }
+        | ClientCall::Get { .. }
+        | ClientCall::GetEnvironment
+        | ClientCall::Strays
+        | ClientCall::Task { .. }
+        | ClientCall::WaitState
+        | ClientCall::DebugLog { .. } => Access::Read,
+        ClientCall::Users | ClientCall::SetPassword { .. } => Access::None,
+        ClientCall::QueueRun { .. }
+        | ClientCall::RunResult { .. }
+        | ClientCall::ForgetRun { .. }
+        | ClientCall::AddUser { .. }
+        | ClientCall::ChangeAccess { .. } => Access::Admin,
+        _ => Access::Write,
+    }
+}
+
 fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Value> {
+    store.require(needs(&call))?;
     match call {
         ClientCall::Status => json(store.status()?),
         ClientCall::Environment => {
@@ -150,7 +181,7 @@ fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Value> {
             })
             })();
             if uploaded {
-                keep_if_used(store, &dir, deployed.as_ref().ok().map(|d| d.charm_url.as_str()));
+                keep_if_used(cx.owner, &dir);
             }
             json(deployed?)
         }
@@ -238,7 +269,7 @@ fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Value> {
                 Ok::<_, crate::Error>(store.upgrade_charm(&service, &c, force)?)
             })();
             if uploaded {
-                keep_if_used(store, &from, upgraded.as_ref().ok().map(String::as_str));
+                keep_if_used(cx.owner, &from);
             }
             json(upgraded?)
         }
@@ -271,7 +302,6 @@ fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Value> {
             lines,
             cursor,
         } => {
-            store.require(jujube_wire::client::Access::Read)?;
             let prefixes: Vec<String> = include.iter().map(|u| format!("{u}: ")).collect();
             let keep = |line: &str| prefixes.is_empty() || prefixes.iter().any(|p| line.starts_with(p));
             let read = cx.logs.read(cursor, lines, &keep)?;
@@ -298,16 +328,14 @@ fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Value> {
     }
 }
 
-/// Removes an uploaded charm's directory unless the store's charm `url`
-/// (the call's, when it succeeded) is kept there: a failed call, or a
-/// charm the store had already (its earlier copy is the one used), leaves
-/// nothing behind.
-fn keep_if_used(store: &Store, dir: &std::path::Path, url: Option<&str>) {
-    let used = url
-        .and_then(|u| store.charm(u).ok())
-        .and_then(|c| std::fs::canonicalize(c.path).ok())
-        .zip(std::fs::canonicalize(dir).ok())
-        .is_some_and(|(a, b)| a == b);
+/// Removes an uploaded charm's directory unless a charm of the store is
+/// kept there, whatever the call answered: a call refused, or a charm the
+/// store had already (its earlier copy is the one used), leaves nothing
+/// behind; one that added a service and then failed part-way keeps it.
+fn keep_if_used(owner: &Store, dir: &std::path::Path) {
+    let used = std::fs::canonicalize(dir)
+        .ok()
+        .is_some_and(|d| owner.charm_kept_at(&d.to_string_lossy()).unwrap_or(true));
     if !used {
         let _ = std::fs::remove_dir_all(dir);
     }
@@ -421,4 +449,112 @@ pub fn zones_on(
         .ok()
         .flatten()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jujube_wire::client::ADMIN;
+
+    struct World {
+        dir: tempfile::TempDir,
+        store: Store,
+        logs: jujube_agent_state::logsink::LogSink,
+    }
+
+    fn world() -> World {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("state.db")).unwrap();
+        store
+            .initialize(&jujube_state::environment::EnvironmentSpec {
+                name: "t".into(),
+                uuid: "6f1e0f4c-3d7e-4b53-9d3b-1a2b3c4d5e6f".into(),
+                provider: "dummy".into(),
+                default_series: "jammy".into(),
+                constraints: Default::default(),
+                config: Default::default(),
+            })
+            .unwrap();
+        store.create_admin("pw").unwrap();
+        let logs = jujube_agent_state::logsink::LogSink::open(&dir.path().join("logs")).unwrap();
+        World { dir, store, logs }
+    }
+
+    fn ask(w: &World, user: &str, c: ClientCall) -> Result<Value, ClientError> {
+        let zones = |_: &Store| None;
+        let charms = w.dir.path().join("charms");
+        let cx = Context {
+            zones: &zones,
+            charms: &charms,
+            logs: &w.logs,
+            owner: &w.store,
+        };
+        call(&cx, &w.store.as_user(user), c)
+    }
+
+    fn deploy(charm: &str) -> ClientCall {
+        ClientCall::Deploy {
+            charm: charm.into(),
+            url_series: None,
+            series: None,
+            service: None,
+            units: None,
+            constraints: None,
+            to: None,
+            settings: vec![],
+        }
+    }
+
+    #[test]
+    fn the_controller_reads_no_path_a_client_names() {
+        let w = world();
+        let charm = w.dir.path().join("mysql");
+        std::fs::create_dir_all(&charm).unwrap();
+        std::fs::write(charm.join("metadata.yaml"), "name: mysql\nsummary: s\n").unwrap();
+        let e = ask(&w, ADMIN, deploy(charm.to_str().unwrap())).unwrap_err();
+        assert!(
+            e.message
+                .contains("is not an upload; the controller reads no path a client names"),
+            "{}",
+            e.message
+        );
+        let e = ask(&w, ADMIN, deploy("upload:../../etc")).unwrap_err();
+        assert!(e.message.contains("is not an upload's id"), "{}", e.message);
+        assert!(w.store.status().unwrap().services.0.is_empty());
+    }
+
+    #[test]
+    fn a_user_who_may_not_change_the_model_touches_no_upload() {
+        let w = world();
+        w.store
+            .as_user(ADMIN)
+            .add_user("bob", jujube_wire::client::Access::Read, "h")
+            .unwrap();
+        let pending = w
+            .dir
+            .path()
+            .join("charms")
+            .join(jujube_api::clients::PENDING)
+            .join("abc123");
+        std::fs::create_dir_all(&pending).unwrap();
+        std::fs::write(pending.join("metadata.yaml"), "name: mysql\nsummary: s\n").unwrap();
+        let e = ask(&w, "bob", deploy("upload:abc123")).unwrap_err();
+        assert!(e.message.contains("this needs `write`"), "{}", e.message);
+        assert!(
+            pending.join("metadata.yaml").is_file(),
+            "the upload was left alone"
+        );
+        // The admin's deploy keeps it, used by the store.
+        ask(&w, ADMIN, deploy("upload:abc123")).unwrap();
+        assert!(!pending.exists());
+        let kept = w.dir.path().join("charms/abc123");
+        assert!(kept.join("metadata.yaml").is_file());
+        // An identical charm uploaded again is not kept: the store has it.
+        let again = pending.with_file_name("def456");
+        std::fs::create_dir_all(&again).unwrap();
+        std::fs::write(again.join("metadata.yaml"), "name: mysql\nsummary: s\n").unwrap();
+        let e = ask(&w, ADMIN, deploy("upload:def456")).unwrap_err();
+        assert!(e.message.contains("already exists"), "{}", e.message);
+        assert!(!w.dir.path().join("charms/def456").exists());
+    }
 }

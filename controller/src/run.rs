@@ -273,6 +273,7 @@ impl jujube_api::clients::ClientHandler for Clients {
             zones: &zones,
             charms: &charms,
             logs: &self.logs,
+            owner: &self.store,
         };
         crate::facade::call(&cx, &self.store.as_user(user), call)
     }

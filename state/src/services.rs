@@ -18,6 +18,19 @@ use rusqlite::OptionalExtension;
 /// seven rows: unit, machine, sequence and feed entries).
 pub const UNIT_BATCH: usize = 128;
 
+impl Store {
+    /// Whether a charm of the store is kept at `path` (the controller's,
+    /// deciding whether an upload is in use).
+    pub fn charm_kept_at(&self, path: &str) -> Result<bool> {
+        self.read_unchecked(|c| {
+            Ok(
+                c.prepare_cached("SELECT EXISTS (SELECT 1 FROM charms WHERE path = ?1)")?
+                    .query_row([path], |r| r.get(0))?,
+            )
+        })
+    }
+}
+
 /// What `deploy` asks for.
 #[derive(Debug, Clone)]
 pub struct DeployArgs {

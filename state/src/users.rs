@@ -39,6 +39,17 @@ pub fn hash_password(password: &str) -> Result<String> {
         })
 }
 
+/// Checks `password` against a hash no password matches, as long as a
+/// real check takes: a login for a user who does not exist (or has not
+/// registered) answers no sooner than one with a wrong password.
+pub fn password_matches_nothing(password: &str) -> bool {
+    static DECOY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let decoy =
+        DECOY.get_or_init(|| hash_password(&uuid::Uuid::new_v4().to_string()).unwrap_or_default());
+    let _ = password_matches(password, decoy);
+    false
+}
+
 /// Whether `password` is the one `hash` (a PHC string) was made from.
 pub fn password_matches(password: &str, hash: &str) -> bool {
     use argon2::password_hash::{PasswordHash, PasswordVerifier};
@@ -60,6 +71,11 @@ fn check_password(password: &str) -> Result<()> {
         return Err(Error::BadPassword(format!(
             "the password is longer than {MAX_PASSWORD_BYTES} bytes"
         )));
+    }
+    if password.chars().any(char::is_control) {
+        return Err(Error::BadPassword(
+            "the password holds a control character".into(),
+        ));
     }
     Ok(())
 }
@@ -222,8 +238,11 @@ impl Store {
             if access_in(tx, name)?.is_none() {
                 return Err(Error::NoSuchUser(name.to_string()));
             }
-            tx.prepare_cached("UPDATE users SET password_hash = ?2 WHERE name = ?1")?
-                .execute((name, &hash))?;
+            // A registration string not used yet stops working too.
+            tx.prepare_cached(
+                "UPDATE users SET password_hash = ?2, registration_hash = NULL WHERE name = ?1",
+            )?
+            .execute((name, &hash))?;
             Ok(())
         })
     }

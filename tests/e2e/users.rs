@@ -59,7 +59,7 @@ fn a_registered_read_user_sees_the_model_over_the_api_and_changes_nothing() {
 
     let bob = Jujube::new();
     let r = bob
-        .run_with_input(&["register", &string], "bobs password\n")
+        .run_with_input(&["register", &string], "bøbs pässwörd\n")
         .ok();
     assert_eq!(
         r.stdout,
@@ -165,10 +165,10 @@ fn a_registered_read_user_sees_the_model_over_the_api_and_changes_nothing() {
     );
     bob.status();
     // Bob changes his password; it is what logs in from then on.
-    bob.run_with_input(&["change-user-password"], "new password\n")
+    bob.run_with_input(&["change-user-password"], "nëw pässword\n")
         .ok();
     bob.status();
-    bob.run_with_input(&["login"], "new password\n").ok();
+    bob.run_with_input(&["login"], "nëw pässword\n").ok();
 
     // revoke read: bob sees nothing.
     admin.run(&["revoke", "bob", "read"]).ok();

@@ -48,10 +48,6 @@ pub struct HookState {
     /// ran (a `u32`: every idle agent keeps this record).
     #[serde(default)]
     pub leader_settings: u32,
-    /// How much of the unit's log was shipped to the controller's log
-    /// sink (bytes from its start).
-    #[serde(default)]
-    pub log_shipped: u64,
 }
 
 /// Which hook, as recorded.

@@ -193,3 +193,50 @@ fn a_registration_secret_works_once_and_only_its_own() {
         Err(Error::Model(_))
     ));
 }
+
+#[test]
+fn a_password_set_before_registration_ends_the_registration_string() {
+    let env = with_admin();
+    let admin = env.st.as_user(ADMIN);
+    admin
+        .add_user("bob", Access::Read, &secret_hash("leaked"))
+        .unwrap();
+    admin.set_user_password("bob", "chosen by admin").unwrap();
+    assert!(matches!(
+        env.st.register_user("bob", "leaked", "mine now"),
+        Err(Error::RegistrationRefused)
+    ));
+    let hash = env.st.login("bob").unwrap().unwrap().password_hash.unwrap();
+    assert!(password_matches("chosen by admin", &hash));
+    // A control character is no part of a password.
+    assert!(matches!(
+        admin.set_user_password("bob", "a\u{7}b"),
+        Err(Error::BadPassword(_))
+    ));
+}
+
+#[test]
+fn a_commands_output_is_for_admins_alone() {
+    let env = with_admin();
+    let admin = env.st.as_user(ADMIN);
+    deploy_mysql(&admin).unwrap();
+    admin.add_user("bob", Access::Write, "h").unwrap();
+    let id = admin.queue_run("mysql/0", &["true".into()], 10).unwrap();
+    let bob = env.st.as_user("bob");
+    assert!(matches!(
+        bob.run_result(id),
+        Err(Error::Forbidden {
+            needs: Access::Admin,
+            ..
+        })
+    ));
+    assert!(matches!(
+        bob.forget_run(id),
+        Err(Error::Forbidden {
+            needs: Access::Admin,
+            ..
+        })
+    ));
+    assert_eq!(admin.run_result(id).unwrap(), None);
+    admin.forget_run(id).unwrap();
+}
