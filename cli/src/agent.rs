@@ -22,7 +22,10 @@ pub const CONF: &str = "agent.conf";
 pub async fn run(data_dir: &Path) -> Result<()> {
     let path = data_dir.join(CONF);
     let conf = AgentConf::read(&path).map_err(|e| {
-        anyhow!("{e}; `jujube agent` needs the `{CONF}` its controller wrote in `--data-dir`")
+        anyhow!(
+            "cannot read `{}`: {e}; `jujube agent` needs the `{CONF}` its controller wrote in `--data-dir`",
+            path.display()
+        )
     })?;
     let Tag::Machine(id) = conf.tag else {
         return Err(anyhow!(

@@ -716,7 +716,9 @@ fn run(cli: Cli) -> Result<()> {
                 .context("the controller answered with no agent configuration")?;
             std::fs::create_dir_all(&data_dir)
                 .with_context(|| format!("cannot create `{}`", data_dir.display()))?;
-            conf.write(&data_dir.join(agent::CONF))?;
+            let path = data_dir.join(agent::CONF);
+            conf.write(&path)
+                .with_context(|| format!("cannot write `{}`", path.display()))?;
             writeln!(out, "enrolled as `{}`", conf.tag)?;
         }
         Command::Agent { data_dir } => {
