@@ -514,8 +514,8 @@ fn release(counts: &Mutex<std::collections::HashMap<String, usize>>, key: &str) 
 }
 
 impl Activity {
-    /// A user proved itself here: the connection no longer counts among
-    /// its peer's unproven ones.
+    /// A credential (an agent's or a user's) was proved here: the
+    /// connection no longer counts among its peer's unproven ones.
     pub(crate) fn proven_user(&self) {
         if let Some(mut u) = self
             .unproven
@@ -552,14 +552,7 @@ impl Activity {
         if let Some(old) = counted.replace(tag.to_string()) {
             release(&self.shared.per_credential, &old);
         }
-        if let Some(mut u) = self
-            .unproven
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            u.proven();
-        }
+        self.proven_user();
         true
     }
 
