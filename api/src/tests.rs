@@ -1623,3 +1623,104 @@ async fn freezable_relay(
     });
     (addr, frozen)
 }
+
+/// The users' side of the server, answered by a handler that lists users
+/// as the controller's does (on the store, acting for the proven user).
+struct ListUsers(Store);
+
+impl crate::clients::ClientHandler for ListUsers {
+    fn call(
+        &self,
+        user: &str,
+        call: jujube_wire::client::ClientCall,
+    ) -> Result<serde_json::Value, jujube_wire::client::ClientError> {
+        match call {
+            jujube_wire::client::ClientCall::Users => self
+                .0
+                .as_user(user)
+                .users()
+                .map(|u| serde_json::to_value(u).unwrap())
+                .map_err(|e| jujube_wire::client::ClientError::new(e.to_string())),
+            other => Err(jujube_wire::client::ClientError::new(format!(
+                "not answered here: {}",
+                other.method()
+            ))),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_log_in_with_their_password_and_register_once_within_the_bounds() {
+    use jujube_agent::remote::UserClient;
+    use jujube_wire::client::{Access, ClientCall, Registration};
+    let w = World::new().await;
+    w.store.create_admin("the admin's pässword").unwrap();
+    w.store
+        .as_user("admin")
+        .add_user(
+            "bob",
+            Access::Read,
+            &jujube_state::users::secret_hash("the secret"),
+        )
+        .unwrap();
+    let server = w.server.as_ref().unwrap();
+    server.serve_clients(Arc::new(ListUsers(w.store.clone())));
+    let ca = tls::ca_cert(w.dir.path()).unwrap();
+    let client = |user: &str, password: &str| {
+        UserClient::new(&server.addresses(), &ca, user, password).unwrap()
+    };
+    // Its password (any characters) logs a user in; a wrong one, or a user
+    // that does not exist or has not registered, is refused alike.
+    let users = client("admin", "the admin's pässword")
+        .call(&ClientCall::Users)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(users.as_array().unwrap().len(), 2);
+    for (user, password) in [("admin", "wrong"), ("nobody", "x"), ("bob", "")] {
+        let e = client(user, password)
+            .call(&ClientCall::Users)
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(
+            e.message,
+            format!("invalid credentials for user `{user}`; log in again with `jujube login`")
+        );
+    }
+    // A name that is not a user's name never leaves the client.
+    assert!(UserClient::new(&server.addresses(), &ca, "bob\nx", "pw").is_err());
+    // A registration is small, and works once.
+    let register = |secret: &str, password: String| {
+        let c = client("bob", "");
+        let r = Registration {
+            user: "bob".into(),
+            secret: secret.into(),
+            password,
+        };
+        async move { c.register(&r).await.unwrap() }
+    };
+    let e = register("the secret", "p".repeat(9 << 10))
+        .await
+        .unwrap_err();
+    assert_eq!(e.message, "a registration is at most 8192 bytes");
+    let e = register("not it", "bob's".into()).await.unwrap_err();
+    assert!(
+        e.message.starts_with("registration refused"),
+        "{}",
+        e.message
+    );
+    register("the secret", "bøb's".into()).await.unwrap();
+    let mine = client("bob", "bøb's")
+        .call(&ClientCall::Users)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(mine[0]["name"], "bob");
+    let e = register("the secret", "again".into()).await.unwrap_err();
+    assert!(
+        e.message.starts_with("registration refused"),
+        "{}",
+        e.message
+    );
+}
