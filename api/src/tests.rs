@@ -1211,6 +1211,11 @@ fn call_request(
 }
 
 /// This process's resident memory, bytes.
+/// Held by the tests that measure the process's memory, and by those that
+/// allocate much of it (argon2 takes 19 MiB a password check), so that
+/// neither runs beside the other.
+static MEMORY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn rss() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
     let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
@@ -1219,6 +1224,7 @@ fn rss() -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tools_download_is_streamed_from_disk_not_read_whole() {
+    let _alone = MEMORY.lock().await;
     use http_body_util::{BodyExt, Full};
     use jujube_agent::wire::{SERVER_NAME, TOOLS_PATH};
     let w = World::new().await;
@@ -1268,6 +1274,7 @@ async fn the_tools_download_is_streamed_from_disk_not_read_whole() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unread_charm_files_answers_are_bounded_per_connection() {
+    let _alone = MEMORY.lock().await;
     use http_body_util::BodyExt;
     use jujube_agent::wire::Call;
     let w = World::new().await;
@@ -1651,6 +1658,7 @@ impl crate::clients::ClientHandler for ListUsers {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn users_log_in_with_their_password_and_register_once_within_the_bounds() {
+    let _alone = MEMORY.lock().await;
     use jujube_agent::remote::UserClient;
     use jujube_wire::client::{Access, ClientCall, Registration};
     let w = World::new().await;
