@@ -110,6 +110,24 @@ pub fn ensure(env_dir: &Path, env_uuid: &str) -> Result<()> {
     Ok(())
 }
 
+/// A self-signed client certificate and its key (PEM), named `name`: how
+/// machine 0's controller proves itself to a daemon that trusts exactly
+/// that certificate (LXD's trust store).
+pub fn client_identity(name: &str) -> Result<(String, String)> {
+    let key = KeyPair::generate().map_err(|e| tls_err("cannot make a client key", e))?;
+    let mut params = CertificateParams::new(Vec::<String>::new())
+        .map_err(|e| tls_err("cannot make a client certificate", e))?;
+    params.distinguished_name.push(DnType::CommonName, name);
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::days(1);
+    params.not_after = now + time::Duration::days(3650);
+    let cert = params
+        .self_signed(&key)
+        .map_err(|e| tls_err("cannot make a client certificate", e))?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
 /// The CA certificate (PEM) agents are given.
 pub fn ca_cert(env_dir: &Path) -> Result<String> {
     read_file(&dir(env_dir).join(CA_CERT))

@@ -47,7 +47,18 @@ impl Client {
         // Where this home runs the controller: a controller holding its
         // lock, or its supervisor, may be starting — worth a little
         // patience; none at all is said at once.
-        let (patience, hint) = if !here {
+        let (patience, hint) = if let Some(m0) = jujube_controller::machine0::hosted(home, name)? {
+            // Machine 0's container may be restarting, and its init
+            // starting the controller again.
+            (
+                STARTING_PATIENCE,
+                format!(
+                    "it runs in machine 0's container `{}`: check that it runs, and its log `{}/environments/{name}/controller.log` there",
+                    m0.container,
+                    jujube_providers::lxd::controller::CONTROLLER_HOME
+                ),
+            )
+        } else if !here {
             (Duration::ZERO, "check that it runs".to_string())
         } else if jujube_controller::run::controller_runs(home, name)
             || jujube_controller::supervise::running(home, name).is_some()

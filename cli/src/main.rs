@@ -538,6 +538,7 @@ fn run(cli: Cli) -> Result<()> {
                     config,
                     constraints: constraints.as_deref(),
                     default_series: &default_series,
+                    in_machine_0: !manual_controller,
                 },
                 &mut progress,
             )?;
@@ -555,8 +556,13 @@ fn run(cli: Cli) -> Result<()> {
                     "machine 0's controller runs in the background (log: `{}`)",
                     supervise::log_path(&home, &name).display()
                 )?;
+            } else if provider.as_str() == "lxd" {
+                writeln!(
+                    out,
+                    "machine 0's container runs the controller and holds the environment's state (restarted by its init if it dies)"
+                )?;
             } else {
-                // Machine 0 of LXD and EC2 does not run the controller yet.
+                // Machine 0 on EC2 does not run the controller yet.
                 writeln!(
                     out,
                     "run the controller with `jujube controller` (on provider `{}` it runs on this host, not on machine 0)",
@@ -577,7 +583,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::DestroyEnvironment { name, yes } => {
             let name = home.select(Some(&name))?;
-            if !home.has_store(&name) {
+            if !home.holds(&name) {
                 bail!("environment `{name}` was not bootstrapped from this home (`JUJUBE_HOME`): destroy it from the home that bootstrapped it");
             }
             if !yes {
@@ -945,10 +951,6 @@ fn model_command(
         }
         Command::Status { format } => {
             let mut st: Status = client.call(ClientCall::Status)?;
-            // Machine 0's jobs run in `jujube controller` (on the dummy the
-            // one `bootstrap` left running under its supervisor), not in an
-            // agent of its own: its agent status says whether a controller
-            // runs them now.
             // Machine 0's jobs run in the controller (on the dummy the one
             // `bootstrap` left running under its supervisor), not in an
             // agent of its own; it answered, so it runs.

@@ -64,6 +64,13 @@ impl Home {
         self.has_store(name) || self.controller(name).ok().flatten().is_some()
     }
 
+    /// Whether environment `name` was bootstrapped from this home: its
+    /// store is here, or its controller runs in machine 0 (LXD) and this
+    /// home knows where.
+    pub fn holds(&self, name: &str) -> bool {
+        self.has_store(name) || self.env_dir(name).join(crate::machine0::MARKER).exists()
+    }
+
     /// Whether the environment's store is on this host (it was bootstrapped
     /// from this home).
     pub fn has_store(&self, name: &str) -> bool {

@@ -17,6 +17,8 @@
 //!   0's disk on the dummy) and what its client knows of controllers.
 //! - [`supervise`]: machine 0's controller on the dummy, kept running by a
 //!   supervisor process.
+//! - [`machine0`]: machine 0's container as the controller on LXD — the
+//!   store moved in at bootstrap, and taken away by `destroy-environment`.
 //! - [`charm`]: reading a charm directory.
 //!
 //! The `jujube` binary (`cli`) runs these; it never opens the store itself.
@@ -24,6 +26,7 @@
 pub mod charm;
 pub mod facade;
 pub mod home;
+pub mod machine0;
 pub mod run;
 pub mod supervise;
 

@@ -16,7 +16,6 @@ use jujube_state::Store;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::Write;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -318,11 +317,12 @@ fn placement(
             })
         };
     let installer = |agents: jujube_agent_state::process::ProcessAgents,
-                     enroll: Option<(String, String)>| {
+                     enroll: Option<(String, String)>,
+                     api_connect: String| {
         Some(Arc::new(Installer {
             store: store.clone(),
             agents,
-            api_socket: api.unix_path().map(Path::to_path_buf),
+            api_connect,
             enroll,
             tokens: Mutex::new(HashMap::new()),
         }))
@@ -338,14 +338,21 @@ fn placement(
         ("dummy", Some("process")) => {
             let a = agents(api.addresses())?;
             Ok(Placement {
-                installer: installer(a.clone(), None),
+                installer: installer(a.clone(), None, String::new()),
                 host: Some(jujube_agent_state::Mode::Process(a)),
             })
         }
         ("lxd", _) if lxd_agents_in_containers(&config) => {
-            if api.unix_path().is_none() {
-                bail!("the environment's directory `{}` is too deep for the API's unix socket, which LXD containers reach their controller through; use a shorter `JUJUBE_HOME`, or `jujube set-environment lxd-agents=in-process`", dir.display());
-            }
+            // Where the daemon's host finds the API for the agents'
+            // containers: the address it proxies to machine 0's container
+            // when the controller runs there, else this host's socket.
+            let api_connect = match config.get("lxd-controller-address") {
+                Some(address) => format!("tcp:{address}"),
+                None => match api.unix_path() {
+                    Some(socket) => format!("unix:{}", socket.display()),
+                    None => bail!("the environment's directory `{}` is too deep for the API's unix socket, which LXD containers reach their controller through; use a shorter `JUJUBE_HOME`, or `jujube set-environment lxd-agents=in-process`", dir.display()),
+                },
+            };
             Ok(Placement {
                 host: None,
                 installer: installer(
@@ -354,6 +361,7 @@ fn placement(
                         jujube_providers::lxd::AGENT_API_SOCKET
                     )])?,
                     None,
+                    api_connect,
                 ),
             })
         }
@@ -385,7 +393,7 @@ fn placement(
             }));
             Ok(Placement {
                 host: None,
-                installer: installer(a, Some((address, sha))),
+                installer: installer(a, Some((address, sha)), String::new()),
             })
         }
         _ => Ok(in_process),
@@ -542,7 +550,8 @@ fn lxd_agents_in_containers(config: &BTreeMap<String, String>) -> bool {
 struct Installer {
     store: Store,
     agents: jujube_agent_state::process::ProcessAgents,
-    api_socket: Option<PathBuf>,
+    /// Where the API is on the provider's host (LXD's proxy `connect`).
+    api_connect: String,
     /// For instances enrolling from shared user data: the API address they
     /// use and the binary's SHA-256.
     enroll: Option<(String, String)>,
@@ -585,7 +594,7 @@ impl jujube_provisioner::AgentInstaller for Installer {
             return Ok(Some(jujube_providers::AgentInstall {
                 conf: Vec::new(),
                 binary: self.agents.exe.clone(),
-                api_socket: PathBuf::new(),
+                api_connect: String::new(),
                 enrollment: Some(jujube_providers::Enrollment {
                     token,
                     api_address: api_address.clone(),
@@ -608,7 +617,7 @@ impl jujube_provisioner::AgentInstaller for Installer {
         Ok(Some(jujube_providers::AgentInstall {
             conf,
             binary: self.agents.exe.clone(),
-            api_socket: self.api_socket.clone().unwrap_or_default(),
+            api_connect: self.api_connect.clone(),
             enrollment: None,
         }))
     }
@@ -617,6 +626,9 @@ impl jujube_provisioner::AgentInstaller for Installer {
 /// `jujube controller`: the provisioner, the cleaner, the machine agents and
 /// the API server, until SIGINT/SIGTERM.
 pub async fn run(home: &Home, env_name: &str) -> Result<()> {
+    if let Some(m0) = crate::machine0::hosted(home, env_name)? {
+        bail!("environment `{env_name}`'s controller runs in machine 0's container `{}`, which holds its state; there is none to run on this host", m0.container);
+    }
     let store = home.open(env_name)?;
     let mut lock = try_lock(home, env_name)?.ok_or_else(|| {
         refusal!("a controller is already running for environment `{env_name}`; stop it first")
@@ -866,6 +878,9 @@ pub fn errors_listed(store: &Store) -> Result<String> {
 /// `jujube destroy-environment`: stops every instance of the environment,
 /// then deletes its state.
 pub async fn destroy(home: &Home, name: &str, out: &mut impl Write) -> Result<()> {
+    if let Some(m0) = crate::machine0::hosted(home, name)? {
+        return crate::machine0::destroy(home, name, m0, out).await;
+    }
     if !home.has_store(name) {
         bail!("environment `{name}` was not bootstrapped from this home (`JUJUBE_HOME`): destroy it from the home that bootstrapped it");
     }
@@ -934,6 +949,9 @@ pub struct BootstrapArgs<'a> {
     pub config: BTreeMap<String, String>,
     pub constraints: Option<&'a str>,
     pub default_series: &'a str,
+    /// Whether machine 0 runs the controller (LXD: in its container, where
+    /// the store then lives), rather than a controller on this host.
+    pub in_machine_0: bool,
 }
 
 /// `jujube bootstrap`: the environment's directory, its store, its CA and
@@ -986,10 +1004,15 @@ pub fn bootstrap(
             name,
             Some(crate::home::Account {
                 user: jujube_wire::client::ADMIN.to_string(),
-                password,
+                password: password.clone(),
             }),
         )?;
         bootstrap_machine_0(home, name, &store, progress)?;
+        if args.in_machine_0 && spec.provider == "lxd" {
+            runtime()?.block_on(crate::machine0::move_in(
+                home, name, store, &password, progress,
+            ))?;
+        }
         home.set_current(name)
     })();
     if let Err(e) = result {

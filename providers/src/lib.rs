@@ -93,9 +93,10 @@ pub struct AgentInstall {
     pub conf: Vec<u8>,
     /// The `jujube` binary to install (the controller's own).
     pub binary: PathBuf,
-    /// The controller's API socket on the provider's host: LXD exposes it
-    /// inside the container, so the agent needs no network.
-    pub api_socket: PathBuf,
+    /// Where the controller's API is on the provider's host, as an LXD
+    /// proxy device's `connect` (`unix:PATH`, `tcp:HOST:PORT`): LXD exposes
+    /// it inside the container, so the agent needs no network.
+    pub api_connect: String,
     /// For instances that boot from user data shared by their launch batch
     /// (EC2): no secret, but what their boot script needs to fetch the
     /// binary and enroll (`conf` is then empty).
@@ -222,7 +223,7 @@ impl std::fmt::Debug for AgentInstall {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AgentInstall")
             .field("binary", &self.binary)
-            .field("api_socket", &self.api_socket)
+            .field("api_connect", &self.api_connect)
             .field("enrollment", &self.enrollment.as_ref().map(|_| "<hidden>"))
             .finish_non_exhaustive()
     }

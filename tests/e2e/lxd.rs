@@ -1160,3 +1160,190 @@ async fn an_ec2_instances_user_data_installs_an_agent_that_takes_up_its_machine(
     drop(ctl);
     j.run(&["destroy-environment", "aws", "-y"]).ok();
 }
+
+/// Processes on this machine started for `home` (their environment names
+/// it as `JUJUBE_HOME`): a controller or agent this host runs for it.
+fn processes_for(home: &std::path::Path) -> Vec<String> {
+    let needle = format!("JUJUBE_HOME={}", home.display());
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let pid = e.file_name().to_string_lossy().into_owned();
+        if !pid.chars().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(environ) = std::fs::read(e.path().join("environ")) else {
+            continue;
+        };
+        if environ.split(|&b| b == 0).any(|v| v == needle.as_bytes()) {
+            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            found.push(format!("{pid}: {}", String::from_utf8_lossy(&cmd).replace('\0', " ")));
+        }
+    }
+    found
+}
+
+/// Machines with their instances, units with their machines, relations:
+/// what a restart of the controller must not lose.
+fn model_of(st: &Value) -> Value {
+    let machines: BTreeMap<String, Value> = st["machines"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(id, m)| (id.clone(), m["instance-id"].clone()))
+        .collect();
+    let mut units = BTreeMap::new();
+    for (_, s) in st["services"].as_object().unwrap() {
+        for (u, v) in s["units"].as_object().into_iter().flatten() {
+            units.insert(u.clone(), v["machine"].clone());
+        }
+    }
+    json!({"machines": machines, "units": units, "relations": st["relations"].clone()})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machine_0s_container_runs_the_controller_and_holds_the_state() {
+    let Some(c) = lxd() else { return };
+    let mut j = Jujube::new();
+    // As users bootstrap: nothing started by hand, no controller on this
+    // host.
+    j.auto_controller = true;
+    j.start_controllers = false;
+    let r = j
+        .run(&[
+            "bootstrap",
+            "lxm",
+            "--provider",
+            "lxd",
+            "--config",
+            "image-alias=jujube-agent",
+        ])
+        .ok();
+    assert!(
+        r.stdout.contains("machine 0's container runs the controller"),
+        "{}",
+        r.stdout
+    );
+    let st = j.status();
+    let uuid = st["environment"]["uuid"].as_str().unwrap().to_string();
+    let _sweep = Sweep {
+        uuids: vec![uuid.clone()],
+        names: vec![],
+    };
+    let m0 = format!("jujube-{}-0", short(&uuid));
+    assert_eq!(st["machines"]["0"]["instance-id"], json!(m0));
+    assert_eq!(st["machines"]["0"]["agent-status"], "started");
+
+    // The host holds no state and runs nothing of the environment: the
+    // store is in machine 0's container, and so is the controller.
+    let env_dir = j.home.path().join("environments/lxm");
+    let left: Vec<String> = std::fs::read_dir(&env_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, vec!["machine-0.json".to_string()]);
+    assert_eq!(processes_for(j.home.path()), Vec::<String>::new());
+    let home = jujube_providers::lxd::controller::CONTROLLER_HOME;
+    let db = c
+        .read_file(&m0, &format!("{home}/environments/lxm/state.db"))
+        .await
+        .unwrap()
+        .expect("the store in machine 0's container");
+    assert!(db.starts_with(b"SQLite format 3\0"));
+    let controller_log = format!("{home}/environments/lxm/controller.log");
+    // A command run on the host for it says where it runs.
+    let r = j.run(&["controller"]);
+    assert_eq!(
+        r.stderr,
+        format!("error: environment `lxm`'s controller runs in machine 0's container `{m0}`, which holds its state; there is none to run on this host\n")
+    );
+    assert!(!env_dir.join("state.db").exists());
+
+    // The host's CLI deploys through it; the agents run in their own
+    // containers, reaching machine 0 through the daemon's host.
+    j.run(&["deploy", &j.charm("mysql")]).ok();
+    j.run(&["deploy", &j.charm("wordpress")]).ok();
+    j.run(&["add-relation", "wordpress", "mysql"]).ok();
+    j.run(&["wait", "--timeout", "180s"]).ok();
+    let st = j.status();
+    let wp_machine = st["services"]["wordpress"]["units"]["wordpress/0"]["machine"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let wp = format!("jujube-{}-{wp_machine}", short(&uuid));
+    let conf = format!(
+        "{}/unit-wordpress-0/charm/db.conf",
+        jujube_providers::lxd::AGENT_DIR
+    );
+    eventually_in("wordpress's database configuration", || {
+        let (c, wp, conf) = (&c, &wp, &conf);
+        async move { file_in(c, wp, conf).await.contains("password=") }
+    })
+    .await;
+    in_order(&hooks_in(&c, &wp, "wordpress/0").await, WORDPRESS_ORDER);
+    let out = j.run(&["run", "wordpress/0", "--", "hostname"]).ok().stdout;
+    assert_eq!(out.trim(), wp);
+
+    // The controller killed inside machine 0: its init starts it again.
+    let starts = |log: String| log.matches("controller started").count();
+    let before = starts(file_in(&c, &m0, &controller_log).await);
+    assert_eq!(before, 1, "{}", file_in(&c, &m0, &controller_log).await);
+    let killed = exec_in(
+        &c,
+        &m0,
+        &[
+            "sh",
+            "-c",
+            "kill -9 $(ps | grep '[j]ujube controller' | awk '{print $1}')",
+        ],
+    )
+    .await;
+    assert_eq!(killed, 0);
+    eventually_in("the controller's restart", || {
+        let (c, m0, log) = (&c, &m0, &controller_log);
+        async move { starts(file_in(c, m0, log).await) > before }
+    })
+    .await;
+    let model = model_of(&j.status());
+    assert!(model["units"].get("mysql/0").is_some(), "{model}");
+
+    // `lxc restart` of machine 0 loses nothing: the store is on its disk,
+    // its init starts the controller, and it goes on.
+    c.run(
+        Method::PUT,
+        &format!("/1.0/instances/{m0}/state"),
+        Some(&json!({"action": "restart", "timeout": 30, "force": true})),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(model_of(&j.status()), model, "the model after a restart");
+    j.run(&["add-unit", "wordpress"]).ok();
+    j.run(&["wait", "--timeout", "180s"]).ok();
+    let st = j.status();
+    assert_eq!(
+        st["services"]["wordpress"]["units"]["wordpress/1"]["agent-status"],
+        "started"
+    );
+
+    // destroy-environment: every instance, then machine 0; the daemon no
+    // longer trusts machine 0's certificate; the host forgets it all.
+    let r = j.run(&["destroy-environment", "lxm", "-y"]).ok();
+    assert!(
+        r.stdout.contains(&format!("stopped machine 0 (`{m0}`), the controller")),
+        "{}",
+        r.stdout
+    );
+    assert!(tagged(&c, &uuid).await.is_empty(), "containers left");
+    let trusted = c.get("/1.0/certificates?recursion=1").await.unwrap().unwrap();
+    let name = format!("jujube-controller-{uuid}");
+    assert!(
+        !trusted
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["name"].as_str() == Some(name.as_str())),
+        "machine 0's certificate is still trusted"
+    );
+    assert!(!env_dir.exists());
+    assert_eq!(j.run(&["environments"]).ok().stdout, "");
+}

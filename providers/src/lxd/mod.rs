@@ -26,6 +26,7 @@
 //!   machines with no recorded instance) and is replaced.
 
 pub mod client;
+pub mod controller;
 
 use crate::{
     Error, Instance, Provider, Result, StartSpec, TAG_CONTROLLER, TAG_ENV_UUID, TAG_MACHINE_ID,
@@ -42,11 +43,14 @@ use std::sync::RwLock;
 use tracing::{debug, info, warn};
 
 /// Config keys this provider reads; every other `lxd-*` key is refused.
-pub const CONFIG_KEYS: [&str; 10] = [
+pub const CONFIG_KEYS: [&str; 11] = [
     "image-alias",
     // Read by the controller: machine agents inside the containers
     // (`container`, the default) or in the controller (`in-process`).
     "lxd-agents",
+    // Read by the controller in machine 0's container: where its API is
+    // proxied to on the daemon's host, which agents' containers connect to.
+    "lxd-controller-address",
     "image-aliases",
     "lxd-socket",
     "lxd-url",
@@ -653,9 +657,14 @@ impl LxdProvider {
             );
         }
         if let Some(agent) = &spec.agent {
-            if matches!(cfg.transport, Transport::Https { .. }) {
+            // A socket on the controller's host is on the daemon's host only
+            // when the daemon is local; an address the daemon's host proxies
+            // to machine 0's controller works from anywhere.
+            if matches!(cfg.transport, Transport::Https { .. })
+                && agent.api_connect.starts_with("unix:")
+            {
                 return Err(Error::InvalidSpec(
-                    "machine agents inside containers reach the controller through a socket LXD proxies from this host, which a remote LXD daemon cannot do; use a local daemon, or `jujube set-environment lxd-agents=in-process`".into(),
+                    "machine agents inside containers reach the controller through a socket LXD proxies from this host, which a remote LXD daemon cannot do; use a local daemon, run the controller in machine 0 (bootstrap without `--manual-controller`), or `jujube set-environment lxd-agents=in-process`".into(),
                 ));
             }
             devices.insert(
@@ -664,7 +673,7 @@ impl LxdProvider {
                     "type": "proxy",
                     "bind": "container",
                     "listen": format!("unix:{AGENT_API_SOCKET}"),
-                    "connect": format!("unix:{}", agent.api_socket.display()),
+                    "connect": agent.api_connect,
                     "uid": "0",
                     "gid": "0",
                     "mode": "0600",
