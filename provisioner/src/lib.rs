@@ -325,6 +325,7 @@ impl Provisioner {
                 _ = stopped(&mut stop) => None,
             };
             let Some(pass) = pass else { break };
+            let failed = pass.is_err();
             let action = match pass {
                 Ok(a) => {
                     failures = 0;
@@ -341,10 +342,25 @@ impl Provisioner {
                 Action::Requeue(d) => d,
                 Action::AwaitChange => Duration::from_secs(3600),
             };
-            tokio::select! {
-                r = watcher.next() => { r?; }
-                _ = tokio::time::sleep(sleep) => {}
-                _ = stopped(&mut stop) => {}
+            // After a failed pass the backoff holds whatever else changes
+            // (each pass reconciles everything, so nothing is missed; one on
+            // every change re-read every machine to start and asked a
+            // failing cloud again): only a config change, which may fix
+            // the cause, ends it early.
+            let until = tokio::time::Instant::now() + sleep;
+            loop {
+                tokio::select! {
+                    r = watcher.next() => {
+                        let batch = r?;
+                        let config = batch.truncated
+                            || batch.changes.iter().any(|c| c.kind == jujube_state::feed::ChangeKind::Environment);
+                        if !failed || config {
+                            break;
+                        }
+                    }
+                    _ = tokio::time::sleep_until(until) => break,
+                    _ = stopped(&mut stop) => break,
+                }
             }
             if *stop.borrow() {
                 break;

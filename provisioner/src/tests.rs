@@ -670,6 +670,7 @@ struct Counting {
     in_flight: std::sync::atomic::AtomicUsize,
     peak: std::sync::atomic::AtomicUsize,
     zones_fail: std::sync::atomic::AtomicBool,
+    zones_asked: std::sync::atomic::AtomicUsize,
 }
 
 impl Counting {
@@ -679,6 +680,7 @@ impl Counting {
             in_flight: Default::default(),
             peak: Default::default(),
             zones_fail: Default::default(),
+            zones_asked: Default::default(),
         })
     }
     fn peak(&self) -> usize {
@@ -718,6 +720,8 @@ impl Provider for Counting {
         self.cloud.instances_by_id(ids).await
     }
     async fn zones(&self) -> jujube_providers::Result<Vec<String>> {
+        self.zones_asked
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if self.zones_fail.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(jujube_providers::Error::Transient(
                 "connection refused".into(),
@@ -952,6 +956,39 @@ async fn machines_are_provisioning_only_once_their_start_is_under_way() {
     p.reconcile().await.unwrap();
     p.idle().await;
     assert!(w.store.machine(id).unwrap().instance_id.is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_pass_backs_off_whatever_changes_meanwhile_but_a_config_change() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let w = world(&[]);
+    let counting = Counting::new(w.cloud.clone());
+    counting.zones_fail.store(true, SeqCst);
+    let p = Provisioner::new(w.store.clone(), counting.clone()).unwrap();
+    w.store.add_machines(1, None, None).unwrap();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let run = tokio::spawn(async move { p.run(stop_rx).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let failed = counting.zones_asked.load(SeqCst);
+    assert!(failed >= 1, "the first pass asked for the zones and failed");
+    // A busy environment within the backoff (a second, then two): every
+    // pass would fail again, and each re-reads every machine to start.
+    for _ in 0..50 {
+        w.store.add_machines(1, None, None).unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(counting.zones_asked.load(SeqCst), failed, "passes during the backoff");
+    // The user changes the config (perhaps fixing the cause): a pass at once.
+    counting.zones_fail.store(false, SeqCst);
+    w.set(&[("harvest-grace", "1h")]);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(counting.zones_asked.load(SeqCst) > failed);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for m in w.store.machines().unwrap() {
+        assert!(m.instance_id.is_some(), "machine {} provisioned", m.id);
+    }
+    stop_tx.send_replace(true);
+    run.await.unwrap().unwrap();
 }
 
 // ---- zones (issue: constraints the provisioner ignores)
