@@ -34,9 +34,13 @@ pub const KINDS: [&str; 2] = [RELATION_SETTINGS, SERVICE_UNITS];
 
 /// Settings rows deleted per step.
 pub const SETTINGS_BATCH: usize = 500;
-/// Units destroyed per step. Destroying a unit writes at most ~5 rows, and as
-/// many again for each subordinate it takes with it.
-pub const UNITS_BATCH: usize = 64;
+/// Units destroyed per step at most. Destroying a unit writes about 5 rows,
+/// and as many again for each subordinate it takes with it: a step stops
+/// early once it has written [`UNITS_STEP_ROWS`].
+pub const UNITS_BATCH: usize = 192;
+/// The rows a step of unit destruction writes before it stops (the one
+/// unit that crosses it finishes): transactions stay under a thousand rows.
+pub const UNITS_STEP_ROWS: u64 = 800;
 
 /// A queued cleanup, as [`Store::skipped_cleanups`] reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,20 +136,26 @@ impl Store {
                             .query_map((&service, cursor, UNITS_BATCH as i64), unit_row)?
                             .map(|r| finish_unit(r?))
                             .collect::<Result<Vec<_>>>()?;
+                        let before = tx.total_changes();
+                        let mut done = 0;
                         for u in &units {
                             // Re-read: destroying an earlier unit may have
                             // removed this one's service or changed it.
                             if let Ok(u) = crate::model::get_unit(tx, &u.name) {
                                 destroy_unit_in(tx, &u)?;
                             }
+                            done += 1;
+                            if tx.total_changes() - before >= UNITS_STEP_ROWS {
+                                break;
+                            }
                         }
-                        if let Some(last) = units.last() {
+                        if let Some(last) = units[..done].last() {
                             tx.execute(
                                 "UPDATE cleanups SET cursor = ?1 WHERE id = ?2",
                                 (last.number, id),
                             )?;
                         }
-                        units.len() < UNITS_BATCH
+                        done == units.len() && units.len() < UNITS_BATCH
                     }
                 },
                 // `known()` selects only the kinds above.
