@@ -18,7 +18,7 @@ use crate::wire::{
     AgentConf, Call, Reply, WatchRequest, CALL_PATH, SERVER_NAME, TAG_HEADER, WATCH_PATH,
 };
 use async_trait::async_trait;
-use bytes::Bytes;
+pub use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::client::conn::http2::SendRequest;
@@ -31,9 +31,13 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Mutex;
 
-/// The largest answer a client reads (a unit view of a large model is a few
+/// The largest answer an agent reads (a unit view of a large model is a few
 /// hundred kilobytes).
 const MAX_REPLY: usize = 16 << 20;
+
+/// The largest answer a user's client reads: `status` grows with the model
+/// (about 40 MB of JSON at 100,000 units), and the user asked for it.
+const MAX_CLIENT_REPLY: usize = 256 << 20;
 
 /// A TLS client configuration trusting only `ca_cert` (PEM), speaking
 /// HTTP/2.
@@ -192,7 +196,11 @@ impl Remote {
 }
 
 async fn read_limited(body: Incoming) -> ApiResult<Bytes> {
-    let limited = http_body_util::Limited::new(body, MAX_REPLY);
+    read_at_most(body, MAX_REPLY).await
+}
+
+async fn read_at_most(body: Incoming, limit: usize) -> ApiResult<Bytes> {
+    let limited = http_body_util::Limited::new(body, limit);
     Ok(limited
         .collect()
         .await
@@ -779,7 +787,7 @@ impl UserClient {
     pub async fn call(
         &self,
         call: &jujube_wire::client::ClientCall,
-    ) -> ApiResult<Result<serde_json::Value, jujube_wire::client::ClientError>> {
+    ) -> ApiResult<Result<Bytes, jujube_wire::client::ClientError>> {
         let body = serde_json::to_vec(call).expect("plain data");
         let resp = self
             .inner
@@ -793,7 +801,7 @@ impl UserClient {
     pub async fn upload_charm(
         &self,
         root: &std::path::Path,
-    ) -> ApiResult<Result<serde_json::Value, jujube_wire::client::ClientError>> {
+    ) -> ApiResult<Result<Bytes, jujube_wire::client::ClientError>> {
         let mut body = Vec::new();
         crate::charmdir::write_archive(root, &mut body)?;
         let resp = self
@@ -808,7 +816,7 @@ impl UserClient {
     pub async fn register(
         &self,
         registration: &jujube_wire::client::Registration,
-    ) -> ApiResult<Result<serde_json::Value, jujube_wire::client::ClientError>> {
+    ) -> ApiResult<Result<Bytes, jujube_wire::client::ClientError>> {
         let body = serde_json::to_vec(registration).expect("plain data");
         let resp = self
             .inner
@@ -820,12 +828,16 @@ impl UserClient {
 
 async fn client_answer(
     resp: hyper::Response<Incoming>,
-) -> ApiResult<Result<serde_json::Value, jujube_wire::client::ClientError>> {
-    use jujube_wire::client::ClientReply;
-    let bytes = read_limited(resp.into_body()).await?;
-    match serde_json::from_slice::<ClientReply>(&bytes) {
-        Ok(ClientReply::Ok(v)) => Ok(Ok(v)),
-        Ok(ClientReply::Error(e)) => Ok(Err(e)),
+) -> ApiResult<Result<Bytes, jujube_wire::client::ClientError>> {
+    let ok = resp.status() == hyper::StatusCode::OK;
+    let bytes = read_at_most(resp.into_body(), MAX_CLIENT_REPLY).await?;
+    if ok {
+        // The answer's JSON, read by the caller into its type (or passed
+        // through).
+        return Ok(Ok(bytes));
+    }
+    match serde_json::from_slice::<jujube_wire::client::ClientError>(&bytes) {
+        Ok(e) => Ok(Err(e)),
         Err(e) => Err(ApiError::new(
             ErrorCode::Internal,
             format!("malformed answer from the controller: {e}"),

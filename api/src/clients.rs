@@ -18,7 +18,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use jujube_wire::client::{
-    ClientCall, ClientError, ClientReply, Registration, CHARM_PATH, CLIENT_PATH, REGISTER_PATH,
+    ClientCall, ClientError, Registration, CHARM_PATH, CLIENT_PATH, REGISTER_PATH,
     USER_HEADER,
 };
 use std::sync::Arc;
@@ -63,7 +63,11 @@ async fn take_slot(
 /// business (it knows the provider and the charms), not the server's.
 pub trait ClientHandler: Send + Sync + 'static {
     /// Runs on a blocking thread.
-    fn call(&self, user: &str, call: ClientCall) -> Result<serde_json::Value, ClientError>;
+    fn call(
+        &self,
+        user: &str,
+        call: ClientCall,
+    ) -> Result<Box<serde_json::value::RawValue>, ClientError>;
 }
 
 /// A user proven on a connection: who, a digest of the password it
@@ -83,16 +87,27 @@ pub(crate) fn checks() -> Semaphore {
     Semaphore::new(CHECKS_AT_ONCE)
 }
 
-fn client_reply(status: StatusCode, r: &ClientReply) -> Response<Body> {
+/// `200 OK` with the answer's JSON as it is.
+fn answer(json: Box<serde_json::value::RawValue>) -> Response<Body> {
+    let json: Box<str> = json.into();
+    json_response(StatusCode::OK, Bytes::from(String::from(json)))
+}
+
+fn json_response(status: StatusCode, body: Bytes) -> Response<Body> {
     Response::builder()
         .status(status)
         .header(hyper::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(serde_json::to_vec(r).expect("plain data"))).boxed_unsync())
+        .body(Full::new(body).boxed_unsync())
         .expect("a valid response")
 }
 
+/// A refusal: `status` (never `200 OK`) with the [`ClientError`].
+fn client_error(status: StatusCode, e: &ClientError) -> Response<Body> {
+    json_response(status, Bytes::from(serde_json::to_vec(e).expect("plain data")))
+}
+
 fn refused(status: StatusCode, message: impl Into<String>) -> Response<Body> {
-    client_reply(status, &ClientReply::Error(ClientError::new(message)))
+    client_error(status, &ClientError::new(message))
 }
 
 /// Whether `path` is a users' endpoint.
@@ -154,13 +169,10 @@ async fn upload(shared: &Arc<Shared>, user: &str, req: Request<Incoming>) -> Res
     match unpacked {
         Ok(_) => {
             info!(user = %user, upload = %id, "charm uploaded");
-            client_reply(
-                StatusCode::OK,
-                &ClientReply::Ok(serde_json::Value::String(format!(
-                    "{}{id}",
-                    jujube_wire::client::UPLOAD_PREFIX
-                ))),
-            )
+            answer(jujube_wire::client::raw(&format!(
+                "{}{id}",
+                jujube_wire::client::UPLOAD_PREFIX
+            )))
         }
         Err(message) => {
             let _ = std::fs::remove_dir_all(&dir);
@@ -225,10 +237,10 @@ pub(crate) async fn handle(
         );
     };
     debug!(user = %user, method = %call.method(), "client call");
-    let answer = tokio::task::spawn_blocking(move || handler.call(&user, call)).await;
-    match answer {
-        Ok(Ok(v)) => client_reply(StatusCode::OK, &ClientReply::Ok(v)),
-        Ok(Err(e)) => client_reply(StatusCode::CONFLICT, &ClientReply::Error(e)),
+    let answered = tokio::task::spawn_blocking(move || handler.call(&user, call)).await;
+    match answered {
+        Ok(Ok(v)) => answer(v),
+        Ok(Err(e)) => client_error(StatusCode::CONFLICT, &e),
         Err(e) => refused(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("the call failed: {e}"),
@@ -339,7 +351,7 @@ async fn register(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Body
     match done {
         Ok(Ok(())) => {
             info!(user = %user, "user registered");
-            client_reply(StatusCode::OK, &ClientReply::Ok(serde_json::Value::Null))
+            answer(jujube_wire::client::raw(&()))
         }
         Ok(Err(e)) => {
             if !matches!(e, jujube_state::Error::BadPassword(_)) {

@@ -1640,13 +1640,13 @@ impl crate::clients::ClientHandler for ListUsers {
         &self,
         user: &str,
         call: jujube_wire::client::ClientCall,
-    ) -> Result<serde_json::Value, jujube_wire::client::ClientError> {
+    ) -> Result<Box<serde_json::value::RawValue>, jujube_wire::client::ClientError> {
         match call {
             jujube_wire::client::ClientCall::Users => self
                 .0
                 .as_user(user)
                 .users()
-                .map(|u| serde_json::to_value(u).unwrap())
+                .map(|u| jujube_wire::client::raw(&u))
                 .map_err(|e| jujube_wire::client::ClientError::new(e.to_string())),
             other => Err(jujube_wire::client::ClientError::new(format!(
                 "not answered here: {}",
@@ -1684,6 +1684,7 @@ async fn users_log_in_with_their_password_and_register_once_within_the_bounds() 
         .await
         .unwrap()
         .unwrap();
+    let users: serde_json::Value = serde_json::from_slice(&users).unwrap();
     assert_eq!(users.as_array().unwrap().len(), 2);
     for (user, password) in [("admin", "wrong"), ("nobody", "x"), ("bob", "")] {
         let e = client(user, password)
@@ -1724,6 +1725,7 @@ async fn users_log_in_with_their_password_and_register_once_within_the_bounds() 
         .await
         .unwrap()
         .unwrap();
+    let mine: serde_json::Value = serde_json::from_slice(&mine).unwrap();
     assert_eq!(mine[0]["name"], "bob");
     let e = register("the secret", "again".into()).await.unwrap_err();
     assert!(
@@ -1731,4 +1733,43 @@ async fn users_log_in_with_their_password_and_register_once_within_the_bounds() 
         "{}",
         e.message
     );
+}
+
+/// Answers `status` with an answer as large as a 100,000-unit model's
+/// status (about 40 MB of JSON).
+struct LargeStatus;
+
+impl crate::clients::ClientHandler for LargeStatus {
+    fn call(
+        &self,
+        _user: &str,
+        _call: jujube_wire::client::ClientCall,
+    ) -> Result<Box<serde_json::value::RawValue>, jujube_wire::client::ClientError> {
+        let units: serde_json::Map<String, serde_json::Value> = (0..100_000)
+            .map(|i| {
+                (
+                    format!("big/{i}"),
+                    serde_json::json!({"machine": i.to_string(), "agent-status": "started", "workload-status": "active", "public-address": format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255), "message": "x".repeat(300)}),
+                )
+            })
+            .collect();
+        Ok(jujube_wire::client::raw(&serde_json::json!({ "units": units })))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_users_answer_as_large_as_a_100000_unit_status_reaches_the_client() {
+    let _alone = MEMORY.lock().await;
+    use jujube_agent::remote::UserClient;
+    use jujube_wire::client::ClientCall;
+    let w = World::new().await;
+    w.store.create_admin("pw").unwrap();
+    let server = w.server.as_ref().unwrap();
+    server.serve_clients(Arc::new(LargeStatus));
+    let ca = tls::ca_cert(w.dir.path()).unwrap();
+    let client = UserClient::new(&server.addresses(), &ca, "admin", "pw").unwrap();
+    let status = client.call(&ClientCall::Status).await.unwrap().unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&status).unwrap();
+    assert_eq!(status["units"].as_object().unwrap().len(), 100_000);
+    assert!(serde_json::to_vec(&status).unwrap().len() > 32 << 20);
 }

@@ -112,6 +112,11 @@ impl Client {
         self.request(|| self.client.upload_charm(dir))
     }
 
+    /// Makes `call`; its answer's JSON as the controller wrote it.
+    pub fn call_raw(&self, call: ClientCall) -> Result<jujube_agent::remote::Bytes> {
+        self.answer(|| self.client.call(&call))
+    }
+
     /// Makes `call`; its answer read as `T`. A refusal is an error whose
     /// message is the controller's words (a usage error exits 2).
     pub fn call<T: DeserializeOwned>(&self, call: ClientCall) -> Result<T> {
@@ -124,7 +129,16 @@ impl Client {
     where
         T: DeserializeOwned,
         F: Fn() -> Fut,
-        Fut: Future<Output = ApiResult<Result<serde_json::Value, ClientError>>> + 'c,
+        Fut: Future<Output = ApiResult<Result<jujube_agent::remote::Bytes, ClientError>>> + 'c,
+    {
+        Ok(serde_json::from_slice(&self.answer(send)?)?)
+    }
+
+    /// Sends a request as [`Client::request`] does; the answer's JSON.
+    fn answer<'c, F, Fut>(&'c self, send: F) -> Result<jujube_agent::remote::Bytes>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = ApiResult<Result<jujube_agent::remote::Bytes, ClientError>>> + 'c,
     {
         let deadline = Instant::now() + self.patience;
         let answer = loop {
@@ -150,7 +164,7 @@ impl Client {
             }
         };
         match answer {
-            Ok(v) => Ok(serde_json::from_value(v)?),
+            Ok(v) => Ok(v),
             Err(ClientError {
                 message,
                 usage: true,

@@ -29,7 +29,6 @@ use client::Client;
 use jujube_controller::Home;
 use jujube_core::{names, series};
 use jujube_wire::client::{Access, ClientCall, Deployed, UserInfo};
-use jujube_wire::view::JOB_MANAGE_ENVIRON;
 use jujube_wire::view::{Status, Stray, Task};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -950,24 +949,16 @@ fn model_command(
             })?;
         }
         Command::Status { format } => {
-            let mut st: Status = client.call(ClientCall::Status)?;
-            // Machine 0's jobs run in the controller (on the dummy the one
-            // `bootstrap` left running under its supervisor), not in an
-            // agent of its own; it answered, so it runs.
-            let supervised = supervise::running(home, name).is_some();
-            for (_, m) in st.machines.0.iter_mut() {
-                let manages = m.jobs.iter().any(|j| j == JOB_MANAGE_ENVIRON);
-                if manages && m.agent_status == "pending" {
-                    m.agent_status = "started".into();
-                    m.agent_status_info = if supervised {
-                        "its jobs run in the controller `bootstrap` started (restarted if it dies)"
-                    } else {
-                        "its jobs run in the controller"
-                    }
-                    .into();
-                }
+            // Machine 0's agent status is the controller's to tell. Its
+            // JSON is what `--format json` prints, passed through.
+            if matches!(format, Format::Json) {
+                let json = client.call_raw(ClientCall::Status)?;
+                out.write_all(&json)?;
+                writeln!(out)?;
+            } else {
+                let st: Status = client.call(ClientCall::Status)?;
+                render::status(&st, format, out)?
             }
-            render::status(&st, format, out)?
         }
         Command::UpgradeCharm {
             service,

@@ -43,8 +43,9 @@ fn dash(s: &str) -> String {
 
 fn structured<T: Serialize>(value: &T, format: Format, out: &mut impl Write) -> Result<bool> {
     match format {
+        // One line, as Juju prints it (`yaml` is the one for people).
         Format::Json => {
-            serde_json::to_writer_pretty(&mut *out, value)?;
+            serde_json::to_writer(&mut *out, value)?;
             writeln!(out)?;
         }
         Format::Yaml => yaml_serde::to_writer(&mut *out, value)?,

@@ -175,7 +175,11 @@ pub async fn move_in(
         // Last: what makes the image's init start the controller.
         files.push((
             CONTROLLER_ENV_FILE.to_string(),
-            format!("JUJUBE_HOME={CONTROLLER_HOME}\nJUJUBE_ENV={name}\n").into(),
+            format!(
+                "JUJUBE_HOME={CONTROLLER_HOME}\nJUJUBE_ENV={name}\n{}=init\n",
+                crate::run::KEPT_BY
+            )
+            .into(),
             0o600,
         ));
         progress.update(

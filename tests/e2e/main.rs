@@ -158,12 +158,13 @@ impl Jujube {
         let status = self.run(&["status", "--format", "json"]);
         let env = self.run(&["get-constraints"]);
         let cfg = self.run(&["get-environment"]);
-        let status: String = status
-            .stdout
-            .lines()
-            .filter(|l| l.trim() != "\"leader\": true,")
-            .map(|l| format!("{l}\n"))
-            .collect();
+        let status = match serde_json::from_str::<serde_json::Value>(&status.stdout) {
+            Ok(mut v) => {
+                without_leaders(&mut v);
+                serde_json::to_string_pretty(&v).unwrap()
+            }
+            Err(_) => format!("{}{}", status.stdout, status.stderr),
+        };
         format!("{status}\n{}\n{}", env.stdout, cfg.stdout)
     }
 
@@ -263,6 +264,21 @@ impl Jujube {
 
     pub fn charm(&self, name: &str) -> String {
         charms().join(name).to_string_lossy().into_owned()
+    }
+}
+
+/// Takes every `leader` mark (`"leader": true`, not a service named so) out
+/// of a status.
+fn without_leaders(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(m) => {
+            if m.get("leader").is_some_and(serde_json::Value::is_boolean) {
+                m.remove("leader");
+            }
+            m.values_mut().for_each(without_leaders);
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(without_leaders),
+        _ => {}
     }
 }
 

@@ -1,9 +1,12 @@
 //! The client facade: what a user's `jujube` asks of a controller.
 //!
 //! Paths (HTTP/2 over TLS, the same server as the agents'):
-//! - `POST` [`CLIENT_PATH`] — a JSON [`ClientCall`]; answers a JSON
-//!   [`ClientReply`]. Every request names its user ([`USER_HEADER`]) and
-//!   proves it (`authorization: Bearer PASSWORD`).
+//! - `POST` [`CLIENT_PATH`] — a JSON [`ClientCall`]; answers `200 OK` with
+//!   the answer's JSON as the body (written once by the controller: a
+//!   100,000-unit status is tens of megabytes, which the client passes
+//!   through or reads straight into its type), any other status with a
+//!   JSON [`ClientError`]. Every request names its user ([`USER_HEADER`])
+//!   and proves it (`authorization: Bearer PASSWORD`).
 //! - `POST` [`REGISTER_PATH`] — a [`Registration`]: the one-time secret of
 //!   `jujube add-user` traded for a password; no credential.
 //! - `POST` [`CHARM_PATH`] — a charm's files (the agent crate's
@@ -114,8 +117,8 @@ impl fmt::Debug for Registration {
     }
 }
 
-/// One request of the client facade. Each variant's answer (the `ok` of a
-/// [`ClientReply`]) is the JSON of the type named in its comment. What a
+/// One request of the client facade. Each variant's answer (the body of a
+/// `200 OK`) is the JSON of the type named in its comment. What a
 /// call needs — `read`, `write` or `admin` — is checked by the store in
 /// the call's own transaction.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -329,12 +332,9 @@ impl ClientError {
     }
 }
 
-/// The answer to a [`ClientCall`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ClientReply {
-    Ok(serde_json::Value),
-    Error(ClientError),
+/// An answer's JSON.
+pub fn raw<T: Serialize + ?Sized>(v: &T) -> Box<serde_json::value::RawValue> {
+    serde_json::value::to_raw_value(v).expect("plain data")
 }
 
 /// The method only: one call carries a password.
