@@ -319,21 +319,17 @@ impl Facade for InProcess {
     }
 
     async fn charm(&self, unit: &str) -> ApiResult<CharmRef> {
-        // Its deployer, or the unit itself (to upgrade its charm).
-        let u = if self.is_unit(unit) {
-            self.store().unit(unit).map_err(|e| self.err(e))?
-        } else {
-            self.deployed_by_me(unit, format!("read the charm of unit `{unit}`"))?
-        };
-        let svc = self.store().service(&u.service).map_err(|e| self.err(e))?;
-        let charm = self
-            .store()
-            .charm(&svc.charm_url)
-            .map_err(|e| self.err(e))?;
-        Ok(CharmRef {
-            url: charm.url,
-            path: charm.path,
-        })
+        // Its deployer, or the unit itself (to upgrade its charm): one
+        // read, its deployer checked on it.
+        let found = self.store().unit_charm(unit);
+        if !self.is_unit(unit) {
+            match &found {
+                Ok((u, _, _)) if deployer_of(u) == caller_of(&self.tag) => {}
+                _ => return Err(self.denied(format!("read the charm of unit `{unit}`"))),
+            }
+        }
+        let (_, url, path) = found.map_err(|e| self.err(e))?;
+        Ok(CharmRef { url, path })
     }
 
     async fn charm_files(&self, unit: &str) -> ApiResult<Vec<CharmFile>> {

@@ -197,16 +197,34 @@ async fn run(
             }
         }
     }
+    let mut sweeps = 0u64;
     while !*stop.borrow() {
         tokio::select! {
             _ = hub.machines_changed.notified() => {}
             r = stop.changed() => if r.is_err() { break } else { continue },
         }
-        for id in hub.take_machine_events() {
-            match store.machine(id) {
-                Ok(m) if wants_agent(&m) => start(id, &mut running),
-                Ok(_) => {}
-                Err(jujube_state::Error::NotFound { .. }) => {
+        // One read snapshot for every machine the hub named (a wake after
+        // a provisioning batch names a thousand).
+        let ids: Vec<i64> = hub.take_machine_events().into_iter().collect();
+        let found = match store.machines_with_ids(&ids) {
+            Ok(found) => found,
+            Err(e) => {
+                // Kept, and looked at again in a second.
+                warn!(error = %e, "cannot read machines; retrying");
+                hub.keep_machine_events(ids);
+                tokio::select! {
+                    _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                    _ = stop.changed() => {}
+                }
+                hub.machines_changed.notify_one();
+                continue;
+            }
+        };
+        for (id, m) in ids.into_iter().zip(found) {
+            match m {
+                Some(m) if wants_agent(&m) => start(id, &mut running),
+                Some(_) => {}
+                None => {
                     if let Some(r) = running.remove(&id) {
                         r.stop();
                         r.finished().await;
@@ -218,10 +236,15 @@ async fn run(
                         }
                     }
                 }
-                Err(e) => warn!(machine = id, error = %e, "cannot read machine"),
             }
         }
-        running.retain(|_, r| !r.is_finished());
+        // Finished agents are started again by `start` when their machine
+        // changes; the map is swept of them now and then, not on every
+        // wake (it holds an entry per machine).
+        sweeps += 1;
+        if sweeps.is_multiple_of(64) {
+            running.retain(|_, r| !r.is_finished());
+        }
     }
     for r in running.values() {
         r.stop();

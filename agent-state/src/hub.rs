@@ -263,6 +263,11 @@ impl Hub {
         std::mem::take(&mut *lock(&self.machine_events))
     }
 
+    /// Gives back events taken but not handled, for the next wake.
+    pub(crate) fn keep_machine_events(&self, ids: impl IntoIterator<Item = i64>) {
+        lock(&self.machine_events).extend(ids);
+    }
+
     /// Reads the feed from revision `from` (taken by the caller before any
     /// agent subscribes, so that no change after an agent's first read is
     /// missed) and tells subscribers, until `stop`.
@@ -382,7 +387,7 @@ impl Hub {
         }
         let mut keys: HashSet<Key> = runs.into_iter().map(|u| Key::Unit(u.into())).collect();
         let units: Vec<&str> = units.into_iter().collect();
-        for (name, now) in units.iter().copied().zip(store.units_named(&units)?) {
+        for (name, now) in units.iter().copied().zip(store.unit_links(&units)?) {
             let now = now.map(|u| UnitRoute {
                 life: u.life,
                 machine: u.machine_id,

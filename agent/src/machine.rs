@@ -101,7 +101,15 @@ impl Agent for MachineAgent {
                 Err(e) => return Err(e.into()),
             }
         }
-        Ok(if acted { Step::Again } else { Step::Idle })
+        // Another pass after acting only where it may finish the machine
+        // (Dying: once its units are gone it is set Dead); an Alive
+        // machine's next change wakes it, and a pass after each deploy
+        // re-read its context for nothing.
+        Ok(if acted && view.life != Life::Alive {
+            Step::Again
+        } else {
+            Step::Idle
+        })
     }
 
     async fn failed(&mut self, message: &str) {

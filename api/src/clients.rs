@@ -18,8 +18,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use jujube_wire::client::{
-    ClientCall, ClientError, Registration, CHARM_PATH, CLIENT_PATH, REGISTER_PATH,
-    USER_HEADER,
+    ClientCall, ClientError, Registration, CHARM_PATH, CLIENT_PATH, REGISTER_PATH, USER_HEADER,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -103,7 +102,10 @@ fn json_response(status: StatusCode, body: Bytes) -> Response<Body> {
 
 /// A refusal: `status` (never `200 OK`) with the [`ClientError`].
 fn client_error(status: StatusCode, e: &ClientError) -> Response<Body> {
-    json_response(status, Bytes::from(serde_json::to_vec(e).expect("plain data")))
+    json_response(
+        status,
+        Bytes::from(serde_json::to_vec(e).expect("plain data")),
+    )
 }
 
 fn refused(status: StatusCode, message: impl Into<String>) -> Response<Body> {

@@ -1753,7 +1753,9 @@ impl crate::clients::ClientHandler for LargeStatus {
                 )
             })
             .collect();
-        Ok(jujube_wire::client::raw(&serde_json::json!({ "units": units })))
+        Ok(jujube_wire::client::raw(
+            &serde_json::json!({ "units": units }),
+        ))
     }
 }
 

@@ -26,7 +26,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const META: &str = "name: bench\nsummary: a benchmark charm\nseries: [jammy]\nrequires:\n  db: mysql\n";
+const META: &str =
+    "name: bench\nsummary: a benchmark charm\nseries: [jammy]\nrequires:\n  db: mysql\n";
 
 fn jujube(home: &Path, args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_jujube"))
@@ -76,7 +77,12 @@ fn cpu_seconds(pid: u32) -> f64 {
         .unwrap_or("")
         .split_whitespace()
         .collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
     // utime and stime, fields 14 and 15 of the line (11 and 12 after the
     // command's closing parenthesis); 100 ticks a second.
     (ticks(11) + ticks(12)) / 100.0
@@ -168,7 +174,13 @@ fn through_the_api(n: usize) -> Figures {
     let start = Instant::now();
     jujube(
         home.path(),
-        &["deploy", charm.to_str().unwrap(), "big", "-n", &n.to_string()],
+        &[
+            "deploy",
+            charm.to_str().unwrap(),
+            "big",
+            "-n",
+            &n.to_string(),
+        ],
     );
     let deploy = start.elapsed().as_secs_f64();
     // Right after the deploy the controller still routes its 100,000

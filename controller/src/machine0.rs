@@ -87,7 +87,9 @@ fn api_addresses(config: &BTreeMap<String, String>) -> Result<(String, String)> 
 /// Every file under `dir`, as paths relative to it.
 fn files_under(dir: &Path, rel: &Path, out: &mut Vec<std::path::PathBuf>) -> Result<()> {
     let here = dir.join(rel);
-    for e in std::fs::read_dir(&here).with_context(|| format!("cannot read `{}`", here.display()))? {
+    for e in
+        std::fs::read_dir(&here).with_context(|| format!("cannot read `{}`", here.display()))?
+    {
         let e = e?;
         let rel = rel.join(e.file_name());
         let kind = e.file_type()?;
@@ -248,7 +250,9 @@ pub async fn move_in(
     }
     .await;
     if result.is_err() {
-        let _ = provider.stop_instances(std::slice::from_ref(&container)).await;
+        let _ = provider
+            .stop_instances(std::slice::from_ref(&container))
+            .await;
         let _ = provider.forget_controller().await;
     }
     result
@@ -286,7 +290,11 @@ pub async fn destroy(home: &Home, name: &str, m0: Machine0, out: &mut impl Write
         }
     }
     provider.stop_instances(machine0).await?;
-    writeln!(out, "stopped machine 0 (`{}`), the controller", m0.container)?;
+    writeln!(
+        out,
+        "stopped machine 0 (`{}`), the controller",
+        m0.container
+    )?;
     provider.destroy_environment().await?;
     provider.forget_controller().await?;
     let dir = home.env_dir(name);
@@ -306,7 +314,11 @@ mod tests {
     #[test]
     fn a_remote_daemons_host_carries_the_api_on_its_usual_port() {
         let config = |url: &str| [("lxd-url".to_string(), url.to_string())].into();
-        for url in ["https://lxd.example:8443", "https://lxd.example", "https://lxd.example:8443/"] {
+        for url in [
+            "https://lxd.example:8443",
+            "https://lxd.example",
+            "https://lxd.example:8443/",
+        ] {
             assert_eq!(
                 api_addresses(&config(url)).unwrap(),
                 ("0.0.0.0:17070".to_string(), "lxd.example:17070".to_string()),

@@ -977,7 +977,11 @@ async fn a_failed_pass_backs_off_whatever_changes_meanwhile_but_a_config_change(
         w.store.add_machines(1, None, None).unwrap();
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(counting.zones_asked.load(SeqCst), failed, "passes during the backoff");
+    assert_eq!(
+        counting.zones_asked.load(SeqCst),
+        failed,
+        "passes during the backoff"
+    );
     // The user changes the config (perhaps fixing the cause): a pass at once.
     counting.zones_fail.store(false, SeqCst);
     w.set(&[("harvest-grace", "1h")]);

@@ -919,6 +919,36 @@ impl Store {
         self.read(|c| names.iter().map(|n| find_unit(c, n)).collect())
     }
 
+    /// What the change router needs of each named unit — its life, machine,
+    /// principal and pending resolution — in one read snapshot, reading no
+    /// other column (it runs for every unit change: status writes too).
+    pub fn unit_links(&self, names: &[&str]) -> Result<Vec<Option<UnitLinks>>> {
+        use rusqlite::OptionalExtension;
+        self.read(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT life, machine_id, principal, resolved FROM units WHERE name = ?1",
+            )?;
+            names
+                .iter()
+                .map(|n| {
+                    stmt.query_row([n], |r| {
+                        Ok((r.get::<_, i64>(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                    })
+                    .optional()?
+                    .map(|(l, machine_id, principal, resolved)| {
+                        Ok(UnitLinks {
+                            life: crate::model::life(l)?,
+                            machine_id,
+                            principal,
+                            resolved,
+                        })
+                    })
+                    .transpose()
+                })
+                .collect()
+        })
+    }
+
     /// Several machines by id, in one read snapshot (see
     /// [`Store::units_named`]).
     pub fn machines_with_ids(&self, ids: &[i64]) -> Result<Vec<Option<Machine>>> {
@@ -938,6 +968,15 @@ impl Store {
             Ok(rows)
         })
     }
+}
+
+/// A unit as the change router sees it: see [`Store::unit_links`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitLinks {
+    pub life: Life,
+    pub machine_id: Option<i64>,
+    pub principal: Option<String>,
+    pub resolved: Option<String>,
 }
 
 fn scope_ids(c: &Connection, unit: &str) -> Result<Vec<i64>> {

@@ -176,6 +176,25 @@ impl Store {
         self.read(|c| get_unit(c, name))
     }
 
+    /// A unit with its service's charm URL and the charm's files, in one
+    /// read snapshot (what its deployer lays down; the charm's metadata
+    /// is not parsed).
+    pub fn unit_charm(&self, name: &str) -> Result<(Unit, String, String)> {
+        use rusqlite::OptionalExtension;
+        self.read(|c| {
+            let u = get_unit(c, name)?;
+            let (url, path) = c
+                .prepare_cached(
+                    "SELECT ch.url, ch.path FROM services s JOIN charms ch ON ch.url = s.charm_url
+                     WHERE s.name = ?1",
+                )?
+                .query_row([&u.service], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?
+                .ok_or_else(|| Error::not_found(Entity::Service, &u.service))?;
+            Ok((u, url, path))
+        })
+    }
+
     /// All units of a service, in number order.
     pub fn units_of(&self, service: &str) -> Result<Vec<Unit>> {
         self.read(|c| {

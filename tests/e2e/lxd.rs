@@ -1176,7 +1176,10 @@ fn processes_for(home: &std::path::Path) -> Vec<String> {
         };
         if environ.split(|&b| b == 0).any(|v| v == needle.as_bytes()) {
             let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-            found.push(format!("{pid}: {}", String::from_utf8_lossy(&cmd).replace('\0', " ")));
+            found.push(format!(
+                "{pid}: {}",
+                String::from_utf8_lossy(&cmd).replace('\0', " ")
+            ));
         }
     }
     found
@@ -1219,7 +1222,8 @@ async fn machine_0s_container_runs_the_controller_and_holds_the_state() {
         ])
         .ok();
     assert!(
-        r.stdout.contains("machine 0's container runs the controller"),
+        r.stdout
+            .contains("machine 0's container runs the controller"),
         "{}",
         r.stdout
     );
@@ -1329,12 +1333,17 @@ async fn machine_0s_container_runs_the_controller_and_holds_the_state() {
     // longer trusts machine 0's certificate; the host forgets it all.
     let r = j.run(&["destroy-environment", "lxm", "-y"]).ok();
     assert!(
-        r.stdout.contains(&format!("stopped machine 0 (`{m0}`), the controller")),
+        r.stdout
+            .contains(&format!("stopped machine 0 (`{m0}`), the controller")),
         "{}",
         r.stdout
     );
     assert!(tagged(&c, &uuid).await.is_empty(), "containers left");
-    let trusted = c.get("/1.0/certificates?recursion=1").await.unwrap().unwrap();
+    let trusted = c
+        .get("/1.0/certificates?recursion=1")
+        .await
+        .unwrap()
+        .unwrap();
     let name = format!("jujube-controller-{uuid}");
     assert!(
         !trusted

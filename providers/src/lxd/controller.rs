@@ -114,7 +114,12 @@ impl LxdProvider {
     /// `cert_pem` (a certificate whose key only that container gets) and
     /// proxies the daemon's HTTPS into the container. Refused, changing
     /// nothing, when the daemon does not listen for HTTPS.
-    pub async fn admit_controller(&self, name: &str, cert_pem: &str, key_pem: &str) -> Result<ControllerAccess> {
+    pub async fn admit_controller(
+        &self,
+        name: &str,
+        cert_pem: &str,
+        key_pem: &str,
+    ) -> Result<ControllerAccess> {
         self.owned_container(name).await?;
         let c = self.client();
         let info = c
@@ -132,7 +137,10 @@ impl LxdProvider {
             .as_str()
             .filter(|s| s.contains("BEGIN CERTIFICATE"))
             .ok_or_else(|| {
-                Error::Config(format!("LXD at `{}` did not show its certificate", c.display()))
+                Error::Config(format!(
+                    "LXD at `{}` did not show its certificate",
+                    c.display()
+                ))
             })?
             .to_string();
         // A certificate left by an earlier, failed bootstrap of this UUID
@@ -280,12 +288,24 @@ mod tests {
     #[test]
     fn the_daemons_https_address_is_reached_on_its_own_host() {
         assert_eq!(https_connect(""), None);
-        assert_eq!(https_connect("127.0.0.1:8443").as_deref(), Some("127.0.0.1:8443"));
+        assert_eq!(
+            https_connect("127.0.0.1:8443").as_deref(),
+            Some("127.0.0.1:8443")
+        );
         assert_eq!(https_connect(":8443").as_deref(), Some("127.0.0.1:8443"));
-        assert_eq!(https_connect("[::]:9443").as_deref(), Some("127.0.0.1:9443"));
+        assert_eq!(
+            https_connect("[::]:9443").as_deref(),
+            Some("127.0.0.1:9443")
+        );
         assert_eq!(https_connect("0.0.0.0").as_deref(), Some("127.0.0.1:8443"));
-        assert_eq!(https_connect("10.1.2.3:8443").as_deref(), Some("10.1.2.3:8443"));
-        assert_eq!(https_connect("[fd00::1]:8443").as_deref(), Some("[fd00::1]:8443"));
+        assert_eq!(
+            https_connect("10.1.2.3:8443").as_deref(),
+            Some("10.1.2.3:8443")
+        );
+        assert_eq!(
+            https_connect("[fd00::1]:8443").as_deref(),
+            Some("[fd00::1]:8443")
+        );
     }
 
     #[test]
