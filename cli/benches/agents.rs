@@ -9,28 +9,11 @@
 //! recalled units' directories (a background thread's disk work) went on
 //! after the units were removed.
 
-use std::path::Path;
+mod common;
+
+use common::{count, jujube};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn jujube(home: &Path, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_jujube"))
-        .args(args)
-        .env("JUJUBE_HOME", home)
-        .env_remove("JUJUBE_ENV")
-        .output()
-        .expect("run jujube");
-    assert!(
-        out.status.success(),
-        "jujube {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn count(db: &rusqlite::Connection, sql: &str) -> i64 {
-    db.query_row(sql, [], |r| r.get(0)).unwrap()
-}
 
 fn peak_rss_mb(pid: u32) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -43,13 +26,8 @@ fn peak_rss_mb(pid: u32) -> f64 {
 }
 
 /// Polls until `cond` (every 250 ms), returning the time it took.
-fn until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    start.elapsed()
+fn until(what: &str, limit: Duration, cond: impl FnMut() -> bool) -> Duration {
+    common::until_every(what, limit, Duration::from_millis(250), cond)
 }
 
 fn main() {

@@ -17,45 +17,23 @@
 //! `cargo bench -p jujube-cli --bench api`; `JUJUBE_BENCH_UNITS` overrides
 //! 100,000 for a quick run.
 
+mod common;
+
+use common::{count, jujube};
 use jujube_core::charm::{CharmConfig, CharmMeta};
 use jujube_core::Constraints;
 use jujube_state::environment::EnvironmentSpec;
 use jujube_state::services::DeployArgs;
 use jujube_state::{Charm, Store};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const META: &str =
     "name: bench\nsummary: a benchmark charm\nseries: [jammy]\nrequires:\n  db: mysql\n";
 
-fn jujube(home: &Path, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_jujube"))
-        .args(args)
-        .env("JUJUBE_HOME", home)
-        .env_remove("JUJUBE_ENV")
-        .output()
-        .expect("run jujube");
-    assert!(
-        out.status.success(),
-        "jujube {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn count(db: &rusqlite::Connection, sql: &str) -> i64 {
-    db.query_row(sql, [], |r| r.get(0)).unwrap()
-}
-
 /// Polls until `cond` (every 50 ms), returning the time it took.
-fn until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    start.elapsed()
+fn until(what: &str, limit: Duration, cond: impl FnMut() -> bool) -> Duration {
+    common::until_every(what, limit, Duration::from_millis(50), cond)
 }
 
 /// The three figures, in seconds, and the status's size in bytes.

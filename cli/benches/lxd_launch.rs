@@ -13,26 +13,13 @@ mod lxd_direct;
 
 use jujube_providers::lxd::client::Client;
 use lxd_direct::{delete_directly, launch_directly, ALIAS};
+mod common;
+use common::jujube_output as jujube;
 use serde_json::json;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const SOCKET: &str = "/var/lib/lxd/unix.socket";
-
-fn jujube(home: &std::path::Path, args: &[&str]) -> std::process::Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_jujube"))
-        .args(args)
-        .env("JUJUBE_HOME", home)
-        .env_remove("JUJUBE_ENV")
-        .output()
-        .expect("run jujube");
-    assert!(
-        out.status.success(),
-        "jujube {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 async fn direct(n: usize, round: usize) -> Duration {
     let c = Client::unix(SOCKET);
