@@ -16,7 +16,6 @@ use jujube_wire::client::Access;
 use jujube_wire::client::{
     ClientCall, ClientError, Deployed, EnvironmentInfo, ServiceSettings, SettingOut, WaitState,
 };
-use serde_json::Value;
 use std::path::PathBuf;
 
 /// Where the environment is, for what a call reads beside the store: the
@@ -61,16 +60,47 @@ fn charm_dir(cx: &Context<'_>, charm: &str) -> Result<PathBuf> {
 /// error naming the zones there are).
 pub const ZONE_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// An answer's JSON, written once (a 100,000-unit status is 34 MB).
+pub type Json = Box<serde_json::value::RawValue>;
+
 /// Answers `call` on `store` (a handle acting for the caller), as JSON.
-pub fn call(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Value, ClientError> {
+pub fn call(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Json, ClientError> {
     answer(cx, store, call).map_err(|e| ClientError {
         message: e.to_string(),
         usage: matches!(e, Error::Usage(_)),
     })
 }
 
-fn json<T: serde::Serialize>(v: T) -> Result<Value> {
-    Ok(serde_json::to_value(v)?)
+fn json<T: serde::Serialize>(v: T) -> Result<Json> {
+    Ok(jujube_wire::client::raw(&v))
+}
+
+/// What keeps this controller running when it dies, as `bootstrap` set it
+/// in the controller's environment.
+pub const KEPT_BY: &str = "JUJUBE_CONTROLLER_KEPT_BY";
+
+/// Machine 0's jobs run in the controller answering, not in an agent of
+/// its own: its agent status is `started`, saying what restarts it.
+fn machine_0_runs(st: &mut jujube_wire::view::Status) {
+    let info = match std::env::var(KEPT_BY).as_deref() {
+        Ok("supervisor") => {
+            "its jobs run in the controller `bootstrap` started (restarted if it dies)"
+        }
+        Ok("init") => {
+            "its jobs run in the controller in machine 0's container (restarted by its init if it dies)"
+        }
+        _ => "its jobs run in the controller",
+    };
+    for (_, m) in st.machines.0.iter_mut() {
+        let manages = m
+            .jobs
+            .iter()
+            .any(|j| j == jujube_wire::view::JOB_MANAGE_ENVIRON);
+        if manages && m.agent_status == "pending" {
+            m.agent_status = "started".into();
+            m.agent_status_info = info.into();
+        }
+    }
 }
 
 /// What a call needs of its user, checked before it does anything (the
@@ -98,10 +128,14 @@ fn needs(call: &ClientCall) -> Access {
     }
 }
 
-fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Value> {
+fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Json> {
     store.require(needs(&call))?;
     match call {
-        ClientCall::Status => json(store.status()?),
+        ClientCall::Status => {
+            let mut st = store.status()?;
+            machine_0_runs(&mut st);
+            json(st)
+        }
         ClientCall::Environment => {
             let env = store.environment()?;
             json(EnvironmentInfo {
@@ -480,7 +514,11 @@ mod tests {
         World { dir, store, logs }
     }
 
-    fn ask(w: &World, user: &str, c: ClientCall) -> Result<Value, ClientError> {
+    fn ask(w: &World, user: &str, c: ClientCall) -> Result<serde_json::Value, ClientError> {
+        ask_json(w, user, c).map(|j| serde_json::from_str(j.get()).unwrap())
+    }
+
+    fn ask_json(w: &World, user: &str, c: ClientCall) -> Result<super::Json, ClientError> {
         let zones = |_: &Store| None;
         let charms = w.dir.path().join("charms");
         let cx = Context {

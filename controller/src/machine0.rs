@@ -179,7 +179,7 @@ pub async fn move_in(
             CONTROLLER_ENV_FILE.to_string(),
             format!(
                 "JUJUBE_HOME={CONTROLLER_HOME}\nJUJUBE_ENV={name}\n{}=init\n",
-                crate::run::KEPT_BY
+                crate::facade::KEPT_BY
             )
             .into(),
             0o600,

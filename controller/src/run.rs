@@ -264,20 +264,7 @@ impl jujube_api::clients::ClientHandler for Clients {
         &self,
         user: &str,
         call: jujube_wire::client::ClientCall,
-    ) -> std::result::Result<Box<serde_json::value::RawValue>, jujube_wire::client::ClientError>
-    {
-        use jujube_wire::client::{raw, ClientCall, ClientError};
-        // The largest answer, serialised once, straight from the snapshot,
-        // as `status --format json` prints it: the client passes it through.
-        if matches!(call, ClientCall::Status) {
-            let mut st = self
-                .store
-                .as_user(user)
-                .status()
-                .map_err(|e| ClientError::new(e.to_string()))?;
-            machine_0_runs(&mut st);
-            return Ok(raw(&st));
-        }
+    ) -> std::result::Result<crate::facade::Json, jujube_wire::client::ClientError> {
         let zones =
             |store: &Store| crate::facade::zones_on(&self.runtime, &self.home, &self.name, store);
         let charms = self.home.env_dir(&self.name).join("charms");
@@ -287,35 +274,7 @@ impl jujube_api::clients::ClientHandler for Clients {
             logs: &self.logs,
             owner: &self.store,
         };
-        crate::facade::call(&cx, &self.store.as_user(user), call).map(|v| raw(&v))
-    }
-}
-
-/// What keeps this controller running when it dies, as `bootstrap` set it
-/// in the controller's environment (`JUJUBE_CONTROLLER_KEPT_BY`).
-pub const KEPT_BY: &str = "JUJUBE_CONTROLLER_KEPT_BY";
-
-/// Machine 0's jobs run in this controller, not in an agent of its own: it
-/// answers, so its agent status is `started`, saying what restarts it.
-fn machine_0_runs(st: &mut jujube_wire::view::Status) {
-    let info = match std::env::var(KEPT_BY).as_deref() {
-        Ok("supervisor") => {
-            "its jobs run in the controller `bootstrap` started (restarted if it dies)"
-        }
-        Ok("init") => {
-            "its jobs run in the controller in machine 0's container (restarted by its init if it dies)"
-        }
-        _ => "its jobs run in the controller",
-    };
-    for (_, m) in st.machines.0.iter_mut() {
-        let manages = m
-            .jobs
-            .iter()
-            .any(|j| j == jujube_wire::view::JOB_MANAGE_ENVIRON);
-        if manages && m.agent_status == "pending" {
-            m.agent_status = "started".into();
-            m.agent_status_info = info.into();
-        }
+        crate::facade::call(&cx, &self.store.as_user(user), call)
     }
 }
 

@@ -128,7 +128,7 @@ pub async fn supervise(home: &Home, env: &str) -> Result<()> {
         let mut child = tokio::process::Command::new(&exe)
             .args(["--env", env, "controller"])
             .env("JUJUBE_HOME", &home.root)
-            .env(crate::run::KEPT_BY, "supervisor")
+            .env(crate::facade::KEPT_BY, "supervisor")
             .stdin(std::process::Stdio::null())
             .kill_on_drop(false)
             .spawn()
