@@ -475,9 +475,8 @@ impl Hub {
         for (id, now) in machines
             .iter()
             .copied()
-            .zip(store.machines_with_ids(&machines)?)
+            .zip(store.machine_links(&machines)?)
         {
-            let now = now.map(|m| (m.life, m.instance_id.is_some()));
             if known.machines.get(&id) != now.as_ref() {
                 keys.insert(Key::Machine(id));
                 machine_events.push(id);

@@ -38,6 +38,8 @@ const MAX_REPLY: usize = 16 << 20;
 /// The largest answer a user's client reads: `status` grows with the model
 /// (about 40 MB of JSON at 100,000 units), and the user asked for it.
 const MAX_CLIENT_REPLY: usize = 256 << 20;
+/// The largest HTTP/2 frame the controller may send.
+const MAX_FRAME: u32 = 1 << 20;
 
 /// A TLS client configuration trusting only `ca_cert` (PEM), speaking
 /// HTTP/2.
@@ -272,10 +274,14 @@ impl Inner {
             .connect(name, io)
             .await
             .map_err(|e| unavailable(format!("TLS handshake: {e}")))?;
-        let (sender, conn) =
-            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
-                .await
-                .map_err(|e| unavailable(format!("HTTP/2 handshake: {e}")))?;
+        // Frames up to 1 MiB (HTTP/2's default is 16 KiB): a large answer
+        // (a 100,000-unit status is 34 MB) arrives in a few dozen frames,
+        // each one write where it is printed, not two thousand.
+        let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .max_frame_size(MAX_FRAME)
+            .handshake(TokioIo::new(tls))
+            .await
+            .map_err(|e| unavailable(format!("HTTP/2 handshake: {e}")))?;
         tokio::spawn(async move {
             let _ = conn.await;
         });
@@ -794,6 +800,42 @@ impl UserClient {
             .send(jujube_wire::client::CLIENT_PATH, body)
             .await?;
         client_answer(resp).await
+    }
+
+    /// Makes `call`, handing its answer's JSON to `sink` as it arrives
+    /// (a large status is printed while the rest is still on its way);
+    /// or the controller's refusal, before any of it. An answer cut short
+    /// is `Err` of [`ApiError`] after what arrived of it.
+    pub async fn call_into(
+        &self,
+        call: &jujube_wire::client::ClientCall,
+        sink: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> ApiResult<Result<(), jujube_wire::client::ClientError>> {
+        use http_body_util::BodyExt;
+        let body = serde_json::to_vec(call).expect("plain data");
+        let resp = self
+            .inner
+            .send(jujube_wire::client::CLIENT_PATH, body)
+            .await?;
+        if resp.status() != hyper::StatusCode::OK {
+            return client_answer(resp).await.map(|r| r.map(|_| ()));
+        }
+        let mut body = resp.into_body();
+        let mut read = 0usize;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| unavailable(format!("reading the answer: {e}")))?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            read += data.len();
+            if read > MAX_CLIENT_REPLY {
+                return Err(unavailable(format!(
+                    "reading the answer: longer than {MAX_CLIENT_REPLY} bytes"
+                )));
+            }
+            sink(&data).map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+        }
+        Ok(Ok(()))
     }
 
     /// Uploads the charm at `root` (its [`crate::charmdir`] archive);

@@ -62,12 +62,53 @@ async fn take_slot(
 /// business (it knows the provider and the charms), not the server's.
 pub trait ClientHandler: Send + Sync + 'static {
     /// Runs on a blocking thread.
-    fn call(
-        &self,
-        user: &str,
-        call: ClientCall,
-    ) -> Result<Box<serde_json::value::RawValue>, ClientError>;
+    fn call(&self, user: &str, call: ClientCall) -> Result<Answer, ClientError>;
 }
+
+/// Writes an answer's JSON, on a blocking thread.
+pub type WriteJson = Box<dyn FnOnce(&mut dyn std::io::Write) -> std::io::Result<()> + Send>;
+
+/// A call's answer (`200 OK`): its JSON written once, or written as it is
+/// sent.
+pub enum Answer {
+    /// Small answers, written before the response starts.
+    Json(Box<serde_json::value::RawValue>),
+    /// Large ones (a 100,000-unit status is 34 MB): written into the
+    /// response as HTTP/2's flow control takes it, [`STREAM_CHUNK`] bytes
+    /// at a time, at most [`STREAM_CHUNKS_AHEAD`] chunks ahead of the
+    /// client, so the controller never holds the JSON whole, and the
+    /// client reads (and prints) the start while the rest is written. A
+    /// client that takes no chunk for [`STREAM_STALL`] is cut off.
+    Streamed(WriteJson),
+}
+
+impl Answer {
+    /// `v`, written as it is sent.
+    pub fn streamed<T: serde::Serialize + Send + 'static>(v: T) -> Answer {
+        Answer::Streamed(Box::new(move |w| {
+            serde_json::to_writer(w, &v).map_err(std::io::Error::other)
+        }))
+    }
+
+    /// The whole JSON (for callers in the same process).
+    pub fn into_bytes(self) -> Vec<u8> {
+        match self {
+            Answer::Json(v) => String::from(Box::<str>::from(v)).into_bytes(),
+            Answer::Streamed(write) => {
+                let mut out = Vec::new();
+                write(&mut out).expect("writing to memory");
+                out
+            }
+        }
+    }
+}
+
+/// The size of a streamed answer's chunks.
+pub const STREAM_CHUNK: usize = 256 << 10;
+/// How many chunks a streamed answer is written ahead of its client.
+pub const STREAM_CHUNKS_AHEAD: usize = 4;
+/// How long a streamed answer waits for its client to take a chunk.
+pub const STREAM_STALL: Duration = Duration::from_secs(30);
 
 /// A user proven on a connection: who, a digest of the password it
 /// presented (never the password), and when.
@@ -96,7 +137,105 @@ fn json_response(status: StatusCode, body: Bytes) -> Response<Body> {
     Response::builder()
         .status(status)
         .header(hyper::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(body).boxed_unsync())
+        .body(Full::new(body).map_err(crate::server::never).boxed_unsync())
+        .expect("a valid response")
+}
+
+/// What the writer of a streamed answer hands the response.
+type Piece = std::io::Result<Bytes>;
+
+/// Collects an answer's JSON into chunks sent to its response.
+struct ChunkWriter {
+    buf: Vec<u8>,
+    tx: tokio::sync::mpsc::Sender<Piece>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl ChunkWriter {
+    fn send(&mut self, piece: Piece) -> std::io::Result<()> {
+        let sent = self
+            .runtime
+            .block_on(tokio::time::timeout(STREAM_STALL, self.tx.send(piece)));
+        match sent {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "the client went away",
+            )),
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the client read nothing for {}s", STREAM_STALL.as_secs()),
+            )),
+        }
+    }
+}
+
+impl std::io::Write for ChunkWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= STREAM_CHUNK {
+            let chunk = std::mem::replace(&mut self.buf, Vec::with_capacity(STREAM_CHUNK + 8192));
+            self.send(Ok(Bytes::from(chunk)))?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `200 OK` with the JSON `write` writes, sent as it is written (see
+/// [`Answer::Streamed`]). The body ends only once the JSON is whole: a
+/// writer that fails (or panics) resets the stream instead.
+fn streamed(write: WriteJson) -> Response<Body> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Piece>(STREAM_CHUNKS_AHEAD);
+    let runtime = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
+        let mut w = ChunkWriter {
+            buf: Vec::with_capacity(STREAM_CHUNK + 8192),
+            tx,
+            runtime,
+        };
+        let written = write(&mut w).and_then(|()| {
+            let rest = std::mem::take(&mut w.buf);
+            if rest.is_empty() {
+                Ok(())
+            } else {
+                w.send(Ok(Bytes::from(rest)))
+            }
+        });
+        // An empty chunk says the JSON is whole; anything else ends it
+        // with an error.
+        let last = match written {
+            Ok(()) => Ok(Bytes::new()),
+            Err(e) => {
+                warn!("a streamed answer was cut short: {e}");
+                Err(e)
+            }
+        };
+        let _ = w.send(last);
+    });
+    let frames = futures_util::stream::unfold((rx, false), |(mut rx, ended)| async move {
+        if ended {
+            return None;
+        }
+        match rx.recv().await {
+            // The last piece is the one after which the writer has
+            // nothing left: an empty chunk or an error.
+            Some(Ok(b)) if b.is_empty() => None,
+            Some(Ok(b)) => Some((Ok(hyper::body::Frame::data(b)), (rx, false))),
+            Some(Err(e)) => Some((Err(e), (rx, true))),
+            None => Some((
+                Err(std::io::Error::other("the answer's writer stopped")),
+                (rx, true),
+            )),
+        }
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .body(http_body_util::StreamBody::new(frames).boxed_unsync())
         .expect("a valid response")
 }
 
@@ -241,7 +380,8 @@ pub(crate) async fn handle(
     debug!(user = %user, method = %call.method(), "client call");
     let answered = tokio::task::spawn_blocking(move || handler.call(&user, call)).await;
     match answered {
-        Ok(Ok(v)) => answer(v),
+        Ok(Ok(Answer::Json(v))) => answer(v),
+        Ok(Ok(Answer::Streamed(write))) => streamed(write),
         Ok(Err(e)) => client_error(StatusCode::CONFLICT, &e),
         Err(e) => refused(
             StatusCode::INTERNAL_SERVER_ERROR,

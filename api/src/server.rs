@@ -713,13 +713,24 @@ async fn serve_connection<IO>(
     }
 }
 
-pub(crate) type Body = UnsyncBoxBody<Bytes, Infallible>;
+/// A response's body. Its error cuts an answer short in the middle (the
+/// client sees the stream reset, never a truncated answer that looks whole).
+pub(crate) type Body = UnsyncBoxBody<Bytes, std::io::Error>;
+
+/// For bodies that cannot fail.
+pub(crate) fn never(e: Infallible) -> std::io::Error {
+    match e {}
+}
 
 fn reply(status: StatusCode, r: &Reply) -> Response<Body> {
     Response::builder()
         .status(status)
         .header(hyper::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(serde_json::to_vec(r).expect("plain data"))).boxed_unsync())
+        .body(
+            Full::new(Bytes::from(serde_json::to_vec(r).expect("plain data")))
+                .map_err(never)
+                .boxed_unsync(),
+        )
         .expect("a valid response")
 }
 
@@ -1014,6 +1025,7 @@ async fn handle(
                 data: bytes,
                 _room: permit,
             }
+            .map_err(never)
             .boxed_unsync(),
         )
         .expect("a valid response")
@@ -1117,7 +1129,7 @@ async fn charm_files(activity: &Arc<Activity>, facade: &dyn Facade, unit: &str) 
     Response::builder()
         .status(StatusCode::OK)
         .header(hyper::header::CONTENT_TYPE, "application/json")
-        .body(StreamBody::new(frames).boxed_unsync())
+        .body(StreamBody::new(frames).map_err(never).boxed_unsync())
         .expect("a valid response")
 }
 
@@ -1223,7 +1235,7 @@ async fn tools(shared: &Shared) -> Response<Body> {
                 .header(hyper::header::CONTENT_TYPE, "application/octet-stream")
                 .header(hyper::header::CONTENT_LENGTH, len)
                 .header("x-jujube-sha256", sum.as_str())
-                .body(StreamBody::new(frames).boxed_unsync())
+                .body(StreamBody::new(frames).map_err(never).boxed_unsync())
                 .expect("a valid response")
         }
         Err(e) => refuse(ApiError::new(
@@ -1269,7 +1281,7 @@ async fn enroll(shared: &Shared, peer: &str, req: Request<Incoming>) -> Response
         Ok(conf) => Response::builder()
             .status(StatusCode::OK)
             .header(hyper::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(conf)).boxed_unsync())
+            .body(Full::new(Bytes::from(conf)).map_err(never).boxed_unsync())
             .expect("a valid response"),
         Err(e) => refuse(e),
     }
@@ -1374,6 +1386,6 @@ async fn open_watch(
         .status(StatusCode::OK)
         .header(hyper::header::CONTENT_TYPE, "application/x-ndjson")
         .header(wire::REVISION_HEADER, head.to_string())
-        .body(BodyExt::boxed_unsync(StreamBody::new(frames)))
+        .body(StreamBody::new(frames).map_err(never).boxed_unsync())
         .expect("a valid response")
 }

@@ -1640,13 +1640,13 @@ impl crate::clients::ClientHandler for ListUsers {
         &self,
         user: &str,
         call: jujube_wire::client::ClientCall,
-    ) -> Result<Box<serde_json::value::RawValue>, jujube_wire::client::ClientError> {
+    ) -> Result<crate::clients::Answer, jujube_wire::client::ClientError> {
         match call {
             jujube_wire::client::ClientCall::Users => self
                 .0
                 .as_user(user)
                 .users()
-                .map(|u| jujube_wire::client::raw(&u))
+                .map(|u| crate::clients::Answer::Json(jujube_wire::client::raw(&u)))
                 .map_err(|e| jujube_wire::client::ClientError::new(e.to_string())),
             other => Err(jujube_wire::client::ClientError::new(format!(
                 "not answered here: {}",
@@ -1744,7 +1744,7 @@ impl crate::clients::ClientHandler for LargeStatus {
         &self,
         _user: &str,
         _call: jujube_wire::client::ClientCall,
-    ) -> Result<Box<serde_json::value::RawValue>, jujube_wire::client::ClientError> {
+    ) -> Result<crate::clients::Answer, jujube_wire::client::ClientError> {
         let units: serde_json::Map<String, serde_json::Value> = (0..100_000)
             .map(|i| {
                 (
@@ -1753,8 +1753,8 @@ impl crate::clients::ClientHandler for LargeStatus {
                 )
             })
             .collect();
-        Ok(jujube_wire::client::raw(
-            &serde_json::json!({ "units": units }),
+        Ok(crate::clients::Answer::streamed(
+            serde_json::json!({ "units": units }),
         ))
     }
 }
@@ -1774,4 +1774,80 @@ async fn a_users_answer_as_large_as_a_100000_unit_status_reaches_the_client() {
     let status: serde_json::Value = serde_json::from_slice(&status).unwrap();
     assert_eq!(status["units"].as_object().unwrap().len(), 100_000);
     assert!(serde_json::to_vec(&status).unwrap().len() > 32 << 20);
+}
+
+/// Streams its answers: `status` whole (3 MB, written in pieces), `users`
+/// cut short by its writer after 1 MB.
+struct Streams;
+
+impl Streams {
+    fn piece(i: usize) -> String {
+        format!("{{\"piece\":{i},\"text\":\"{}\"}}", "x".repeat(1000))
+    }
+}
+
+impl crate::clients::ClientHandler for Streams {
+    fn call(
+        &self,
+        _user: &str,
+        call: jujube_wire::client::ClientCall,
+    ) -> Result<crate::clients::Answer, jujube_wire::client::ClientError> {
+        let fails = matches!(call, jujube_wire::client::ClientCall::Users);
+        Ok(crate::clients::Answer::Streamed(Box::new(move |w| {
+            w.write_all(b"[")?;
+            for i in 0..3000 {
+                if fails && i == 1000 {
+                    return Err(std::io::Error::other("the store went away"));
+                }
+                if i > 0 {
+                    w.write_all(b",")?;
+                }
+                w.write_all(Self::piece(i).as_bytes())?;
+            }
+            w.write_all(b"]")
+        })))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_answer_arrives_whole_or_as_an_error_never_cut_short_as_if_whole() {
+    let _alone = MEMORY.lock().await;
+    use jujube_agent::remote::UserClient;
+    use jujube_wire::client::ClientCall;
+    let w = World::new().await;
+    w.store.create_admin("pw").unwrap();
+    let server = w.server.as_ref().unwrap();
+    server.serve_clients(Arc::new(Streams));
+    let ca = tls::ca_cert(w.dir.path()).unwrap();
+    let client = UserClient::new(&server.addresses(), &ca, "admin", "pw").unwrap();
+    let whole = client.call(&ClientCall::Status).await.unwrap().unwrap();
+    let pieces: Vec<serde_json::Value> = serde_json::from_slice(&whole).unwrap();
+    assert_eq!(pieces.len(), 3000);
+    assert_eq!(pieces[2999]["piece"], 2999);
+    // Handed on as it arrives: the same bytes, in more than one piece.
+    let (mut got, mut calls) = (Vec::new(), 0);
+    client
+        .call_into(&ClientCall::Status, &mut |b| {
+            calls += 1;
+            got.extend_from_slice(b);
+            Ok(())
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, whole);
+    assert!(calls > 1, "{calls}");
+    // A writer that fails mid-way: an error, after what was sent.
+    let e = client.call(&ClientCall::Users).await.unwrap_err();
+    assert!(e.message.contains("reading the answer"), "{}", e.message);
+    let mut got = Vec::new();
+    let e = client
+        .call_into(&ClientCall::Users, &mut |b| {
+            got.extend_from_slice(b);
+            Ok(())
+        })
+        .await
+        .unwrap_err();
+    assert!(e.message.contains("reading the answer"), "{}", e.message);
+    assert!(got.len() < whole.len() / 2, "{}", got.len());
 }

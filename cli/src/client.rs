@@ -112,9 +112,26 @@ impl Client {
         self.request(|| self.client.upload_charm(dir))
     }
 
-    /// Makes `call`; its answer's JSON as the controller wrote it.
-    pub fn call_raw(&self, call: ClientCall) -> Result<jujube_agent::remote::Bytes> {
-        self.answer(|| self.client.call(&call))
+    /// Makes `call`, writing its answer's JSON to `out` as it arrives (a
+    /// large status is printed while the rest is on its way). Sent again
+    /// while the controller is starting, never once any of it is written.
+    pub fn call_into(&self, call: ClientCall, out: &mut dyn std::io::Write) -> Result<()> {
+        let out = std::cell::RefCell::new(out);
+        let started = std::cell::Cell::new(false);
+        self.answer(|| async {
+            let mut out = out.borrow_mut();
+            let mut sink = |b: &[u8]| {
+                started.set(true);
+                out.write_all(b)
+            };
+            match self.client.call_into(&call, &mut sink).await {
+                Err(e) if started.get() => Err(jujube_agent::api::ApiError::new(
+                    ErrorCode::Internal,
+                    format!("the answer was cut short: {}", e.message),
+                )),
+                r => r,
+            }
+        })
     }
 
     /// Makes `call`; its answer read as `T`. A refusal is an error whose
@@ -134,11 +151,11 @@ impl Client {
         Ok(serde_json::from_slice(&self.answer(send)?)?)
     }
 
-    /// Sends a request as [`Client::request`] does; the answer's JSON.
-    fn answer<'c, F, Fut>(&'c self, send: F) -> Result<jujube_agent::remote::Bytes>
+    /// Sends a request as [`Client::request`] does; what `send` answers.
+    fn answer<'c, T, F, Fut>(&'c self, send: F) -> Result<T>
     where
         F: Fn() -> Fut,
-        Fut: Future<Output = ApiResult<Result<jujube_agent::remote::Bytes, ClientError>>> + 'c,
+        Fut: Future<Output = ApiResult<Result<T, ClientError>>> + 'c,
     {
         let deadline = Instant::now() + self.patience;
         let answer = loop {

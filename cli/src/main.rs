@@ -952,8 +952,7 @@ fn model_command(
             // Machine 0's agent status is the controller's to tell. Its
             // JSON is what `--format json` prints, passed through.
             if matches!(format, Format::Json) {
-                let json = client.call_raw(ClientCall::Status)?;
-                out.write_all(&json)?;
+                client.call_into(ClientCall::Status, out)?;
                 writeln!(out)?;
             } else {
                 let st: Status = client.call(ClientCall::Status)?;

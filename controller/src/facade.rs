@@ -9,6 +9,7 @@
 use crate::charm;
 use crate::home::Home;
 use crate::{bail, refusal, Error, Result};
+use jujube_api::clients::Answer;
 use jujube_core::{series, Constraints};
 use jujube_state::services::DeployArgs;
 use jujube_state::Store;
@@ -60,19 +61,17 @@ fn charm_dir(cx: &Context<'_>, charm: &str) -> Result<PathBuf> {
 /// error naming the zones there are).
 pub const ZONE_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// An answer's JSON, written once (a 100,000-unit status is 34 MB).
-pub type Json = Box<serde_json::value::RawValue>;
-
-/// Answers `call` on `store` (a handle acting for the caller), as JSON.
-pub fn call(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Json, ClientError> {
+/// Answers `call` on `store` (a handle acting for the caller), as JSON:
+/// written once, or (`status`: 34 MB at 100,000 units) as it is sent.
+pub fn call(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Answer, ClientError> {
     answer(cx, store, call).map_err(|e| ClientError {
         message: e.to_string(),
         usage: matches!(e, Error::Usage(_)),
     })
 }
 
-fn json<T: serde::Serialize>(v: T) -> Result<Json> {
-    Ok(jujube_wire::client::raw(&v))
+fn json<T: serde::Serialize>(v: T) -> Result<Answer> {
+    Ok(Answer::Json(jujube_wire::client::raw(&v)))
 }
 
 /// What keeps this controller running when it dies, as `bootstrap` set it
@@ -128,13 +127,13 @@ fn needs(call: &ClientCall) -> Access {
     }
 }
 
-fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Json> {
+fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Answer> {
     store.require(needs(&call))?;
     match call {
         ClientCall::Status => {
             let mut st = store.status()?;
             machine_0_runs(&mut st);
-            json(st)
+            Ok(Answer::streamed(st))
         }
         ClientCall::Environment => {
             let env = store.environment()?;
@@ -515,10 +514,10 @@ mod tests {
     }
 
     fn ask(w: &World, user: &str, c: ClientCall) -> Result<serde_json::Value, ClientError> {
-        ask_json(w, user, c).map(|j| serde_json::from_str(j.get()).unwrap())
+        ask_json(w, user, c).map(|a| serde_json::from_slice(&a.into_bytes()).unwrap())
     }
 
-    fn ask_json(w: &World, user: &str, c: ClientCall) -> Result<super::Json, ClientError> {
+    fn ask_json(w: &World, user: &str, c: ClientCall) -> Result<Answer, ClientError> {
         let zones = |_: &Store| None;
         let charms = w.dir.path().join("charms");
         let cx = Context {

@@ -264,7 +264,7 @@ impl jujube_api::clients::ClientHandler for Clients {
         &self,
         user: &str,
         call: jujube_wire::client::ClientCall,
-    ) -> std::result::Result<crate::facade::Json, jujube_wire::client::ClientError> {
+    ) -> std::result::Result<jujube_api::clients::Answer, jujube_wire::client::ClientError> {
         let zones =
             |store: &Store| crate::facade::zones_on(&self.runtime, &self.home, &self.name, store);
         let charms = self.home.env_dir(&self.name).join("charms");
@@ -716,7 +716,7 @@ pub async fn run(home: &Home, env_name: &str) -> Result<()> {
                     }
                 }
                 tokio::select! {
-                    _ = watcher.next() => {}
+                    _ = watcher.next_head() => {}
                     _ = tokio::time::sleep(Duration::from_secs(30)) => {}
                     _ = stop.changed() => return,
                 }

@@ -350,11 +350,18 @@ impl Provisioner {
             let until = tokio::time::Instant::now() + sleep;
             loop {
                 tokio::select! {
-                    r = watcher.next() => {
-                        let batch = r?;
-                        let config = batch.truncated
-                            || batch.changes.iter().any(|c| c.kind == jujube_state::feed::ChangeKind::Environment);
-                        if !failed || config {
+                    r = watcher.next_head() => {
+                        if !failed {
+                            break;
+                        }
+                        // Asked of the store, not read change by change:
+                        // a removal meanwhile is 100,000 of them.
+                        let (since, head) = r?;
+                        if self.inner.store.changed_between(
+                            jujube_state::feed::ChangeKind::Environment,
+                            since,
+                            head,
+                        )? {
                             break;
                         }
                     }

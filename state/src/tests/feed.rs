@@ -77,6 +77,83 @@ async fn watchers_see_commits_made_by_other_processes() {
     assert_eq!(batch.changes[0].id, "1");
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_head_watcher_wakes_on_commit_with_the_range_it_did_not_read() {
+    let e = env();
+    let head = e.st.head_revision().unwrap();
+    let mut w =
+        e.st.watch(head)
+            .with_poll_interval(Duration::from_secs(3600));
+    let st = e.st.clone();
+    let task = tokio::spawn(async move {
+        let range = w.next_head().await.unwrap();
+        (range, w)
+    });
+    tokio::task::yield_now().await;
+    st.add_machines(3, None, None).unwrap();
+    let ((since, upto), mut w) = tokio::time::timeout(Duration::from_secs(1), task)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((since, upto), (head, e.st.head_revision().unwrap()));
+    assert_eq!(w.revision(), upto);
+    // Nothing new: it waits (the poll finds nothing either).
+    assert!(tokio::time::timeout(Duration::from_secs(1), w.next_head())
+        .await
+        .is_err());
+    // Whether a kind of change is in the range is the store's to answer.
+    assert!(e
+        .st
+        .changed_between(ChangeKind::Machine, since, upto)
+        .unwrap());
+    assert!(!e
+        .st
+        .changed_between(ChangeKind::Environment, since, upto)
+        .unwrap());
+    e.st.set_environment_config(&[("harvest-mode".into(), "none".into())])
+        .unwrap();
+    let head = e.st.head_revision().unwrap();
+    assert!(e
+        .st
+        .changed_between(ChangeKind::Environment, upto, head)
+        .unwrap());
+    assert!(!e
+        .st
+        .changed_between(ChangeKind::Machine, upto, head)
+        .unwrap());
+    // A range partly pruned may have held anything.
+    e.st.prune_changes(1, 1000).unwrap();
+    assert!(e
+        .st
+        .changed_between(ChangeKind::Environment, since, since + 1)
+        .unwrap());
+}
+
+#[test]
+fn the_routers_machine_links_are_life_and_instance_in_one_read() {
+    use crate::provisioning::Started;
+    use jujube_core::Life;
+    let e = env();
+    let ids = e.st.add_machines(2, None, None).unwrap();
+    let nonce = e.st.prepare_provisioning(&ids[1..], "6f1e0f4c").unwrap()[0]
+        .nonce
+        .clone();
+    e.st.record_instances(&[Started {
+        machine: ids[1],
+        nonce,
+        instance_id: "i-1".into(),
+        zone: None,
+        hardware: String::new(),
+    }])
+    .unwrap();
+    e.st.destroy_machines(&[ids[1]]).unwrap();
+    let links = e.st.machine_links(&[ids[0], ids[1], 999]).unwrap();
+    assert_eq!(
+        links,
+        vec![Some((Life::Alive, false)), Some((Life::Dying, true)), None]
+    );
+}
+
 #[test]
 fn readers_behind_the_pruned_floor_are_told_to_resync() {
     let e = env();
