@@ -353,6 +353,7 @@ impl Deployer {
         debug!(owner = %self.api.tag(), unit, "deployed");
         let running = start_unit_agent(&self.connector, &self.machine_dir, unit);
         self.deployed.insert(unit.to_string(), Some(running));
+        crate::startup::took(crate::startup::StartStep::Deployed);
         Ok(())
     }
 

@@ -32,6 +32,7 @@ pub mod hooks;
 pub mod machine;
 pub mod remote;
 mod run;
+pub mod startup;
 pub mod unit;
 pub mod wire;
 
@@ -85,6 +86,10 @@ pub trait Agent: Send {
         None
     }
     async fn step(&mut self) -> Result<Step>;
+    /// Whether its start counts in [`startup`] (unit agents).
+    fn counts_start(&self) -> bool {
+        false
+    }
     /// Reports a failed pass (best effort).
     async fn failed(&mut self, message: &str);
     /// Stops whatever the agent runs (its deployed units' agents).

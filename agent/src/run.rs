@@ -169,6 +169,8 @@ pub(crate) fn spawn_with<A: Agent + 'static>(agent: A, driver: Driver<A>) -> Run
         watching: 0,
         notices: None,
         wait: Wait::Idle,
+        watched: false,
+        passed: false,
     });
     tokio::spawn(driver(cell.clone(), looping));
     Running(cell)
@@ -407,6 +409,10 @@ pub(crate) struct Looping<A> {
     watching: u64,
     notices: Option<api::NoticeStream>,
     wait: Wait,
+    /// The steps of its start it has taken (see [`crate::startup`]): its
+    /// first watch, its first pass.
+    watched: bool,
+    passed: bool,
 }
 
 const RETRY_MIN_MS: u32 = 500;
@@ -448,6 +454,12 @@ impl<A: Agent> Looping<A> {
         let targets = self.agent.targets();
         match Box::pin(subscribe(&self.agent, &targets)).await {
             Ok(n) => {
+                if !self.watched {
+                    self.watched = true;
+                    if self.agent.counts_start() {
+                        crate::startup::took(crate::startup::StartStep::Watching);
+                    }
+                }
                 self.notices = Some(n);
                 self.watching = fingerprint(&targets);
                 self.retry_ms = RETRY_MIN_MS;
@@ -473,6 +485,12 @@ impl<A: Agent> Looping<A> {
     async fn pass(&mut self, cell: &Cell<A>, permit: Option<PassPermit>) -> Pass {
         if cell.is_stopped() {
             return Pass::End;
+        }
+        if !self.passed {
+            self.passed = true;
+            if self.agent.counts_start() {
+                crate::startup::took(crate::startup::StartStep::FirstPass);
+            }
         }
         let failed = match Box::pin(self.agent.step()).await {
             Ok(Step::Again) => {

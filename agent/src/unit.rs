@@ -85,6 +85,9 @@ pub struct UnitAgent {
     /// charms-in-action.txt's "recovering from transient unit agent errors"
     /// happens (Juju's uniter does the same).
     ran_config_changed: bool,
+    /// Whether it reported `started` since it began (see
+    /// [`crate::startup`]).
+    started: bool,
 }
 
 /// True when the unit must become Dying by its own agent's hand.
@@ -134,6 +137,7 @@ impl UnitAgent {
             scopes: Vec::new(),
             contexts: 0,
             ran_config_changed: false,
+            started: false,
         }
     }
 
@@ -909,6 +913,10 @@ impl Agent for UnitAgent {
         self.connector.passes()
     }
 
+    fn counts_start(&self) -> bool {
+        true
+    }
+
     fn targets(&self) -> Vec<WatchTarget> {
         let mut t = vec![self.target()];
         t.extend(self.scopes.iter().map(|&relation| WatchTarget::Scope {
@@ -997,7 +1005,14 @@ impl Agent for UnitAgent {
                 if !self.unit_hooks(&view, &in_scope).await? {
                     return Ok(Step::Idle);
                 }
+                if !self.started {
+                    crate::startup::took(crate::startup::StartStep::HooksRun);
+                }
                 self.report(AgentStatus::Started, "").await?;
+                if !self.started {
+                    self.started = true;
+                    crate::startup::took(crate::startup::StartStep::Reported);
+                }
                 for rel in &view.relations {
                     if rel.life == Life::Alive && !rel.in_scope && rel.belongs {
                         // Its address with it, in one transaction, so

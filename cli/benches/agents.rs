@@ -128,6 +128,43 @@ fn main() {
     unsafe { kill(pid as i32, 15) };
     ctl.wait().unwrap();
     let text = std::fs::read_to_string(&log).unwrap();
+    // Where the start went: each step's count and when its last agent took
+    // it, from the controller's log, against when the last machine was
+    // provisioned (both since the controller started).
+    let last_machine = (start - ran) + deploy + provisioned;
+    let steps = text
+        .lines()
+        .rev()
+        .find_map(|l| l.split_once("unit agents' start, since the controller's: "))
+        .map(|(_, s)| s.to_string())
+        .unwrap_or_default();
+    println!(
+        "the start, step by step (the last agent to take each, seconds after the last machine was provisioned):"
+    );
+    for (step, what) in [
+        (
+            "deployed",
+            "deployed (directory and charm laid, agent started)",
+        ),
+        ("watching", "first watch subscribed"),
+        ("first_pass", "first pass began (its permit granted)"),
+        ("hooks_run", "start hooks run, their records written"),
+        ("reported", "reported `started`"),
+    ] {
+        let Some((count, at)) = steps
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{step}=")))
+            .and_then(|v| v.split_once('@'))
+        else {
+            println!("  {what}: not logged");
+            continue;
+        };
+        let at: f64 = at.trim_end_matches('s').parse().unwrap_or(f64::NAN);
+        println!(
+            "  {what:<48} {count:>7} agents, last {:>6.1} s",
+            at - last_machine.as_secs_f64()
+        );
+    }
     let stats = text
         .lines()
         .rev()

@@ -119,10 +119,9 @@ impl Client {
         let out = std::cell::RefCell::new(out);
         let started = std::cell::Cell::new(false);
         self.answer(|| async {
-            let mut out = out.borrow_mut();
             let mut sink = |b: &[u8]| {
                 started.set(true);
-                out.write_all(b)
+                out.borrow_mut().write_all(b)
             };
             match self.client.call_into(&call, &mut sink).await {
                 Err(e) if started.get() => Err(jujube_agent::api::ApiError::new(

@@ -626,6 +626,7 @@ impl jujube_provisioner::AgentInstaller for Installer {
 /// `jujube controller`: the provisioner, the cleaner, the machine agents and
 /// the API server, until SIGINT/SIGTERM.
 pub async fn run(home: &Home, env_name: &str) -> Result<()> {
+    jujube_agent::startup::begin();
     if let Some(m0) = crate::machine0::hosted(home, env_name)? {
         bail!("environment `{env_name}`'s controller runs in machine 0's container `{}`, which holds its state; there is none to run on this host", m0.container);
     }
@@ -746,6 +747,11 @@ pub async fn run(home: &Home, env_name: &str) -> Result<()> {
         agents.shutdown().await;
     }
     drop(api);
+    // Parsed by the agents benchmark: `STEP=COUNT@SECONDS ...`.
+    info!(
+        "unit agents' start, since the controller's: {}",
+        jujube_agent::startup::summary()
+    );
     let stats = store.stats();
     info!(
         transactions = stats.transactions,
