@@ -443,8 +443,14 @@ impl UnitAgent {
     /// its files replace theirs, anything else there stays.
     async fn lay_charm(&mut self) -> Result<()> {
         let charm = self.api.charm(self.name()).await?;
-        crate::deployer::install_charm(&*self.api, self.name(), &charm, &self.dir().join("charm"))
-            .await
+        crate::deployer::install_charm(
+            &*self.api,
+            self.name(),
+            &charm,
+            &self.dir().join("charm"),
+            crate::deployer::Lay::Over,
+        )
+        .await
     }
 
     /// `jujube run`: each queued command in turn, in a hook context of its

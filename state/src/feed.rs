@@ -93,6 +93,17 @@ pub struct Changes {
 
 const FLOOR: &str = "changes-floor";
 
+/// The revision below which changes were pruned (0: none ever were).
+fn floor(c: &rusqlite::Connection) -> Result<i64> {
+    Ok(
+        c.query_row("SELECT next FROM sequences WHERE name = ?1", [FLOOR], |r| {
+            r.get(0)
+        })
+        .optional()?
+        .unwrap_or(0),
+    )
+}
+
 impl Store {
     /// The revision of the newest committed change.
     pub fn head_revision(&self) -> Result<u64> {
@@ -117,12 +128,7 @@ impl Store {
             if since == 0 {
                 return Ok((head, None));
             }
-            let floor: i64 = c
-                .query_row("SELECT next FROM sequences WHERE name = ?1", [FLOOR], |r| {
-                    r.get(0)
-                })
-                .optional()?
-                .unwrap_or(0);
+            let floor = floor(c)?;
             if (since as i64) < floor {
                 return Ok((head, Some(true)));
             }
@@ -133,12 +139,7 @@ impl Store {
     /// Up to `limit` changes with revisions greater than `since`.
     pub fn changes_since(&self, since: u64, limit: usize) -> Result<Changes> {
         self.read(|c| {
-            let floor: i64 = c
-                .query_row("SELECT next FROM sequences WHERE name = ?1", [FLOOR], |r| {
-                    r.get(0)
-                })
-                .optional()?
-                .unwrap_or(0);
+            let floor = floor(c)?;
             let mut stmt = c.prepare_cached(
                 "SELECT revision, kind, id FROM changes WHERE revision > ?1 ORDER BY revision LIMIT ?2",
             )?;
@@ -212,12 +213,7 @@ impl Store {
     /// 100,000 changes cost the scan of their range.
     pub fn changed_between(&self, kind: ChangeKind, since: u64, upto: u64) -> Result<bool> {
         self.read(|c| {
-            let floor: i64 = c
-                .query_row("SELECT next FROM sequences WHERE name = ?1", [FLOOR], |r| {
-                    r.get(0)
-                })
-                .optional()?
-                .unwrap_or(0);
+            let floor = floor(c)?;
             if (since as i64) < floor {
                 return Ok(true);
             }
