@@ -1212,7 +1212,7 @@ fn call_request(
 
 /// This process's resident memory, bytes.
 /// Held by the tests that measure the process's memory, and by those that
-/// allocate much of it (argon2 takes 19 MiB a password check), so that
+/// allocate much of it (argon2 takes 7 MiB a password check), so that
 /// neither runs beside the other.
 static MEMORY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 

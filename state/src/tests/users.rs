@@ -28,13 +28,29 @@ fn a_password_is_kept_as_an_argon2id_hash_that_only_it_matches() {
     let env = with_admin();
     let login = env.st.login(ADMIN).unwrap().unwrap();
     let hash = login.password_hash.unwrap();
-    assert!(hash.starts_with("$argon2id$"), "{hash}");
+    // 7 MiB, five passes (the memory each login's check holds).
+    assert!(hash.starts_with("$argon2id$v=19$m=7168,t=5,p=1$"), "{hash}");
     assert!(!hash.contains("s3cret-admin"));
     assert!(password_matches("s3cret-admin", &hash));
     assert!(!password_matches("s3cret-admiN", &hash));
     assert!(!password_matches("", &hash));
     assert_eq!(login.access, Access::Admin);
     assert!(env.st.login("nobody").unwrap().is_none());
+}
+
+/// A hash made with other parameters (the crate's default, 19 MiB and two
+/// passes, as earlier versions made them) verifies with its own.
+#[test]
+fn a_hash_made_with_other_parameters_still_verifies() {
+    use argon2::password_hash::{PasswordHasher, SaltString};
+    let salt = SaltString::encode_b64(b"sixteen byte slt").unwrap();
+    let old = argon2::Argon2::default()
+        .hash_password(b"an older password", &salt)
+        .unwrap()
+        .to_string();
+    assert!(old.contains("$m=19456,t=2,p=1$"), "{old}");
+    assert!(password_matches("an older password", &old));
+    assert!(!password_matches("an older passwore", &old));
 }
 
 #[test]
