@@ -60,19 +60,10 @@ fn main() {
     let ran = Instant::now();
     let limit = Duration::from_secs(1800);
     until("the controller to answer", Duration::from_secs(60), || {
-        answers(home.path())
+        common::answers(home.path())
     });
     let start = Instant::now();
-    jujube(
-        home.path(),
-        &[
-            "deploy",
-            charm.to_str().unwrap(),
-            "big",
-            "-n",
-            &n.to_string(),
-        ],
-    );
+    common::deploy_big(home.path(), &charm, n);
     let deploy = start.elapsed();
     let db = rusqlite::Connection::open_with_flags(
         home.path().join("environments/bench/state.db"),
@@ -199,17 +190,6 @@ fn main() {
         "leadership: {elections} election(s) written in {ran:.0} s of the controller's run ({:.3} lease writes/s); renewals write nothing",
         elections as f64 / ran
     );
-}
-
-/// Whether the environment's controller answers (`jujube status`).
-fn answers(home: &std::path::Path) -> bool {
-    Command::new(env!("CARGO_BIN_EXE_jujube"))
-        .arg("status")
-        .env("JUJUBE_HOME", home)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
 }
 
 extern "C" {

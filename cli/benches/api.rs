@@ -140,26 +140,11 @@ fn through_the_api(n: usize) -> Figures {
         .spawn()
         .unwrap();
     until("the controller to answer", Duration::from_secs(60), || {
-        Command::new(env!("CARGO_BIN_EXE_jujube"))
-            .arg("status")
-            .env("JUJUBE_HOME", home.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
+        common::answers(home.path())
     });
     let limit = Duration::from_secs(1800);
     let start = Instant::now();
-    jujube(
-        home.path(),
-        &[
-            "deploy",
-            charm.to_str().unwrap(),
-            "big",
-            "-n",
-            &n.to_string(),
-        ],
-    );
+    common::deploy_big(home.path(), &charm, n);
     let deploy = start.elapsed().as_secs_f64();
     // Right after the deploy the controller still routes its 100,000
     // changes: that figure is printed too; the one compared is the median

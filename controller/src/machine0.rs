@@ -272,23 +272,7 @@ pub async fn destroy(home: &Home, name: &str, m0: Machine0, out: &mut impl Write
             provider.stop_instances(machine0).await?;
         }
     }
-    for attempt in 0..30 {
-        let others: Vec<String> = provider
-            .instances()
-            .await?
-            .into_iter()
-            .map(|i| i.id)
-            .filter(|id| *id != m0.container)
-            .collect();
-        if others.is_empty() {
-            break;
-        }
-        provider.stop_instances(&others).await?;
-        writeln!(out, "stopped {} instance(s)", others.len())?;
-        if attempt > 0 {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    }
+    crate::run::stop_every_instance(&provider, Vec::new(), Some(&m0.container), out).await?;
     provider.stop_instances(machine0).await?;
     writeln!(
         out,
@@ -297,14 +281,7 @@ pub async fn destroy(home: &Home, name: &str, m0: Machine0, out: &mut impl Write
     )?;
     provider.destroy_environment().await?;
     provider.forget_controller().await?;
-    let dir = home.env_dir(name);
-    std::fs::remove_dir_all(&dir).with_context(|| format!("cannot remove `{}`", dir.display()))?;
-    home.forget(name)?;
-    if home.current().as_deref() == Some(name) {
-        home.clear_current()?;
-    }
-    writeln!(out, "destroyed environment `{name}`")?;
-    Ok(())
+    crate::run::forget_environment(home, name, out)
 }
 
 #[cfg(test)]

@@ -906,13 +906,35 @@ pub async fn destroy(home: &Home, name: &str, out: &mut impl Write) -> Result<()
     }
     let provider = provider(home, name, &store).await?;
     // Everything the state knows of, and everything tagged as ours.
-    let mut ids: Vec<String> = store
+    let ids: Vec<String> = store
         .machines()?
         .into_iter()
         .filter_map(|m| m.instance_id)
         .collect();
+    stop_every_instance(&*provider, ids, None, out).await?;
+    provider.destroy_environment().await?;
+    drop(store);
+    forget_environment(home, name, out)
+}
+
+/// Stops `ids` and every instance the provider lists as the environment's
+/// but `except`, listing again until none is left (a start answered late
+/// shows up in a later listing); at most 30 rounds.
+pub(crate) async fn stop_every_instance(
+    provider: &dyn Provider,
+    mut ids: Vec<String>,
+    except: Option<&str>,
+    out: &mut impl Write,
+) -> Result<()> {
     for attempt in 0..30 {
-        ids.extend(provider.instances().await?.into_iter().map(|i| i.id));
+        ids.extend(
+            provider
+                .instances()
+                .await?
+                .into_iter()
+                .map(|i| i.id)
+                .filter(|id| Some(id.as_str()) != except),
+        );
         ids.sort();
         ids.dedup();
         if ids.is_empty() {
@@ -925,10 +947,14 @@ pub async fn destroy(home: &Home, name: &str, out: &mut impl Write) -> Result<()
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
-    provider.destroy_environment().await?;
-    drop(store);
-    std::fs::remove_dir_all(home.env_dir(name))
-        .with_context(|| format!("cannot remove `{}`", home.env_dir(name).display()))?;
+    Ok(())
+}
+
+/// The end of `destroy-environment` on this host: the environment's
+/// directory removed, and this home's entries for it.
+pub(crate) fn forget_environment(home: &Home, name: &str, out: &mut impl Write) -> Result<()> {
+    let dir = home.env_dir(name);
+    std::fs::remove_dir_all(&dir).with_context(|| format!("cannot remove `{}`", dir.display()))?;
     home.forget(name)?;
     if home.current().as_deref() == Some(name) {
         home.clear_current()?;

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Runs `jujube ARGS` in `home`; panics with its stderr if it fails.
@@ -45,4 +45,29 @@ pub fn until_every(
         std::thread::sleep(every);
     }
     start.elapsed()
+}
+
+/// Whether the environment's controller answers (`jujube status`).
+pub fn answers(home: &Path) -> bool {
+    Command::new(env!("CARGO_BIN_EXE_jujube"))
+        .arg("status")
+        .env("JUJUBE_HOME", home)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// `jujube deploy CHARM big -n N` in `home`: the benchmarks' service.
+pub fn deploy_big(home: &Path, charm: &Path, n: usize) {
+    jujube(
+        home,
+        &[
+            "deploy",
+            charm.to_str().unwrap(),
+            "big",
+            "-n",
+            &n.to_string(),
+        ],
+    );
 }
