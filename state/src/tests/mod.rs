@@ -8,6 +8,7 @@ mod feed;
 mod limits;
 mod prop;
 mod rules;
+mod storage;
 mod users;
 
 use crate::environment::EnvironmentSpec;
