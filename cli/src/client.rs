@@ -50,14 +50,19 @@ impl Client {
         let (patience, hint) = if let Some(m0) = jujube_controller::machine0::hosted(home, name)? {
             // Machine 0's container may be restarting, and its init
             // starting the controller again.
-            (
-                STARTING_PATIENCE,
+            let hint = if m0.provider == "ec2" {
+                format!(
+                    "it runs on machine 0's instance `{}`: check that it runs, and the log of its service (`journalctl -u jujube-controller` there)",
+                    m0.container
+                )
+            } else {
                 format!(
                     "it runs in machine 0's container `{}`: check that it runs, and its log `{}/environments/{name}/controller.log` there",
                     m0.container,
                     jujube_providers::lxd::controller::CONTROLLER_HOME
-                ),
-            )
+                )
+            };
+            (STARTING_PATIENCE, hint)
         } else if !here {
             (Duration::ZERO, "check that it runs".to_string())
         } else if jujube_controller::run::controller_runs(home, name)

@@ -364,6 +364,26 @@ enum Command {
         #[arg(long)]
         identity_signature: PathBuf,
     },
+    /// On machine 0 (its boot script runs this): take up the environment's
+    /// controller from its control bucket, with the instance's credentials, then
+    /// run it (after a restart, run it).
+    #[command(hide = true)]
+    TakeUp {
+        /// Machine 0's `JUJUBE_HOME`.
+        #[arg(long)]
+        home: PathBuf,
+        #[arg(long)]
+        uuid: String,
+        #[arg(long)]
+        bucket: String,
+        /// The hand-over's key in the bucket.
+        #[arg(long)]
+        key: String,
+        #[arg(long)]
+        region: String,
+        #[arg(long)]
+        endpoint: Option<String>,
+    },
     /// Run a machine agent from DIR/agent.conf, talking to the controller's API only.
     Agent {
         #[arg(long)]
@@ -513,6 +533,19 @@ fn main() -> ExitCode {
     }
 }
 
+/// The controller logs to stderr (its supervisor's or systemd's log), at
+/// `info` unless `RUST_LOG` says otherwise.
+fn init_controller_log() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
 fn run(cli: Cli) -> Result<()> {
     let home = Home::locate()?;
     let env_flag = cli.env.as_deref();
@@ -561,11 +594,9 @@ fn run(cli: Cli) -> Result<()> {
                     "machine 0's container runs the controller and holds the environment's state (restarted by its init if it dies)"
                 )?;
             } else {
-                // Machine 0 on EC2 does not run the controller yet.
                 writeln!(
                     out,
-                    "run the controller with `jujube controller` (on provider `{}` it runs on this host, not on machine 0)",
-                    provider.as_str()
+                    "machine 0's instance runs the controller (the systemd service `jujube-controller`) and holds the environment's state"
                 )?;
             }
         }
@@ -615,16 +646,35 @@ fn run(cli: Cli) -> Result<()> {
                 .init();
             runtime()?.block_on(supervise::supervise(&home, &name))?;
         }
+        Command::TakeUp {
+            home,
+            uuid,
+            bucket,
+            key,
+            region,
+            endpoint,
+        } => {
+            init_controller_log();
+            let environment = env_flag
+                .context("`take-up` needs the environment: `--env NAME`")?
+                .to_string();
+            let home = Home { root: home };
+            let take_up = jujube_controller::machine0_ec2::TakeUp {
+                env: environment.clone(),
+                uuid,
+                bucket,
+                key,
+                region,
+                endpoint,
+            };
+            runtime()?.block_on(async {
+                jujube_controller::machine0_ec2::take_up(&home, &take_up).await?;
+                controller::run(&home, &environment).await
+            })?;
+        }
         Command::Controller => {
             let name = home.select(env_flag)?;
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_default_env()
-                        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-                )
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                .init();
+            init_controller_log();
             runtime()?.block_on(controller::run(&home, &name))?;
         }
         Command::DebugLog {
@@ -1059,6 +1109,7 @@ fn model_command(
         | Command::Login { .. }
         | Command::Logout
         | Command::Enroll { .. }
+        | Command::TakeUp { .. }
         | Command::DummyCloud { .. } => unreachable!("handled by run"),
     }
     Ok(())
@@ -1077,4 +1128,16 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
         .worker_threads(2)
         .enable_all()
         .build()?)
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every command's arguments are well formed (clap checks them only
+    /// when a command is used: `take-up`'s `--env` clashed with the global
+    /// one, and only machine 0 ran it).
+    #[test]
+    fn every_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
 }

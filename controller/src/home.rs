@@ -174,7 +174,7 @@ impl Home {
 
     /// Takes group and other permissions off `JUJUBE_HOME`, `environments/`
     /// and environment `name`'s directory.
-    fn tighten(&self, name: &str) -> Result<()> {
+    pub(crate) fn tighten(&self, name: &str) -> Result<()> {
         use std::os::unix::fs::PermissionsExt;
         let environments = self.root.join("environments");
         for d in [&self.root, &environments, &self.env_dir(name)] {

@@ -19,6 +19,10 @@
 //!   supervisor process.
 //! - [`machine0`]: machine 0's container as the controller on LXD — the
 //!   store moved in at bootstrap, and taken away by `destroy-environment`.
+//! - [`machine0_ec2`]: machine 0's instance as the controller on EC2 — the
+//!   control bucket, the controller's IAM role and instance profile, the
+//!   hand-over through the bucket that `jujube take-up` reads on machine 0,
+//!   and the teardown.
 //! - [`charm`]: reading a charm directory.
 //!
 //! The `jujube` binary (`cli`) runs these; it never opens the store itself.
@@ -27,6 +31,7 @@ pub mod charm;
 pub mod facade;
 pub mod home;
 pub mod machine0;
+pub mod machine0_ec2;
 pub mod run;
 pub mod supervise;
 

@@ -32,13 +32,20 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Machine0 {
     pub uuid: String,
-    /// Machine 0's container.
+    /// `lxd` or `ec2` (absent: `lxd`, the first).
+    #[serde(default = "lxd")]
+    pub provider: String,
+    /// Machine 0's instance: its container on LXD, its instance id on EC2.
     pub container: String,
-    /// How this host reaches the daemon: the environment's LXD config at
+    /// How this host reaches the cloud: the environment's config at
     /// bootstrap.
     pub lxd: BTreeMap<String, String>,
     /// Where the API is proxied to on the daemon's host.
     pub api_address: String,
+}
+
+fn lxd() -> String {
+    "lxd".into()
 }
 
 /// Machine 0 of environment `name`, when its controller runs there.
@@ -84,8 +91,71 @@ fn api_addresses(config: &BTreeMap<String, String>) -> Result<(String, String)> 
     }
 }
 
+/// Waits until the controller at `address`, proven by the environment's CA
+/// `ca`, answers `admin` with `password`, showing how long it has waited;
+/// refused (by its account) or unanswered by `deadline`, it fails saying so.
+pub(crate) async fn wait_for_answer(
+    address: &str,
+    ca: &str,
+    password: &str,
+    deadline: Instant,
+    progress: &mut dyn crate::run::Progress,
+) -> Result<()> {
+    let client = jujube_agent::remote::UserClient::new(
+        std::slice::from_ref(&address.to_string()),
+        ca,
+        jujube_wire::client::ADMIN,
+        password,
+    )?;
+    let t0 = Instant::now();
+    loop {
+        match client.call(&jujube_wire::client::ClientCall::Status).await {
+            Ok(Ok(_)) => break,
+            Ok(Err(e)) => bail!(
+                "machine 0's controller refused this home's account: {}",
+                e.message
+            ),
+            Err(e) if Instant::now() > deadline => bail!(
+                "machine 0's controller did not answer at {address} within {}s ({})",
+                t0.elapsed().as_secs(),
+                e.message
+            ),
+            Err(_) => {
+                let what = "waiting for machine 0's controller to answer";
+                progress.update(&format!("{what} ({}s)", t0.elapsed().as_secs()), what);
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+    progress.finish(&format!("machine 0's controller answers at {address}"));
+    Ok(())
+}
+
+/// Once machine 0's controller answers: the host keeps no state of the
+/// environment, only where machine 0 is (`marker`) and what a client keeps,
+/// pointed at machine 0's API.
+pub(crate) fn hand_over_home(home: &Home, name: &str, marker: &Machine0) -> Result<()> {
+    let dir = home.env_dir(name);
+    for e in std::fs::read_dir(&dir)? {
+        let p = e?.path();
+        if p.is_dir() {
+            std::fs::remove_dir_all(&p)
+        } else {
+            std::fs::remove_file(&p)
+        }
+        .with_context(|| format!("cannot remove `{}`", p.display()))?;
+    }
+    jujube_agent::wire::write_private(&dir.join(MARKER), &serde_json::to_vec_pretty(marker)?)
+        .with_context(|| format!("cannot write `{}`", dir.join(MARKER).display()))?;
+    let mut entry = home
+        .controller(name)?
+        .context("this home lost the environment's controller entry")?;
+    entry.addresses = vec![marker.api_address.clone()];
+    home.set_controller(name, entry)
+}
+
 /// Every file under `dir`, as paths relative to it.
-fn files_under(dir: &Path, rel: &Path, out: &mut Vec<std::path::PathBuf>) -> Result<()> {
+pub(crate) fn files_under(dir: &Path, rel: &Path, out: &mut Vec<std::path::PathBuf>) -> Result<()> {
     let here = dir.join(rel);
     for e in
         std::fs::read_dir(&here).with_context(|| format!("cannot read `{}`", here.display()))?
@@ -144,7 +214,10 @@ pub async fn move_in(
             "api-address".into(),
             format!("127.0.0.1:{CONTROLLER_API_PORT}"),
         ));
-        set.push(("lxd-controller-address".into(), listen.replace("0.0.0.0", "127.0.0.1")));
+        set.push((
+            "lxd-controller-address".into(),
+            listen.replace("0.0.0.0", "127.0.0.1"),
+        ));
         store.set_environment_config(&set)?;
         drop(store);
 
@@ -166,8 +239,8 @@ pub async fn move_in(
             ));
         }
         let exe = std::env::current_exe().context("cannot find the `jujube` binary")?;
-        let binary = std::fs::read(&exe)
-            .with_context(|| format!("cannot read `{}`", exe.display()))?;
+        let binary =
+            std::fs::read(&exe).with_context(|| format!("cannot read `{}`", exe.display()))?;
         files.push((AGENT_BINARY.to_string(), binary.into(), 0o755));
         files.push((
             format!("{CONTROLLER_HOME}/current-environment"),
@@ -197,55 +270,27 @@ pub async fn move_in(
         ));
 
         let ca = jujube_api::tls::ca_cert(&dir)?;
-        let client = jujube_agent::remote::UserClient::new(
-            std::slice::from_ref(&address),
+        wait_for_answer(
+            &address,
             &ca,
-            jujube_wire::client::ADMIN,
             password,
-        )?;
-        let t0 = Instant::now();
-        loop {
-            match client.call(&jujube_wire::client::ClientCall::Status).await {
-                Ok(Ok(_)) => break,
-                Ok(Err(e)) => bail!("machine 0's controller refused this home's account: {}", e.message),
-                Err(e) if t0.elapsed() > ANSWER_TIMEOUT => bail!(
-                    "machine 0's controller did not answer at {address} within {}s ({}); see `{CONTROLLER_HOME}/environments/{name}/controller.log` in `{container}`",
-                    ANSWER_TIMEOUT.as_secs(),
-                    e.message
-                ),
-                Err(_) => {
-                    let what = "waiting for machine 0's controller to answer";
-                    progress.update(&format!("{what} ({}s)", t0.elapsed().as_secs()), what);
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-            }
-        }
-        progress.finish(&format!("machine 0's controller answers at {address}"));
-
-        // The host keeps no state of the environment: only where machine 0
-        // is, and what a client keeps.
-        for e in std::fs::read_dir(&dir)? {
-            let p = e?.path();
-            if p.is_dir() {
-                std::fs::remove_dir_all(&p)
-            } else {
-                std::fs::remove_file(&p)
-            }
-            .with_context(|| format!("cannot remove `{}`", p.display()))?;
-        }
+            Instant::now() + ANSWER_TIMEOUT,
+            progress,
+        )
+        .await
+        .map_err(|e| {
+            crate::Error::Refused(format!(
+                "{e}; see `{CONTROLLER_HOME}/environments/{name}/controller.log` in `{container}`"
+            ))
+        })?;
         let marker = Machine0 {
             uuid: env.uuid.clone(),
+            provider: "lxd".into(),
             container: container.clone(),
             lxd: config.clone(),
             api_address: address.clone(),
         };
-        jujube_agent::wire::write_private(&dir.join(MARKER), &serde_json::to_vec_pretty(&marker)?)
-            .with_context(|| format!("cannot write `{}`", dir.join(MARKER).display()))?;
-        let mut entry = home
-            .controller(name)?
-            .context("this home lost the environment's controller entry")?;
-        entry.addresses = vec![address];
-        home.set_controller(name, entry)?;
+        hand_over_home(home, name, &marker)?;
         Ok(())
     }
     .await;
@@ -263,6 +308,9 @@ pub async fn move_in(
 /// more), every other instance of the environment is stopped, then machine
 /// 0; the daemon forgets its certificate, and the host the environment.
 pub async fn destroy(home: &Home, name: &str, m0: Machine0, out: &mut impl Write) -> Result<()> {
+    if m0.provider == "ec2" {
+        return crate::machine0_ec2::destroy(home, name, m0, out).await;
+    }
     let provider = LxdProvider::new(&m0.uuid, &m0.lxd)?;
     let machine0 = std::slice::from_ref(&m0.container);
     if !provider.instances_by_id(machine0).await?.is_empty() {

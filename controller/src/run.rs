@@ -44,7 +44,43 @@ pub fn validate_config(provider: &str, config: &BTreeMap<String, String>) -> Res
     match provider {
         "dummy" => jujube_providers::dummy::validate_config(config)?,
         "lxd" => jujube_providers::lxd::validate_config(config)?,
+        "ec2" => validate_ec2_config(config)?,
         _ => {}
+    }
+    Ok(())
+}
+
+/// The EC2 bootstrap's keys (see [`crate::machine0_ec2`]).
+fn validate_ec2_config(config: &BTreeMap<String, String>) -> Result<()> {
+    if let Some(b) = config.get("control-bucket") {
+        jujube_providers::ec2::storage::validate_bucket_name(b)?;
+    }
+    if let Some(v) = config.get("bootstrap-timeout") {
+        if jujube_core::duration::parse(v).is_none_or(|d| d.is_zero()) {
+            bail!("`bootstrap-timeout={v}` is not a duration; give one like `10m` (the default) or `900s`");
+        }
+    }
+    if let Some(v) = config.get("use-private-address") {
+        if !matches!(v.as_str(), "true" | "false") {
+            bail!("`use-private-address={v}` is not `true` or `false`");
+        }
+    }
+    if let Some(v) = config.get("api-allowed-cidr") {
+        let ok = v.split_once('/').is_some_and(|(ip, bits)| {
+            ip.parse::<std::net::Ipv4Addr>().is_ok() && bits.parse::<u8>().is_ok_and(|b| b <= 32)
+        });
+        if !ok {
+            bail!("`api-allowed-cidr={v}` is not an IPv4 range like `203.0.113.0/24`; the API port opens to it (default `0.0.0.0/0`)");
+        }
+    }
+    for key in ["controller-address", "api-listen-address"] {
+        if let Some(v) = config.get(key) {
+            if v.rsplit_once(':')
+                .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+            {
+                bail!("`{key}={v}` is not a host:port");
+            }
+        }
     }
     Ok(())
 }
@@ -192,8 +228,11 @@ pub async fn start_api(
     let dir = home.env_dir(env_name);
     jujube_api::tls::ensure(&dir, &env.uuid)?;
     let config = store.environment_config()?;
+    // Where it listens: `api-listen-address` where that differs from the
+    // address agents dial (machine 0 on EC2 listens on every interface).
     let address = config
-        .get("api-address")
+        .get("api-listen-address")
+        .or(config.get("api-address"))
         .cloned()
         .unwrap_or_else(|| "127.0.0.1:0".to_string());
     // Pings and presence notes a quarter of the lapse apart (15 s at the
@@ -628,7 +667,12 @@ impl jujube_provisioner::AgentInstaller for Installer {
 pub async fn run(home: &Home, env_name: &str) -> Result<()> {
     jujube_agent::startup::begin();
     if let Some(m0) = crate::machine0::hosted(home, env_name)? {
-        bail!("environment `{env_name}`'s controller runs in machine 0's container `{}`, which holds its state; there is none to run on this host", m0.container);
+        let kind = if m0.provider == "ec2" {
+            "instance"
+        } else {
+            "container"
+        };
+        bail!("environment `{env_name}`'s controller runs in machine 0's {kind} `{}`, which holds its state; there is none to run on this host", m0.container);
     }
     let store = home.open(env_name)?;
     let mut lock = try_lock(home, env_name)?.ok_or_else(|| {
@@ -1039,11 +1083,17 @@ pub fn bootstrap(
                 password: password.clone(),
             }),
         )?;
-        bootstrap_machine_0(home, name, &store, progress)?;
-        if args.in_machine_0 && spec.provider == "lxd" {
-            runtime()?.block_on(crate::machine0::move_in(
+        if args.in_machine_0 && spec.provider == "ec2" {
+            runtime()?.block_on(crate::machine0_ec2::bootstrap(
                 home, name, store, &password, progress,
             ))?;
+        } else {
+            bootstrap_machine_0(home, name, &store, progress)?;
+            if args.in_machine_0 && spec.provider == "lxd" {
+                runtime()?.block_on(crate::machine0::move_in(
+                    home, name, store, &password, progress,
+                ))?;
+            }
         }
         home.set_current(name)
     })();
@@ -1102,6 +1152,19 @@ fn bootstrap_machine_0(
 ) -> Result<()> {
     runtime()?.block_on(async {
         let provider = provider(home, name, store).await?;
+        provision_machine_0(store, provider, progress).await
+    })
+}
+
+/// Provisions machine 0 through `provider` and waits for it, showing how it
+/// goes; on failure stops whatever was started for it and removes what the
+/// provider made for the environment.
+pub(crate) async fn provision_machine_0(
+    store: &Store,
+    provider: Arc<dyn Provider>,
+    progress: &mut dyn Progress,
+) -> Result<()> {
+    {
         let kind = provider.kind();
         progress.line(&format!(
             "starting machine 0 (the controller) on provider `{kind}`"
@@ -1140,10 +1203,12 @@ fn bootstrap_machine_0(
         progress.finish(&format!(
             "machine 0 started: instance `{}`{}",
             m.instance_id.unwrap_or_default(),
-            m.zone.map(|z| format!(" in zone `{z}`")).unwrap_or_default()
+            m.zone
+                .map(|z| format!(" in zone `{z}`"))
+                .unwrap_or_default()
         ));
         Ok(())
-    })
+    }
 }
 
 #[cfg(test)]

@@ -41,6 +41,8 @@
 //!   tags carry the environment's UUID.
 
 pub mod identity;
+pub mod profile;
+pub mod storage;
 
 use crate::bucket::{ec2_limits, LaunchPacer, TokenBucket};
 use crate::{
@@ -50,8 +52,8 @@ use crate::{
 use async_trait::async_trait;
 use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_ec2::types::{
-    BlockDeviceMapping, EbsBlockDevice, Filter, InstanceStateName, InstanceType, IpPermission,
-    IpRange, Placement, ResourceType, Tag, TagSpecification,
+    BlockDeviceMapping, EbsBlockDevice, Filter, IamInstanceProfileSpecification, InstanceStateName,
+    InstanceType, IpPermission, IpRange, Placement, ResourceType, Tag, TagSpecification,
 };
 use aws_sdk_ec2::Client;
 use base64::Engine;
@@ -188,22 +190,46 @@ where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     R: std::fmt::Debug,
 {
-    let status = e.raw_response().map(|_| ());
-    let _ = status;
+    classify_in(e, "EC2", zone)
+}
+
+/// An AWS error (EC2's, S3's, IAM's: they share the common codes) to its
+/// class, its text led by `what` was asked of.
+fn ec2_code<E, R>(e: SdkError<E, R>, what: &str) -> Error
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug,
+{
+    classify_in(e, what, None)
+}
+
+fn classify_in<E, R>(e: SdkError<E, R>, what: &str, zone: Option<&str>) -> Error
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug,
+{
     match &e {
         SdkError::ServiceError(se) => {
             let code = se.err().code().unwrap_or("").to_string();
             let msg = se.err().message().unwrap_or("").to_string();
-            classify_code(&code, &msg, zone)
+            match classify_code(&code, &msg, zone) {
+                err if what == "EC2" => err,
+                Error::Transient(t) => Error::Transient(format!("{what}: {t}")),
+                Error::Quota(t) => Error::Quota(format!("{what}: {t}")),
+                Error::InvalidSpec(t) => Error::InvalidSpec(format!("{what}: {t}")),
+                Error::Credentials(t) => Error::Credentials(format!("{what}: {t}")),
+                Error::NotFound(t) => Error::NotFound(format!("{what}: {t}")),
+                err => err,
+            }
         }
         SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
             Error::Transient(format!(
-                "EC2 request failed: {}",
+                "{what} request failed: {}",
                 aws_smithy_types::error::display::DisplayErrorContext(&e)
             ))
         }
         _ => Error::InvalidSpec(format!(
-            "EC2 request could not be made: {}",
+            "{what} request could not be made: {}",
             aws_smithy_types::error::display::DisplayErrorContext(&e)
         )),
     }
@@ -285,6 +311,30 @@ pub struct Ec2Provider {
     /// provisioner's patience). Another client of the account can still
     /// make EC2 throttle us; the provisioner retries that.
     launch_pacer: LaunchPacer,
+    /// The environment's control bucket and the controller's IAM role and
+    /// profile: made by bootstrap, removed by `destroy-environment`.
+    s3: aws_sdk_s3::Client,
+    iam: aws_sdk_iam::Client,
+    bucket: String,
+    /// How a controller's instance (machine 0) boots: set by bootstrap.
+    controller_launch: Mutex<Option<ControllerLaunch>>,
+}
+
+/// How machine 0's instance boots: the user data that installs the
+/// controller ([`crate::controller_boot_script`]) and the instance profile
+/// whose role gives it its cloud credentials (`None`: no profile; the
+/// controller's credentials come another way).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControllerLaunch {
+    pub user_data: String,
+    pub instance_profile: Option<String>,
+}
+
+/// An instance's IP addresses.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Addresses {
+    pub public: Option<String>,
+    pub private: Option<String>,
 }
 
 /// User data shared by a batch's instances: which launch index is which
@@ -315,7 +365,22 @@ impl Ec2Provider {
         config: &BTreeMap<String, String>,
         customize: Option<Customize>,
     ) -> Result<Ec2Provider> {
+        Ec2Provider::new_with(env_name, env_uuid, config, None, customize).await
+    }
+
+    /// As [`Ec2Provider::new`], with `credentials` for EC2, S3 and IAM alike
+    /// instead of the default chain's.
+    pub async fn new_with(
+        env_name: &str,
+        env_uuid: &str,
+        config: &BTreeMap<String, String>,
+        credentials: Option<aws_sdk_ec2::config::Credentials>,
+        customize: Option<Customize>,
+    ) -> Result<Ec2Provider> {
         let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+        if let Some(c) = credentials {
+            loader = loader.credentials_provider(c);
+        }
         if let Some(r) = config.get("region") {
             loader = loader.region(aws_config::Region::new(r.clone()));
         }
@@ -325,14 +390,26 @@ impl Ec2Provider {
             .map(|r| r.to_string())
             .ok_or_else(|| Error::Config("no AWS region: set `region` in the environment config (e.g. `--config region=us-east-1`) or AWS_REGION".into()))?;
         let mut b = aws_sdk_ec2::config::Builder::from(&shared);
+        let mut s3 = aws_sdk_s3::config::Builder::from(&shared);
+        let mut iam = aws_sdk_iam::config::Builder::from(&shared);
         if let Some(ep) = config.get("endpoint") {
             b = b.endpoint_url(ep);
+            // An emulator answers on one host: buckets in the path.
+            s3 = s3.endpoint_url(ep).force_path_style(true);
+            iam = iam.endpoint_url(ep);
         }
         if let Some(f) = customize {
             b = f(b);
         }
+        let ec2 = b.build();
+        let bucket = storage::bucket_name(env_uuid, config);
+        storage::validate_bucket_name(&bucket)?;
         Ok(Ec2Provider {
-            client: Client::from_conf(b.build()),
+            s3: aws_sdk_s3::Client::from_conf(s3.build()),
+            iam: aws_sdk_iam::Client::from_conf(iam.build()),
+            bucket,
+            controller_launch: Mutex::new(None),
+            client: Client::from_conf(ec2),
             region,
             env_name: env_name.to_string(),
             env_uuid: env_uuid.to_string(),
@@ -350,6 +427,126 @@ impl Ec2Provider {
 
     pub fn region(&self) -> &str {
         &self.region
+    }
+
+    /// The environment's control bucket (`control-bucket`, or
+    /// `jujube-<uuid>`).
+    pub fn control_bucket(&self) -> storage::ControlBucket {
+        storage::ControlBucket::new(
+            self.s3.clone(),
+            self.bucket.clone(),
+            &self.region,
+            &self.env_uuid,
+        )
+    }
+
+    /// Machine 0's instance boots so from now on (see
+    /// [`ControllerLaunch`]); other machines' do not change.
+    pub fn launch_controller_with(&self, launch: ControllerLaunch) {
+        *self
+            .controller_launch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(launch);
+    }
+
+    fn controller_launch(&self, spec: &StartSpec) -> Option<ControllerLaunch> {
+        spec.controller
+            .then(|| {
+                self.controller_launch
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone()
+            })
+            .flatten()
+    }
+
+    /// The controller's IAM role and instance profile.
+    pub fn controller_profile(&self) -> profile::ControllerProfile {
+        profile::ControllerProfile::new(self.iam.clone(), &self.env_uuid)
+    }
+
+    /// Opens TCP `port` in the environment's security group to `cidr` (the
+    /// controller's API, to the addresses its users come from). Opening it
+    /// twice is no error.
+    pub async fn open_port(&self, port: u16, cidr: &str) -> Result<()> {
+        let group = self.security_group().await?;
+        let auth = self
+            .client
+            .authorize_security_group_ingress()
+            .group_id(group)
+            .ip_permissions(
+                IpPermission::builder()
+                    .ip_protocol("tcp")
+                    .from_port(i32::from(port))
+                    .to_port(i32::from(port))
+                    .ip_ranges(IpRange::builder().cidr_ip(cidr).build())
+                    .build(),
+            )
+            .send()
+            .await;
+        match auth {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some("InvalidPermission.Duplicate") => Ok(()),
+            Err(e) => Err(classify(e, None)),
+        }
+    }
+
+    /// Deletes the environment's security group once no instance uses it
+    /// (EC2 refuses while terminating instances still do: a minute at most).
+    async fn delete_group(&self) -> Result<()> {
+        let Some(id) = self.find_group().await? else {
+            return Ok(());
+        };
+        for attempt in 0..20 {
+            match self
+                .client
+                .delete_security_group()
+                .group_id(&id)
+                .send()
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(e) if e.code() == Some("InvalidGroup.NotFound") => return Ok(()),
+                Err(e) if e.code() == Some("DependencyViolation") && attempt < 19 => {
+                    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+                }
+                Err(e) => return Err(classify(e, None)),
+            }
+        }
+        Ok(())
+    }
+
+    /// An instance's addresses, public first (either may be missing), if it
+    /// is this environment's and live.
+    pub async fn addresses(&self, instance_id: &str) -> Result<Addresses> {
+        let r = self
+            .client
+            .describe_instances()
+            .instance_ids(instance_id)
+            .send()
+            .await;
+        let missing =
+            || Error::NotFound(format!("no instance `{instance_id}` of this environment"));
+        let r = match r {
+            Ok(r) => r,
+            Err(e) if e.code().is_some_and(|c| c.starts_with("InvalidInstanceID")) => {
+                return Err(missing())
+            }
+            Err(e) => return Err(classify(e, None)),
+        };
+        let inst = r
+            .reservations()
+            .iter()
+            .flat_map(|r| r.instances())
+            .find(|i| {
+                i.instance_id() == Some(instance_id)
+                    && tags_of(i).get(TAG_ENV_UUID) == Some(&self.env_uuid)
+            })
+            .ok_or_else(missing)?;
+        Ok(Addresses {
+            public: inst.public_ip_address().map(str::to_string),
+            private: inst.private_ip_address().map(str::to_string),
+        })
     }
 
     async fn instance_types(&self) -> Result<&Vec<TypeInfo>> {
@@ -630,6 +827,16 @@ impl Ec2Provider {
         if let Some(z) = &spec.zone {
             req = req.placement(Placement::builder().availability_zone(z).build());
         }
+        if let Some(profile) = self
+            .controller_launch(spec)
+            .and_then(|l| l.instance_profile)
+        {
+            req = req.iam_instance_profile(
+                IamInstanceProfileSpecification::builder()
+                    .name(profile)
+                    .build(),
+            );
+        }
         if let Some(mib) = spec.constraints.root_disk() {
             req = req.block_device_mappings(
                 BlockDeviceMapping::builder()
@@ -678,9 +885,13 @@ impl Ec2Provider {
             .into_iter()
             .map(|(k, v)| Tag::builder().key(k).value(v).build())
             .collect();
-        let user_data = match spec.agent.as_ref().and_then(|a| a.enrollment.as_ref()) {
-            Some(e) => boot_script(e),
-            None => spec.user_data.clone(),
+        let user_data = match (
+            self.controller_launch(spec),
+            spec.agent.as_ref().and_then(|a| a.enrollment.as_ref()),
+        ) {
+            (Some(c), _) => c.user_data,
+            (None, Some(e)) => boot_script(e),
+            (None, None) => spec.user_data.clone(),
         };
         let req = self
             .run_request(spec, 1, &spec.nonce, tags, &user_data)
@@ -984,25 +1195,20 @@ impl Provider for Ec2Provider {
 
     /// Deletes the environment's security group (after its instances are
     /// gone; retried while EC2 still sees them using it).
+    /// The security group, then the control bucket, the instance profile
+    /// and the role: each only if this environment's, each skipped if gone.
     async fn destroy_environment(&self) -> Result<()> {
-        let Some(id) = self.find_group().await? else {
-            return Ok(());
-        };
-        for attempt in 0..20 {
-            match self
-                .client
-                .delete_security_group()
-                .group_id(&id)
-                .send()
-                .await
-            {
-                Ok(_) => return Ok(()),
-                Err(e) if e.code() == Some("InvalidGroup.NotFound") => return Ok(()),
-                Err(e) if e.code() == Some("DependencyViolation") && attempt < 19 => {
-                    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
-                }
-                Err(e) => return Err(classify(e, None)),
-            }
+        self.delete_group().await?;
+        let bucket = self.control_bucket().destroy().await?;
+        let profile = self.controller_profile().destroy().await?;
+        if bucket.bucket || profile.profile || profile.role {
+            tracing::info!(
+                bucket = bucket.bucket.then_some(self.bucket.as_str()),
+                objects = bucket.objects,
+                instance_profile = profile.profile,
+                role = profile.role,
+                "removed the environment's storage and identity"
+            );
         }
         Ok(())
     }

@@ -215,6 +215,102 @@ fi
     )
 }
 
+/// What machine 0's boot script needs to install the controller: a URL
+/// that reads the `jujube` binary (on EC2 a presigned GET of the control
+/// bucket's tools: it expires, and carries no credential), its SHA-256, and
+/// the arguments `jujube` runs with as the controller's service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControllerBoot {
+    pub tools_url: String,
+    pub sha256: String,
+    pub args: Vec<String>,
+}
+
+/// Machine 0's user data: fetches the binary from `tools_url`, refuses it
+/// unless its SHA-256 is `sha256` (then exits 1, installing nothing),
+/// installs it as `/usr/local/bin/jujube` and runs `jujube ARGS...` as the
+/// systemd service `jujube-controller` (in the background where there is no
+/// systemd). A fetch that fails is retried for five minutes; a binary that
+/// does not match is not (the bytes under a name never change). It holds no
+/// secret: the URL is a capability for one object, until it expires.
+/// `JUJUBE_ROOT` prefixes every path it writes.
+///
+/// Refused: an argument outside `[A-Za-z0-9._/:=@+,-]` (nothing here quotes
+/// for both sh and systemd), or a hash that is not 64 hex digits.
+pub fn controller_boot_script(b: &ControllerBoot) -> Result<String> {
+    let plain = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|c| c.is_ascii_alphanumeric() || b"._/:=@+,-".contains(&c))
+    };
+    if let Some(a) = b.args.iter().find(|a| !plain(a)) {
+        return Err(Error::InvalidSpec(format!(
+            "controller argument `{a}` has characters a boot script does not quote"
+        )));
+    }
+    if b.sha256.len() != 64 || !b.sha256.bytes().all(|c| c.is_ascii_hexdigit()) {
+        return Err(Error::InvalidSpec(format!(
+            "`{}` is not a SHA-256 in hex",
+            b.sha256
+        )));
+    }
+    // The URL goes in single quotes: any quote in it is closed, escaped
+    // and reopened.
+    let url = b.tools_url.replace('\'', r"'\''");
+    let args = b.args.join(" ");
+    Ok(format!(
+        r#"#!/bin/sh
+# jujube: install this environment's controller (machine 0).
+set -eu
+root=${{JUJUBE_ROOT:-}}
+url='{url}'
+sha256='{sha}'
+bin="$root/usr/local/bin"
+mkdir -p "$bin" "$root/var/lib/jujube" "$root/var/log"
+tmp="$bin/.jujube.download"
+n=0
+until curl -fsS -o "$tmp" "$url"; do
+  n=$((n + 1))
+  if [ "$n" -ge 60 ]; then
+    echo "jujube: cannot fetch the controller's binary from the environment's storage (its URL may have expired); giving up" >&2
+    exit 1
+  fi
+  echo "jujube: cannot fetch the controller's binary yet; retrying" >&2
+  sleep 5
+done
+got=$(sha256sum "$tmp" | cut -d' ' -f1)
+if [ "$got" != "$sha256" ]; then
+  rm -f "$tmp"
+  echo "jujube: refused the controller's binary: its SHA-256 is $got, not $sha256" >&2
+  exit 1
+fi
+chmod 755 "$tmp"
+mv "$tmp" "$bin/jujube"
+if [ -z "$root" ] && command -v systemctl >/dev/null 2>&1; then
+  cat > /etc/systemd/system/jujube-controller.service <<'UNIT'
+[Unit]
+Description=jujube controller
+After=network-online.target
+
+[Service]
+ExecStart=/usr/local/bin/jujube {args}
+Restart=always
+RestartSec=5
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+  systemctl daemon-reload
+  systemctl enable --now jujube-controller.service
+else
+  # A non-interactive shell's background job outlives it (no SIGHUP).
+  "$bin/jujube" {args} </dev/null >>"$root/var/log/jujube-controller.log" 2>&1 &
+fi
+"#,
+        sha = b.sha256.to_ascii_lowercase(),
+    ))
+}
+
 /// The API path the binary is served at (the API server's).
 pub const TOOLS_PATH: &str = "/v1/tools/jujube";
 

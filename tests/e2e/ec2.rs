@@ -77,12 +77,12 @@ async fn provider_with(
     cfg: BTreeMap<String, String>,
 ) -> Ec2Provider {
     let creds = Credentials::new(account, "test", None, None, "jujube-tests");
-    Ec2Provider::new(
+    Ec2Provider::new_with(
         "test",
         uuid,
         &cfg,
+        Some(creds),
         Some(Box::new(move |mut b: aws_sdk_ec2::config::Builder| {
-            b = b.credentials_provider(creds);
             if let Some(i) = extra {
                 b = b.interceptor(SharedIntercept(i));
             }

@@ -863,6 +863,16 @@ struct Imds {
 
 impl Imds {
     fn start(document: String, signature: String) -> Imds {
+        Imds::serve(document, signature, None)
+    }
+
+    /// Also an instance profile's role `jujube-role`, whose credentials are
+    /// `access_key` (a LocalStack account) and secret `test`.
+    fn with_role(document: String, signature: String, access_key: &str) -> Imds {
+        Imds::serve(document, signature, Some(access_key.to_string()))
+    }
+
+    fn serve(document: String, signature: String, access_key: Option<String>) -> Imds {
         use std::io::{BufRead, Write};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -883,17 +893,41 @@ impl Imds {
                         .starts_with("x-aws-ec2-metadata-token: session-token");
                 }
                 let (doc, sig) = (document.clone(), signature.clone());
+                let creds = access_key.as_ref().map(|k| {
+                    format!(
+                        r#"{{"Code":"Success","LastUpdated":"2026-11-28T00:00:00Z","Type":"AWS-HMAC","AccessKeyId":"{k}","SecretAccessKey":"test","Token":"session","Expiration":"2036-11-28T00:00:00Z"}}"#
+                    )
+                });
                 let (status, body) = match line.split_whitespace().take(2).collect::<Vec<_>>()[..] {
                     ["PUT", "/latest/api/token"] => ("200 OK", "session-token".to_string()),
                     [_, _] if !has_token => ("401 Unauthorized", String::new()),
                     ["GET", "/latest/dynamic/instance-identity/document"] => ("200 OK", doc),
                     ["GET", "/latest/dynamic/instance-identity/signature"] => ("200 OK", sig),
+                    ["GET", "/latest/meta-data/iam/security-credentials/"
+                    | "/latest/meta-data/iam/security-credentials-extended/"]
+                        if creds.is_some() =>
+                    {
+                        ("200 OK", "jujube-role".to_string())
+                    }
+                    ["GET", "/latest/meta-data/iam/security-credentials/jujube-role"
+                    | "/latest/meta-data/iam/security-credentials-extended/jujube-role"] => {
+                        match &creds {
+                            Some(c) => ("200 OK", c.clone()),
+                            None => ("404 Not Found", String::new()),
+                        }
+                    }
                     _ => ("404 Not Found", String::new()),
                 };
                 let mut w = conn;
+                // A session token says how long it lives, as the real one does.
+                let ttl = if body == "session-token" {
+                    "X-aws-ec2-metadata-token-ttl-seconds: 21600\r\n"
+                } else {
+                    ""
+                };
                 let _ = write!(
                     w,
-                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    "HTTP/1.1 {status}\r\n{ttl}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
                     body.len()
                 );
             }
@@ -1355,4 +1389,290 @@ async fn machine_0s_container_runs_the_controller_and_holds_the_state() {
     );
     assert!(!env_dir.exists());
     assert_eq!(j.run(&["environments"]).ok().stdout, "");
+}
+
+/// `bootstrap --provider ec2` as a user runs it: the tools go to the
+/// environment's control bucket, machine 0's instance is launched with user
+/// data that fetches them by a presigned URL and takes up the controller's
+/// state from the bucket with the instance's own credentials (from its
+/// metadata service; the profile LocalStack's EC2 cannot attach is left
+/// out with `instance-profile=none`); LocalStack's instances run nothing,
+/// so the user data runs here as cloud-init would, in a container that
+/// reaches LocalStack and its metadata service only through LXD proxies,
+/// and whose API this host reaches through another. The host's CLI then
+/// works through machine 0's controller, which launches instances in
+/// LocalStack, and `destroy-environment` leaves nothing with the
+/// environment's UUID.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bootstrap_on_ec2_puts_the_controller_on_machine_0() {
+    use crate::ec2::{account, ec2_jujube, localstack, raw_client, ENDPOINT, REGION};
+    use base64::Engine;
+    let Some(()) = localstack() else { return };
+    let Some(c) = lxd() else { return };
+    let acct = account();
+    let mut j = ec2_jujube(&acct);
+    j.auto_controller = true;
+    j.start_controllers = false;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let api = format!("127.0.0.1:{port}");
+
+    // Bootstrap waits for machine 0: run it beside.
+    let args: Vec<String> = [
+        "bootstrap",
+        "aws",
+        "--provider",
+        "ec2",
+        "--config",
+        &format!("region={REGION}"),
+        "--config",
+        &format!("endpoint={ENDPOINT}"),
+        "--config",
+        "instance-profile=none",
+        "--config",
+        &format!("controller-address={api}"),
+        "--config",
+        "bootstrap-timeout=4m",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_jujube"));
+    cmd.args(&args)
+        .env("JUJUBE_HOME", j.home.path())
+        .env_remove("JUJUBE_ENV")
+        .envs(j.envs.iter().map(|(k, v)| (k, v)));
+    let bootstrap = std::thread::spawn(move || cmd.output().unwrap());
+
+    // Machine 0's instance and its user data.
+    let raw = raw_client(&acct);
+    let mut machine0 = None;
+    for _ in 0..600 {
+        let r = raw
+            .describe_instances()
+            .filters(
+                aws_sdk_ec2::types::Filter::builder()
+                    .name("tag:jujube-controller")
+                    .values("true")
+                    .build(),
+            )
+            .send()
+            .await
+            .unwrap();
+        machine0 = r
+            .reservations()
+            .iter()
+            .flat_map(|r| r.instances())
+            .filter_map(|i| i.instance_id().map(str::to_string))
+            .next();
+        if machine0.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let iid = machine0.expect("machine 0's instance is launched");
+    let attr = raw
+        .describe_instance_attribute()
+        .instance_id(&iid)
+        .attribute(aws_sdk_ec2::types::InstanceAttributeName::UserData)
+        .send()
+        .await
+        .unwrap();
+    let script = String::from_utf8(
+        base64::engine::general_purpose::STANDARD
+            .decode(attr.user_data().and_then(|u| u.value()).unwrap())
+            .unwrap(),
+    )
+    .unwrap();
+    // No secret: no password, no key, no credential.
+    assert!(
+        script.contains("X-Amz-Expires="),
+        "a presigned URL: {script}"
+    );
+    assert!(
+        script.contains(" take-up --home=/var/lib/jujube/home --env=aws "),
+        "{script}"
+    );
+    for secret in ["PRIVATE KEY", "password", "AWS_SECRET", "test@"] {
+        assert!(!script.contains(secret), "{secret} in {script}");
+    }
+    let home_files = format!("{}", j.home.path().display());
+    assert!(!script.contains(&home_files));
+
+    // Machine 0, as a container: LocalStack and its metadata service at
+    // the addresses it would have, its API at `api` on this host.
+    let trusted = rcgen::KeyPair::generate_for(&rcgen::PKCS_RSA_SHA256).unwrap();
+    let doc = identity_document(&iid);
+    let imds = Imds::with_role(doc.clone(), sign(&trusted, &doc), &acct);
+    let name = format!("jujube-m0-{}", &uuid()[..8]);
+    let _sweep = Sweep {
+        uuids: vec![],
+        names: vec![name.clone()],
+    };
+    let body = json!({
+        "name": name,
+        "type": "container",
+        "source": {"type": "image", "alias": "jujube-agent"},
+        "devices": {
+            "localstack": {
+                "type": "proxy",
+                "bind": "container",
+                "listen": "tcp:127.0.0.1:4566",
+                "connect": "tcp:127.0.0.1:4566",
+            },
+            "imds": {
+                "type": "proxy",
+                "bind": "container",
+                "listen": format!("tcp:127.0.0.1:{}", imds.port),
+                "connect": format!("tcp:127.0.0.1:{}", imds.port),
+            },
+            "api": {
+                "type": "proxy",
+                "bind": "host",
+                "listen": format!("tcp:{api}"),
+                "connect": "tcp:127.0.0.1:17070",
+            },
+        },
+    });
+    crate::lxd_direct::launch_body(&c, &name, &body).await;
+    // What every cloud image has and the test image lacks: root
+    // certificates (the AWS SDK will not start without them).
+    for (path, dir) in [("/etc/ssl", true), ("/etc/ssl/certs", true)] {
+        let _ = c
+            .push_file(&name, path, Vec::new().into(), 0o755, dir)
+            .await;
+    }
+    c.push_file(
+        &name,
+        "/etc/ssl/certs/ca-certificates.crt",
+        std::fs::read("/etc/ssl/certs/ca-certificates.crt")
+            .unwrap()
+            .into(),
+        0o644,
+        false,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    c.push_file(
+        &name,
+        "/root/user-data",
+        script.clone().into(),
+        0o700,
+        false,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let run_script = format!(
+        "AWS_EC2_METADATA_SERVICE_ENDPOINT=http://127.0.0.1:{} exec /bin/sh /root/user-data",
+        imds.port
+    );
+    assert_eq!(exec_in(&c, &name, &["/bin/sh", "-c", &run_script]).await, 0);
+
+    let out = tokio::task::spawn_blocking(move || bootstrap.join().unwrap())
+        .await
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success(),
+        "bootstrap: {stdout}\n{stderr}\nmachine 0's log:\n{}",
+        file_in(&c, &name, "/var/log/jujube-controller.log").await
+    );
+    assert!(
+        stdout.contains("machine 0's instance runs the controller"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("machine 0: tools fetched, controller taken up"),
+        "{stderr}"
+    );
+    // This home holds no state of the environment now, and the hand-over
+    // is gone from the bucket.
+    let env_dir = j.home.path().join("environments/aws");
+    let left: Vec<String> = std::fs::read_dir(&env_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["machine-0.json"]);
+    let marker: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(env_dir.join("machine-0.json")).unwrap()).unwrap();
+    assert_eq!(marker["provider"], "ec2");
+    assert_eq!(marker["container"], iid.as_str());
+    let env_uuid = marker["uuid"].as_str().unwrap().to_string();
+
+    // The CLI works through machine 0's controller, which launches
+    // instances in LocalStack.
+    j.run(&["deploy", &j.charm("mysql"), "-n", "2"]).ok();
+    eventually_in("machines 1 and 2 provisioned", || {
+        let j = &j;
+        async move {
+            let st = j.status();
+            ["1", "2"]
+                .iter()
+                .all(|m| st["machines"][*m]["instance-id"].as_str().is_some())
+        }
+    })
+    .await;
+
+    // Destroyed from this home: nothing tagged with the UUID is left.
+    let r = j.run(&["destroy-environment", "aws", "-y"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("stopped machine 0"), "{}", r.stdout);
+    assert!(r.stdout.contains("the S3 bucket `jujube-"), "{}", r.stdout);
+    let live: Vec<String> = raw
+        .describe_instances()
+        .filters(
+            aws_sdk_ec2::types::Filter::builder()
+                .name("instance-state-name")
+                .values("pending")
+                .values("running")
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap()
+        .reservations()
+        .iter()
+        .flat_map(|r| r.instances())
+        .filter(|i| {
+            i.tags()
+                .iter()
+                .any(|t| t.key() == Some("jujube-env-uuid") && t.value() == Some(&env_uuid))
+        })
+        .filter_map(|i| i.instance_id().map(str::to_string))
+        .collect();
+    assert!(live.is_empty(), "left running: {live:?}");
+    let groups = raw.describe_security_groups().send().await.unwrap();
+    assert!(!groups
+        .security_groups()
+        .iter()
+        .any(|g| g.group_name() == Some(&format!("jujube-{env_uuid}"))));
+    let s3 = aws_sdk_s3::Client::from_conf(
+        aws_sdk_s3::config::Builder::from(
+            &aws_config::defaults(aws_config::BehaviorVersion::latest())
+                .region(aws_config::Region::new(REGION))
+                .endpoint_url(ENDPOINT)
+                .credentials_provider(aws_sdk_ec2::config::Credentials::new(
+                    &acct, "test", None, None, "raw",
+                ))
+                .load()
+                .await,
+        )
+        .force_path_style(true)
+        .build(),
+    );
+    assert!(s3
+        .head_bucket()
+        .bucket(format!("jujube-{env_uuid}"))
+        .send()
+        .await
+        .is_err());
+    assert!(!env_dir.exists());
 }

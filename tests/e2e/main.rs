@@ -5,6 +5,7 @@
 mod agents;
 mod charmhelpers;
 mod ec2;
+mod ec2_storage;
 mod hooks;
 mod input;
 mod lxd;

@@ -1,0 +1,516 @@
+//! Machine 0's instance as the controller, on EC2 (Juju 1.x's bootstrap,
+//! with nothing secret in user data):
+//!
+//! 1. `bootstrap` makes the environment's control bucket (tagged with its
+//!    UUID) and puts the `jujube` binary there under its SHA-256; makes the
+//!    controller's IAM role and instance profile (unless
+//!    `instance-profile` names the user's own, or `none`); opens the API
+//!    port in the environment's security group to `api-allowed-cidr`.
+//! 2. Machine 0 is launched with that profile and user data that fetches
+//!    the binary by a presigned URL (expiring, one object, no credential),
+//!    checks its SHA-256 and runs `jujube take-up` as a systemd service.
+//! 3. The environment's store, CA and certificates go to the control
+//!    bucket as one private object, encrypted at rest, named in the user
+//!    data; reading it takes the account's credentials or the role's.
+//!    `take-up` on machine 0 reads it with the role's credentials from the
+//!    instance metadata service, lays it into its home, deletes it from the
+//!    bucket, and runs the controller (after a restart, the controller
+//!    alone).
+//! 4. `bootstrap` waits for each step (the instance started, the state
+//!    taken up, the controller answering this home's account at machine
+//!    0's address, proven by the environment's CA) until `bootstrap-timeout`;
+//!    a step that does not come says which, and everything made is removed.
+//!    On success this home keeps only [`crate::machine0::MARKER`] and what a
+//!    client keeps, as on LXD.
+//!
+//! `destroy-environment` (from the home that bootstrapped it) stops every
+//! instance with the environment's UUID, machine 0 last, and removes the
+//! security group, the bucket, the profile and the role.
+
+use crate::home::Home;
+use crate::machine0::{files_under, hand_over_home, wait_for_answer, Machine0};
+use crate::{bail, Context, Result};
+use jujube_providers::ec2::{storage, ControllerLaunch, Ec2Provider};
+use jujube_providers::Provider;
+use jujube_state::Store;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+/// The controller's API port on machine 0.
+pub const API_PORT: u16 = 17070;
+
+/// Where machine 0 keeps its home (`JUJUBE_HOME`).
+pub const CONTROLLER_HOME: &str = "/var/lib/jujube/home";
+
+/// How long bootstrap waits for machine 0 by default (`bootstrap-timeout`).
+pub const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The most a hand-over object may hold: a new environment's store and
+/// certificates are a few hundred kilobytes.
+const BUNDLE_MAX: u64 = 64 << 20;
+
+/// What bootstrap hands machine 0 through the control bucket: the
+/// environment directory's files.
+#[derive(Serialize, Deserialize)]
+struct Bundle {
+    files: Vec<BundleFile>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct BundleFile {
+    /// Relative to the environment's directory.
+    path: String,
+    mode: u32,
+    /// Base64.
+    data: String,
+}
+
+fn b64() -> base64::engine::GeneralPurpose {
+    base64::engine::general_purpose::STANDARD
+}
+
+/// The environment directory's files (the store closed first), SQLite's
+/// shared-memory index aside (rebuilt from the WAL).
+fn bundle(dir: &Path) -> Result<Vec<u8>> {
+    use base64::Engine;
+    let mut rels = Vec::new();
+    files_under(dir, Path::new(""), &mut rels)?;
+    let mut files = Vec::new();
+    for rel in rels {
+        let name = rel.to_string_lossy().to_string();
+        if name.ends_with("-shm") || name == "lock" || name.ends_with(".log") {
+            continue;
+        }
+        let bytes = std::fs::read(dir.join(&rel))
+            .with_context(|| format!("cannot read `{}`", dir.join(&rel).display()))?;
+        files.push(BundleFile {
+            path: name,
+            mode: 0o600,
+            data: b64().encode(bytes),
+        });
+    }
+    Ok(serde_json::to_vec(&Bundle { files })?)
+}
+
+/// Lays a bundle's files into `dir` (made, the owner's alone). Refused,
+/// writing nothing: a path that is absolute, climbs out (`..`), or holds
+/// anything but `[A-Za-z0-9._/-]`.
+fn unbundle(bytes: &[u8], dir: &Path) -> Result<()> {
+    use base64::Engine;
+    let bundle: Bundle = serde_json::from_slice(bytes).context("the hand-over is not a bundle")?;
+    let mut decoded = Vec::new();
+    for f in &bundle.files {
+        let plain = f
+            .path
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || b"._/-".contains(&c));
+        if !plain || f.path.starts_with('/') || f.path.split('/').any(|p| p.is_empty() || p == "..")
+        {
+            bail!(
+                "the hand-over names a path jujube does not write: `{}`",
+                f.path
+            );
+        }
+        let data: Vec<u8> = match b64().decode(&f.data) {
+            Ok(d) => d,
+            Err(_) => bail!("the hand-over's `{}` is not base64", f.path),
+        };
+        decoded.push((dir.join(&f.path), data));
+    }
+    for (path, data) in decoded {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create `{}`", parent.display()))?;
+        }
+        jujube_agent::wire::write_private(&path, &data)
+            .with_context(|| format!("cannot write `{}`", path.display()))?;
+    }
+    Ok(())
+}
+
+/// What machine 0's `jujube take-up` is told (in its user data: no secret).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakeUp {
+    pub env: String,
+    pub uuid: String,
+    pub bucket: String,
+    pub key: String,
+    pub region: String,
+    pub endpoint: Option<String>,
+}
+
+impl TakeUp {
+    /// `jujube take-up`'s arguments (see [`TakeUp::parse`]).
+    pub fn args(&self) -> Vec<String> {
+        let mut a = vec![
+            "take-up".to_string(),
+            format!("--home={CONTROLLER_HOME}"),
+            format!("--env={}", self.env),
+            format!("--uuid={}", self.uuid),
+            format!("--bucket={}", self.bucket),
+            format!("--key={}", self.key),
+            format!("--region={}", self.region),
+        ];
+        if let Some(e) = &self.endpoint {
+            a.push(format!("--endpoint={e}"));
+        }
+        a
+    }
+}
+
+/// On machine 0: takes up environment `t.env`'s controller into `home`
+/// unless it holds it already (a restart), reading the hand-over from the
+/// control bucket with the instance's credentials (retrying while they or
+/// the object are not there yet), then deleting it there.
+pub async fn take_up(home: &Home, t: &TakeUp) -> Result<()> {
+    if home.has_store(&t.env) {
+        return Ok(());
+    }
+    let mut config = BTreeMap::from([
+        ("region".to_string(), t.region.clone()),
+        ("control-bucket".to_string(), t.bucket.clone()),
+    ]);
+    if let Some(e) = &t.endpoint {
+        config.insert("endpoint".into(), e.clone());
+    }
+    let provider = Ec2Provider::new(&t.env, &t.uuid, &config, None).await?;
+    let bucket = provider.control_bucket();
+    let mut wait = Duration::from_secs(1);
+    let bytes = loop {
+        match bucket.get(&t.key, BUNDLE_MAX).await {
+            Ok(Some(b)) => break b,
+            Ok(None) => {
+                tracing::info!(key = %t.key, "the controller's state is not in the control bucket yet")
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot read the controller's state yet"),
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_secs(15));
+    };
+    // Laid out beside, then renamed into place whole: a crash part-way
+    // leaves no half environment that a restart would take as whole.
+    let dir = home.env_dir(&t.env);
+    let laying = dir.with_extension("taking-up");
+    let _ = std::fs::remove_dir_all(&laying);
+    unbundle(&bytes, &laying)?;
+    home.create_env_dir(&t.env)?;
+    std::fs::remove_dir(&dir).with_context(|| format!("cannot replace `{}`", dir.display()))?;
+    std::fs::rename(&laying, &dir)
+        .with_context(|| format!("cannot move the controller's state to `{}`", dir.display()))?;
+    home.tighten(&t.env)?;
+    home.set_current(&t.env)?;
+    if let Err(e) = bucket.delete(&t.key).await {
+        // Bootstrap deletes it too once the controller answers.
+        tracing::warn!(error = %e, "cannot delete the controller's state from the control bucket");
+    }
+    tracing::info!(env = %t.env, "took up the controller");
+    Ok(())
+}
+
+fn bootstrap_timeout(config: &BTreeMap<String, String>) -> Result<Duration> {
+    match config.get("bootstrap-timeout") {
+        None => Ok(BOOTSTRAP_TIMEOUT),
+        Some(v) => jujube_core::duration::parse(v).ok_or_else(|| {
+            crate::Error::Refused(format!(
+                "`bootstrap-timeout={v}` is not a duration; give one like `10m` or `90s`"
+            ))
+        }),
+    }
+}
+
+/// The steps bootstrap waits for, named when one does not come.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Step {
+    Storage,
+    Identity,
+    Instance,
+    TakeUp,
+    Answer,
+}
+
+impl Step {
+    fn doing(self) -> &'static str {
+        match self {
+            Step::Storage => "making the environment's storage and uploading the tools",
+            Step::Identity => "making the controller's IAM role and instance profile",
+            Step::Instance => "starting machine 0's instance",
+            Step::TakeUp => "waiting for machine 0 to fetch its tools and take up the controller",
+            Step::Answer => "waiting for machine 0's controller to answer",
+        }
+    }
+}
+
+/// `bootstrap --provider ec2`: machine 0's instance made the controller
+/// (see the module's steps). On failure, whatever step it was, machine 0 is
+/// terminated and the bucket, profile, role and security group removed; the
+/// caller removes the directory.
+pub async fn bootstrap(
+    home: &Home,
+    name: &str,
+    store: Store,
+    password: &str,
+    progress: &mut dyn crate::run::Progress,
+) -> Result<()> {
+    let env = store.environment()?;
+    let config = store.environment_config()?;
+    let deadline = Instant::now() + bootstrap_timeout(&config)?;
+    let ec2 = Arc::new(Ec2Provider::new(&env.name, &env.uuid, &config, None).await?);
+    let mut step = Step::Storage;
+    let result = steps(
+        home, name, store, password, progress, &ec2, &config, deadline, &mut step,
+    )
+    .await;
+    if let Err(e) = result {
+        progress.finish(&format!("bootstrap failed while {}", step.doing()));
+        let mut removed = Vec::new();
+        let ours: Vec<String> = ec2
+            .instances()
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .map(|i| i.id)
+            .collect();
+        if !ours.is_empty() && ec2.stop_instances(&ours).await.is_ok() {
+            removed.push(format!("instance(s) {}", ours.join(", ")));
+        }
+        match ec2.destroy_environment().await {
+            Ok(()) => removed.push("the security group, bucket, instance profile and role".into()),
+            Err(c) => removed.push(format!("not all else ({c})")),
+        }
+        bail!(
+            "bootstrap failed while {}: {e}; removed {}",
+            step.doing(),
+            removed.join(" and ")
+        );
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn steps(
+    home: &Home,
+    name: &str,
+    store: Store,
+    password: &str,
+    progress: &mut dyn crate::run::Progress,
+    ec2: &Arc<Ec2Provider>,
+    config: &BTreeMap<String, String>,
+    deadline: Instant,
+    step: &mut Step,
+) -> Result<()> {
+    let env = store.environment()?;
+    let bucket = ec2.control_bucket();
+    progress.line(&format!(
+        "making the environment's storage (S3 bucket `{}`)",
+        bucket.name()
+    ));
+    bucket.ensure().await?;
+    let exe = std::env::current_exe().context("cannot find the `jujube` binary")?;
+    let binary = std::fs::read(&exe).with_context(|| format!("cannot read `{}`", exe.display()))?;
+    let tools = bucket.put_tools(binary).await?;
+    let url = bucket
+        .presign(&tools.key, SystemTime::now(), storage::TOOLS_URL_LIFETIME)
+        .await?;
+    *step = Step::Identity;
+    let profile = match config.get("instance-profile").map(String::as_str) {
+        None | Some("") => {
+            let p = ec2.controller_profile();
+            progress.line(&format!(
+                "making the controller's IAM role and instance profile `{}`",
+                p.name()
+            ));
+            p.ensure(bucket.name()).await?;
+            Some(p.name().to_string())
+        }
+        Some("none") => None,
+        Some(other) => Some(other.to_string()),
+    };
+    let cidr = config
+        .get("api-allowed-cidr")
+        .map(String::as_str)
+        .unwrap_or("0.0.0.0/0");
+    ec2.open_port(API_PORT, cidr).await?;
+
+    *step = Step::Instance;
+    let key = format!("controller/take-up-{}", uuid::Uuid::new_v4());
+    let take_up = TakeUp {
+        env: name.to_string(),
+        uuid: env.uuid.clone(),
+        bucket: bucket.name().to_string(),
+        key: key.clone(),
+        region: ec2.region().to_string(),
+        endpoint: config.get("endpoint").cloned(),
+    };
+    let user_data = jujube_providers::controller_boot_script(&jujube_providers::ControllerBoot {
+        tools_url: url,
+        sha256: tools.sha256.clone(),
+        args: take_up.args(),
+    })?;
+    ec2.launch_controller_with(ControllerLaunch {
+        user_data,
+        instance_profile: profile,
+    });
+    crate::run::provision_machine_0(&store, ec2.clone() as Arc<dyn Provider>, progress).await?;
+    let instance = store
+        .machine(0)?
+        .instance_id
+        .context("machine 0 has no instance")?;
+    let addrs = ec2.addresses(&instance).await?;
+    let private = addrs.private.clone().or(addrs.public.clone());
+    let dial = match config.get("controller-address") {
+        Some(a) => a.clone(),
+        None => {
+            let ip = if config.get("use-private-address").map(String::as_str) == Some("true") {
+                private.clone()
+            } else {
+                addrs.public.clone()
+            };
+            let ip = ip.with_context(|| {
+                format!("machine 0's instance `{instance}` has no address to reach it at; set `use-private-address=true` from inside its network, or `controller-address`")
+            })?;
+            format!("{ip}:{API_PORT}")
+        }
+    };
+    progress.line(&format!(
+        "machine 0: instance `{instance}` started; its controller will answer at {dial}"
+    ));
+    // What the controller reads on machine 0: where agents reach it, where
+    // it listens.
+    let mut set = vec![(
+        "api-listen-address".to_string(),
+        format!("0.0.0.0:{API_PORT}"),
+    )];
+    if let Some(ip) = &private {
+        set.push(("api-address".into(), format!("{ip}:{API_PORT}")));
+    }
+    store.set_environment_config(&set)?;
+    drop(store);
+    let dir = home.env_dir(name);
+    bucket.put_private(&key, bundle(&dir)?).await?;
+
+    *step = Step::TakeUp;
+    let t0 = Instant::now();
+    while bucket.exists(&key).await? {
+        if Instant::now() > deadline {
+            bail!("machine 0 did not take up the controller within the `bootstrap-timeout`; see /var/log/cloud-init-output.log on `{instance}`");
+        }
+        let what = Step::TakeUp.doing();
+        progress.update(&format!("{what} ({}s)", t0.elapsed().as_secs()), what);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    progress.line("machine 0: tools fetched, controller taken up");
+
+    *step = Step::Answer;
+    let ca = jujube_api::tls::ca_cert(&dir)?;
+    wait_for_answer(&dial, &ca, password, deadline, progress).await?;
+    hand_over_home(
+        home,
+        name,
+        &Machine0 {
+            uuid: env.uuid.clone(),
+            provider: "ec2".into(),
+            container: instance,
+            lxd: config.clone(),
+            api_address: dial,
+        },
+    )
+}
+
+/// `destroy-environment` of an environment whose controller runs on
+/// machine 0's instance: every other instance with its UUID is stopped,
+/// then machine 0, then its security group, bucket, profile and role go;
+/// says what it removed. A second run after a partial failure finishes it.
+pub async fn destroy(home: &Home, name: &str, m0: Machine0, out: &mut impl Write) -> Result<()> {
+    let ec2 = Ec2Provider::new(name, &m0.uuid, &m0.lxd, None).await?;
+    crate::run::stop_every_instance(&ec2, Vec::new(), Some(&m0.container), out).await?;
+    let machine0 = std::slice::from_ref(&m0.container);
+    if !ec2.instances_by_id(machine0).await?.is_empty() {
+        ec2.stop_instances(machine0).await?;
+        writeln!(
+            out,
+            "stopped machine 0 (`{}`), the controller",
+            m0.container
+        )?;
+    }
+    ec2.destroy_environment().await?;
+    writeln!(
+        out,
+        "removed the security group `jujube-{uuid}`, the S3 bucket `{}`, the IAM instance profile and role `jujube-{uuid}`",
+        ec2.control_bucket().name(),
+        uuid = m0.uuid
+    )?;
+    crate::run::forget_environment(home, name, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bundle_lays_out_what_it_took_and_nothing_outside() {
+        let from = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(from.path().join("tls")).unwrap();
+        std::fs::write(from.path().join("state.db"), b"store").unwrap();
+        std::fs::write(from.path().join("state.db-shm"), b"index").unwrap();
+        std::fs::write(from.path().join("tls/ca.key"), b"key").unwrap();
+        let bytes = bundle(from.path()).unwrap();
+        let to = tempfile::tempdir().unwrap();
+        let dir = to.path().join("env");
+        unbundle(&bytes, &dir).unwrap();
+        assert_eq!(std::fs::read(dir.join("state.db")).unwrap(), b"store");
+        assert_eq!(std::fs::read(dir.join("tls/ca.key")).unwrap(), b"key");
+        assert!(!dir.join("state.db-shm").exists());
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.join("tls/ca.key"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "the owner's alone");
+
+        for evil in ["../escape", "/etc/passwd", "tls/../../x", "a b", ""] {
+            let bad = serde_json::to_vec(&Bundle {
+                files: vec![BundleFile {
+                    path: evil.into(),
+                    mode: 0o600,
+                    data: String::new(),
+                }],
+            })
+            .unwrap();
+            let out = to.path().join("evil");
+            let err = unbundle(&bad, &out).unwrap_err().to_string();
+            assert!(
+                err.contains("names a path jujube does not write"),
+                "{evil}: {err}"
+            );
+            assert!(!out.exists(), "nothing written for {evil}");
+        }
+    }
+
+    #[test]
+    fn take_up_is_told_no_secret() {
+        let t = TakeUp {
+            env: "prod".into(),
+            uuid: "6f1e0f4c-3d7e-4b53-9d3b-1a2b3c4d5e6f".into(),
+            bucket: "jujube-6f1e0f4c-3d7e-4b53-9d3b-1a2b3c4d5e6f".into(),
+            key: "controller/take-up-0b8e".into(),
+            region: "us-east-1".into(),
+            endpoint: None,
+        };
+        let script = jujube_providers::controller_boot_script(&jujube_providers::ControllerBoot {
+            tools_url: "https://example/tools".into(),
+            sha256: "0".repeat(64),
+            args: t.args(),
+        })
+        .unwrap();
+        assert!(script.contains(
+            "take-up --home=/var/lib/jujube/home --env=prod --uuid=6f1e0f4c-3d7e-4b53-9d3b-1a2b3c4d5e6f"
+        ));
+        for secret in ["password", "BEGIN", "AWS_SECRET", "token"] {
+            assert!(!script.contains(secret), "{secret}");
+        }
+    }
+}
