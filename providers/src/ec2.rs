@@ -276,6 +276,9 @@ pub fn classify_code(code: &str, msg: &str, zone: Option<&str>) -> Error {
         | "Blocked"
         | "ExpiredToken" => Error::Credentials(text),
         c if c.starts_with("InvalidInstanceID.NotFound") => Error::NotFound(text),
+        // A new instance profile takes seconds to reach EC2 (IAM is
+        // eventually consistent): the launch is retried, not refused.
+        "InvalidParameterValue" if msg.contains("iamInstanceProfile") => Error::Transient(text),
         _ => Error::InvalidSpec(text),
     }
 }
@@ -1326,5 +1329,16 @@ mod tests {
             Error::Capacity { zone, .. } => assert_eq!(zone, "us-east-1a"),
             e => panic!("{e}"),
         }
+        // A profile IAM has made but EC2 does not know yet, as EC2 words it,
+        // is worth retrying; another bad parameter is not.
+        let profile = "Value (jujube-x) for parameter iamInstanceProfile.name is invalid. Invalid IAM Instance Profile name";
+        assert_eq!(
+            classify_code("InvalidParameterValue", profile, None).class(),
+            Transient
+        );
+        assert_eq!(
+            classify_code("InvalidParameterValue", "bad volume size", None).class(),
+            InvalidSpec
+        );
     }
 }

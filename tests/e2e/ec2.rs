@@ -868,3 +868,211 @@ async fn killing_the_controller_mid_batch_never_duplicates_or_leaks_instances() 
     drop(ctl);
     j.run(&["destroy-environment", "aws", "-y"]).ok();
 }
+
+/// Records the instance profile each RunInstances names, and takes it out
+/// before sending: LocalStack's EC2 cannot attach IAM's profiles (see
+/// localstack/NOTES.md).
+#[derive(Debug, Default)]
+struct ProfileSpy {
+    profiles: Mutex<Vec<Option<String>>>,
+}
+
+impl Intercept for ProfileSpy {
+    fn name(&self) -> &'static str {
+        "profile-spy"
+    }
+
+    fn modify_before_transmit(
+        &self,
+        c: &mut BeforeTransmitInterceptorContextMut<'_>,
+        _rc: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        if cfg.load::<Metadata>().map(|m| m.name()) != Some("RunInstances") {
+            return Ok(());
+        }
+        let body =
+            String::from_utf8_lossy(c.request().body().bytes().unwrap_or_default()).to_string();
+        let (profile, rest): (Vec<&str>, Vec<&str>) = body
+            .split('&')
+            .partition(|kv| kv.starts_with("IamInstanceProfile."));
+        self.profiles.lock().unwrap().push(
+            profile
+                .iter()
+                .find_map(|kv| kv.strip_prefix("IamInstanceProfile.Name="))
+                .map(str::to_string),
+        );
+        let sent = rest.join("&");
+        c.request_mut()
+            .headers_mut()
+            .insert("content-length", sent.len().to_string());
+        *c.request_mut().body_mut() = SdkBody::from(sent);
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machine_0_is_launched_with_the_controllers_profile_and_boot_script_and_no_other_is() {
+    use base64::Engine;
+    let Some(()) = localstack() else { return };
+    let acct = account();
+    let spy = Arc::new(ProfileSpy::default());
+    let p = provider(&acct, &uuid(), Some(spy.clone() as Arc<dyn Intercept>)).await;
+    let boot = "#!/bin/sh\necho machine 0 installs the controller\n";
+    p.launch_controller_with(jujube_providers::ec2::ControllerLaunch {
+        user_data: boot.into(),
+        instance_profile: Some("jujube-controller-profile".into()),
+    });
+    let spec = |machine: &str, controller: bool| jujube_providers::StartSpec {
+        machine_id: machine.into(),
+        nonce: uuid(),
+        series: "jammy".into(),
+        constraints: Constraints::default(),
+        zone: None,
+        controller,
+        user_data: format!("#cloud-config\n# machine {machine}\n"),
+        agent: None,
+    };
+    let m0 = p.start_instance(&spec("0", true)).await.unwrap();
+    let m1 = p.start_instance(&spec("1", false)).await.unwrap();
+    assert_eq!(
+        *spy.profiles.lock().unwrap(),
+        [Some("jujube-controller-profile".to_string()), None]
+    );
+    let user_data = |id: String| {
+        let raw = raw_client(&acct);
+        async move {
+            let attr = raw
+                .describe_instance_attribute()
+                .instance_id(id)
+                .attribute(aws_sdk_ec2::types::InstanceAttributeName::UserData)
+                .send()
+                .await
+                .unwrap();
+            String::from_utf8(
+                base64::engine::general_purpose::STANDARD
+                    .decode(attr.user_data().and_then(|u| u.value()).unwrap())
+                    .unwrap(),
+            )
+            .unwrap()
+        }
+    };
+    assert_eq!(user_data(m0.id.clone()).await, boot);
+    assert_eq!(
+        user_data(m1.id.clone()).await,
+        "#cloud-config\n# machine 1\n"
+    );
+    p.stop_instances(&[m0.id, m1.id]).await.unwrap();
+    p.destroy_environment().await.unwrap();
+}
+
+/// A bootstrap that fails part-way says which step did not come, exits 1,
+/// and leaves nothing: no instance, bucket, security group, role or
+/// profile with the UUID, no environment in this home. Here once at the
+/// launch (LocalStack's EC2 cannot attach the profile bootstrap made), once
+/// waiting for machine 0 to take up the controller (nothing runs its user
+/// data) past `bootstrap-timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bootstrap_that_fails_part_way_says_where_and_removes_what_it_made() {
+    let Some(()) = localstack() else { return };
+    for (extra, step, why) in [
+        (
+            "bootstrap-timeout=10m",
+            "starting machine 0's instance",
+            "NoSuchEntity: Instance profile jujube-",
+        ),
+        (
+            "instance-profile=none",
+            "waiting for machine 0 to fetch its tools and take up the controller",
+            "machine 0 did not take up the controller within the `bootstrap-timeout`",
+        ),
+    ] {
+        let acct = account();
+        let mut j = ec2_jujube(&acct);
+        j.auto_controller = true;
+        j.start_controllers = false;
+        let r = j.run(&[
+            "bootstrap",
+            "aws",
+            "--provider",
+            "ec2",
+            "--config",
+            &format!("region={REGION}"),
+            "--config",
+            &format!("endpoint={ENDPOINT}"),
+            "--config",
+            "bootstrap-timeout=3s",
+            "--config",
+            extra,
+        ]);
+        assert_eq!(r.code, 1, "{}", r.stderr);
+        assert!(
+            r.stderr
+                .contains(&format!("error: bootstrap failed while {step}: "))
+                && r.stderr.contains(why),
+            "{}",
+            r.stderr
+        );
+        assert!(!j.home.path().join("environments/aws").exists());
+        let raw = raw_client(&acct);
+        let live: Vec<_> = raw
+            .describe_instances()
+            .filters(
+                aws_sdk_ec2::types::Filter::builder()
+                    .name("instance-state-name")
+                    .values("pending")
+                    .values("running")
+                    .build(),
+            )
+            .send()
+            .await
+            .unwrap()
+            .reservations()
+            .iter()
+            .flat_map(|r| r.instances())
+            .filter_map(|i| i.instance_id().map(str::to_string))
+            .collect();
+        assert!(live.is_empty(), "{live:?}");
+        let groups = raw.describe_security_groups().send().await.unwrap();
+        assert!(
+            !groups
+                .security_groups()
+                .iter()
+                .any(|g| g.group_name().is_some_and(|n| n.starts_with("jujube-"))),
+            "the group is gone"
+        );
+        let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new(REGION))
+            .endpoint_url(ENDPOINT)
+            .credentials_provider(Credentials::new(&acct, "test", None, None, "raw"))
+            .load()
+            .await;
+        let iam = aws_sdk_iam::Client::new(&sdk);
+        let roles = iam.list_roles().send().await.unwrap();
+        assert!(
+            !roles
+                .roles()
+                .iter()
+                .any(|r| r.role_name().starts_with("jujube-")),
+            "the role is gone"
+        );
+        let profiles = iam.list_instance_profiles().send().await.unwrap();
+        assert!(
+            profiles.instance_profiles().is_empty(),
+            "the profile is gone"
+        );
+        let s3 = aws_sdk_s3::Client::from_conf(
+            aws_sdk_s3::config::Builder::from(&sdk)
+                .force_path_style(true)
+                .build(),
+        );
+        let buckets = s3.list_buckets().send().await.unwrap();
+        assert!(
+            !buckets
+                .buckets()
+                .iter()
+                .any(|b| b.name().is_some_and(|n| r.stderr.contains(n))),
+            "the bucket is gone"
+        );
+    }
+}

@@ -365,7 +365,9 @@ async fn the_api_port_opens_to_a_range_and_an_instance_says_its_addresses() {
             .contains("no instance `i-0123456789abcdef0`"),
         "{err}"
     );
-    p.stop_instances(std::slice::from_ref(&inst.id)).await.unwrap();
+    p.stop_instances(std::slice::from_ref(&inst.id))
+        .await
+        .unwrap();
     p.destroy_environment().await.unwrap();
 }
 
