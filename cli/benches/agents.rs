@@ -81,7 +81,7 @@ fn main() {
         count(&db, "SELECT count(*) FROM units WHERE NOT agent_started") == 0
     });
     println!(
-        "{n} units: deploy through the API {:.1} s; provisioned {n} dummy machines {:.1} s after the deploy began; every unit agent started {:.1} s later; controller peak RSS so far {:.0} MB",
+        "{n} units: deploy through the API {:.1} s; provisioned {n} dummy machines {:.1} s after the deploy began; every unit agent started {:.1} s later (goal <= 30 s); controller peak RSS so far {:.0} MB",
         deploy.as_secs_f64(),
         (deploy + provisioned).as_secs_f64(),
         started.as_secs_f64(),
@@ -167,7 +167,7 @@ fn main() {
         .find_map(|w| w.strip_prefix("largest_transaction_rows="))
         .unwrap_or("?");
     println!(
-        "destroy-service of {n} units with agents: every unit Dying → Dead → removed and the service removed in {:.1} s (goal <= 60 s); controller peak RSS {rss:.0} MB (goal <= 300 MB); largest controller transaction {rows} rows (goal <= 1000)",
+        "destroy-service of {n} units with agents: every unit Dying → Dead → removed and the service removed in {:.1} s (goal <= 30 s); controller peak RSS {rss:.0} MB (goal <= 250 MB); largest controller transaction {rows} rows (goal <= 1000)",
         removed.as_secs_f64()
     );
     println!(
