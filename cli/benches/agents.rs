@@ -48,8 +48,7 @@ fn main() {
     // units, so provisioning is timed from the deploy's start.
     jujube(home.path(), &["bootstrap", "bench", "--manual-controller"]);
     let log = home.path().join("controller.log");
-    let mut ctl = Command::new("heaptrack")
-        .args(["-o", "/tmp/ht/ctl", env!("CARGO_BIN_EXE_jujube")])
+    let mut ctl = Command::new(env!("CARGO_BIN_EXE_jujube"))
         .arg("controller")
         .env("JUJUBE_HOME", home.path())
         .env("RUST_LOG", "warn,jujube=info")
