@@ -129,9 +129,6 @@ impl Tx<'_> {
     }
 }
 
-/// The page size of a database the store creates.
-pub(crate) const PAGE_SIZE: i64 = 1024;
-
 /// Process-wide SQLite settings, made once before the first connection
 /// (SQLite takes them only then).
 ///
@@ -191,12 +188,6 @@ impl Store {
                 | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
-        // A new database gets 1 KiB pages (an existing one keeps its own):
-        // one add-unit changes a leaf in each of eight B-trees (unit,
-        // machine, feed, sequence, service, three indexes) and the WAL
-        // writes and syncs each whole; small pages make that a quarter of
-        // the bytes, at a small cost to whole-table reads.
-        conn.pragma_update(None, "page_size", PAGE_SIZE)?;
         // WAL lets readers in other processes run while one writes.
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(

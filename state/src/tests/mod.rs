@@ -8,7 +8,6 @@ mod feed;
 mod limits;
 mod prop;
 mod rules;
-mod storage;
 mod users;
 
 use crate::environment::EnvironmentSpec;
