@@ -533,9 +533,9 @@ fn main() -> ExitCode {
     }
 }
 
-/// The controller logs to stderr (its supervisor's or systemd's log), at
-/// `info` unless `RUST_LOG` says otherwise.
-fn init_controller_log() {
+/// The controller and agents log to stderr (their supervisor's, init's or
+/// systemd's log), at `info` unless `RUST_LOG` says otherwise.
+fn init_log() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -654,7 +654,7 @@ fn run(cli: Cli) -> Result<()> {
             region,
             endpoint,
         } => {
-            init_controller_log();
+            init_log();
             let environment = env_flag
                 .context("`take-up` needs the environment: `--env NAME`")?
                 .to_string();
@@ -674,7 +674,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Controller => {
             let name = home.select(env_flag)?;
-            init_controller_log();
+            init_log();
             runtime()?.block_on(controller::run(&home, &name))?;
         }
         Command::DebugLog {
@@ -777,14 +777,7 @@ fn run(cli: Cli) -> Result<()> {
             writeln!(out, "enrolled as `{}`", conf.tag)?;
         }
         Command::Agent { data_dir } => {
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_default_env()
-                        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-                )
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                .init();
+            init_log();
             runtime()?.block_on(agent::run(&data_dir))?;
         }
         Command::DummyCloud { action } => {

@@ -186,23 +186,13 @@ until /usr/local/bin/jujube enroll --data-dir "$dir" --api "$api" --ca-cert /var
   sleep 5
 done
 if command -v systemctl >/dev/null 2>&1; then
-  cat > /etc/systemd/system/jujube-agent.service <<'UNIT'
-[Unit]
-Description=jujube machine agent
-After=network-online.target
-
-[Service]
-ExecStart=/usr/local/bin/jujube agent --data-dir /var/lib/jujube/agent
-Restart=always
-RestartSec=5
-
-[Install]
-WantedBy=multi-user.target
-UNIT
-  systemctl daemon-reload
-  systemctl enable --now jujube-agent.service
-fi
+{unit}fi
 "#,
+        unit = systemd_service(
+            "jujube-agent",
+            "jujube machine agent",
+            "agent --data-dir /var/lib/jujube/agent"
+        ),
         api = e.api_address,
         sha = e.binary_sha256,
         token = e.token,
@@ -287,9 +277,23 @@ fi
 chmod 755 "$tmp"
 mv "$tmp" "$bin/jujube"
 if [ -z "$root" ] && command -v systemctl >/dev/null 2>&1; then
-  cat > /etc/systemd/system/jujube-controller.service <<'UNIT'
+{unit}else
+  # A non-interactive shell's background job outlives it (no SIGHUP).
+  "$bin/jujube" {args} </dev/null >>"$root/var/log/jujube-controller.log" 2>&1 &
+fi
+"#,
+        sha = b.sha256.to_ascii_lowercase(),
+        unit = systemd_service("jujube-controller", "jujube controller", &args),
+    ))
+}
+
+/// Boot script lines that install and start `/usr/local/bin/jujube ARGS`
+/// as the systemd service `name`, restarted whenever it stops.
+fn systemd_service(name: &str, description: &str, args: &str) -> String {
+    format!(
+        r#"  cat > /etc/systemd/system/{name}.service <<'UNIT'
 [Unit]
-Description=jujube controller
+Description={description}
 After=network-online.target
 
 [Service]
@@ -301,14 +305,9 @@ RestartSec=5
 WantedBy=multi-user.target
 UNIT
   systemctl daemon-reload
-  systemctl enable --now jujube-controller.service
-else
-  # A non-interactive shell's background job outlives it (no SIGHUP).
-  "$bin/jujube" {args} </dev/null >>"$root/var/log/jujube-controller.log" 2>&1 &
-fi
-"#,
-        sha = b.sha256.to_ascii_lowercase(),
-    ))
+  systemctl enable --now {name}.service
+"#
+    )
 }
 
 /// The API path the binary is served at (the API server's).

@@ -122,6 +122,44 @@ fn uuid() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
+/// The account's pending and running instances, whoever launched them.
+pub(crate) async fn live_instances(account: &str) -> Vec<aws_sdk_ec2::types::Instance> {
+    raw_client(account)
+        .describe_instances()
+        .filters(
+            aws_sdk_ec2::types::Filter::builder()
+                .name("instance-state-name")
+                .values("pending")
+                .values("running")
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap()
+        .reservations()
+        .iter()
+        .flat_map(|r| r.instances().to_vec())
+        .collect()
+}
+
+/// An instance's user data, decoded.
+pub(crate) async fn user_data_of(account: &str, id: &str) -> String {
+    use base64::Engine;
+    let attr = raw_client(account)
+        .describe_instance_attribute()
+        .instance_id(id)
+        .attribute(aws_sdk_ec2::types::InstanceAttributeName::UserData)
+        .send()
+        .await
+        .unwrap();
+    String::from_utf8(
+        base64::engine::general_purpose::STANDARD
+            .decode(attr.user_data().and_then(|u| u.value()).unwrap())
+            .unwrap(),
+    )
+    .unwrap()
+}
+
 pub(crate) fn raw_client(account: &str) -> aws_sdk_ec2::Client {
     let conf = aws_sdk_ec2::Config::builder()
         .behavior_version(aws_sdk_ec2::config::BehaviorVersion::latest())
@@ -913,7 +951,6 @@ impl Intercept for ProfileSpy {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn machine_0_is_launched_with_the_controllers_profile_and_boot_script_and_no_other_is() {
-    use base64::Engine;
     let Some(()) = localstack() else { return };
     let acct = account();
     let spy = Arc::new(ProfileSpy::default());
@@ -939,27 +976,9 @@ async fn machine_0_is_launched_with_the_controllers_profile_and_boot_script_and_
         *spy.profiles.lock().unwrap(),
         [Some("jujube-controller-profile".to_string()), None]
     );
-    let user_data = |id: String| {
-        let raw = raw_client(&acct);
-        async move {
-            let attr = raw
-                .describe_instance_attribute()
-                .instance_id(id)
-                .attribute(aws_sdk_ec2::types::InstanceAttributeName::UserData)
-                .send()
-                .await
-                .unwrap();
-            String::from_utf8(
-                base64::engine::general_purpose::STANDARD
-                    .decode(attr.user_data().and_then(|u| u.value()).unwrap())
-                    .unwrap(),
-            )
-            .unwrap()
-        }
-    };
-    assert_eq!(user_data(m0.id.clone()).await, boot);
+    assert_eq!(user_data_of(&acct, &m0.id).await, boot);
     assert_eq!(
-        user_data(m1.id.clone()).await,
+        user_data_of(&acct, &m1.id).await,
         "#cloud-config\n# machine 1\n"
     );
     p.stop_instances(&[m0.id, m1.id]).await.unwrap();
@@ -1014,24 +1033,12 @@ async fn a_bootstrap_that_fails_part_way_says_where_and_removes_what_it_made() {
             r.stderr
         );
         assert!(!j.home.path().join("environments/aws").exists());
-        let raw = raw_client(&acct);
-        let live: Vec<_> = raw
-            .describe_instances()
-            .filters(
-                aws_sdk_ec2::types::Filter::builder()
-                    .name("instance-state-name")
-                    .values("pending")
-                    .values("running")
-                    .build(),
-            )
-            .send()
+        let live: Vec<_> = live_instances(&acct)
             .await
-            .unwrap()
-            .reservations()
             .iter()
-            .flat_map(|r| r.instances())
             .filter_map(|i| i.instance_id().map(str::to_string))
             .collect();
+        let raw = raw_client(&acct);
         assert!(live.is_empty(), "{live:?}");
         let groups = raw.describe_security_groups().send().await.unwrap();
         assert!(
@@ -1041,13 +1048,7 @@ async fn a_bootstrap_that_fails_part_way_says_where_and_removes_what_it_made() {
                 .any(|g| g.group_name().is_some_and(|n| n.starts_with("jujube-"))),
             "the group is gone"
         );
-        let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
-            .region(aws_config::Region::new(REGION))
-            .endpoint_url(ENDPOINT)
-            .credentials_provider(Credentials::new(&acct, "test", None, None, "raw"))
-            .load()
-            .await;
-        let iam = aws_sdk_iam::Client::new(&sdk);
+        let iam = crate::ec2_storage::raw_iam(&acct).await;
         let roles = iam.list_roles().send().await.unwrap();
         assert!(
             !roles
@@ -1061,11 +1062,7 @@ async fn a_bootstrap_that_fails_part_way_says_where_and_removes_what_it_made() {
             profiles.instance_profiles().is_empty(),
             "the profile is gone"
         );
-        let s3 = aws_sdk_s3::Client::from_conf(
-            aws_sdk_s3::config::Builder::from(&sdk)
-                .force_path_style(true)
-                .build(),
-        );
+        let s3 = crate::ec2_storage::raw_s3(&acct).await;
         let buckets = s3.list_buckets().send().await.unwrap();
         assert!(
             !buckets

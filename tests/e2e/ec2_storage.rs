@@ -37,7 +37,7 @@ async fn sdk(account: &str) -> aws_config::SdkConfig {
         .await
 }
 
-async fn raw_s3(account: &str) -> aws_sdk_s3::Client {
+pub(crate) async fn raw_s3(account: &str) -> aws_sdk_s3::Client {
     aws_sdk_s3::Client::from_conf(
         aws_sdk_s3::config::Builder::from(&sdk(account).await)
             .force_path_style(true)
@@ -45,7 +45,7 @@ async fn raw_s3(account: &str) -> aws_sdk_s3::Client {
     )
 }
 
-async fn raw_iam(account: &str) -> aws_sdk_iam::Client {
+pub(crate) async fn raw_iam(account: &str) -> aws_sdk_iam::Client {
     aws_sdk_iam::Client::from_conf(aws_sdk_iam::config::Builder::from(&sdk(account).await).build())
 }
 

@@ -1406,7 +1406,6 @@ async fn machine_0s_container_runs_the_controller_and_holds_the_state() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bootstrap_on_ec2_puts_the_controller_on_machine_0() {
     use crate::ec2::{account, ec2_jujube, localstack, raw_client, ENDPOINT, REGION};
-    use base64::Engine;
     let Some(()) = localstack() else { return };
     let Some(c) = lxd() else { return };
     let acct = account();
@@ -1474,19 +1473,7 @@ async fn bootstrap_on_ec2_puts_the_controller_on_machine_0() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let iid = machine0.expect("machine 0's instance is launched");
-    let attr = raw
-        .describe_instance_attribute()
-        .instance_id(&iid)
-        .attribute(aws_sdk_ec2::types::InstanceAttributeName::UserData)
-        .send()
-        .await
-        .unwrap();
-    let script = String::from_utf8(
-        base64::engine::general_purpose::STANDARD
-            .decode(attr.user_data().and_then(|u| u.value()).unwrap())
-            .unwrap(),
-    )
-    .unwrap();
+    let script = crate::ec2::user_data_of(&acct, &iid).await;
     // No secret: no password, no key, no credential.
     assert!(
         script.contains("X-Amz-Expires="),
@@ -1626,21 +1613,9 @@ async fn bootstrap_on_ec2_puts_the_controller_on_machine_0() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(r.stdout.contains("stopped machine 0"), "{}", r.stdout);
     assert!(r.stdout.contains("the S3 bucket `jujube-"), "{}", r.stdout);
-    let live: Vec<String> = raw
-        .describe_instances()
-        .filters(
-            aws_sdk_ec2::types::Filter::builder()
-                .name("instance-state-name")
-                .values("pending")
-                .values("running")
-                .build(),
-        )
-        .send()
+    let live: Vec<String> = crate::ec2::live_instances(&acct)
         .await
-        .unwrap()
-        .reservations()
         .iter()
-        .flat_map(|r| r.instances())
         .filter(|i| {
             i.tags()
                 .iter()
@@ -1654,20 +1629,7 @@ async fn bootstrap_on_ec2_puts_the_controller_on_machine_0() {
         .security_groups()
         .iter()
         .any(|g| g.group_name() == Some(&format!("jujube-{env_uuid}"))));
-    let s3 = aws_sdk_s3::Client::from_conf(
-        aws_sdk_s3::config::Builder::from(
-            &aws_config::defaults(aws_config::BehaviorVersion::latest())
-                .region(aws_config::Region::new(REGION))
-                .endpoint_url(ENDPOINT)
-                .credentials_provider(aws_sdk_ec2::config::Credentials::new(
-                    &acct, "test", None, None, "raw",
-                ))
-                .load()
-                .await,
-        )
-        .force_path_style(true)
-        .build(),
-    );
+    let s3 = crate::ec2_storage::raw_s3(&acct).await;
     assert!(s3
         .head_bucket()
         .bucket(format!("jujube-{env_uuid}"))
