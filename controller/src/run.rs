@@ -1216,6 +1216,44 @@ mod tests {
     use super::peer_may_be;
 
     #[test]
+    fn ec2_bootstrap_keys_are_checked_before_anything_is_made() {
+        let check = |k: &str, v: &str| {
+            super::validate_config("ec2", &[(k.to_string(), v.to_string())].into())
+                .map_err(|e| e.to_string())
+        };
+        for (k, v, says) in [
+            (
+                "control-bucket",
+                "Not_A_Bucket",
+                "is not a valid S3 bucket name",
+            ),
+            (
+                "bootstrap-timeout",
+                "soon",
+                "`bootstrap-timeout=soon` is not a duration",
+            ),
+            ("bootstrap-timeout", "0s", "is not a duration"),
+            ("use-private-address", "yes", "is not `true` or `false`"),
+            ("api-allowed-cidr", "10.0.0.0/33", "is not an IPv4 range"),
+            ("api-allowed-cidr", "everyone", "is not an IPv4 range"),
+            ("controller-address", "127.0.0.1", "is not a host:port"),
+            ("api-listen-address", ":17070", "is not a host:port"),
+        ] {
+            let err = check(k, v).unwrap_err();
+            assert!(err.contains(says), "{k}={v}: {err}");
+        }
+        for (k, v) in [
+            ("control-bucket", "my-jujube-tools"),
+            ("bootstrap-timeout", "15m"),
+            ("use-private-address", "true"),
+            ("api-allowed-cidr", "203.0.113.0/24"),
+            ("controller-address", "localhost:17070"),
+        ] {
+            check(k, v).unwrap();
+        }
+    }
+
+    #[test]
     fn a_presence_lapse_below_four_seconds_or_not_a_number_is_refused() {
         let with = |v: &str| {
             super::validate_config(

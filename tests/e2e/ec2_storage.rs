@@ -132,6 +132,33 @@ async fn the_control_bucket_is_tagged_keeps_tools_by_hash_and_hands_out_expiring
         .await
         .is_err());
 
+    // A private object is read back only up to the bound its reader sets
+    // (machine 0's hand-over: 64 MiB); a larger one is refused and left.
+    bucket
+        .put_private("controller/hand-over", vec![7; 2048])
+        .await
+        .unwrap();
+    let err = bucket
+        .get("controller/hand-over", 1024)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("is 2048 bytes, more than the 1024 expected"),
+        "{err}"
+    );
+    assert_eq!(
+        bucket.get("controller/hand-over", 4096).await.unwrap(),
+        Some(vec![7; 2048])
+    );
+    assert!(bucket.exists("controller/hand-over").await.unwrap());
+    bucket.delete("controller/hand-over").await.unwrap();
+    assert!(!bucket.exists("controller/hand-over").await.unwrap());
+    assert_eq!(
+        bucket.get("controller/hand-over", 4096).await.unwrap(),
+        None
+    );
+
     // The environment's removal takes the bucket and what it holds.
     p.destroy_environment().await.unwrap();
     let gone = raw_s3(&acct)
