@@ -190,7 +190,7 @@ where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     R: std::fmt::Debug,
 {
-    classify_in(e, "EC2", zone)
+    classify_in(e, "EC2", None, zone)
 }
 
 /// An AWS error (EC2's, S3's, IAM's: they share the common codes) to its
@@ -200,10 +200,12 @@ where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     R: std::fmt::Debug,
 {
-    classify_in(e, what, None)
+    classify_in(e, what, Some(what), None)
 }
 
-fn classify_in<E, R>(e: SdkError<E, R>, what: &str, zone: Option<&str>) -> Error
+/// `what` names the service in transport errors; `lead`, when given, leads
+/// the text of a service's own error too.
+fn classify_in<E, R>(e: SdkError<E, R>, what: &str, lead: Option<&str>, zone: Option<&str>) -> Error
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     R: std::fmt::Debug,
@@ -212,13 +214,14 @@ where
         SdkError::ServiceError(se) => {
             let code = se.err().code().unwrap_or("").to_string();
             let msg = se.err().message().unwrap_or("").to_string();
-            match classify_code(&code, &msg, zone) {
-                err if what == "EC2" => err,
-                Error::Transient(t) => Error::Transient(format!("{what}: {t}")),
-                Error::Quota(t) => Error::Quota(format!("{what}: {t}")),
-                Error::InvalidSpec(t) => Error::InvalidSpec(format!("{what}: {t}")),
-                Error::Credentials(t) => Error::Credentials(format!("{what}: {t}")),
-                Error::NotFound(t) => Error::NotFound(format!("{what}: {t}")),
+            let err = classify_code(&code, &msg, zone);
+            let Some(lead) = lead else { return err };
+            match err {
+                Error::Transient(t) => Error::Transient(format!("{lead}: {t}")),
+                Error::Quota(t) => Error::Quota(format!("{lead}: {t}")),
+                Error::InvalidSpec(t) => Error::InvalidSpec(format!("{lead}: {t}")),
+                Error::Credentials(t) => Error::Credentials(format!("{lead}: {t}")),
+                Error::NotFound(t) => Error::NotFound(format!("{lead}: {t}")),
                 err => err,
             }
         }
