@@ -197,6 +197,7 @@ async fn run(agents: usize, seconds: u64, set_every: u64) {
             max_unauthenticated_per_peer: 2 * agents + 16,
             ..Limits::default()
         },
+        None,
     )
     .await
     .unwrap();

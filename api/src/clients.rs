@@ -348,7 +348,7 @@ pub(crate) async fn handle(
     activity: &Arc<Activity>,
     req: Request<Incoming>,
 ) -> Response<Body> {
-    let Some(handler) = shared.clients.get().cloned() else {
+    let Some(handler) = shared.clients.clone() else {
         return refused(
             StatusCode::NOT_FOUND,
             "this API server does not serve users",

@@ -102,7 +102,7 @@ pub(crate) struct Shared {
     facades: Arc<Facades>,
     pub(crate) limits: Limits,
     /// Users' calls, once the controller hands a handler over.
-    pub(crate) clients: std::sync::OnceLock<Arc<dyn crate::clients::ClientHandler>>,
+    pub(crate) clients: Option<Arc<dyn crate::clients::ClientHandler>>,
     /// Where charms users upload are kept (the environment's `charms`).
     pub(crate) charms_dir: PathBuf,
     /// Password checks running at once (see [`crate::clients`]).
@@ -166,7 +166,13 @@ pub struct ApiServer {
 impl ApiServer {
     /// Listens on `tcp` (port 0 picks a free one) and/or the unix socket
     /// `unix` (a stale socket file is replaced), serving the facades of
-    /// `store`. The TLS files must exist ([`tls::ensure`]).
+    /// `store`, and users with `clients` where given. The TLS files must
+    /// exist ([`tls::ensure`]).
+    ///
+    /// Users' handler is given here, not set later: a user's command that
+    /// reaches a starting controller the moment it listens (the CLI waits
+    /// for it while its lock is held) is answered, never told that this
+    /// server does not serve users.
     pub async fn start(
         env_dir: &Path,
         store: Store,
@@ -174,6 +180,7 @@ impl ApiServer {
         tcp: Option<&str>,
         unix: Option<&Path>,
         limits: Limits,
+        clients: Option<Arc<dyn crate::clients::ClientHandler>>,
     ) -> Result<ApiServer> {
         let acceptor = tokio_rustls::TlsAcceptor::from(tls::server_config(env_dir)?);
         let mut limits = limits;
@@ -196,7 +203,7 @@ impl ApiServer {
             acceptor,
             tools: std::sync::OnceLock::new(),
             enroller: std::sync::OnceLock::new(),
-            clients: std::sync::OnceLock::new(),
+            clients,
             checks: crate::clients::checks(),
             checks_waiting: AtomicUsize::new(0),
             charms_dir: env_dir.join("charms"),
@@ -299,11 +306,6 @@ impl ApiServer {
     /// Answers [`ENROLL_PATH`] with `enroller` from now on.
     pub fn enroll_with(&self, enroller: Arc<dyn Enroller>) {
         let _ = self.shared.enroller.set(enroller);
-    }
-
-    /// Answers users ([`crate::clients`]) with `handler` from now on.
-    pub fn serve_clients(&self, handler: Arc<dyn crate::clients::ClientHandler>) {
-        let _ = self.shared.clients.set(handler);
     }
 
     /// The TCP address it listens on (the port chosen when 0 was asked).

@@ -106,6 +106,15 @@ impl World {
     /// A server as a restarted controller makes it: its own facades, whose
     /// change router starts at the store's head.
     async fn start(&mut self, limits: Limits) {
+        self.start_serving(limits, None).await;
+    }
+
+    /// [`World::start`], serving users with `clients`.
+    async fn start_serving(
+        &mut self,
+        limits: Limits,
+        clients: Option<Arc<dyn crate::clients::ClientHandler>>,
+    ) {
         self.server = None;
         self.facades = Arc::new(Facades::new(self.store.clone()).unwrap());
         self.facades.ready().await;
@@ -118,6 +127,7 @@ impl World {
                 Some("127.0.0.1:0"),
                 Some(&sock),
                 limits,
+                clients,
             )
             .await
             .unwrap(),
@@ -485,6 +495,7 @@ async fn agents_trust_exactly_their_environments_ca() {
         Some("127.0.0.1:0"),
         None,
         Limits::default(),
+        None,
     )
     .await
     .unwrap();
@@ -1661,7 +1672,7 @@ async fn users_log_in_with_their_password_and_register_once_within_the_bounds() 
     let _alone = MEMORY.lock().await;
     use jujube_agent::remote::UserClient;
     use jujube_wire::client::{Access, ClientCall, Registration};
-    let w = World::new().await;
+    let mut w = World::new().await;
     w.store.create_admin("the admin's pässword").unwrap();
     w.store
         .as_user("admin")
@@ -1671,8 +1682,12 @@ async fn users_log_in_with_their_password_and_register_once_within_the_bounds() 
             &jujube_state::users::secret_hash("the secret"),
         )
         .unwrap();
+    w.start_serving(
+        Limits::default(),
+        Some(Arc::new(ListUsers(w.store.clone()))),
+    )
+    .await;
     let server = w.server.as_ref().unwrap();
-    server.serve_clients(Arc::new(ListUsers(w.store.clone())));
     let ca = tls::ca_cert(w.dir.path()).unwrap();
     let client = |user: &str, password: &str| {
         UserClient::new(&server.addresses(), &ca, user, password).unwrap()
@@ -1764,10 +1779,11 @@ async fn a_users_answer_as_large_as_a_100000_unit_status_reaches_the_client() {
     let _alone = MEMORY.lock().await;
     use jujube_agent::remote::UserClient;
     use jujube_wire::client::ClientCall;
-    let w = World::new().await;
+    let mut w = World::new().await;
     w.store.create_admin("pw").unwrap();
+    w.start_serving(Limits::default(), Some(Arc::new(LargeStatus)))
+        .await;
     let server = w.server.as_ref().unwrap();
-    server.serve_clients(Arc::new(LargeStatus));
     let ca = tls::ca_cert(w.dir.path()).unwrap();
     let client = UserClient::new(&server.addresses(), &ca, "admin", "pw").unwrap();
     let status = client.call(&ClientCall::Status).await.unwrap().unwrap();
@@ -1814,10 +1830,11 @@ async fn a_streamed_answer_arrives_whole_or_as_an_error_never_cut_short_as_if_wh
     let _alone = MEMORY.lock().await;
     use jujube_agent::remote::UserClient;
     use jujube_wire::client::ClientCall;
-    let w = World::new().await;
+    let mut w = World::new().await;
     w.store.create_admin("pw").unwrap();
+    w.start_serving(Limits::default(), Some(Arc::new(Streams)))
+        .await;
     let server = w.server.as_ref().unwrap();
-    server.serve_clients(Arc::new(Streams));
     let ca = tls::ca_cert(w.dir.path()).unwrap();
     let client = UserClient::new(&server.addresses(), &ca, "admin", "pw").unwrap();
     let whole = client.call(&ClientCall::Status).await.unwrap().unwrap();
@@ -1850,4 +1867,32 @@ async fn a_streamed_answer_arrives_whole_or_as_an_error_never_cut_short_as_if_wh
         .unwrap_err();
     assert!(e.message.contains("reading the answer"), "{}", e.message);
     assert!(got.len() < whole.len() / 2, "{}", got.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_who_connects_the_moment_the_server_listens_is_answered() {
+    let _alone = MEMORY.lock().await;
+    use jujube_agent::remote::UserClient;
+    use jujube_wire::client::ClientCall;
+    let mut w = World::new().await;
+    w.store.create_admin("pw").unwrap();
+    // A controller's CLI connects as soon as the socket accepts (it waits
+    // while the controller's lock is held): the first call must reach the
+    // users' handler, not a server that has not been told of it yet.
+    w.start_serving(
+        Limits::default(),
+        Some(Arc::new(ListUsers(w.store.clone()))),
+    )
+    .await;
+    let server = w.server.as_ref().unwrap();
+    let ca = tls::ca_cert(w.dir.path()).unwrap();
+    let client = UserClient::new(&server.addresses(), &ca, "admin", "pw").unwrap();
+    let users = client.call(&ClientCall::Users).await.unwrap();
+    assert!(users.is_ok(), "{users:?}");
+    // A server started without users' handler (an agents-only one) says so.
+    w.start(Limits::default()).await;
+    let server = w.server.as_ref().unwrap();
+    let client = UserClient::new(&server.addresses(), &ca, "admin", "pw").unwrap();
+    let e = client.call(&ClientCall::Users).await.unwrap().unwrap_err();
+    assert!(e.message.contains("does not serve users"), "{e:?}");
 }

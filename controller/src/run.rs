@@ -217,12 +217,14 @@ async fn stop_controller(home: &Home, name: &str, out: &mut impl Write) -> Resul
 /// environment's CA (made now if the environment predates it), on
 /// `api-address` (default `127.0.0.1:0`, a free port) and on the unix socket
 /// `api.socket` in the environment's directory. The addresses it really
-/// listens on are written to `api-addresses` there.
+/// listens on are written to `api-addresses` there. It answers users with
+/// `clients` from its first connection.
 pub async fn start_api(
     home: &Home,
     env_name: &str,
     store: &Store,
     facades: std::sync::Arc<jujube_agent_state::Facades>,
+    clients: Arc<dyn jujube_api::clients::ClientHandler>,
 ) -> Result<jujube_api::ApiServer> {
     let env = store.environment()?;
     let dir = home.env_dir(env_name);
@@ -258,6 +260,7 @@ pub async fn start_api(
             presence_every: beat,
             ..jujube_api::Limits::default()
         },
+        Some(clients),
     )
     .await?;
     let list = dir.join("api-addresses");
@@ -688,13 +691,12 @@ pub async fn run(home: &Home, env_name: &str) -> Result<()> {
     // One change router and one writer for every agent, remote or in
     // process: the API server and the host share them.
     let facades = std::sync::Arc::new(jujube_agent_state::Facades::new(store.clone())?);
-    let api = start_api(home, env_name, &store, facades.clone()).await?;
     let logs = Arc::new(
         jujube_agent_state::logsink::LogSink::open(&home.env_dir(env_name).join("logsink"))
             .context("cannot open the log sink")?,
     );
     facades.keep_logs(logs.clone());
-    api.serve_clients(Arc::new(Clients {
+    let clients = Arc::new(Clients {
         home: Home {
             root: home.root.clone(),
         },
@@ -702,7 +704,8 @@ pub async fn run(home: &Home, env_name: &str) -> Result<()> {
         store: store.clone(),
         runtime: tokio::runtime::Handle::current(),
         logs,
-    }));
+    });
+    let api = start_api(home, env_name, &store, facades.clone(), clients).await?;
     jujube_agent::hooks::runner::set_environment(jujube_agent::hooks::runner::Environment {
         name: env_name.to_string(),
         uuid: store.environment()?.uuid,
