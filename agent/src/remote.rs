@@ -232,34 +232,73 @@ pub async fn enroll(
         env_name: String::new(),
         env_uuid: String::new(),
     };
-    let client = Remote::new(&probe)?;
-    let mut sender = client.inner.connect().await?;
     let body = serde_json::to_vec(&crate::wire::EnrollRequest {
         token: token.to_string(),
         identity_document: base64::engine::general_purpose::STANDARD.encode(document),
         identity_signature: signature.trim().to_string(),
     })
     .expect("plain data");
-    let req = hyper::Request::post(format!("https://{SERVER_NAME}{}", crate::wire::ENROLL_PATH))
-        .header(hyper::header::CONTENT_TYPE, "application/json")
+    post_once(&probe, crate::wire::ENROLL_PATH, None, body, "enrolling").await
+}
+
+/// `bootstrap`'s hand-over to machine 0 on EC2 (see
+/// `jujube_api::handover`): `body` to the one-shot listener at `address`,
+/// trusting only `ca_cert`, with the one-time `token`.
+pub async fn hand_over(address: &str, ca_cert: &str, token: &str, body: Vec<u8>) -> ApiResult<()> {
+    let probe = AgentConf {
+        api_addresses: vec![address.to_string()],
+        ca_cert: ca_cert.to_string(),
+        tag: Tag::Machine(0),
+        secret: String::new(),
+        env_name: String::new(),
+        env_uuid: String::new(),
+    };
+    post_once(
+        &probe,
+        crate::wire::HAND_OVER_PATH,
+        Some(token),
+        body,
+        "handing over",
+    )
+    .await
+    .map(drop)
+}
+
+/// One `POST` of `body` to `path` at `probe`'s addresses (no agent
+/// credential; `bearer` if given), its answer's bytes when it succeeded.
+async fn post_once(
+    probe: &AgentConf,
+    path: &str,
+    bearer: Option<&str>,
+    body: Vec<u8>,
+    doing: &str,
+) -> ApiResult<Vec<u8>> {
+    let client = Remote::new(probe)?;
+    let mut sender = client.inner.connect().await?;
+    let mut req = hyper::Request::post(format!("https://{SERVER_NAME}{path}"))
+        .header(hyper::header::CONTENT_TYPE, "application/json");
+    if let Some(b) = bearer {
+        req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {b}"));
+    }
+    let req = req
         .body(Full::new(Bytes::from(body)))
         .expect("a valid request");
     let resp = sender
         .send_request(req)
         .await
-        .map_err(|e| unavailable(format!("enrolling: {e}")))?;
+        .map_err(|e| unavailable(format!("{doing}: {e}")))?;
     let ok = resp.status().is_success();
     let bytes = http_body_util::Limited::new(resp.into_body(), MAX_REPLY)
         .collect()
         .await
-        .map_err(|e| unavailable(format!("reading the enrollment: {e}")))?
+        .map_err(|e| unavailable(format!("reading the answer: {e}")))?
         .to_bytes();
     if ok {
         return Ok(bytes.to_vec());
     }
     Err(match serde_json::from_slice::<Reply>(&bytes) {
         Ok(Reply::Error(e)) => e,
-        _ => ApiError::new(ErrorCode::Internal, "the enrollment was refused"),
+        _ => ApiError::new(ErrorCode::Internal, format!("{doing}: refused")),
     })
 }
 

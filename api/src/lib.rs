@@ -15,10 +15,14 @@
 //!   guesses slowed) and registration; what a user may do is checked by
 //!   the store in each call's transaction.
 //!
+//! - [`handover`]: machine 0's one-shot listener on EC2 that takes the
+//!   environment's state and the user's credentials from `bootstrap`.
+//!
 //! The wire format is `jujube_agent::wire` (one `Call` per facade method);
 //! the client is `jujube_agent::remote::Remote`.
 
 pub mod clients;
+pub mod handover;
 pub mod server;
 pub mod tls;
 

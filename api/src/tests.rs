@@ -1896,3 +1896,85 @@ async fn a_user_who_connects_the_moment_the_server_listens_is_answered() {
     let e = client.call(&ClientCall::Users).await.unwrap().unwrap_err();
     assert!(e.message.contains("does not serve users"), "{e:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_is_taken_once_with_the_token_within_its_bound_from_the_one_shot_identity() {
+    use crate::tls::OneShot;
+    use jujube_agent::remote::hand_over;
+    let id = OneShot::new().unwrap();
+    let token = new_secret();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    use bytes::Bytes;
+    let taken = Arc::new(std::sync::Mutex::new(Vec::<Bytes>::new()));
+    let receiving = {
+        let (id, taken) = (
+            (id.server_cert.clone(), id.server_key.clone()),
+            taken.clone(),
+        );
+        let (addr, hash) = (addr.clone(), secret_hash(&token));
+        tokio::spawn(async move {
+            crate::handover::receive(
+                &addr,
+                &id.0,
+                &id.1,
+                &hash,
+                1000,
+                Box::new(move |body| {
+                    if body.as_ref() == b"not yet" {
+                        return Err("the state is not laid out".into());
+                    }
+                    taken.lock().unwrap().push(body);
+                    Ok(())
+                }),
+            )
+            .await
+        })
+    };
+    let mut tries = 0;
+    while std::net::TcpStream::connect(&addr).is_err() {
+        tries += 1;
+        assert!(tries < 500, "the hand-over listens");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Another identity (the environment's own CA, say) is not trusted.
+    let other = OneShot::new().unwrap();
+    let e = hand_over(&addr, &other.ca_cert, &token, b"state".to_vec())
+        .await
+        .unwrap_err();
+    assert!(e.message.contains("TLS handshake"), "{e}");
+    // A wrong token, an empty one, or too large a body: refused, nothing
+    // taken.
+    let e = hand_over(&addr, &id.ca_cert, &new_secret(), b"state".to_vec())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Unauthenticated, "{e}");
+    let e = hand_over(&addr, &id.ca_cert, "", b"state".to_vec())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Unauthenticated, "{e}");
+    let e = hand_over(&addr, &id.ca_cert, &token, vec![b'x'; 1001])
+        .await
+        .unwrap_err();
+    assert!(e.message.contains("more than 1000 bytes"), "{e}");
+    // What its taker refuses is said, and may be tried again.
+    let e = hand_over(&addr, &id.ca_cert, &token, b"not yet".to_vec())
+        .await
+        .unwrap_err();
+    assert_eq!(e.message, "the state is not laid out");
+    assert!(taken.lock().unwrap().is_empty());
+    hand_over(&addr, &id.ca_cert, &token, b"state".to_vec())
+        .await
+        .unwrap();
+    receiving.await.unwrap().unwrap();
+    assert_eq!(*taken.lock().unwrap(), vec![Bytes::from_static(b"state")]);
+    // Then nothing listens: the controller takes the port.
+    assert!(hand_over(&addr, &id.ca_cert, &token, b"again".to_vec())
+        .await
+        .is_err());
+    assert!(tokio::net::TcpListener::bind(&addr).await.is_ok());
+}

@@ -71,17 +71,35 @@ pub fn ensure(env_dir: &Path, env_uuid: &str) -> Result<()> {
         path: dir.clone(),
         source,
     })?;
+    let made = make(
+        &format!("jujube CA for environment {env_uuid}"),
+        time::Duration::days(3650),
+    )?;
+    write_file(&dir.join(CA_KEY), &made.ca_key, 0o600)?;
+    write_file(&dir.join(CA_CERT), &made.ca_cert, 0o644)?;
+    write_file(&dir.join(SERVER_CERT), &made.server_cert, 0o644)?;
+    write_file(&dir.join(SERVER_KEY), &made.server_key, 0o600)?;
+    Ok(())
+}
+
+/// A CA and a server certificate it signed for [`SERVER_NAME`], as PEM.
+struct Made {
+    ca_key: String,
+    ca_cert: String,
+    server_cert: String,
+    server_key: String,
+}
+
+fn make(ca_name: &str, lifetime: time::Duration) -> Result<Made> {
     let now = time::OffsetDateTime::now_utc();
     let ca_key = KeyPair::generate().map_err(|e| tls_err("cannot make the CA key", e))?;
     let mut ca = CertificateParams::default();
-    ca.distinguished_name.push(
-        DnType::CommonName,
-        format!("jujube CA for environment {env_uuid}"),
-    );
+    ca.distinguished_name
+        .push(DnType::CommonName, ca_name.to_string());
     ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     ca.not_before = now - time::Duration::days(1);
-    ca.not_after = now + time::Duration::days(3650);
+    ca.not_after = now + lifetime;
     let ca_cert = ca
         .self_signed(&ca_key)
         .map_err(|e| tls_err("cannot make the CA certificate", e))?;
@@ -103,11 +121,33 @@ pub fn ensure(env_dir: &Path, env_uuid: &str) -> Result<()> {
         .signed_by(&server_key, &issuer)
         .map_err(|e| tls_err("cannot sign the server certificate", e))?;
 
-    write_file(&dir.join(CA_KEY), &ca_key.serialize_pem(), 0o600)?;
-    write_file(&dir.join(CA_CERT), &ca_cert.pem(), 0o644)?;
-    write_file(&dir.join(SERVER_CERT), &server_cert.pem(), 0o644)?;
-    write_file(&dir.join(SERVER_KEY), &server_key.serialize_pem(), 0o600)?;
-    Ok(())
+    Ok(Made {
+        ca_key: ca_key.serialize_pem(),
+        ca_cert: ca_cert.pem(),
+        server_cert: server_cert.pem(),
+        server_key: server_key.serialize_pem(),
+    })
+}
+
+/// A server identity for one exchange (machine 0's hand-over, see
+/// [`crate::handover`]): the client trusts `ca_cert`, whose key is
+/// discarded at once, so nothing but this `server_cert` and `server_key`
+/// will ever be trusted by it. Valid for a day.
+pub struct OneShot {
+    pub ca_cert: String,
+    pub server_cert: String,
+    pub server_key: String,
+}
+
+impl OneShot {
+    pub fn new() -> Result<OneShot> {
+        let made = make("jujube one-shot CA", time::Duration::days(1))?;
+        Ok(OneShot {
+            ca_cert: made.ca_cert,
+            server_cert: made.server_cert,
+            server_key: made.server_key,
+        })
+    }
 }
 
 /// A self-signed client certificate and its key (PEM), named `name`: how
@@ -135,13 +175,21 @@ pub fn ca_cert(env_dir: &Path) -> Result<String> {
 
 /// The server's TLS configuration: its certificate, HTTP/2 only.
 pub fn server_config(env_dir: &Path) -> Result<Arc<rustls::ServerConfig>> {
+    let dir = dir(env_dir);
+    server_config_of(
+        &read_file(&dir.join(SERVER_CERT))?,
+        &read_file(&dir.join(SERVER_KEY))?,
+    )
+}
+
+/// A server configuration with certificate `cert` and key `key` (PEM).
+pub fn server_config_of(cert: &str, key: &str) -> Result<Arc<rustls::ServerConfig>> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let dir = dir(env_dir);
-    let certs = CertificateDer::pem_slice_iter(read_file(&dir.join(SERVER_CERT))?.as_bytes())
+    let certs = CertificateDer::pem_slice_iter(cert.as_bytes())
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| tls_err("cannot read the server certificate", e))?;
-    let key = PrivateKeyDer::from_pem_slice(read_file(&dir.join(SERVER_KEY))?.as_bytes())
+    let key = PrivateKeyDer::from_pem_slice(key.as_bytes())
         .map_err(|e| tls_err("cannot read the server key", e))?;
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)

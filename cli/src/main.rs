@@ -374,11 +374,15 @@ enum Command {
         home: PathBuf,
         #[arg(long)]
         uuid: String,
-        #[arg(long)]
-        bucket: String,
+        /// The control bucket holding the hand-over (with `--key`).
+        #[arg(long, requires = "key", conflicts_with = "hand_over_token_sha256")]
+        bucket: Option<String>,
         /// The hand-over's key in the bucket.
-        #[arg(long)]
-        key: String,
+        #[arg(long, requires = "bucket")]
+        key: Option<String>,
+        /// Take the hand-over from bootstrap instead, bearing the token of this SHA-256.
+        #[arg(long, required_unless_present = "bucket")]
+        hand_over_token_sha256: Option<String>,
         #[arg(long)]
         region: String,
         #[arg(long)]
@@ -651,6 +655,7 @@ fn run(cli: Cli) -> Result<()> {
             uuid,
             bucket,
             key,
+            hand_over_token_sha256,
             region,
             endpoint,
         } => {
@@ -659,13 +664,20 @@ fn run(cli: Cli) -> Result<()> {
                 .context("`take-up` needs the environment: `--env NAME`")?
                 .to_string();
             let home = Home { root: home };
-            let take_up = jujube_controller::machine0_ec2::TakeUp {
+            use jujube_controller::machine0_ec2::{TakeUp, TakeUpFrom};
+            let from = match (bucket, key, hand_over_token_sha256) {
+                (Some(bucket), Some(key), None) => TakeUpFrom::Bucket { bucket, key },
+                (None, None, Some(token_sha256)) => TakeUpFrom::HandOver { token_sha256 },
+                _ => {
+                    bail!("`take-up` takes `--bucket` with `--key`, or `--hand-over-token-sha256`")
+                }
+            };
+            let take_up = TakeUp {
                 env: environment.clone(),
                 uuid,
-                bucket,
-                key,
                 region,
                 endpoint,
+                from,
             };
             runtime()?.block_on(async {
                 jujube_controller::machine0_ec2::take_up(&home, &take_up).await?;

@@ -16,6 +16,15 @@
 //!    instance metadata service, lays it into its home, deletes it from the
 //!    bucket, and runs the controller (after a restart, the controller
 //!    alone).
+//!
+//!    With `controller-credentials=hand-over` no role is made: machine 0
+//!    makes a one-shot TLS identity, publishes its CA certificate by a
+//!    presigned `PUT` URL (the user data's, one object), and waits; bootstrap
+//!    reads that certificate with its own credentials, trusts nothing else,
+//!    and hands over the same bundle with its credentials added, bearing a
+//!    one-time token machine 0 knows only the hash of
+//!    (`jujube_api::handover`). Machine 0 keeps them in
+//!    [`CLOUD_CREDENTIALS`], and its controller acts with them.
 //! 4. `bootstrap` waits for each step (the instance started, the state
 //!    taken up, the controller answering this home's account at machine
 //!    0's address, proven by the environment's CA) until `bootstrap-timeout`;
@@ -30,7 +39,7 @@
 use crate::home::Home;
 use crate::machine0::{files_under, hand_over_home, wait_for_answer, Machine0};
 use crate::{bail, Context, Result};
-use jujube_providers::ec2::{storage, ControllerLaunch, Ec2Provider};
+use jujube_providers::ec2::{storage, ControllerLaunch, Ec2Provider, HandedCredentials};
 use jujube_providers::Provider;
 use jujube_state::Store;
 use serde::{Deserialize, Serialize};
@@ -58,6 +67,28 @@ const BUNDLE_MAX: u64 = 64 << 20;
 #[derive(Serialize, Deserialize)]
 struct Bundle {
     files: Vec<BundleFile>,
+    /// The user's cloud credentials, when they are handed over
+    /// (`controller-credentials=hand-over`): kept in [`CLOUD_CREDENTIALS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    credentials: Option<HandedCredentials>,
+}
+
+/// Where machine 0's controller keeps the credentials it was handed, in the
+/// environment's directory, the owner's alone; the controller's EC2
+/// provider uses them instead of the default chain.
+pub const CLOUD_CREDENTIALS: &str = "cloud-credentials";
+
+/// The credentials kept in environment directory `dir`, if any were handed
+/// over.
+pub fn handed_credentials(dir: &Path) -> Result<Option<HandedCredentials>> {
+    let path = dir.join(CLOUD_CREDENTIALS);
+    match std::fs::read(&path) {
+        Ok(b) => Ok(Some(serde_json::from_slice(&b).with_context(|| {
+            format!("`{}` does not hold credentials", path.display())
+        })?)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("cannot read `{}`", path.display())),
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -74,15 +105,19 @@ fn b64() -> base64::engine::GeneralPurpose {
 }
 
 /// The environment directory's files (the store closed first), SQLite's
-/// shared-memory index aside (rebuilt from the WAL).
-fn bundle(dir: &Path) -> Result<Vec<u8>> {
+/// shared-memory index aside (rebuilt from the WAL), and `credentials`.
+fn bundle(dir: &Path, credentials: Option<HandedCredentials>) -> Result<Vec<u8>> {
     use base64::Engine;
     let mut rels = Vec::new();
     files_under(dir, Path::new(""), &mut rels)?;
     let mut files = Vec::new();
     for rel in rels {
         let name = rel.to_string_lossy().to_string();
-        if name.ends_with("-shm") || name == "lock" || name.ends_with(".log") {
+        if name.ends_with("-shm")
+            || name == "lock"
+            || name.ends_with(".log")
+            || name == CLOUD_CREDENTIALS
+        {
             continue;
         }
         let bytes = std::fs::read(dir.join(&rel))
@@ -93,7 +128,7 @@ fn bundle(dir: &Path) -> Result<Vec<u8>> {
             data: b64().encode(bytes),
         });
     }
-    Ok(serde_json::to_vec(&Bundle { files })?)
+    Ok(serde_json::to_vec(&Bundle { files, credentials })?)
 }
 
 /// Lays a bundle's files into `dir` (made, the owner's alone). Refused,
@@ -121,6 +156,9 @@ fn unbundle(bytes: &[u8], dir: &Path) -> Result<()> {
         };
         decoded.push((dir.join(&f.path), data));
     }
+    if let Some(c) = &bundle.credentials {
+        decoded.push((dir.join(CLOUD_CREDENTIALS), serde_json::to_vec(c)?));
+    }
     for (path, data) in decoded {
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)
@@ -137,24 +175,45 @@ fn unbundle(bytes: &[u8], dir: &Path) -> Result<()> {
 pub struct TakeUp {
     pub env: String,
     pub uuid: String,
-    pub bucket: String,
-    pub key: String,
     pub region: String,
     pub endpoint: Option<String>,
+    pub from: TakeUpFrom,
+}
+
+/// Where machine 0 takes the environment's state from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TakeUpFrom {
+    /// Object `key` of the control bucket `bucket`, read with the
+    /// instance profile's credentials.
+    Bucket { bucket: String, key: String },
+    /// `bootstrap`, over TLS, with the user's credentials
+    /// (`controller-credentials=hand-over`): machine 0 makes a one-shot
+    /// identity, publishes its CA certificate by the presigned `PUT` URL
+    /// its boot script left in [`jujube_providers::HAND_OVER_URL_FILE`],
+    /// and takes the hand-over bearing the token whose SHA-256 is
+    /// `token_sha256` (see `jujube_api::handover`).
+    HandOver { token_sha256: String },
 }
 
 impl TakeUp {
-    /// `jujube take-up`'s arguments (see [`TakeUp::parse`]).
+    /// `jujube take-up`'s arguments.
     pub fn args(&self) -> Vec<String> {
         let mut a = vec![
             "take-up".to_string(),
             format!("--home={CONTROLLER_HOME}"),
             format!("--env={}", self.env),
             format!("--uuid={}", self.uuid),
-            format!("--bucket={}", self.bucket),
-            format!("--key={}", self.key),
             format!("--region={}", self.region),
         ];
+        match &self.from {
+            TakeUpFrom::Bucket { bucket, key } => {
+                a.push(format!("--bucket={bucket}"));
+                a.push(format!("--key={key}"));
+            }
+            TakeUpFrom::HandOver { token_sha256 } => {
+                a.push(format!("--hand-over-token-sha256={token_sha256}"));
+            }
+        }
         if let Some(e) = &self.endpoint {
             a.push(format!("--endpoint={e}"));
         }
@@ -163,16 +222,23 @@ impl TakeUp {
 }
 
 /// On machine 0: takes up environment `t.env`'s controller into `home`
-/// unless it holds it already (a restart), reading the hand-over from the
-/// control bucket with the instance's credentials (retrying while they or
-/// the object are not there yet), then deleting it there.
+/// unless it holds it already (a restart): from the control bucket with
+/// the instance's credentials (retrying while they or the object are not
+/// there yet; deleted there once taken), or from `bootstrap`'s hand-over.
 pub async fn take_up(home: &Home, t: &TakeUp) -> Result<()> {
     if home.has_store(&t.env) {
         return Ok(());
     }
+    match &t.from {
+        TakeUpFrom::Bucket { bucket, key } => take_up_from_bucket(home, t, bucket, key).await,
+        TakeUpFrom::HandOver { token_sha256 } => take_up_handed_over(home, t, token_sha256).await,
+    }
+}
+
+async fn take_up_from_bucket(home: &Home, t: &TakeUp, bucket: &str, key: &str) -> Result<()> {
     let mut config = BTreeMap::from([
         ("region".to_string(), t.region.clone()),
-        ("control-bucket".to_string(), t.bucket.clone()),
+        ("control-bucket".to_string(), bucket.to_string()),
     ]);
     if let Some(e) = &t.endpoint {
         config.insert("endpoint".into(), e.clone());
@@ -181,34 +247,96 @@ pub async fn take_up(home: &Home, t: &TakeUp) -> Result<()> {
     let bucket = provider.control_bucket();
     let mut wait = Duration::from_secs(1);
     let bytes = loop {
-        match bucket.get(&t.key, BUNDLE_MAX).await {
+        match bucket.get(key, BUNDLE_MAX).await {
             Ok(Some(b)) => break b,
             Ok(None) => {
-                tracing::info!(key = %t.key, "the controller's state is not in the control bucket yet")
+                tracing::info!(key = %key, "the controller's state is not in the control bucket yet")
             }
             Err(e) => tracing::warn!(error = %e, "cannot read the controller's state yet"),
         }
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(Duration::from_secs(15));
     };
-    // Laid out beside, then renamed into place whole: a crash part-way
-    // leaves no half environment that a restart would take as whole.
-    let dir = home.env_dir(&t.env);
-    let laying = dir.with_extension("taking-up");
-    let _ = std::fs::remove_dir_all(&laying);
-    unbundle(&bytes, &laying)?;
-    home.create_env_dir(&t.env)?;
-    std::fs::remove_dir(&dir).with_context(|| format!("cannot replace `{}`", dir.display()))?;
-    std::fs::rename(&laying, &dir)
-        .with_context(|| format!("cannot move the controller's state to `{}`", dir.display()))?;
-    home.tighten(&t.env)?;
-    home.set_current(&t.env)?;
-    if let Err(e) = bucket.delete(&t.key).await {
+    lay_out(home, &t.env, &bytes)?;
+    if let Err(e) = bucket.delete(key).await {
         // Bootstrap deletes it too once the controller answers.
         tracing::warn!(error = %e, "cannot delete the controller's state from the control bucket");
     }
     tracing::info!(env = %t.env, "took up the controller");
     Ok(())
+}
+
+async fn take_up_handed_over(home: &Home, t: &TakeUp, token_sha256: &str) -> Result<()> {
+    let url_file = Path::new(jujube_providers::HAND_OVER_URL_FILE);
+    let url = std::fs::read_to_string(url_file).with_context(|| {
+        format!(
+            "cannot read where to publish the hand-over's identity (`{}`, left by the boot script)",
+            url_file.display()
+        )
+    })?;
+    let id = jujube_api::tls::OneShot::new()?;
+    publish(url.trim(), &id.ca_cert).await?;
+    let (home, env) = (
+        Home {
+            root: home.root.clone(),
+        },
+        t.env.clone(),
+    );
+    jujube_api::handover::receive(
+        &format!("0.0.0.0:{API_PORT}"),
+        &id.server_cert,
+        &id.server_key,
+        token_sha256,
+        BUNDLE_MAX as usize,
+        Box::new(move |bytes| lay_out(&home, &env, &bytes).map_err(|e| e.to_string())),
+    )
+    .await?;
+    let _ = std::fs::remove_file(url_file);
+    tracing::info!(env = %t.env, "took up the controller");
+    Ok(())
+}
+
+/// `PUT`s `text` to the presigned `url` with curl (which fetched this
+/// binary), retrying for a minute.
+async fn publish(url: &str, text: &str) -> Result<()> {
+    let mut last = String::new();
+    for _ in 0..12 {
+        let mut child = tokio::process::Command::new("curl")
+            .args(["-fsS", "-X", "PUT", "--data-binary", "@-", url])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .context("cannot run `curl`")?;
+        if let Some(mut stdin) = child.stdin.take() {
+            use tokio::io::AsyncWriteExt;
+            stdin.write_all(text.as_bytes()).await?;
+        }
+        let out = child.wait_with_output().await?;
+        if out.status.success() {
+            return Ok(());
+        }
+        last = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        tracing::warn!(error = %last, "cannot publish the hand-over's identity yet");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    bail!("cannot publish the hand-over's identity to the control bucket: {last}")
+}
+
+/// Lays the hand-over `bytes` out as environment `env`'s directory: beside
+/// it first, then renamed into place whole, so that a crash part-way
+/// leaves no half environment a restart would take as whole.
+fn lay_out(home: &Home, env: &str, bytes: &[u8]) -> Result<()> {
+    let dir = home.env_dir(env);
+    let laying = dir.with_extension("taking-up");
+    let _ = std::fs::remove_dir_all(&laying);
+    unbundle(bytes, &laying)?;
+    home.create_env_dir(env)?;
+    std::fs::remove_dir(&dir).with_context(|| format!("cannot replace `{}`", dir.display()))?;
+    std::fs::rename(&laying, &dir)
+        .with_context(|| format!("cannot move the controller's state to `{}`", dir.display()))?;
+    home.tighten(env)?;
+    home.set_current(env)
 }
 
 fn bootstrap_timeout(config: &BTreeMap<String, String>) -> Result<Duration> {
@@ -316,7 +444,10 @@ async fn steps(
         .presign(&tools.key, SystemTime::now(), storage::TOOLS_URL_LIFETIME)
         .await?;
     *step = Step::Identity;
+    let handing_over =
+        config.get("controller-credentials").map(String::as_str) == Some("hand-over");
     let profile = match config.get("instance-profile").map(String::as_str) {
+        _ if handing_over => None,
         None | Some("") => {
             let p = ec2.controller_profile();
             progress.line(&format!(
@@ -337,18 +468,44 @@ async fn steps(
 
     *step = Step::Instance;
     let key = format!("controller/take-up-{}", uuid::Uuid::new_v4());
+    // A hand-over: the one-time token stays here, machine 0 is told its
+    // hash; it publishes its one-shot identity's CA by a URL that can
+    // write that one object until the bootstrap times out.
+    let token = jujube_agent::wire::new_secret();
+    let (from, hand_over_url) = if handing_over {
+        let lifetime = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_secs(60));
+        let url = bucket
+            .presign_put(&key, SystemTime::now(), lifetime)
+            .await?;
+        (
+            TakeUpFrom::HandOver {
+                token_sha256: jujube_agent::wire::secret_hash(&token),
+            },
+            Some(url),
+        )
+    } else {
+        (
+            TakeUpFrom::Bucket {
+                bucket: bucket.name().to_string(),
+                key: key.clone(),
+            },
+            None,
+        )
+    };
     let take_up = TakeUp {
         env: name.to_string(),
         uuid: env.uuid.clone(),
-        bucket: bucket.name().to_string(),
-        key: key.clone(),
         region: ec2.region().to_string(),
         endpoint: config.get("endpoint").cloned(),
+        from,
     };
     let user_data = jujube_providers::controller_boot_script(&jujube_providers::ControllerBoot {
         tools_url: url,
         sha256: tools.sha256.clone(),
         args: take_up.args(),
+        hand_over_url,
     })?;
     ec2.launch_controller_with(ControllerLaunch {
         user_data,
@@ -390,19 +547,62 @@ async fn steps(
     store.set_environment_config(&set)?;
     drop(store);
     let dir = home.env_dir(name);
-    bucket.put_private(&key, bundle(&dir)?).await?;
 
     *step = Step::TakeUp;
+    let what = Step::TakeUp.doing();
     let t0 = Instant::now();
-    while bucket.exists(&key).await? {
-        if Instant::now() > deadline {
-            bail!("machine 0 did not take up the controller within the `bootstrap-timeout`; see /var/log/cloud-init-output.log on `{instance}`");
+    let late = || {
+        crate::Error::Refused(format!("machine 0 did not take up the controller within the `bootstrap-timeout`; see /var/log/cloud-init-output.log on `{instance}`"))
+    };
+    if handing_over {
+        let credentials = ec2.current_credentials().await?;
+        if let Some(at) = credentials.expires {
+            progress.line(&format!(
+                "note: the credentials handed to machine 0 are temporary (they expire {}s from now); its controller cannot act on the cloud after that: bootstrap with an instance profile instead",
+                at.saturating_sub(
+                    SystemTime::now()
+                        .duration_since(SystemTime::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs())
+                )
+            ));
         }
-        let what = Step::TakeUp.doing();
-        progress.update(&format!("{what} ({}s)", t0.elapsed().as_secs()), what);
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        let bundle = bundle(&dir, Some(credentials))?;
+        loop {
+            if Instant::now() > deadline {
+                return Err(late());
+            }
+            progress.update(&format!("{what} ({}s)", t0.elapsed().as_secs()), what);
+            // Its identity first (published by machine 0 in the bucket,
+            // read with this home's credentials), then the hand-over.
+            let attempt = match bucket.get(&key, 64 << 10).await? {
+                None => None,
+                Some(ca) => {
+                    let ca = String::from_utf8_lossy(&ca).to_string();
+                    Some(jujube_agent::remote::hand_over(&dial, &ca, &token, bundle.clone()).await)
+                }
+            };
+            match attempt {
+                Some(Ok(())) => break,
+                // Not listening yet, or its listener not reachable yet.
+                Some(Err(e)) if e.code == jujube_agent::api::ErrorCode::Unavailable => {}
+                Some(Err(e)) => bail!("machine 0 refused the hand-over: {e}"),
+                None => {}
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let _ = bucket.delete(&key).await;
+        progress.line("machine 0: tools fetched, state and credentials handed over");
+    } else {
+        bucket.put_private(&key, bundle(&dir, None)?).await?;
+        while bucket.exists(&key).await? {
+            if Instant::now() > deadline {
+                return Err(late());
+            }
+            progress.update(&format!("{what} ({}s)", t0.elapsed().as_secs()), what);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        progress.line("machine 0: tools fetched, controller taken up");
     }
-    progress.line("machine 0: tools fetched, controller taken up");
 
     *step = Step::Answer;
     let ca = jujube_api::tls::ca_cert(&dir)?;
@@ -457,15 +657,33 @@ mod tests {
         std::fs::write(from.path().join("state.db"), b"store").unwrap();
         std::fs::write(from.path().join("state.db-shm"), b"index").unwrap();
         std::fs::write(from.path().join("tls/ca.key"), b"key").unwrap();
-        let bytes = bundle(from.path()).unwrap();
+        // Credentials kept from an earlier hand-over never travel on.
+        std::fs::write(from.path().join(CLOUD_CREDENTIALS), b"old").unwrap();
+        let handed = HandedCredentials {
+            access_key_id: "AKIDEXAMPLE".into(),
+            secret_access_key: "wJalrXUtnFEMI/K7MDENG".into(),
+            session_token: None,
+            expires: None,
+        };
+        let bytes = bundle(from.path(), Some(handed.clone())).unwrap();
         let to = tempfile::tempdir().unwrap();
         let dir = to.path().join("env");
         unbundle(&bytes, &dir).unwrap();
+        assert_eq!(handed_credentials(&dir).unwrap(), Some(handed));
+        assert_eq!(
+            handed_credentials(from.path().join("none").as_path()).unwrap(),
+            None
+        );
         assert_eq!(std::fs::read(dir.join("state.db")).unwrap(), b"store");
         assert_eq!(std::fs::read(dir.join("tls/ca.key")).unwrap(), b"key");
         assert!(!dir.join("state.db-shm").exists());
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(dir.join("tls/ca.key"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "the owner's alone");
+        let mode = std::fs::metadata(dir.join(CLOUD_CREDENTIALS))
             .unwrap()
             .permissions()
             .mode();
@@ -478,6 +696,7 @@ mod tests {
                     mode: 0o600,
                     data: String::new(),
                 }],
+                credentials: None,
             })
             .unwrap();
             let out = to.path().join("evil");
@@ -492,25 +711,40 @@ mod tests {
 
     #[test]
     fn take_up_is_told_no_secret() {
-        let t = TakeUp {
-            env: "prod".into(),
-            uuid: "6f1e0f4c-3d7e-4b53-9d3b-1a2b3c4d5e6f".into(),
-            bucket: "jujube-6f1e0f4c-3d7e-4b53-9d3b-1a2b3c4d5e6f".into(),
-            key: "controller/take-up-0b8e".into(),
-            region: "us-east-1".into(),
-            endpoint: None,
-        };
-        let script = jujube_providers::controller_boot_script(&jujube_providers::ControllerBoot {
-            tools_url: "https://example/tools".into(),
-            sha256: "0".repeat(64),
-            args: t.args(),
-        })
-        .unwrap();
-        assert!(script.contains(
-            "take-up --home=/var/lib/jujube/home --env=prod --uuid=6f1e0f4c-3d7e-4b53-9d3b-1a2b3c4d5e6f"
-        ));
-        for secret in ["password", "BEGIN", "AWS_SECRET", "token"] {
-            assert!(!script.contains(secret), "{secret}");
+        let token = jujube_agent::wire::new_secret();
+        for from in [
+            TakeUpFrom::Bucket {
+                bucket: "jujube-6f1e0f4c-3d7e-4b53-9d3b-1a2b3c4d5e6f".into(),
+                key: "controller/take-up-0b8e".into(),
+            },
+            TakeUpFrom::HandOver {
+                token_sha256: jujube_agent::wire::secret_hash(&token),
+            },
+        ] {
+            let t = TakeUp {
+                env: "prod".into(),
+                uuid: "6f1e0f4c-3d7e-4b53-9d3b-1a2b3c4d5e6f".into(),
+                region: "us-east-1".into(),
+                endpoint: None,
+                from: from.clone(),
+            };
+            let script =
+                jujube_providers::controller_boot_script(&jujube_providers::ControllerBoot {
+                    tools_url: "https://example/tools".into(),
+                    sha256: "0".repeat(64),
+                    args: t.args(),
+                    hand_over_url: matches!(from, TakeUpFrom::HandOver { .. })
+                        .then(|| "https://example/controller/ca".into()),
+                })
+                .unwrap();
+            assert!(script.contains(
+                "take-up --home=/var/lib/jujube/home --env=prod --uuid=6f1e0f4c-3d7e-4b53-9d3b-1a2b3c4d5e6f"
+            ));
+            // The hand-over's token is in bootstrap alone: machine 0 knows
+            // its hash.
+            for secret in ["password", "BEGIN", "AWS_SECRET", "token=", &token] {
+                assert!(!script.contains(secret), "{secret}");
+            }
         }
     }
 }

@@ -73,6 +73,15 @@ fn validate_ec2_config(config: &BTreeMap<String, String>) -> Result<()> {
             bail!("`api-allowed-cidr={v}` is not an IPv4 range like `203.0.113.0/24`; the API port opens to it (default `0.0.0.0/0`)");
         }
     }
+    match config.get("controller-credentials").map(String::as_str) {
+        None | Some("instance-profile") => {}
+        Some("hand-over") => {
+            if let Some(p) = config.get("instance-profile").filter(|p| *p != "none") {
+                bail!("`controller-credentials=hand-over` gives machine 0 your credentials instead of an instance profile; drop `instance-profile={p}`, or drop `controller-credentials`");
+            }
+        }
+        Some(v) => bail!("`controller-credentials={v}` is not `instance-profile` (the default: machine 0 acts with an IAM role bootstrap makes) or `hand-over` (bootstrap hands machine 0 the credentials it acts with)"),
+    }
     for key in ["controller-address", "api-listen-address"] {
         if let Some(v) = config.get(key) {
             if v.rsplit_once(':')
@@ -91,9 +100,21 @@ pub async fn provider(home: &Home, env_name: &str, store: &Store) -> Result<Arc<
     let config = store.environment_config()?;
     match env.provider.as_str() {
         "dummy" => Ok(Arc::new(DummyProvider::open(home.env_dir(env_name), &env.name, &env.uuid, &config)?)),
-        "ec2" => Ok(Arc::new(
-            jujube_providers::ec2::Ec2Provider::new(&env.name, &env.uuid, &config, None).await?,
-        )),
+        // Machine 0's controller acts with the credentials it was handed,
+        // if it was; else the default chain's (its instance profile).
+        "ec2" => {
+            let handed = crate::machine0_ec2::handed_credentials(&home.env_dir(env_name))?;
+            Ok(Arc::new(
+                jujube_providers::ec2::Ec2Provider::new_with(
+                    &env.name,
+                    &env.uuid,
+                    &config,
+                    handed.map(|c| c.to_sdk()),
+                    None,
+                )
+                .await?,
+            ))
+        }
         "lxd" => Ok(Arc::new(jujube_providers::lxd::LxdProvider::new(
             &env.uuid, &config,
         )?)),
@@ -1241,16 +1262,38 @@ mod tests {
             ("api-allowed-cidr", "everyone", "is not an IPv4 range"),
             ("controller-address", "127.0.0.1", "is not a host:port"),
             ("api-listen-address", ":17070", "is not a host:port"),
+            (
+                "controller-credentials",
+                "mine",
+                "is not `instance-profile` (the default",
+            ),
         ] {
             let err = check(k, v).unwrap_err();
             assert!(err.contains(says), "{k}={v}: {err}");
         }
+        // A hand-over gives machine 0 no profile: naming one contradicts it.
+        let both = super::validate_config(
+            "ec2",
+            &[
+                ("controller-credentials".into(), "hand-over".into()),
+                ("instance-profile".into(), "ops-profile".into()),
+            ]
+            .into(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            both.contains("drop `instance-profile=ops-profile`"),
+            "{both}"
+        );
         for (k, v) in [
             ("control-bucket", "my-jujube-tools"),
             ("bootstrap-timeout", "15m"),
             ("use-private-address", "true"),
             ("api-allowed-cidr", "203.0.113.0/24"),
             ("controller-address", "localhost:17070"),
+            ("controller-credentials", "hand-over"),
+            ("controller-credentials", "instance-profile"),
         ] {
             check(k, v).unwrap();
         }

@@ -324,6 +324,47 @@ pub struct Ec2Provider {
     bucket: String,
     /// How a controller's instance (machine 0) boots: set by bootstrap.
     controller_launch: Mutex<Option<ControllerLaunch>>,
+    /// Where its credentials come from (see
+    /// [`Ec2Provider::current_credentials`]).
+    credentials: Option<aws_sdk_ec2::config::SharedCredentialsProvider>,
+}
+
+/// Cloud credentials as they are handed to machine 0's controller when the
+/// user says so (`controller-credentials=hand-over`) and kept there, the
+/// owner's alone. Never shown: its `Debug` names the key id only.
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct HandedCredentials {
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_token: Option<String>,
+    /// When temporary credentials expire (seconds since the epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<u64>,
+}
+
+impl std::fmt::Debug for HandedCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandedCredentials")
+            .field("access_key_id", &self.access_key_id)
+            .field("expires", &self.expires)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HandedCredentials {
+    /// As the SDK takes them.
+    pub fn to_sdk(&self) -> aws_sdk_ec2::config::Credentials {
+        aws_sdk_ec2::config::Credentials::new(
+            self.access_key_id.clone(),
+            self.secret_access_key.clone(),
+            self.session_token.clone(),
+            self.expires
+                .map(|s| std::time::UNIX_EPOCH + std::time::Duration::from_secs(s)),
+            "jujube-handed-over",
+        )
+    }
 }
 
 /// How machine 0's instance boots: the user data that installs the
@@ -391,6 +432,7 @@ impl Ec2Provider {
             loader = loader.region(aws_config::Region::new(r.clone()));
         }
         let shared = loader.load().await;
+        let credentials = shared.credentials_provider();
         let region = shared
             .region()
             .map(|r| r.to_string())
@@ -415,6 +457,7 @@ impl Ec2Provider {
             iam: aws_sdk_iam::Client::from_conf(iam.build()),
             bucket,
             controller_launch: Mutex::new(None),
+            credentials,
             client: Client::from_conf(ec2),
             region,
             env_name: env_name.to_string(),
@@ -433,6 +476,34 @@ impl Ec2Provider {
 
     pub fn region(&self) -> &str {
         &self.region
+    }
+
+    /// The credentials this provider acts with now, as its chain resolves
+    /// them (what `bootstrap` hands machine 0 when told to).
+    pub async fn current_credentials(&self) -> Result<HandedCredentials> {
+        use aws_sdk_ec2::config::ProvideCredentials;
+        let none = || {
+            Error::Config(
+                "no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile"
+                    .into(),
+            )
+        };
+        let c = self
+            .credentials
+            .as_ref()
+            .ok_or_else(none)?
+            .provide_credentials()
+            .await
+            .map_err(|e| Error::Config(format!("cannot resolve the AWS credentials: {e}")))?;
+        Ok(HandedCredentials {
+            access_key_id: c.access_key_id().to_string(),
+            secret_access_key: c.secret_access_key().to_string(),
+            session_token: c.session_token().map(str::to_string),
+            expires: c
+                .expiry()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| d.as_secs()),
+        })
     }
 
     /// The environment's control bucket (`control-bucket`, or

@@ -214,7 +214,13 @@ pub struct ControllerBoot {
     pub tools_url: String,
     pub sha256: String,
     pub args: Vec<String>,
+    /// A URL `jujube` finds in [`HAND_OVER_URL_FILE`] (the owner's alone):
+    /// where machine 0 publishes the identity it takes its hand-over with.
+    pub hand_over_url: Option<String>,
 }
+
+/// Where machine 0's boot script leaves [`ControllerBoot::hand_over_url`].
+pub const HAND_OVER_URL_FILE: &str = "/var/lib/jujube/hand-over-url";
 
 /// Machine 0's user data: fetches the binary from `tools_url`, refuses it
 /// unless its SHA-256 is `sha256` (then exits 1, installing nothing),
@@ -248,6 +254,13 @@ pub fn controller_boot_script(b: &ControllerBoot) -> Result<String> {
     // and reopened.
     let url = b.tools_url.replace('\'', r"'\''");
     let args = b.args.join(" ");
+    let hand_over = match &b.hand_over_url {
+        Some(u) => format!(
+            "(umask 077; printf '%s\\n' '{}' > \"$root{HAND_OVER_URL_FILE}\")\n",
+            u.replace('\'', r"'\''")
+        ),
+        None => String::new(),
+    };
     Ok(format!(
         r#"#!/bin/sh
 # jujube: install this environment's controller (machine 0).
@@ -257,7 +270,7 @@ url='{url}'
 sha256='{sha}'
 bin="$root/usr/local/bin"
 mkdir -p "$bin" "$root/var/lib/jujube" "$root/var/log"
-tmp="$bin/.jujube.download"
+{hand_over}tmp="$bin/.jujube.download"
 n=0
 until curl -fsS -o "$tmp" "$url"; do
   n=$((n + 1))

@@ -1405,6 +1405,20 @@ async fn machine_0s_container_runs_the_controller_and_holds_the_state() {
 /// environment's UUID.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bootstrap_on_ec2_puts_the_controller_on_machine_0() {
+    bootstrap_on_ec2(false).await;
+}
+
+/// As above, machine 0 given no role: `controller-credentials=hand-over`
+/// hands it this home's credentials over TLS once it answers, authenticated
+/// by a one-time token only bootstrap knows (machine 0 is told its hash),
+/// to a one-shot identity machine 0 published in the bucket; its metadata
+/// service serves no credentials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bootstrap_on_ec2_can_hand_machine_0_the_users_credentials() {
+    bootstrap_on_ec2(true).await;
+}
+
+async fn bootstrap_on_ec2(hand_over: bool) {
     use crate::ec2::{account, ec2_jujube, localstack, raw_client, ENDPOINT, REGION};
     let Some(()) = localstack() else { return };
     let Some(c) = lxd() else { return };
@@ -1430,7 +1444,11 @@ async fn bootstrap_on_ec2_puts_the_controller_on_machine_0() {
         "--config",
         &format!("endpoint={ENDPOINT}"),
         "--config",
-        "instance-profile=none",
+        if hand_over {
+            "controller-credentials=hand-over"
+        } else {
+            "instance-profile=none"
+        },
         "--config",
         &format!("controller-address={api}"),
         "--config",
@@ -1486,6 +1504,11 @@ async fn bootstrap_on_ec2_puts_the_controller_on_machine_0() {
     for secret in ["PRIVATE KEY", "password", "AWS_SECRET", "test@"] {
         assert!(!script.contains(secret), "{secret} in {script}");
     }
+    assert_eq!(
+        script.contains(" --hand-over-token-sha256="),
+        hand_over,
+        "{script}"
+    );
     let home_files = format!("{}", j.home.path().display());
     assert!(!script.contains(&home_files));
 
@@ -1493,7 +1516,11 @@ async fn bootstrap_on_ec2_puts_the_controller_on_machine_0() {
     // the addresses it would have, its API at `api` on this host.
     let trusted = rcgen::KeyPair::generate_for(&rcgen::PKCS_RSA_SHA256).unwrap();
     let doc = identity_document(&iid);
-    let imds = Imds::with_role(doc.clone(), sign(&trusted, &doc), &acct);
+    let imds = if hand_over {
+        Imds::start(doc.clone(), sign(&trusted, &doc))
+    } else {
+        Imds::with_role(doc.clone(), sign(&trusted, &doc), &acct)
+    };
     let name = format!("jujube-m0-{}", &uuid()[..8]);
     let _sweep = Sweep {
         uuids: vec![],
@@ -1576,10 +1603,24 @@ async fn bootstrap_on_ec2_puts_the_controller_on_machine_0() {
         stdout.contains("machine 0's instance runs the controller"),
         "{stdout}"
     );
-    assert!(
-        stderr.contains("machine 0: tools fetched, controller taken up"),
-        "{stderr}"
-    );
+    let taken = if hand_over {
+        "machine 0: tools fetched, state and credentials handed over"
+    } else {
+        "machine 0: tools fetched, controller taken up"
+    };
+    assert!(stderr.contains(taken), "{stderr}");
+    // Machine 0 keeps the credentials it was handed, its root's alone.
+    let kept = exec_in(
+        &c,
+        &name,
+        &[
+            "/bin/sh",
+            "-c",
+            "test \"$(stat -c %a /var/lib/jujube/home/environments/aws/cloud-credentials)\" = 600",
+        ],
+    )
+    .await;
+    assert_eq!(kept == 0, hand_over, "cloud-credentials kept: {kept}");
     // This home holds no state of the environment now, and the hand-over
     // is gone from the bucket.
     let env_dir = j.home.path().join("environments/aws");

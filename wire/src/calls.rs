@@ -26,6 +26,10 @@ pub const WATCH_PATH: &str = "/v1/watch";
 /// `POST` — an instance's enrollment (no credential: a token); see the API
 /// server.
 pub const ENROLL_PATH: &str = "/v1/enroll";
+/// `POST` — machine 0's hand-over on EC2 when the user hands the
+/// controller their credentials: bootstrap's one-time token as bearer,
+/// the environment's state as body (see `jujube_api::handover`).
+pub const HAND_OVER_PATH: &str = "/v1/hand-over";
 
 /// What an instance sends to enroll: its batch's token and its proof of
 /// identity (see [`Identity`]).

@@ -299,6 +299,30 @@ impl ControlBucket {
         start: SystemTime,
         lifetime: Duration,
     ) -> Result<String> {
+        self.presign_as(key, start, lifetime, false).await
+    }
+
+    /// A URL that writes object `key` (a `PUT` of its bytes, no credential)
+    /// from `start` for `lifetime`, at most 7 days: how machine 0, which has
+    /// no credential of its own in a hand-over, tells bootstrap the
+    /// identity it listens with. A capability for one object, until it
+    /// expires.
+    pub async fn presign_put(
+        &self,
+        key: &str,
+        start: SystemTime,
+        lifetime: Duration,
+    ) -> Result<String> {
+        self.presign_as(key, start, lifetime, true).await
+    }
+
+    async fn presign_as(
+        &self,
+        key: &str,
+        start: SystemTime,
+        lifetime: Duration,
+        put: bool,
+    ) -> Result<String> {
         if lifetime.is_zero() || lifetime > MAX_URL_LIFETIME {
             return Err(Error::Config(format!(
                 "a presigned URL lives between 1 s and 7 days, not {} s",
@@ -310,14 +334,23 @@ impl ControlBucket {
             .expires_in(lifetime)
             .build()
             .map_err(|e| Error::Config(e.to_string()))?;
-        let req = self
-            .client
-            .get_object()
-            .bucket(&self.name)
-            .key(key)
-            .presigned(cfg)
-            .await
-            .map_err(|e| classify(e, &self.name))?;
+        let req = if put {
+            self.client
+                .put_object()
+                .bucket(&self.name)
+                .key(key)
+                .presigned(cfg)
+                .await
+                .map_err(|e| classify(e, &self.name))?
+        } else {
+            self.client
+                .get_object()
+                .bucket(&self.name)
+                .key(key)
+                .presigned(cfg)
+                .await
+                .map_err(|e| classify(e, &self.name))?
+        };
         Ok(req.uri().to_string())
     }
 
@@ -403,6 +436,8 @@ mod tests {
     use super::*;
     use crate::ec2::Ec2Provider;
 
+    const HAND_OVER_URL: &str = "https://s3.example/b/controller/ca?X-Amz-Signature=abc&x='y'$HOME";
+
     /// Machine 0's boot script run by `sh` under a scratch root, fetching with
     /// curl from a `file://` URL: (exit code, stderr, the root).
     fn run_controller_boot(served: &[u8], sha256: &str) -> (i32, String, tempfile::TempDir) {
@@ -413,6 +448,7 @@ mod tests {
             tools_url: format!("file://{}", tools.display()),
             sha256: sha256.to_string(),
             args: vec!["controller".into(), "--took-up=machine-0".into()],
+            hand_over_url: Some(HAND_OVER_URL.into()),
         })
         .unwrap();
         let out = std::process::Command::new("sh")
@@ -447,6 +483,17 @@ mod tests {
             std::fs::read_to_string(&ran).unwrap(),
             "controller --took-up=machine-0\n"
         );
+        // The hand-over's URL, as given, the owner's alone.
+        use std::os::unix::fs::PermissionsExt;
+        let file = root
+            .path()
+            .join(crate::HAND_OVER_URL_FILE.trim_start_matches('/'));
+        assert_eq!(
+            std::fs::read_to_string(&file).unwrap(),
+            format!("{HAND_OVER_URL}\n")
+        );
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{mode:o}");
     }
 
     #[test]
@@ -474,6 +521,7 @@ mod tests {
             tools_url: "https://s3.example/b/tools/jujube-x?X-Amz-Signature=abc&x='y'".into(),
             sha256: "a".repeat(64),
             args: vec!["controller".into()],
+            hand_over_url: None,
         };
         let script = crate::controller_boot_script(&b).unwrap();
         // The quote in the URL cannot end the string it is in.
@@ -557,6 +605,7 @@ mod tests {
             tools_url: url,
             sha256: "a".repeat(64),
             args: vec!["controller".into()],
+            hand_over_url: None,
         })
         .unwrap();
         assert!(!script.contains("wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY"));
