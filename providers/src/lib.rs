@@ -560,6 +560,9 @@ pub enum Error {
     /// An instance's proof of identity did not hold.
     #[error("instance identity refused: {0}")]
     Identity(String),
+    /// Something made outside jujube holds on to what it would remove.
+    #[error("{0}")]
+    InUse(String),
 }
 
 impl Error {
@@ -568,7 +571,7 @@ impl Error {
             Error::Transient(_) | Error::Storage { .. } => ErrorClass::Transient,
             Error::Capacity { .. } => ErrorClass::Capacity,
             Error::Quota(_) => ErrorClass::Quota,
-            Error::InvalidSpec(_) | Error::Config(_) => ErrorClass::InvalidSpec,
+            Error::InvalidSpec(_) | Error::Config(_) | Error::InUse(_) => ErrorClass::InvalidSpec,
             Error::Credentials(_) | Error::Identity(_) => ErrorClass::Credentials,
             Error::NotFound(_) => ErrorClass::NotFound,
         }

@@ -416,3 +416,84 @@ fn urlencoding_decode(s: &str) -> String {
     }
     String::from_utf8_lossy(&out).into_owned()
 }
+
+/// `destroy-environment` stopped part-way (here: the role has a policy
+/// someone attached by hand, so IAM refuses to delete it) says what is in
+/// the way; run again once it is out of the way, it removes what is left,
+/// taking what is gone already as done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destroy_stopped_part_way_is_finished_by_the_next_one() {
+    let Some(()) = localstack() else { return };
+    let acct = account();
+    let uuid = uuid::Uuid::new_v4().to_string();
+    let p = provider(&acct, &uuid, config(&[])).await;
+    let name = format!("jujube-{uuid}");
+    let bucket = p.control_bucket();
+    bucket.ensure().await.unwrap();
+    bucket
+        .put_private("controller/take-up-x", b"state".to_vec())
+        .await
+        .unwrap();
+    p.controller_profile().ensure(&name).await.unwrap();
+    p.open_port(17070, "0.0.0.0/0").await.unwrap();
+    let iam = raw_iam(&acct).await;
+    let policy = iam
+        .create_policy()
+        .policy_name(format!("attached-by-hand-{uuid}"))
+        .policy_document(
+            r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"s3:ListAllMyBuckets","Resource":"*"}]}"#,
+        )
+        .send()
+        .await
+        .unwrap();
+    let arn = policy.policy().unwrap().arn().unwrap().to_string();
+    iam.attach_role_policy()
+        .role_name(&name)
+        .policy_arn(&arn)
+        .send()
+        .await
+        .unwrap();
+
+    let e = p.destroy_environment().await.unwrap_err().to_string();
+    assert!(
+        e.contains(&format!("IAM role `{name}`"))
+            && e.contains("is still in use")
+            && e.contains("then run `destroy-environment` again"),
+        "{e}"
+    );
+    assert!(
+        iam.get_role().role_name(&name).send().await.is_ok(),
+        "the role stays while its policy is attached"
+    );
+
+    iam.detach_role_policy()
+        .role_name(&name)
+        .policy_arn(&arn)
+        .send()
+        .await
+        .unwrap();
+    p.destroy_environment()
+        .await
+        .expect("the second run finishes the job");
+    assert!(iam.get_role().role_name(&name).send().await.is_err());
+    assert!(iam
+        .get_instance_profile()
+        .instance_profile_name(&name)
+        .send()
+        .await
+        .is_err());
+    let s3 = raw_s3(&acct).await;
+    assert!(s3.head_bucket().bucket(&name).send().await.is_err());
+    let groups = crate::ec2::raw_client(&acct)
+        .describe_security_groups()
+        .send()
+        .await
+        .unwrap();
+    assert!(!groups
+        .security_groups()
+        .iter()
+        .any(|g| g.group_name() == Some(name.as_str())));
+    p.destroy_environment()
+        .await
+        .expect("and a third has nothing to do");
+}

@@ -291,6 +291,12 @@ where
             "IAM {what} `{name}`: {}; bootstrap needs iam:CreateRole, iam:PutRolePolicy, iam:CreateInstanceProfile, iam:AddRoleToInstanceProfile and iam:PassRole",
             e.message().unwrap_or("access denied")
         )),
+        // Something jujube did not make hangs on it (a policy attached by
+        // hand): what is in the way is the user's to remove.
+        Some("DeleteConflict") => Error::InUse(format!(
+            "IAM {what} `{name}` is still in use ({}); detach what was added to it outside jujube (`aws iam list-attached-role-policies --role-name {name}`), then run `destroy-environment` again",
+            e.message().unwrap_or("DeleteConflict")
+        )),
         _ => ec2_code(e, &format!("IAM {what} `{name}`")),
     }
 }
