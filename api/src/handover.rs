@@ -39,6 +39,11 @@ pub const MAX_CONNECTIONS: usize = 8;
 /// How long a connection has to finish its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// What a hand-over is answered once one was taken (the first one's
+/// answer may have been lost on its way: its sender then finds the
+/// controller answering).
+pub const TAKEN_ALREADY: &str = "this machine has taken its hand-over already";
+
 /// What one accepted hand-over did with the body: `Err` says why it was not
 /// taken (the caller may try again).
 pub type Accept = dyn Fn(Bytes) -> std::result::Result<(), String> + Send + Sync;
@@ -107,11 +112,7 @@ async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Res
     };
     let mut taken = shared.taken.lock().await;
     if *taken {
-        return reply(
-            StatusCode::GONE,
-            ErrorCode::Refused,
-            "this machine has taken its hand-over already",
-        );
+        return reply(StatusCode::GONE, ErrorCode::Refused, TAKEN_ALREADY);
     }
     match (shared.accept)(body) {
         Ok(()) => {

@@ -567,6 +567,7 @@ async fn steps(
             ));
         }
         let bundle = bundle(&dir, Some(credentials))?;
+        let env_ca = jujube_api::tls::ca_cert(&dir)?;
         loop {
             if Instant::now() > deadline {
                 return Err(late());
@@ -583,8 +584,18 @@ async fn steps(
             };
             match attempt {
                 Some(Ok(())) => break,
-                // Not listening yet, or its listener not reachable yet.
-                Some(Err(e)) if e.code == jujube_agent::api::ErrorCode::Unavailable => {}
+                // Not listening yet, or not reachable yet; or it took one
+                // whose answer was lost, and its controller has the port
+                // now: its answering is what says so.
+                Some(Err(e))
+                    if e.code == jujube_agent::api::ErrorCode::Unavailable
+                        || e.message == jujube_api::handover::TAKEN_ALREADY =>
+                {
+                    let answers = controller_answers(&dial, &env_ca, password).await;
+                    if answers {
+                        break;
+                    }
+                }
                 Some(Err(e)) => bail!("machine 0 refused the hand-over: {e}"),
                 None => {}
             }
@@ -617,6 +628,23 @@ async fn steps(
             lxd: config.clone(),
             api_address: dial,
         },
+    )
+}
+
+/// Whether the environment's controller answers this home's admin at `dial`,
+/// proven by the environment's CA `ca`: once, no waiting.
+async fn controller_answers(dial: &str, ca: &str, password: &str) -> bool {
+    let Ok(client) = jujube_agent::remote::UserClient::new(
+        std::slice::from_ref(&dial.to_string()),
+        ca,
+        jujube_wire::client::ADMIN,
+        password,
+    ) else {
+        return false;
+    };
+    matches!(
+        client.call(&jujube_wire::client::ClientCall::Status).await,
+        Ok(Ok(_))
     )
 }
 
