@@ -405,15 +405,16 @@ pub async fn bootstrap(
         if !ours.is_empty() && ec2.stop_instances(&ours).await.is_ok() {
             removed.push(format!("instance(s) {}", ours.join(", ")));
         }
-        match ec2.destroy_environment().await {
-            Ok(()) => removed.push("the security group, bucket, instance profile and role".into()),
+        match ec2.remove_environment_resources().await {
+            Ok(gone) => removed.extend(gone),
             Err(c) => removed.push(format!("not all else ({c})")),
         }
-        bail!(
-            "bootstrap failed while {}: {e}; removed {}",
-            step.doing(),
-            removed.join(" and ")
-        );
+        let removed = if removed.is_empty() {
+            "nothing had been made".to_string()
+        } else {
+            format!("removed {}", removed.join(", "))
+        };
+        bail!("bootstrap failed while {}: {e}; {removed}", step.doing());
     }
     Ok(())
 }
@@ -664,13 +665,12 @@ pub async fn destroy(home: &Home, name: &str, m0: Machine0, out: &mut impl Write
             m0.container
         )?;
     }
-    ec2.destroy_environment().await?;
-    writeln!(
-        out,
-        "removed the security group `jujube-{uuid}`, the S3 bucket `{}`, the IAM instance profile and role `jujube-{uuid}`",
-        ec2.control_bucket().name(),
-        uuid = m0.uuid
-    )?;
+    let removed = ec2.remove_environment_resources().await?;
+    if removed.is_empty() {
+        writeln!(out, "nothing else of the environment was left in the cloud")?;
+    } else {
+        writeln!(out, "removed {}", removed.join(", "))?;
+    }
     crate::run::forget_environment(home, name, out)
 }
 

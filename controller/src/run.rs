@@ -1176,13 +1176,25 @@ fn bootstrap_machine_0(
 ) -> Result<()> {
     runtime()?.block_on(async {
         let provider = provider(home, name, store).await?;
-        provision_machine_0(store, provider, progress).await
+        let started = provision_machine_0(store, provider.clone(), progress).await;
+        if started.is_err() {
+            // Whatever was started for it, and what the provider made for
+            // the environment, goes.
+            let ours: Vec<String> = provider
+                .instances()
+                .await?
+                .into_iter()
+                .map(|i| i.id)
+                .collect();
+            provider.stop_instances(&ours).await?;
+            provider.destroy_environment().await?;
+        }
+        started
     })
 }
 
 /// Provisions machine 0 through `provider` and waits for it, showing how it
-/// goes; on failure stops whatever was started for it and removes what the
-/// provider made for the environment.
+/// goes. On failure the caller removes what was made.
 pub(crate) async fn provision_machine_0(
     store: &Store,
     provider: Arc<dyn Provider>,
@@ -1213,14 +1225,6 @@ pub(crate) async fn provision_machine_0(
         };
         if let Some((_, why)) = failed.first() {
             progress.finish("machine 0 failed to start");
-            let ours: Vec<String> = provider
-                .instances()
-                .await?
-                .into_iter()
-                .map(|i| i.id)
-                .collect();
-            provider.stop_instances(&ours).await?;
-            provider.destroy_environment().await?;
             bail!("bootstrap failed: {why}");
         }
         let m = store.machine(0)?;

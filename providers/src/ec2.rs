@@ -570,9 +570,10 @@ impl Ec2Provider {
 
     /// Deletes the environment's security group once no instance uses it
     /// (EC2 refuses while terminating instances still do: a minute at most).
-    async fn delete_group(&self) -> Result<()> {
+    /// Deletes the environment's security group; whether there was one.
+    async fn delete_group(&self) -> Result<bool> {
         let Some(id) = self.find_group().await? else {
-            return Ok(());
+            return Ok(false);
         };
         for attempt in 0..20 {
             match self
@@ -582,15 +583,42 @@ impl Ec2Provider {
                 .send()
                 .await
             {
-                Ok(_) => return Ok(()),
-                Err(e) if e.code() == Some("InvalidGroup.NotFound") => return Ok(()),
+                Ok(_) => return Ok(true),
+                Err(e) if e.code() == Some("InvalidGroup.NotFound") => return Ok(false),
                 Err(e) if e.code() == Some("DependencyViolation") && attempt < 19 => {
                     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
                 }
                 Err(e) => return Err(classify(e, None)),
             }
         }
-        Ok(())
+        Ok(false)
+    }
+
+    /// Removes what the environment holds besides instances: its security
+    /// group, its control bucket (every object in it), and the
+    /// controller's instance profile and role, each if it is there (so a
+    /// run after a partial failure finishes the job). Says what it removed.
+    pub async fn remove_environment_resources(&self) -> Result<Vec<String>> {
+        let mut removed = Vec::new();
+        if self.delete_group().await? {
+            removed.push(format!("the security group `jujube-{}`", self.env_uuid));
+        }
+        let bucket = self.control_bucket().destroy().await?;
+        if bucket.bucket {
+            removed.push(format!(
+                "the S3 bucket `{}` ({} object(s))",
+                self.bucket, bucket.objects
+            ));
+        }
+        let profile = self.controller_profile();
+        let gone = profile.destroy().await?;
+        if gone.profile {
+            removed.push(format!("the IAM instance profile `{}`", profile.name()));
+        }
+        if gone.role {
+            removed.push(format!("the IAM role `{}`", profile.name()));
+        }
+        Ok(removed)
     }
 
     /// An instance's addresses, public first (either may be missing), if it
@@ -1275,17 +1303,9 @@ impl Provider for Ec2Provider {
     /// The security group, then the control bucket, the instance profile
     /// and the role: each only if this environment's, each skipped if gone.
     async fn destroy_environment(&self) -> Result<()> {
-        self.delete_group().await?;
-        let bucket = self.control_bucket().destroy().await?;
-        let profile = self.controller_profile().destroy().await?;
-        if bucket.bucket || profile.profile || profile.role {
-            tracing::info!(
-                bucket = bucket.bucket.then_some(self.bucket.as_str()),
-                objects = bucket.objects,
-                instance_profile = profile.profile,
-                role = profile.role,
-                "removed the environment's storage and identity"
-            );
+        let removed = self.remove_environment_resources().await?;
+        if !removed.is_empty() {
+            tracing::info!(removed = %removed.join(", "), "removed the environment's resources");
         }
         Ok(())
     }

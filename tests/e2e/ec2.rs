@@ -1032,6 +1032,21 @@ async fn a_bootstrap_that_fails_part_way_says_where_and_removes_what_it_made() {
             "{}",
             r.stderr
         );
+        // It says what it removed: the group and the bucket always, the
+        // profile and role where it made them.
+        assert!(
+            r.stderr.contains("removed ")
+                && r.stderr.contains("the security group `jujube-")
+                && r.stderr.contains("the S3 bucket `jujube-"),
+            "{}",
+            r.stderr
+        );
+        assert_eq!(
+            r.stderr.contains("the IAM role `jujube-"),
+            extra != "instance-profile=none",
+            "{}",
+            r.stderr
+        );
         assert!(!j.home.path().join("environments/aws").exists());
         let live: Vec<_> = live_instances(&acct)
             .await

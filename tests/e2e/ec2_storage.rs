@@ -472,9 +472,13 @@ async fn a_destroy_stopped_part_way_is_finished_by_the_next_one() {
         .send()
         .await
         .unwrap();
-    p.destroy_environment()
+    // It says what it removed: what the first run left (the profile went
+    // before the role refused), no more.
+    let removed = p
+        .remove_environment_resources()
         .await
         .expect("the second run finishes the job");
+    assert_eq!(removed, [format!("the IAM role `{name}`")]);
     assert!(iam.get_role().role_name(&name).send().await.is_err());
     assert!(iam
         .get_instance_profile()
@@ -493,7 +497,9 @@ async fn a_destroy_stopped_part_way_is_finished_by_the_next_one() {
         .security_groups()
         .iter()
         .any(|g| g.group_name() == Some(name.as_str())));
-    p.destroy_environment()
+    assert!(p
+        .remove_environment_resources()
         .await
-        .expect("and a third has nothing to do");
+        .expect("and a third has nothing to do")
+        .is_empty());
 }
