@@ -9,8 +9,8 @@
 //! file, the dummy cloud persisted in the environment's directory, and the
 //! provisioner's run loop on a two-thread runtime (as `jujube controller`),
 //! until every machine is provisioned and a few harvest passes have listed
-//! every instance. `JUJUBE_BENCH_MALLOC_ARENAS=default` leaves glibc's
-//! arenas as they are (to measure what `jujube`'s one-arena setting saves).
+//! every instance. It allocates as `jujube` does (jemalloc, one arena);
+//! `_RJEM_MALLOC_CONF=narenas:8` measures with jemalloc's default arenas.
 
 use jujube_core::Constraints;
 use jujube_providers::dummy::DummyProvider;
@@ -40,26 +40,20 @@ fn config() -> BTreeMap<String, String> {
         .collect()
 }
 
-/// As `jujube`'s `main` does (see `limit_malloc_arenas` there): one glibc
-/// arena.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn limit_malloc_arenas() {
-    extern "C" {
-        fn mallopt(param: i32, value: i32) -> i32;
-    }
-    // SAFETY: sets an allocator parameter before any other thread exists.
-    unsafe {
-        mallopt(-8, 1);
-    }
-}
+/// `jujube`'s allocator and its settings (see `malloc_conf` in its
+/// `main.rs`): jemalloc, one arena, freed pages given back at once.
+/// `_RJEM_MALLOC_CONF` in the environment overrides them.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn limit_malloc_arenas() {}
+#[allow(non_upper_case_globals)]
+#[export_name = "_rjem_malloc_conf"]
+pub static malloc_conf: Option<&'static std::ffi::c_char> = Some(
+    // SAFETY: a static C string, read by jemalloc as one.
+    unsafe { &*c"narenas:1,dirty_decay_ms:0,muzzy_decay_ms:0".as_ptr() },
+);
 
 fn child(dir: &str) {
-    if std::env::var_os("JUJUBE_BENCH_MALLOC_ARENAS").is_none() {
-        limit_malloc_arenas();
-    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -13,8 +13,19 @@ use jujube_core::{series, Constraints, Life};
 use rusqlite::Connection;
 
 /// Machines are added in transactions of at most this many (each writes
-/// three rows: the machine, its sequence step and its feed entry).
+/// two rows: the machine and its feed entry).
 pub const MACHINE_BATCH: usize = 256;
+
+/// The next machine id: one above the largest in use or ever removed
+/// (kept by the `machines_high_water` trigger), 0 for the first. Every
+/// smaller id was once used.
+pub(crate) fn next_machine_id(c: &Connection) -> Result<i64> {
+    Ok(c.prepare_cached(
+        "SELECT max(coalesce((SELECT max(id) FROM machines), -1) + 1,
+                    coalesce((SELECT next FROM sequences WHERE name = 'machine'), 0))",
+    )?
+    .query_row([], |r| r.get(0))?)
+}
 
 /// Inserts an Alive machine with the next id. Ids are never reused.
 pub(crate) fn insert_machine(
@@ -23,7 +34,7 @@ pub(crate) fn insert_machine(
     jobs: &[&str],
     cons: &Constraints,
 ) -> Result<i64> {
-    let id = tx.next_in_sequence("machine")?;
+    let id = next_machine_id(tx)?;
     let manage = jobs.contains(&crate::model::JOB_MANAGE_ENVIRON);
     tx.prepare_cached(
         "INSERT INTO machines (id, series, jobs, manage_environ, constraints) VALUES (?1, ?2, ?3, ?4, ?5)",

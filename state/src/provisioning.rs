@@ -385,13 +385,7 @@ impl Store {
 
     /// The id the next machine will get: every smaller id was once used.
     pub fn next_machine_id(&self) -> Result<i64> {
-        self.read(|c| {
-            Ok(c.query_row(
-                "SELECT coalesce((SELECT next FROM sequences WHERE name = 'machine'), 0)",
-                [],
-                |r| r.get(0),
-            )?)
-        })
+        self.read(crate::machines::next_machine_id)
     }
 
     /// Replaces the strays view.

@@ -426,4 +426,21 @@ CREATE TABLE users (
     created_at        INTEGER NOT NULL
 ) WITHOUT ROWID;
 "#,
+    // 23 (write path): a new machine's id and a new unit's number are
+    // read, not written: the next one is one above the largest in use, or
+    // above the largest ever removed, which these triggers keep in
+    // `sequences` as rows go. Adding a unit or a machine so writes no
+    // sequence row (one page fewer in each); removals, which write many
+    // pages anyway, write it. Ids and numbers are still never reused (unit
+    // numbers per service name, across the service's removal).
+    r#"
+CREATE TRIGGER machines_high_water AFTER DELETE ON machines BEGIN
+    INSERT INTO sequences (name, next) VALUES ('machine', OLD.id + 1)
+    ON CONFLICT (name) DO UPDATE SET next = max(next, excluded.next);
+END;
+CREATE TRIGGER units_high_water AFTER DELETE ON units BEGIN
+    INSERT INTO sequences (name, next) VALUES ('unit:' || OLD.service, OLD.number + 1)
+    ON CONFLICT (name) DO UPDATE SET next = max(next, excluded.next);
+END;
+"#,
 ];

@@ -34,6 +34,17 @@ pub(crate) fn check_placement(c: &Connection, svc: &Service, id: i64) -> Result<
     Ok(())
 }
 
+/// The next unit number of the service named `service`: one above the
+/// largest in use or ever removed under that name (kept by the
+/// `units_high_water` trigger), 0 for the first.
+fn next_unit_number(c: &Connection, service: &str) -> Result<i64> {
+    Ok(c.prepare_cached(
+        "SELECT max(coalesce((SELECT max(number) FROM units WHERE service = ?1), -1) + 1,
+                    coalesce((SELECT next FROM sequences WHERE name = 'unit:' || ?1), 0))",
+    )?
+    .query_row([service], |r| r.get(0))?)
+}
+
 /// Inserts a principal unit of `svc`, capturing the environment and service
 /// constraints collapsed as they are now, on machine `to` or on a new machine
 /// that copies the unit's constraints. The caller bumps the service's unit
@@ -44,7 +55,7 @@ pub(crate) fn insert_principal(
     env_cons: &Constraints,
     to: Option<i64>,
 ) -> Result<String> {
-    let number = tx.next_in_sequence(&format!("unit:{}", svc.name))?;
+    let number = next_unit_number(tx, &svc.name)?;
     let name = format!("{}/{}", svc.name, number);
     let cons = svc.constraints.with_fallbacks(env_cons);
     let machine = match to {
@@ -77,7 +88,7 @@ pub(crate) fn insert_subordinate(
     sub: &Service,
     principal: &str,
 ) -> Result<String> {
-    let number = tx.next_in_sequence(&format!("unit:{}", sub.name))?;
+    let number = next_unit_number(tx, &sub.name)?;
     let name = format!("{}/{}", sub.name, number);
     tx.prepare_cached(
         "INSERT INTO units (name, service, number, series, principal) VALUES (?1, ?2, ?3, ?4, ?5)",

@@ -168,6 +168,24 @@ fn machine_ids_are_sequential_and_never_reused() {
     e.st.ensure_dead_machine(2).unwrap();
     e.st.remove_machine(2).unwrap();
     assert_eq!(e.st.add_machines(1, None, None).unwrap(), vec![3]);
+    // Every machine but the controller gone: still never an old id.
+    for id in [1, 3] {
+        e.st.ensure_dead_machine(id).unwrap();
+        e.st.remove_machine(id).unwrap();
+    }
+    assert_eq!(e.st.add_machines(1, None, None).unwrap(), vec![4]);
+}
+
+#[test]
+fn unit_numbers_go_on_above_the_largest_removed_even_when_later_ones_remain() {
+    let e = env();
+    let units = e.deploy(WORDPRESS, "wordpress", 3);
+    // The largest goes; a smaller one stays.
+    e.st.destroy_units(&units[1..]).unwrap();
+    assert_eq!(
+        e.st.add_units("wordpress", 1, None).unwrap(),
+        vec!["wordpress/3"]
+    );
 }
 
 // ---- units -----------------------------------------------------------
@@ -333,7 +351,8 @@ fn service_name_cannot_be_reused_until_the_old_service_is_removed() {
     e.st.run_cleanups(10).unwrap();
     e.st.ensure_dead_unit(&u).unwrap();
     e.st.remove_unit(&u).unwrap();
-    e.deploy(WORDPRESS, "wordpress", 1);
+    // The name's unit numbers go on where the removed service's stopped.
+    assert_eq!(e.deploy(WORDPRESS, "wordpress", 1), vec!["wordpress/1"]);
 }
 
 #[test]
