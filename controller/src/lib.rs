@@ -23,6 +23,9 @@
 //!   control bucket, the controller's IAM role and instance profile, the
 //!   hand-over through the bucket that `jujube take-up` reads on machine 0,
 //!   and the teardown.
+//! - [`singletons`]: the provisioner and the cleaner run only while this
+//!   controller holds the `singletons` lease, with a store fenced by its
+//!   token.
 //! - [`charm`]: reading a charm directory.
 //!
 //! The `jujube` binary (`cli`) runs these; it never opens the store itself.
@@ -33,6 +36,7 @@ pub mod home;
 pub mod machine0;
 pub mod machine0_ec2;
 pub mod run;
+pub mod singletons;
 pub mod supervise;
 
 pub use home::Home;

@@ -704,7 +704,6 @@ pub async fn run(home: &Home, env_name: &str) -> Result<()> {
     })?;
     lock.write_pid()?;
     let provider = provider(home, env_name, &store).await?;
-    let provisioner = Provisioner::new(store.clone(), provider.clone())?;
     let (stop_tx, stop_rx) = watch::channel(false);
     info!(environment = env_name, "controller started");
     // The API first: agents the provisioner installs on instances are given
@@ -734,67 +733,40 @@ pub async fn run(home: &Home, env_name: &str) -> Result<()> {
         exe: std::env::current_exe().ok(),
         private_address: None,
     });
-    let placement = placement(home, env_name, &store, &api, provider)?;
-    if let Some(installer) = placement.installer {
-        provisioner.install_agents(installer);
-    }
+    let placement = placement(home, env_name, &store, &api, provider.clone())?;
 
-    let cleaner = {
-        let store = store.clone();
-        let mut stop = stop_rx.clone();
-        tokio::spawn(async move {
-            let mut watcher = store.watch(0).with_poll_interval(Duration::from_secs(1));
-            // Cleanups of kinds this version does not know, reported once.
-            let mut reported = std::collections::HashSet::new();
-            // It wakes on every commit (agents make thousands a second):
-            // write transactions only when there is work, so that it does
-            // not take the write lock from the agents for nothing.
-            let mut pruned_at = 0u64;
-            loop {
-                let pending = store.pending_cleanups().unwrap_or(1);
-                match if pending > 0 {
-                    store.run_cleanups(usize::MAX)
-                } else {
-                    Ok(0)
-                } {
-                    Ok(n) if n > 0 => info!(steps = n, "cleanups done"),
-                    Ok(_) => {}
-                    Err(e) => warn!(error = %e, "cleanup failed; will retry"),
-                }
-                match store.skipped_cleanups() {
-                    Ok(skipped) => {
-                        for c in skipped.into_iter().filter(|c| reported.insert(c.id)) {
-                            warn!(
-                                id = c.id,
-                                kind = %c.kind,
-                                target = %c.target,
-                                "skipping a cleanup of a kind this jujube does not know (queued by a newer version); it stays queued for a version that knows it"
-                            );
+    // The provisioner and the cleaner: while this controller holds the
+    // singletons lease, on a store fenced by its token.
+    let singletons = {
+        let installer = placement.installer;
+        let start: crate::singletons::StartJobs = Box::new(move |store, stop| {
+            let mut jobs = Vec::new();
+            match Provisioner::new(store.clone(), provider.clone()) {
+                Ok(p) => {
+                    if let Some(i) = &installer {
+                        p.install_agents(i.clone());
+                    }
+                    let stop = stop.clone();
+                    jobs.push(tokio::spawn(async move {
+                        if let Err(e) = p.run(stop).await {
+                            warn!(error = %e, "the provisioner stopped");
                         }
-                    }
-                    Err(e) => warn!(error = %e, "listing skipped cleanups failed"),
+                    }));
                 }
-                let head = store.head_revision().unwrap_or(u64::MAX);
-                if head >= pruned_at.saturating_add(1000) {
-                    match store.prune_changes(100_000, 1000) {
-                        // Nothing (more) to prune: not before 1,000 more
-                        // changes.
-                        Ok(n) if n < 999 => pruned_at = head,
-                        Ok(_) => {}
-                        Err(e) => warn!(error = %e, "pruning the change feed failed"),
-                    }
-                }
-                tokio::select! {
-                    _ = watcher.next_head() => {}
-                    _ = tokio::time::sleep(Duration::from_secs(30)) => {}
-                    _ = stop.changed() => return,
-                }
+                Err(e) => warn!(error = %e, "cannot start the provisioner"),
             }
-        })
-    };
-    let run = {
-        let p = provisioner.clone();
-        tokio::spawn(async move { p.run(stop_rx).await })
+            jobs.push(cleaner(store, stop));
+            jobs
+        });
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        tokio::spawn(crate::singletons::hold(
+            store.clone(),
+            format!("machine-0/{}", host.trim()),
+            crate::singletons::LeaseTimes::default(),
+            crate::singletons::system_wall_clock(),
+            start,
+            stop_rx,
+        ))
     };
     // The machine agents (and their unit agents) of every machine with an
     // instance, run from this machine (deploying under the environment's
@@ -809,8 +781,7 @@ pub async fn run(home: &Home, env_name: &str) -> Result<()> {
         _ = term.recv() => info!("terminated; shutting down"),
     }
     stop_tx.send_replace(true);
-    run.await??;
-    cleaner.await?;
+    singletons.await?;
     if let Some(agents) = agents {
         agents.shutdown().await;
     }
@@ -827,6 +798,61 @@ pub async fn run(home: &Home, env_name: &str) -> Result<()> {
         "controller stopped"
     );
     Ok(())
+}
+
+/// The cleaner: runs cleanups, reports kinds this version does not know,
+/// and prunes the change feed, on every commit and every 30 s, until
+/// `stop`.
+fn cleaner(store: Store, mut stop: watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut watcher = store.watch(0).with_poll_interval(Duration::from_secs(1));
+        // Cleanups of kinds this version does not know, reported once.
+        let mut reported = std::collections::HashSet::new();
+        // It wakes on every commit (agents make thousands a second):
+        // write transactions only when there is work, so that it does
+        // not take the write lock from the agents for nothing.
+        let mut pruned_at = 0u64;
+        loop {
+            let pending = store.pending_cleanups().unwrap_or(1);
+            match if pending > 0 {
+                store.run_cleanups(usize::MAX)
+            } else {
+                Ok(0)
+            } {
+                Ok(n) if n > 0 => info!(steps = n, "cleanups done"),
+                Ok(_) => {}
+                Err(e) => warn!(error = %e, "cleanup failed; will retry"),
+            }
+            match store.skipped_cleanups() {
+                Ok(skipped) => {
+                    for c in skipped.into_iter().filter(|c| reported.insert(c.id)) {
+                        warn!(
+                            id = c.id,
+                            kind = %c.kind,
+                            target = %c.target,
+                            "skipping a cleanup of a kind this jujube does not know (queued by a newer version); it stays queued for a version that knows it"
+                        );
+                    }
+                }
+                Err(e) => warn!(error = %e, "listing skipped cleanups failed"),
+            }
+            let head = store.head_revision().unwrap_or(u64::MAX);
+            if head >= pruned_at.saturating_add(1000) {
+                match store.prune_changes(100_000, 1000) {
+                    // Nothing (more) to prune: not before 1,000 more
+                    // changes.
+                    Ok(n) if n < 999 => pruned_at = head,
+                    Ok(_) => {}
+                    Err(e) => warn!(error = %e, "pruning the change feed failed"),
+                }
+            }
+            tokio::select! {
+                _ = watcher.next_head() => {}
+                _ = tokio::time::sleep(Duration::from_secs(30)) => {}
+                _ = stop.changed() => return,
+            }
+        }
+    })
 }
 
 /// What keeps an environment from being settled, in words.

@@ -69,6 +69,9 @@ pub struct Store {
     /// Set by [`Store::as_user`]: every transaction checks this user's
     /// access inside itself. `None`: the controller's own handle.
     user: Option<Arc<str>>,
+    /// Set by [`Store::fenced`]: every write transaction checks that this
+    /// lease is still held under this token (see [`crate::leases`]).
+    fence: Option<Arc<crate::leases::Fence>>,
 }
 
 /// A write transaction in progress. Everything that changes the model goes
@@ -224,6 +227,7 @@ impl Store {
                 credential_epoch: AtomicU64::new(0),
             }),
             user: None,
+            fence: None,
         })
     }
 
@@ -235,7 +239,20 @@ impl Store {
         Store {
             inner: self.inner.clone(),
             user: Some(user.into()),
+            fence: self.fence.clone(),
         }
+    }
+
+    pub(crate) fn with_fence(&self, fence: Option<Arc<crate::leases::Fence>>) -> Store {
+        Store {
+            inner: self.inner.clone(),
+            user: self.user.clone(),
+            fence,
+        }
+    }
+
+    pub(crate) fn fence_ref(&self) -> Option<&crate::leases::Fence> {
+        self.fence.as_deref()
     }
 
     /// The user this handle acts for ([`Store::as_user`]).
@@ -341,6 +358,9 @@ impl Store {
                 };
                 if let Some(user) = &self.user {
                     crate::users::require_access(&tx, user, needs)?;
+                }
+                if let Some(fence) = &self.fence {
+                    crate::leases::require_fence(&tx, fence)?;
                 }
                 let value = f(&mut tx)?;
                 let revision = tx.last_revision;

@@ -31,6 +31,7 @@ pub mod credentials;
 pub mod db;
 pub mod environment;
 pub mod feed;
+pub mod leases;
 pub mod machines;
 pub mod model;
 pub mod provisioning;
@@ -168,6 +169,10 @@ pub enum Error {
     LastAdmin(String),
     #[error("invalid password: {0}; choose another")]
     BadPassword(String),
+    #[error("invalid lease: {0}")]
+    BadLease(String),
+    #[error("this controller no longer holds lease `{lease}` (its token {token} was replaced): another controller runs its jobs now; nothing was written")]
+    LeaseLost { lease: String, token: i64 },
     #[error("state database error: {0}")]
     Database(#[from] rusqlite::Error),
     #[error("cannot secure the state database `{path}`: {source}; check its directory's owner and permissions")]

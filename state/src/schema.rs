@@ -443,4 +443,15 @@ CREATE TRIGGER units_high_water AFTER DELETE ON units BEGIN
     ON CONFLICT (name) DO UPDATE SET next = max(next, excluded.next);
 END;
 "#,
+    // 24 (several controllers): who runs the singleton jobs, with the
+    // fencing token a holder's writes carry (see `crate::leases`).
+    // `expires`: unix milliseconds.
+    r#"
+CREATE TABLE controller_leases (
+    name    TEXT PRIMARY KEY,
+    holder  TEXT NOT NULL,
+    token   INTEGER NOT NULL CHECK (token > 0),
+    expires INTEGER NOT NULL
+) WITHOUT ROWID;
+"#,
 ];

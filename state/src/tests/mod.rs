@@ -5,6 +5,7 @@
 mod charms;
 mod cleanups;
 mod feed;
+mod leases;
 mod limits;
 mod prop;
 mod rules;

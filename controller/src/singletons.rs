@@ -1,0 +1,413 @@
+//! The controller's singleton jobs (the provisioner with its stray harvest
+//! and instance poller, the cleaner) run only while this controller holds
+//! the `singletons` lease in the state database, with a store fenced by its
+//! token (see `jujube_state::leases`).
+//!
+//! # The loop
+//!
+//! - Claim the lease; a controller starting takes over what its previous
+//!   process held at once ([`Store::claim_lease_anew`]: the file lock on its
+//!   environment says that process is gone), under a new token.
+//! - Held: start the jobs with [`Store::fenced`], renew every
+//!   [`LeaseTimes::renew_every`], and stop them at the *local deadline* —
+//!   the monotonic instant the last successful claim was sent, plus the
+//!   lease's time, minus [`LeaseTimes::margin`] for clock skew — unless a
+//!   renewal has moved it on. A renewal that fails, stalls, finds the lease
+//!   taken or returns another token also stops them. Another controller
+//!   takes the lease only once its `expires` has passed by its own clock,
+//!   which is after this deadline by the margin.
+//! - Taken by another controller: look again every `renew_every`.
+//! - Asked to stop: stop the jobs, then release the lease so that another
+//!   controller need not wait for it to expire.
+
+use jujube_state::leases::{Claim, Fence, SINGLETONS};
+use jujube_state::Store;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+/// How long the lease lasts, how often it is renewed, and the margin kept
+/// for clock skew between controllers.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseTimes {
+    pub ttl: Duration,
+    pub renew_every: Duration,
+    pub margin: Duration,
+}
+
+impl Default for LeaseTimes {
+    /// A controller gone is replaced within 15 s; a renewal every 3 s
+    /// writes one small row (never the change feed: no agent wakes).
+    fn default() -> LeaseTimes {
+        LeaseTimes {
+            ttl: Duration::from_secs(15),
+            renew_every: Duration::from_secs(3),
+            margin: Duration::from_secs(3),
+        }
+    }
+}
+
+/// The jobs' start: given the fenced store and a stop signal, the tasks to
+/// await once it is sent.
+pub type StartJobs = Box<dyn FnMut(Store, watch::Receiver<bool>) -> Vec<JoinHandle<()>> + Send>;
+
+/// Wall-clock unix milliseconds (the lease's `expires` is on it).
+pub type WallClock = Box<dyn Fn() -> i64 + Send + Sync>;
+
+pub fn system_wall_clock() -> WallClock {
+    Box::new(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64)
+    })
+}
+
+/// A claim sent from a blocking thread, so that a stalled database does not
+/// hold the runtime's thread (and the deadline's timer can fire).
+async fn claim(store: &Store, holder: &str, now_ms: i64, ttl: Duration, anew: bool) -> Claimed {
+    let (store, holder) = (store.clone(), holder.to_string());
+    let r = tokio::task::spawn_blocking(move || {
+        if anew {
+            store.claim_lease_anew(SINGLETONS, &holder, now_ms, ttl)
+        } else {
+            store.claim_lease(SINGLETONS, &holder, now_ms, ttl)
+        }
+    })
+    .await;
+    match r {
+        Ok(Ok(c)) => Claimed::Answer(c),
+        Ok(Err(e)) => Claimed::Failed(e.to_string()),
+        Err(e) => Claimed::Failed(e.to_string()),
+    }
+}
+
+enum Claimed {
+    Answer(Claim),
+    Failed(String),
+}
+
+/// Runs the singleton jobs whenever this controller (`holder`) holds the
+/// lease, until `stop` is set.
+pub async fn hold(
+    store: Store,
+    holder: String,
+    times: LeaseTimes,
+    wall: WallClock,
+    mut start: StartJobs,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut anew = true;
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let sent = Instant::now();
+        let claimed = claim(&store, &holder, wall(), times.ttl, anew).await;
+        match claimed {
+            Claimed::Answer(Claim::Held(fence)) => {
+                anew = false;
+                info!(
+                    holder,
+                    token = fence.token,
+                    "this controller holds the singletons lease: running the provisioner and the cleaner"
+                );
+                let (jobs_stop, jobs_stop_rx) = watch::channel(false);
+                // A job that ends by itself (it failed) ends the holding:
+                // the others stop, and all start again after a while.
+                let (ended_tx, mut ended) = tokio::sync::mpsc::channel::<()>(1);
+                let jobs: Vec<JoinHandle<()>> = start(store.fenced(fence.clone()), jobs_stop_rx)
+                    .into_iter()
+                    .map(|job| {
+                        let ended_tx = ended_tx.clone();
+                        tokio::spawn(async move {
+                            if let Err(e) = job.await {
+                                warn!(error = %e, "a singleton job ended abnormally");
+                            }
+                            let _ = ended_tx.try_send(());
+                        })
+                    })
+                    .collect();
+                let stopping = tokio::select! {
+                    s = run_held(&store, &holder, &times, &wall, &fence, sent, &mut stop) => s,
+                    _ = ended.recv() => {
+                        warn!(holder, "a singleton job ended: restarting them");
+                        false
+                    }
+                };
+                jobs_stop.send_replace(true);
+                for j in jobs {
+                    let _ = j.await;
+                }
+                if stopping {
+                    if let Err(e) = store.release_lease(&fence) {
+                        warn!(error = %e, "cannot release the singletons lease; another controller takes it when it expires");
+                    }
+                    return;
+                }
+                info!(holder, token = fence.token, "singleton jobs stopped");
+            }
+            Claimed::Answer(Claim::Taken {
+                holder: other,
+                expires_ms,
+            }) => {
+                anew = false;
+                info!(
+                    holder = other,
+                    expires_ms, "another controller holds the singletons lease"
+                );
+            }
+            Claimed::Failed(e) => {
+                warn!(error = %e, "cannot claim the singletons lease; trying again")
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(times.renew_every) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// Renews the lease while held; `true` when asked to stop, `false` when the
+/// lease is lost (or its deadline passed without a renewal).
+async fn run_held(
+    store: &Store,
+    holder: &str,
+    times: &LeaseTimes,
+    wall: &WallClock,
+    fence: &Fence,
+    mut sent: Instant,
+    stop: &mut watch::Receiver<bool>,
+) -> bool {
+    let deadline_of = |sent: Instant| sent + times.ttl.saturating_sub(times.margin);
+    let mut deadline = deadline_of(sent);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(times.renew_every) => {}
+            _ = tokio::time::sleep_until(deadline) => {
+                warn!(holder, token = fence.token, "the singletons lease is about to expire unrenewed: stopping the singleton jobs");
+                return false;
+            }
+            _ = stop.changed() => return true,
+        }
+        let now_sent = Instant::now();
+        let renewal = tokio::select! {
+            r = claim(store, holder, wall(), times.ttl, false) => r,
+            _ = tokio::time::sleep_until(deadline) => {
+                warn!(holder, token = fence.token, "renewing the singletons lease stalled past its deadline: stopping the singleton jobs");
+                return false;
+            }
+            _ = stop.changed() => return true,
+        };
+        match renewal {
+            Claimed::Answer(Claim::Held(f)) if f.token == fence.token => {
+                sent = now_sent;
+                deadline = deadline_of(sent);
+            }
+            Claimed::Answer(Claim::Held(f)) => {
+                warn!(holder, old = fence.token, new = f.token, "the singletons lease had expired and was taken anew: restarting the singleton jobs under the new token");
+                return false;
+            }
+            Claimed::Answer(Claim::Taken { holder: other, .. }) => {
+                warn!(
+                    holder,
+                    taken_by = other,
+                    "another controller took the singletons lease: stopping the singleton jobs"
+                );
+                return false;
+            }
+            Claimed::Failed(e) => {
+                // The deadline decides: a renewal may yet succeed before it.
+                warn!(error = %e, "renewing the singletons lease failed; trying again until its deadline");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jujube_state::{Durability, Error};
+    use std::sync::{Arc, Mutex};
+
+    /// What the jobs wrote: (holder, token, the wall clock, whether the
+    /// write went through).
+    type Writes = Arc<Mutex<Vec<(&'static str, i64, i64, bool)>>>;
+
+    fn spec() -> jujube_state::environment::EnvironmentSpec {
+        jujube_state::environment::EnvironmentSpec {
+            name: "test".into(),
+            uuid: "6f1e0f4c-3d7e-4b53-9d3b-1a2b3c4d5e6f".into(),
+            provider: "dummy".into(),
+            default_series: "jammy".into(),
+            constraints: Default::default(),
+            config: Default::default(),
+        }
+    }
+
+    /// Wall-clock milliseconds that follow tokio's (paused) clock.
+    fn wall(base: Instant) -> WallClock {
+        Box::new(move || 1_000_000 + base.elapsed().as_millis() as i64)
+    }
+
+    /// A job that adds a machine every 100 ms, recording each attempt.
+    fn jobs(name: &'static str, writes: Writes, base: Instant) -> StartJobs {
+        Box::new(move |store: Store, mut stop: watch::Receiver<bool>| {
+            let writes = writes.clone();
+            vec![tokio::spawn(async move {
+                let token = store.fence().map_or(0, |f| f.token);
+                loop {
+                    let r = store.add_machines(1, None, None);
+                    if let Err(e) = &r {
+                        assert!(matches!(e, Error::LeaseLost { .. }), "{e}");
+                    }
+                    let now = 1_000_000 + base.elapsed().as_millis() as i64;
+                    writes.lock().unwrap().push((name, token, now, r.is_ok()));
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                        _ = stop.changed() => return,
+                    }
+                }
+            })]
+        })
+    }
+
+    fn holder_of(store: &Store) -> Option<(String, i64)> {
+        store
+            .lease(SINGLETONS)
+            .unwrap()
+            .map(|l| (l.holder, l.token))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn another_controller_takes_over_within_the_lease_time_and_the_old_one_writes_nothing_after(
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let a_store = Store::open_with(&path, Durability::Relaxed).unwrap();
+        a_store.initialize(&spec()).unwrap();
+        let b_store = Store::open_with(&path, Durability::Relaxed).unwrap();
+        let times = LeaseTimes::default();
+        let base = Instant::now();
+        let writes: Writes = Default::default();
+        let (_a_stop, a_stop_rx) = watch::channel(false);
+        let a = tokio::spawn(hold(
+            a_store.clone(),
+            "a".into(),
+            times,
+            wall(base),
+            jobs("a", writes.clone(), base),
+            a_stop_rx,
+        ));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (b_stop, b_stop_rx) = watch::channel(false);
+        let b = tokio::spawn(hold(
+            b_store.clone(),
+            "b".into(),
+            times,
+            wall(base),
+            jobs("b", writes.clone(), base),
+            b_stop_rx,
+        ));
+        // a holds it for as long as it renews.
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert_eq!(holder_of(&b_store), Some(("a".into(), 1)));
+        assert!(writes.lock().unwrap().iter().all(|w| w.0 == "a" && w.3));
+
+        // a's lease loop gone (its jobs with it), its lease left to expire.
+        a.abort();
+        let stalled = Instant::now();
+        while holder_of(&b_store).is_none_or(|(h, _)| h != "b") {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let took = stalled.elapsed();
+        assert!(
+            took <= times.ttl + times.renew_every,
+            "taken over after {took:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let writes = writes.lock().unwrap().clone();
+        let b_first = writes
+            .iter()
+            .find(|w| w.0 == "b" && w.3)
+            .expect("b wrote")
+            .2;
+        assert!(writes
+            .iter()
+            .filter(|w| w.0 == "b")
+            .all(|w| w.1 == 2 && w.3));
+        // Nothing of a's went through once b had taken over.
+        assert!(writes
+            .iter()
+            .filter(|w| w.0 == "a" && w.3)
+            .all(|w| w.2 < b_first));
+        b_stop.send_replace(true);
+        b.await.unwrap();
+        // Stopping releases it: a controller starting next need not wait.
+        assert!(matches!(
+            a_store
+                .claim_lease(
+                    SINGLETONS,
+                    "c",
+                    1_000_000 + base.elapsed().as_millis() as i64,
+                    times.ttl
+                )
+                .unwrap(),
+            Claim::Held(Fence { token: 3, .. })
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_restarted_controller_resumes_at_once_and_a_lost_lease_stops_the_jobs_before_it_expires(
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_with(dir.path().join("state.db"), Durability::Relaxed).unwrap();
+        store.initialize(&spec()).unwrap();
+        let times = LeaseTimes::default();
+        let base = Instant::now();
+        // Its previous process held the lease a moment ago.
+        let wall_now = 1_000_000;
+        let Claim::Held(old) = store
+            .claim_lease(SINGLETONS, "m0", wall_now, times.ttl)
+            .unwrap()
+        else {
+            panic!("not held")
+        };
+        let writes: Writes = Default::default();
+        let (stop, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(hold(
+            store.clone(),
+            "m0".into(),
+            times,
+            wall(base),
+            jobs("m0", writes.clone(), base),
+            stop_rx,
+        ));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(holder_of(&store), Some(("m0".into(), old.token + 1)));
+        assert!(writes.lock().unwrap().iter().any(|w| w.3));
+
+        // Someone forces the lease away (its expiry passed by their clock):
+        // the next renewal sees it and the jobs stop.
+        store
+            .fenced(old.clone())
+            .add_machines(1, None, None)
+            .expect_err("the old process's token is fenced off");
+        let far = 1_000_000 + base.elapsed().as_millis() as i64 + times.ttl.as_millis() as i64;
+        assert!(matches!(
+            store
+                .claim_lease(SINGLETONS, "other", far, times.ttl)
+                .unwrap(),
+            Claim::Held(_)
+        ));
+        let lost_at = Instant::now();
+        tokio::time::sleep(times.renew_every + Duration::from_millis(200)).await;
+        let n = writes.lock().unwrap().len();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(writes.lock().unwrap().len(), n, "the jobs stopped");
+        assert!(lost_at.elapsed() < times.ttl);
+        stop.send_replace(true);
+        task.await.unwrap();
+    }
+}
