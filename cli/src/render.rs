@@ -54,6 +54,27 @@ fn structured<T: Serialize>(value: &T, format: Format, out: &mut impl Write) -> 
     Ok(true)
 }
 
+/// Who runs the provisioner and the cleaner, and whether its lease is
+/// current.
+fn singletons_line(l: &jujube_wire::view::LeaseStatus, now_ms: i64) -> String {
+    let left = l.expires_ms - now_ms;
+    if left > 0 {
+        format!(
+            "Controller `{}` runs the provisioner and the cleaner (lease token {}, {}s left unless renewed)",
+            l.holder,
+            l.token,
+            (left + 999) / 1000
+        )
+    } else {
+        format!(
+            "No controller runs the provisioner and the cleaner: the lease of `{}` expired {}s ago (token {}); that controller is stopped or cannot reach the state database (see its log)",
+            l.holder,
+            (-left) / 1000,
+            l.token
+        )
+    }
+}
+
 pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
     let mut out = std::io::BufWriter::new(out);
     if structured(st, format, &mut out)? {
@@ -70,6 +91,12 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
             dash(&e.constraints),
         ]],
     )?;
+    if let Some(l) = &e.singletons {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis() as i64;
+        writeln!(out, "{}", singletons_line(l, now_ms))?;
+    }
     if let Some(p) = &e.provider_status {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)?
@@ -366,4 +393,27 @@ pub fn users(
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::singletons_line;
+    use jujube_wire::view::LeaseStatus;
+
+    #[test]
+    fn the_singletons_line_names_the_holder_or_says_nobody_runs_the_jobs() {
+        let l = LeaseStatus {
+            holder: "machine-0/host".into(),
+            token: 3,
+            expires_ms: 20_000,
+        };
+        assert_eq!(
+            singletons_line(&l, 8_500),
+            "Controller `machine-0/host` runs the provisioner and the cleaner (lease token 3, 12s left unless renewed)"
+        );
+        assert_eq!(
+            singletons_line(&l, 65_000),
+            "No controller runs the provisioner and the cleaner: the lease of `machine-0/host` expired 45s ago (token 3); that controller is stopped or cannot reach the state database (see its log)"
+        );
+    }
 }

@@ -83,7 +83,7 @@ fn check_name(what: &str, name: &str) -> Result<()> {
     Ok(())
 }
 
-fn get(c: &rusqlite::Connection, lease: &str) -> Result<Option<Lease>> {
+pub(crate) fn lease_in(c: &rusqlite::Connection, lease: &str) -> Result<Option<Lease>> {
     Ok(
         c.prepare_cached("SELECT holder, token, expires FROM controller_leases WHERE name = ?1")?
             .query_row([lease], |r| {
@@ -174,7 +174,7 @@ impl Store {
                     expires_ms,
                 })
             };
-            match get(tx, lease)? {
+            match lease_in(tx, lease)? {
                 None => {
                     tx.prepare_cached(
                         "INSERT INTO controller_leases (name, holder, token, expires) VALUES (?1, ?2, 1, ?3)",
@@ -222,7 +222,7 @@ impl Store {
 
     /// The lease's holder, token and expiry, if it was ever claimed.
     pub fn lease(&self, lease: &str) -> Result<Option<Lease>> {
-        self.read(|c| get(c, lease))
+        self.read(|c| lease_in(c, lease))
     }
 
     /// A handle on the same database whose every write transaction first

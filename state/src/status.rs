@@ -251,6 +251,13 @@ impl Store {
                     default_series: env.default_series,
                     constraints: env.constraints.to_string(),
                     provider_status: crate::provisioning::provider_status_in(c)?,
+                    singletons: crate::leases::lease_in(c, crate::leases::SINGLETONS)?.map(
+                        |l| jujube_wire::view::LeaseStatus {
+                            holder: l.holder,
+                            token: l.token,
+                            expires_ms: l.expires_ms,
+                        },
+                    ),
                 },
                 machines: OrderedMap(machines),
                 services: OrderedMap(services),

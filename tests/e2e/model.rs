@@ -129,6 +129,16 @@ fn status_json_has_the_documented_shape() {
     for k in ["name", "uuid", "provider"] {
         assert!(st["environment"][k].is_string(), "environment.{k}");
     }
+    // The controller running on machine 0 holds the singleton jobs' lease.
+    let lease = &st["environment"]["singletons"];
+    assert!(
+        lease["holder"]
+            .as_str()
+            .is_some_and(|h| h.starts_with("machine-0/")),
+        "{lease}"
+    );
+    assert!(lease["token"].as_i64().is_some_and(|t| t >= 1), "{lease}");
+    assert!(lease["expires-ms"].as_i64().is_some(), "{lease}");
     let m = &st["machines"]["1"];
     for k in [
         "life",

@@ -80,6 +80,21 @@ pub struct EnvironmentStatus {
     /// instances fails): why, and since when.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider_status: Option<ProviderStatus>,
+    /// Which controller runs the singleton jobs (the provisioner, the
+    /// cleaner): the holder of their lease. Absent before any controller
+    /// ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub singletons: Option<LeaseStatus>,
+}
+
+/// A controller lease: who holds it, under which fencing token, and until
+/// when (unix milliseconds) unless renewed.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct LeaseStatus {
+    pub holder: String,
+    pub token: i64,
+    pub expires_ms: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
