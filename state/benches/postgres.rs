@@ -1,0 +1,215 @@
+//! PostgreSQL clients, measured; prints figures.
+//! `cargo bench -p jujube-state --bench postgres`.
+//!
+//! One-row transactions, one at a time, as the store commits a rule, on a
+//! throwaway cluster on this machine (`scripts/pg-setup`: loopback, fsync
+//! and synchronous_commit on; `JUJUBE_PG_URL` names another instead), in
+//! alternating rounds (medians), next to SQLite on the same disk with the
+//! store's durability (WAL, synchronous=FULL):
+//!
+//! - rust-postgres (`postgres`, synchronous, as the store runs inside
+//!   `spawn_blocking`) and tokio-postgres (its asynchronous core, on a
+//!   current-thread runtime), each with its statement prepared once:
+//!   - `BEGIN; INSERT; COMMIT` at READ COMMITTED and at SERIALIZABLE (how
+//!     the store's rules will run: three round trips),
+//!   - the INSERT alone in autocommit (one round trip: the least any
+//!     client can pay for a durable row — the bare loop);
+//! - rusqlite, `BEGIN IMMEDIATE; INSERT; COMMIT`.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const ROUNDS: usize = 5;
+const N: usize = 500;
+
+/// A cluster of our own, stopped when dropped; or the one `JUJUBE_PG_URL`
+/// names.
+struct Cluster {
+    url: String,
+    state: Option<tempfile::NamedTempFile>,
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        if let Ok(url) = std::env::var("JUJUBE_PG_URL") {
+            return Cluster { url, state: None };
+        }
+        let scripts = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts");
+        let state = tempfile::NamedTempFile::new().unwrap();
+        let out = Command::new(format!("{scripts}/pg-setup"))
+            .arg(state.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "scripts/pg-setup failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Cluster {
+            url: String::from_utf8(out.stdout).unwrap().trim().to_string(),
+            state: Some(state),
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some(state) = &self.state {
+            let scripts = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts");
+            let _ = Command::new(format!("{scripts}/pg-stop"))
+                .arg(state.path())
+                .status();
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Shape {
+    ReadCommitted,
+    Serializable,
+    Autocommit,
+}
+
+fn sync_round(c: &mut postgres::Client, shape: Shape, n: usize) -> Duration {
+    let insert = c.prepare("INSERT INTO t (name) VALUES ($1)").unwrap();
+    let start = Instant::now();
+    for i in 0..n {
+        let name = format!("svc/{i}");
+        match shape {
+            Shape::Autocommit => {
+                c.execute(&insert, &[&name]).unwrap();
+            }
+            Shape::ReadCommitted | Shape::Serializable => {
+                let level = if matches!(shape, Shape::Serializable) {
+                    postgres::IsolationLevel::Serializable
+                } else {
+                    postgres::IsolationLevel::ReadCommitted
+                };
+                let mut tx = c.build_transaction().isolation_level(level).start().unwrap();
+                tx.execute(&insert, &[&name]).unwrap();
+                tx.commit().unwrap();
+            }
+        }
+    }
+    start.elapsed()
+}
+
+async fn async_round(c: &mut tokio_postgres::Client, shape: Shape, n: usize) -> Duration {
+    let insert = c.prepare("INSERT INTO t (name) VALUES ($1)").await.unwrap();
+    let start = Instant::now();
+    for i in 0..n {
+        let name = format!("svc/{i}");
+        match shape {
+            Shape::Autocommit => {
+                c.execute(&insert, &[&name]).await.unwrap();
+            }
+            Shape::ReadCommitted | Shape::Serializable => {
+                let level = if matches!(shape, Shape::Serializable) {
+                    tokio_postgres::IsolationLevel::Serializable
+                } else {
+                    tokio_postgres::IsolationLevel::ReadCommitted
+                };
+                let tx = c
+                    .build_transaction()
+                    .isolation_level(level)
+                    .start()
+                    .await
+                    .unwrap();
+                tx.execute(&insert, &[&name]).await.unwrap();
+                tx.commit().await.unwrap();
+            }
+        }
+    }
+    start.elapsed()
+}
+
+fn sqlite_round(c: &mut rusqlite::Connection, n: usize) -> Duration {
+    let start = Instant::now();
+    for i in 0..n {
+        let tx = c
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .unwrap();
+        tx.prepare_cached("INSERT INTO t (name) VALUES (?1)")
+            .unwrap()
+            .execute([format!("svc/{i}")])
+            .unwrap();
+        tx.commit().unwrap();
+    }
+    start.elapsed()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() {
+    let cluster = Cluster::start();
+    let mut sync = postgres::Client::connect(&cluster.url, postgres::NoTls).unwrap();
+    sync.batch_execute(
+        "DROP TABLE IF EXISTS t;
+         CREATE TABLE t (id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, name TEXT NOT NULL)",
+    )
+    .unwrap();
+    let settings: Vec<String> = ["fsync", "synchronous_commit", "wal_sync_method"]
+        .iter()
+        .map(|s| {
+            let v: String = sync.query_one(&format!("SHOW {s}"), &[]).unwrap().get(0);
+            format!("{s}={v}")
+        })
+        .collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut tokio_client = rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(&cluster.url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        client
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let mut lite = rusqlite::Connection::open(dir.path().join("bare.db")).unwrap();
+    lite.pragma_update(None, "journal_mode", "WAL").unwrap();
+    lite.pragma_update(None, "synchronous", "FULL").unwrap();
+    lite.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT NOT NULL)")
+        .unwrap();
+
+    let shapes = [
+        ("BEGIN; INSERT; COMMIT (read committed)", Shape::ReadCommitted),
+        ("BEGIN; INSERT; COMMIT (serializable)", Shape::Serializable),
+        ("INSERT in autocommit", Shape::Autocommit),
+    ];
+    let mut figures: Vec<(String, Vec<f64>)> = Vec::new();
+    let mut push = |name: String, took: Duration| match figures.iter_mut().find(|f| f.0 == name) {
+        Some(f) => f.1.push(N as f64 / took.as_secs_f64()),
+        None => figures.push((name, vec![N as f64 / took.as_secs_f64()])),
+    };
+    // Warm every path once.
+    sync_round(&mut sync, Shape::Autocommit, 100);
+    sqlite_round(&mut lite, 100);
+    for _ in 0..ROUNDS {
+        for (what, shape) in shapes {
+            push(
+                format!("rust-postgres   {what}"),
+                sync_round(&mut sync, shape, N),
+            );
+            push(
+                format!("tokio-postgres  {what}"),
+                rt.block_on(async_round(&mut tokio_client, shape, N)),
+            );
+        }
+        push(
+            "rusqlite        BEGIN IMMEDIATE; INSERT; COMMIT (WAL, synchronous=FULL)".into(),
+            sqlite_round(&mut lite, N),
+        );
+    }
+    println!(
+        "one-row transactions, one at a time ({ROUNDS} alternating rounds of {N}, medians; PostgreSQL on loopback, {}):",
+        settings.join(", ")
+    );
+    for (name, rates) in figures {
+        println!("  {name}: {:.0} tx/s", median(rates));
+    }
+}
