@@ -85,7 +85,11 @@ fn sync_round(c: &mut postgres::Client, shape: Shape, n: usize) -> Duration {
                 } else {
                     postgres::IsolationLevel::ReadCommitted
                 };
-                let mut tx = c.build_transaction().isolation_level(level).start().unwrap();
+                let mut tx = c
+                    .build_transaction()
+                    .isolation_level(level)
+                    .start()
+                    .unwrap();
                 tx.execute(&insert, &[&name]).unwrap();
                 tx.commit().unwrap();
             }
@@ -177,7 +181,10 @@ fn main() {
         .unwrap();
 
     let shapes = [
-        ("BEGIN; INSERT; COMMIT (read committed)", Shape::ReadCommitted),
+        (
+            "BEGIN; INSERT; COMMIT (read committed)",
+            Shape::ReadCommitted,
+        ),
         ("BEGIN; INSERT; COMMIT (serializable)", Shape::Serializable),
         ("INSERT in autocommit", Shape::Autocommit),
     ];
