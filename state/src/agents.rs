@@ -33,11 +33,11 @@ use crate::model::{
     unit_row, Machine, Relation, Service, Unit, UNIT_COLS,
 };
 use crate::relations::relations_of;
+use crate::sql::Connection;
 use crate::units::destroy_unit_in;
 use crate::{Error, Result};
 use jujube_core::charm::Scope;
 use jujube_core::Life;
-use rusqlite::Connection;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -528,7 +528,7 @@ pub struct UnitContext {
     pub ports: Vec<String>,
 }
 
-fn units_where(c: &Connection, clause: &str, arg: &dyn rusqlite::ToSql) -> Result<Vec<Unit>> {
+fn units_where(c: &Connection, clause: &str, arg: &dyn crate::sql::ToSql) -> Result<Vec<Unit>> {
     let mut stmt = c.prepare_cached(&format!(
         "SELECT {UNIT_COLS} FROM units WHERE {clause} ORDER BY service, number"
     ))?;
@@ -623,7 +623,7 @@ impl Store {
                         (crate::model::agent_status::ERROR, &after, RESOLVE_BATCH as i64),
                         |r| r.get::<_, String>(0),
                     )?
-                    .collect::<rusqlite::Result<Vec<String>>>()?;
+                    .collect::<crate::sql::Result<Vec<String>>>()?;
                 for name in &names {
                     tx.prepare_cached("UPDATE units SET resolved = ?1 WHERE name = ?2")?
                         .execute((mode, name))?;
@@ -650,7 +650,7 @@ impl Store {
             .query_map((crate::model::agent_status::ERROR, limit as i64), |r| {
                 Ok((r.get(0)?, r.get(1)?))
             })?
-            .collect::<rusqlite::Result<Vec<_>>>()?)
+            .collect::<crate::sql::Result<Vec<_>>>()?)
         })
     }
 
@@ -780,7 +780,7 @@ impl Store {
                 .query_map((relation_id, &container, unit, peer, &service), |r| {
                     r.get(0)
                 })?
-                .collect::<rusqlite::Result<Vec<String>>>()?;
+                .collect::<crate::sql::Result<Vec<String>>>()?;
             Ok(names)
         })
     }
@@ -819,7 +819,7 @@ impl Store {
                     ),
                     |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?)),
                 )?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
+                .collect::<crate::sql::Result<Vec<_>>>()?;
             let units = rows
                 .into_iter()
                 .map(|(name, raw)| {
@@ -923,7 +923,7 @@ impl Store {
     /// principal and pending resolution — in one read snapshot, reading no
     /// other column (it runs for every unit change: status writes too).
     pub fn unit_links(&self, names: &[&str]) -> Result<Vec<Option<UnitLinks>>> {
-        use rusqlite::OptionalExtension;
+        use crate::sql::OptionalExtension;
         self.read(|c| {
             let mut stmt = c.prepare_cached(
                 "SELECT life, machine_id, principal, resolved FROM units WHERE name = ?1",
@@ -954,7 +954,7 @@ impl Store {
     /// one read snapshot, two columns of each row (a whole machine costs
     /// its constraints parsed, for 100,000 removed units' machines).
     pub fn machine_links(&self, ids: &[i64]) -> Result<Vec<Option<(Life, bool)>>> {
-        use rusqlite::OptionalExtension;
+        use crate::sql::OptionalExtension;
         self.read(|c| {
             let mut stmt = c.prepare_cached(
                 "SELECT life, instance_id IS NOT NULL FROM machines WHERE id = ?1",
@@ -985,7 +985,7 @@ impl Store {
                     "SELECT key, value FROM service_settings WHERE service = ?1 ORDER BY key",
                 )?
                 .query_map([name], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect::<rusqlite::Result<Vec<(String, String)>>>()?;
+                .collect::<crate::sql::Result<Vec<(String, String)>>>()?;
             Ok(rows)
         })
     }
@@ -1004,7 +1004,7 @@ fn scope_ids(c: &Connection, unit: &str) -> Result<Vec<i64>> {
     let ids = c
         .prepare_cached("SELECT relation_id FROM relation_scopes WHERE unit = ?1 ORDER BY 1")?
         .query_map([unit], |r| r.get(0))?
-        .collect::<rusqlite::Result<Vec<i64>>>()?;
+        .collect::<crate::sql::Result<Vec<i64>>>()?;
     Ok(ids)
 }
 
@@ -1041,7 +1041,7 @@ impl Store {
             for r in rows {
                 out.push(r?);
             }
-            let mut each = |sql: &str, f: &dyn Fn(&rusqlite::Row<'_>) -> rusqlite::Result<String>| -> Result<()> {
+            let mut each = |sql: &str, f: &dyn Fn(&crate::sql::Row<'_>) -> crate::sql::Result<String>| -> Result<()> {
                 let mut stmt = c.prepare_cached(sql)?;
                 let rows = stmt.query_map([lim], |r| f(r))?;
                 for r in rows {
@@ -1093,14 +1093,14 @@ impl Store {
             let dying: Vec<(i64, String)> = c
                 .prepare_cached("SELECT id, key FROM relations WHERE life != 0 ORDER BY id LIMIT ?1")?
                 .query_map([lim], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect::<rusqlite::Result<_>>()?;
+                .collect::<crate::sql::Result<_>>()?;
             for (id, key) in dying {
                 out.push(format!("relation `{key}` is dying and {}", relation_blockers(c, id)?));
             }
             let dying: Vec<String> = c
                 .prepare_cached("SELECT name FROM services WHERE life != 0 ORDER BY name LIMIT ?1")?
                 .query_map([lim], |r| r.get(0))?
-                .collect::<rusqlite::Result<_>>()?;
+                .collect::<crate::sql::Result<_>>()?;
             for name in dying {
                 out.push(format!("service `{name}` is dying and {}", service_blockers(c, &name)?));
             }
@@ -1113,7 +1113,7 @@ impl Store {
 /// container it is in (empty for a global relation), whether the relation
 /// is a peer relation, and the unit's service.
 fn scope_of(
-    c: &rusqlite::Connection,
+    c: &crate::sql::Connection,
     relation_id: i64,
     unit: &str,
 ) -> Result<(String, Relation, String)> {
@@ -1132,15 +1132,15 @@ const NAMED: i64 = 3;
 /// Up to [`NAMED`] of `sql`'s names (one `?1` parameter), quoted, with how
 /// many more there are out of `total`.
 fn some_names(
-    c: &rusqlite::Connection,
+    c: &crate::sql::Connection,
     sql: &str,
-    key: &dyn rusqlite::ToSql,
+    key: &dyn crate::sql::ToSql,
     total: i64,
 ) -> Result<String> {
     let names: Vec<String> = c
         .prepare_cached(sql)?
-        .query_map(rusqlite::params![key, NAMED], |r| r.get::<_, String>(0))?
-        .collect::<rusqlite::Result<_>>()?;
+        .query_map(crate::sql::params![key, NAMED], |r| r.get::<_, String>(0))?
+        .collect::<crate::sql::Result<_>>()?;
     let mut s = names
         .iter()
         .map(|n| format!("`{n}`"))
@@ -1155,8 +1155,8 @@ fn some_names(
 
 /// What a failed hook holds among `sql`'s units (one `?1` parameter), in
 /// words with the command that frees it, or nothing.
-fn held(c: &rusqlite::Connection, sql: &str, key: &dyn rusqlite::ToSql) -> Result<String> {
-    use rusqlite::OptionalExtension;
+fn held(c: &crate::sql::Connection, sql: &str, key: &dyn crate::sql::ToSql) -> Result<String> {
+    use crate::sql::OptionalExtension;
     let unit: Option<String> = c
         .prepare_cached(sql)?
         .query_row([key], |r| r.get(0))
@@ -1168,7 +1168,7 @@ fn held(c: &rusqlite::Connection, sql: &str, key: &dyn rusqlite::ToSql) -> Resul
 
 /// What a Dying relation waits for, naming the units still in its scope
 /// and one a failed hook holds.
-pub(crate) fn relation_blockers(c: &rusqlite::Connection, id: i64) -> Result<String> {
+pub(crate) fn relation_blockers(c: &crate::sql::Connection, id: i64) -> Result<String> {
     let total: i64 = c
         .prepare_cached("SELECT count(*) FROM relation_scopes WHERE relation_id = ?1")?
         .query_row([id], |r| r.get(0))?;
@@ -1191,7 +1191,7 @@ pub(crate) fn relation_blockers(c: &rusqlite::Connection, id: i64) -> Result<Str
 }
 
 /// What a Dying service waits for: its units (named) and relations.
-pub(crate) fn service_blockers(c: &rusqlite::Connection, name: &str) -> Result<String> {
+pub(crate) fn service_blockers(c: &crate::sql::Connection, name: &str) -> Result<String> {
     let (units, relations): (i64, i64) = c
         .prepare_cached(
             "SELECT unit_count, (SELECT count(*) FROM relation_endpoints WHERE service = ?1)
@@ -1256,12 +1256,12 @@ pub const MAX_WORKLOAD_VERSION_BYTES: usize = 256;
 
 /// Whether `unit` is the recorded leader of `service` now: recorded, and
 /// Alive with its agent present (see [`Store::claim_leadership`]).
-pub(crate) fn leader_in(c: &rusqlite::Connection, service: &str, unit: &str) -> Result<bool> {
+pub(crate) fn leader_in(c: &crate::sql::Connection, service: &str, unit: &str) -> Result<bool> {
     Ok(current_leader(c, service, presence_since(c)?)?.as_deref() == Some(unit))
 }
 
 /// Since when an agent must have been seen to be present (unix seconds).
-fn presence_since(c: &rusqlite::Connection) -> Result<i64> {
+fn presence_since(c: &crate::sql::Connection) -> Result<i64> {
     Ok(crate::unix_now() - crate::credentials::presence_lapse(c)?)
 }
 
@@ -1271,8 +1271,8 @@ const PRESENT: &str = "(a.seen_at IS NULL OR a.seen_at >= ?2)";
 
 /// The service's leader, if it still holds: Alive, and its agent present
 /// (seen since `since`).
-fn current_leader(c: &rusqlite::Connection, service: &str, since: i64) -> Result<Option<String>> {
-    use rusqlite::OptionalExtension;
+fn current_leader(c: &crate::sql::Connection, service: &str, since: i64) -> Result<Option<String>> {
+    use crate::sql::OptionalExtension;
     Ok(c.prepare_cached(&format!(
         "SELECT u.name FROM services s JOIN units u ON u.name = s.leader
          LEFT JOIN agent_credentials a ON a.unit = u.name
@@ -1284,8 +1284,8 @@ fn current_leader(c: &rusqlite::Connection, service: &str, since: i64) -> Result
 
 /// The unit to elect in `service`: its lowest-numbered Alive unit whose
 /// agent started and is present.
-fn candidate(c: &rusqlite::Connection, service: &str, since: i64) -> Result<Option<String>> {
-    use rusqlite::OptionalExtension;
+fn candidate(c: &crate::sql::Connection, service: &str, since: i64) -> Result<Option<String>> {
+    use crate::sql::OptionalExtension;
     Ok(c.prepare_cached(&format!(
         "SELECT u.name FROM units u LEFT JOIN agent_credentials a ON a.unit = u.name
          WHERE u.service = ?1 AND u.life = 0 AND u.agent_started AND {PRESENT}
@@ -1343,7 +1343,7 @@ impl Store {
                  ORDER BY s.name LIMIT ?1"
             ))?
             .query_map((limit as i64, since), |r| r.get(0))?
-            .collect::<rusqlite::Result<_>>()?)
+            .collect::<crate::sql::Result<_>>()?)
         })?;
         if lost.is_empty() {
             return Ok(0);
@@ -1389,7 +1389,7 @@ impl Store {
                     .query_map((service, MAX_GOAL_UNITS as i64 + 1), |r| {
                         Ok((r.get(0)?, r.get(1)?))
                     })?
-                    .collect::<rusqlite::Result<_>>()?;
+                    .collect::<crate::sql::Result<_>>()?;
                 if rows.len() > MAX_GOAL_UNITS {
                     return Err(Error::Relation(format!(
                         "goal-state answers for services of at most {MAX_GOAL_UNITS} units; `{service}` has more"
@@ -1465,7 +1465,7 @@ impl Store {
 /// Makes `unit` the leader of `service`, telling it and the unit that lost
 /// it (their agents run or forget `leader-elected`).
 fn take_leadership(tx: &mut Tx<'_>, service: &str, unit: &str) -> Result<()> {
-    use rusqlite::OptionalExtension;
+    use crate::sql::OptionalExtension;
     let old: Option<String> = tx
         .prepare_cached("SELECT leader FROM services WHERE name = ?1")?
         .query_row([service], |r| r.get(0))

@@ -24,8 +24,8 @@ use crate::db::{Store, Tx};
 use crate::feed::ChangeKind;
 use crate::model::Relation;
 use crate::model::{get_service, get_unit};
+use crate::sql::OptionalExtension;
 use crate::{Error, Result};
-use rusqlite::OptionalExtension;
 use std::collections::BTreeMap;
 
 /// Which bag.
@@ -60,7 +60,7 @@ fn parse(raw: String) -> Result<Settings> {
 
 /// Checks that `unit` may read (`write`: write) `bag`; returns where it is:
 /// the relation's id and the service whose bag it is.
-fn check(c: &rusqlite::Connection, unit: &str, bag: &Bag, write: bool) -> Result<(i64, String)> {
+fn check(c: &crate::sql::Connection, unit: &str, bag: &Bag, write: bool) -> Result<(i64, String)> {
     let u = get_unit(c, unit)?;
     let denied = |why: &str| {
         Err(Error::Unauthorized {
@@ -106,7 +106,12 @@ fn check(c: &rusqlite::Connection, unit: &str, bag: &Bag, write: bool) -> Result
     }
 }
 
-fn read_bag(c: &rusqlite::Connection, relation: i64, service: &str, bag: &Bag) -> Result<Settings> {
+fn read_bag(
+    c: &crate::sql::Connection,
+    relation: i64,
+    service: &str,
+    bag: &Bag,
+) -> Result<Settings> {
     let raw: Option<String> = match bag {
         Bag::Leader => c
             .prepare_cached("SELECT leader_settings FROM services WHERE name = ?1")?
@@ -136,7 +141,7 @@ impl Store {
 /// (its own application's in a peer relation); `None` when `service` is not
 /// in the relation.
 pub(crate) fn counterpart_bag_in(
-    c: &rusqlite::Connection,
+    c: &crate::sql::Connection,
     rel: &Relation,
     service: &str,
 ) -> Result<Option<(String, Settings)>> {

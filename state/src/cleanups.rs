@@ -20,9 +20,9 @@
 use crate::db::Store;
 use crate::feed::ChangeKind;
 use crate::model::{finish_unit, unit_row, UNIT_COLS};
+use crate::sql::{Connection, OptionalExtension};
 use crate::units::destroy_unit_in;
 use crate::{Error, Result};
-use rusqlite::{Connection, OptionalExtension};
 
 /// Deletes the settings of a removed relation; the target is its id.
 pub const RELATION_SETTINGS: &str = "relation-settings";
@@ -96,7 +96,7 @@ impl Store {
                     target: r.get(2)?,
                 })
             })?;
-            Ok(rows.collect::<rusqlite::Result<_>>()?)
+            Ok(rows.collect::<crate::sql::Result<_>>()?)
         })
     }
 

@@ -6,8 +6,8 @@
 //! `ON DELETE CASCADE`), so it stops working when its entity is removed.
 
 use crate::db::Store;
+use crate::sql::OptionalExtension;
 use crate::{Entity, Error, Result};
-use rusqlite::OptionalExtension;
 
 impl Store {
     /// Sets (or replaces) machine `id`'s credential hash under `tag`.
@@ -141,7 +141,7 @@ impl Store {
 
 /// The presence lapse of the environment: `agent-presence-lapse`
 /// (seconds) or [`PRESENCE_LAPSE`].
-pub(crate) fn presence_lapse(c: &rusqlite::Connection) -> Result<i64> {
+pub(crate) fn presence_lapse(c: &crate::sql::Connection) -> Result<i64> {
     let v: Option<String> = c
         .prepare_cached("SELECT value FROM environment_config WHERE key = 'agent-presence-lapse'")?
         .query_row([], |r| r.get(0))
@@ -203,7 +203,7 @@ pub struct CredentialRecord {
 }
 
 /// The batch a token is live for, if any.
-fn live_batch(c: &rusqlite::Connection, token_hash: &str, now: i64) -> Result<Option<String>> {
+fn live_batch(c: &crate::sql::Connection, token_hash: &str, now: i64) -> Result<Option<String>> {
     Ok(
         c.prepare_cached("SELECT batch FROM enrollments WHERE token_hash = ?1 AND expires > ?2")?
             .query_row((token_hash, now), |r| r.get(0))
@@ -305,7 +305,7 @@ impl Store {
 }
 
 fn insert_unit_credential(
-    tx: &rusqlite::Connection,
+    tx: &crate::sql::Connection,
     unit: &str,
     tag: &str,
     hash: &str,

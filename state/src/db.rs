@@ -2,9 +2,10 @@
 
 use crate::feed::ChangeKind;
 use crate::schema::MIGRATIONS;
+use crate::sql::{Begin, Connection, Open, OptionalExtension};
 use crate::{Error, Result};
 use jujube_wire::client::Access;
-use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
+use rusqlite::OpenFlags;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -77,14 +78,14 @@ pub struct Store {
 /// A write transaction in progress. Everything that changes the model goes
 /// through one, and says what it changed with [`Tx::changed`].
 pub struct Tx<'c> {
-    pub(crate) tx: rusqlite::Transaction<'c>,
+    tx: Open<'c>,
     last_revision: Option<u64>,
 }
 
 impl std::ops::Deref for Tx<'_> {
     type Target = Connection;
     fn deref(&self) -> &Connection {
-        &self.tx
+        self.tx.conn()
     }
 }
 
@@ -92,10 +93,9 @@ impl Tx<'_> {
     /// Records a change in the feed; the revision becomes visible to
     /// watchers when the transaction commits.
     pub(crate) fn changed(&mut self, kind: ChangeKind, id: impl AsRef<str>) -> Result<()> {
-        self.tx
-            .prepare_cached("INSERT INTO changes (kind, id) VALUES (?1, ?2)")?
+        self.prepare_cached("INSERT INTO changes (kind, id) VALUES (?1, ?2)")?
             .execute((kind.as_str(), id.as_ref()))?;
-        self.last_revision = Some(self.tx.last_insert_rowid() as u64);
+        self.last_revision = Some(self.last_insert_rowid() as u64);
         Ok(())
     }
 
@@ -104,14 +104,14 @@ impl Tx<'_> {
     /// without it. Several independent operations can so share one commit.
     pub(crate) fn savepoint<T>(&mut self, f: impl FnOnce(&mut Tx<'_>) -> Result<T>) -> Result<T> {
         let revision = self.last_revision;
-        self.tx.execute_batch("SAVEPOINT op")?;
+        self.execute_batch("SAVEPOINT op")?;
         match f(self) {
             Ok(v) => {
-                self.tx.execute_batch("RELEASE op")?;
+                self.execute_batch("RELEASE op")?;
                 Ok(v)
             }
             Err(e) => {
-                self.tx.execute_batch("ROLLBACK TO op; RELEASE op")?;
+                self.execute_batch("ROLLBACK TO op; RELEASE op")?;
                 self.last_revision = revision;
                 Err(e)
             }
@@ -121,7 +121,6 @@ impl Tx<'_> {
     /// Takes the next value of a named sequence.
     pub(crate) fn next_in_sequence(&self, name: &str) -> Result<i64> {
         let n: i64 = self
-            .tx
             .prepare_cached(
                 "INSERT INTO sequences (name, next) VALUES (?1, 1)
                  ON CONFLICT (name) DO UPDATE SET next = next + 1
@@ -164,9 +163,10 @@ fn configure_sqlite() {
     });
 }
 
+/// A transaction that failed only because another held the database: run
+/// it again.
 fn is_busy(e: &Error) -> bool {
-    matches!(e, Error::Database(rusqlite::Error::SqliteFailure(f, _))
-        if f.code == ErrorCode::DatabaseBusy || f.code == ErrorCode::DatabaseLocked)
+    matches!(e, Error::Database(e) if crate::sql::is_busy(e))
 }
 
 impl Store {
@@ -184,7 +184,7 @@ impl Store {
         let path = path.as_ref().to_path_buf();
         configure_sqlite();
         private_files(&path)?;
-        let conn = Connection::open_with_flags(
+        let conn = rusqlite::Connection::open_with_flags(
             &path,
             OpenFlags::SQLITE_OPEN_READ_WRITE
                 | OpenFlags::SQLITE_OPEN_CREATE
@@ -205,6 +205,7 @@ impl Store {
         stable_plans(&conn)?;
         conn.set_prepared_statement_cache_capacity(128);
         migrate(&conn)?;
+        let conn = Connection::sqlite(conn);
         let reader = open_reader(&path)?;
         let head: i64 =
             conn.query_row("SELECT coalesce(max(revision), 0) FROM changes", [], |r| {
@@ -268,7 +269,7 @@ impl Store {
         StoreStats {
             transactions: self.inner.transactions.load(Ordering::Relaxed),
             max_transaction_rows: self.inner.max_rows.load(Ordering::Relaxed),
-            wal_pages: pages_written(&self.lock(), false),
+            wal_pages: pages_written(self.lock().as_sqlite(), false),
         }
     }
 
@@ -285,7 +286,7 @@ impl Store {
     pub fn reset_stats(&self) {
         self.inner.transactions.store(0, Ordering::Relaxed);
         self.inner.max_rows.store(0, Ordering::Relaxed);
-        pages_written(&self.lock(), true);
+        pages_written(self.lock().as_sqlite(), true);
     }
 
     pub(crate) fn head_receiver(&self) -> watch::Receiver<u64> {
@@ -346,14 +347,13 @@ impl Store {
         needs: Access,
         mut f: impl FnMut(&mut Tx<'_>) -> Result<T>,
     ) -> Result<T> {
-        let mut conn = self.lock();
+        let conn = self.lock();
         let mut attempt = 0;
         loop {
             let before = conn.total_changes();
             let run = (|| {
-                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
                 let mut tx = Tx {
-                    tx,
+                    tx: Open::begin(&conn, Begin::Write)?,
                     last_revision: None,
                 };
                 if let Some(user) = &self.user {
@@ -417,18 +417,18 @@ impl Store {
 
     /// A read no user check applies to (the login itself).
     pub(crate) fn read_unchecked<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
-        let mut guard = self.lock_reader()?;
-        let conn = guard.as_mut().expect("opened by lock_reader");
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
-        let value = f(&tx)?;
-        tx.finish()?;
+        let guard = self.lock_reader()?;
+        let conn = guard.as_ref().expect("opened by lock_reader");
+        let tx = Open::begin(conn, Begin::Read)?;
+        let value = f(tx.conn())?;
+        tx.commit()?;
         Ok(value)
     }
 }
 
 /// Pages `conn` wrote (to the WAL, in WAL mode) since it opened or this
 /// was last asked with `reset`.
-pub fn pages_written(conn: &Connection, reset: bool) -> u64 {
+pub fn pages_written(conn: &rusqlite::Connection, reset: bool) -> u64 {
     let (mut current, mut high) = (0, 0);
     // SAFETY: the handle is `conn`'s own, open for the call; the status
     // call only reads counters.
@@ -455,7 +455,7 @@ const READERS: usize = 4;
 
 /// A connection for reads only.
 fn open_reader(path: &Path) -> Result<Connection> {
-    let reader = Connection::open_with_flags(
+    let reader = rusqlite::Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
@@ -463,7 +463,7 @@ fn open_reader(path: &Path) -> Result<Connection> {
     reader.pragma_update(None, "query_only", "ON")?;
     stable_plans(&reader)?;
     reader.set_prepared_statement_cache_capacity(128);
-    Ok(reader)
+    Ok(Connection::sqlite(reader))
 }
 
 /// Turns on SQLite's query planner stability guarantee. Without it, a
@@ -473,7 +473,7 @@ fn open_reader(path: &Path) -> Result<Connection> {
 /// statement was parsed and planned again on every use: the agents' reads,
 /// `unit_context` above all, spent most of their time in SQLite's parser.
 /// Our queries gain nothing from per-value plans (no `ANALYZE` statistics).
-fn stable_plans(conn: &Connection) -> Result<()> {
+fn stable_plans(conn: &rusqlite::Connection) -> Result<()> {
     conn.set_db_config(
         rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
         true,
@@ -481,7 +481,7 @@ fn stable_plans(conn: &Connection) -> Result<()> {
     Ok(())
 }
 
-fn migrate(conn: &Connection) -> Result<()> {
+fn migrate(conn: &rusqlite::Connection) -> Result<()> {
     let known = MIGRATIONS.len() as i64;
     let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     if version > known {
@@ -502,7 +502,7 @@ fn migrate(conn: &Connection) -> Result<()> {
     migrated
 }
 
-fn migrate_in(conn: &Connection) -> Result<()> {
+fn migrate_in(conn: &rusqlite::Connection) -> Result<()> {
     conn.execute_batch("BEGIN IMMEDIATE")?;
     let result = (|| {
         // Re-read under the write lock: another process may have migrated.

@@ -4,9 +4,9 @@ use crate::db::Store;
 use crate::feed::ChangeKind;
 use crate::machines::insert_machine;
 use crate::model::{constraints, Environment, JOB_MANAGE_ENVIRON};
+use crate::sql::{Connection, OptionalExtension};
 use crate::{Entity, Error, Result};
 use jujube_core::{series, Constraints};
-use rusqlite::{Connection, OptionalExtension};
 use std::collections::BTreeMap;
 
 /// What `bootstrap` asks for.
@@ -174,5 +174,5 @@ impl Store {
 pub(crate) fn config_of(c: &Connection) -> Result<BTreeMap<String, String>> {
     let mut stmt = c.prepare_cached("SELECT key, value FROM environment_config ORDER BY key")?;
     let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    Ok(rows.collect::<crate::sql::Result<_>>()?)
 }

@@ -13,8 +13,8 @@
 //! must re-read the state it cares about.
 
 use crate::db::Store;
+use crate::sql::OptionalExtension;
 use crate::Result;
-use rusqlite::OptionalExtension;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -94,7 +94,7 @@ pub struct Changes {
 const FLOOR: &str = "changes-floor";
 
 /// The revision below which changes were pruned (0: none ever were).
-fn floor(c: &rusqlite::Connection) -> Result<i64> {
+fn floor(c: &crate::sql::Connection) -> Result<i64> {
     Ok(
         c.query_row("SELECT next FROM sequences WHERE name = ?1", [FLOOR], |r| {
             r.get(0)

@@ -27,8 +27,8 @@
 //! Controllers are expected to keep their clocks within that margin (NTP).
 
 use crate::db::Store;
+use crate::sql::OptionalExtension;
 use crate::{Error, Result};
-use rusqlite::OptionalExtension;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -83,7 +83,7 @@ fn check_name(what: &str, name: &str) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn lease_in(c: &rusqlite::Connection, lease: &str) -> Result<Option<Lease>> {
+pub(crate) fn lease_in(c: &crate::sql::Connection, lease: &str) -> Result<Option<Lease>> {
     Ok(
         c.prepare_cached("SELECT holder, token, expires FROM controller_leases WHERE name = ?1")?
             .query_row([lease], |r| {
@@ -99,7 +99,7 @@ pub(crate) fn lease_in(c: &rusqlite::Connection, lease: &str) -> Result<Option<L
 }
 
 /// First thing in a fenced handle's write transaction.
-pub(crate) fn require_fence(c: &rusqlite::Connection, fence: &Fence) -> Result<()> {
+pub(crate) fn require_fence(c: &crate::sql::Connection, fence: &Fence) -> Result<()> {
     let now = c
         .prepare_cached("SELECT token FROM controller_leases WHERE name = ?1")?
         .query_row([&fence.lease], |r| r.get::<_, i64>(0))

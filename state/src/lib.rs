@@ -39,6 +39,7 @@ pub mod relations;
 pub mod runs;
 mod schema;
 pub mod services;
+pub mod sql;
 pub mod status;
 pub mod units;
 pub mod users;
@@ -174,7 +175,7 @@ pub enum Error {
     #[error("this controller no longer holds lease `{lease}` (its token {token} was replaced): another controller runs its jobs now; nothing was written")]
     LeaseLost { lease: String, token: i64 },
     #[error("state database error: {0}")]
-    Database(#[from] rusqlite::Error),
+    Database(#[from] crate::sql::Error),
     #[error("cannot secure the state database `{path}`: {source}; check its directory's owner and permissions")]
     Io {
         path: String,

@@ -8,9 +8,9 @@ use crate::model::{
     finish_machine, get_machine, machine_row, machine_status, quote_list, Machine, JOB_HOST_UNITS,
     MACHINE_COLS,
 };
+use crate::sql::Connection;
 use crate::{require_alive, Entity, Error, Result};
 use jujube_core::{series, Constraints, Life};
-use rusqlite::Connection;
 
 /// Machines are added in transactions of at most this many (each writes
 /// two rows: the machine and its feed entry).
@@ -52,7 +52,7 @@ pub(crate) fn assigned_units(c: &Connection, id: i64, alive_only: bool) -> Resul
     )?;
     let names = stmt
         .query_map((id, alive_only), |r| r.get(0))?
-        .collect::<rusqlite::Result<Vec<String>>>()?;
+        .collect::<crate::sql::Result<Vec<String>>>()?;
     Ok(names)
 }
 

@@ -1,10 +1,10 @@
 //! The entities as read from the store, and the small helpers that load and
 //! decode them inside a transaction.
 
+use crate::sql::{Connection, OptionalExtension, Row};
 use crate::{Entity, Error, Result};
 use jujube_core::charm::{CharmConfig, CharmMeta, Endpoint, Role, Scope};
 use jujube_core::{Constraints, Life};
-use rusqlite::{Connection, OptionalExtension, Row};
 use serde::Serialize;
 
 pub const JOB_HOST_UNITS: &str = "host-units";
@@ -180,7 +180,7 @@ pub(crate) fn constraints(s: String) -> Result<Constraints> {
 pub(crate) const MACHINE_COLS: &str =
     "id, life, series, jobs, constraints, instance_id, nonce, status, status_info, zone, hardware, agent_status, agent_status_info";
 
-pub(crate) fn machine_row(r: &Row<'_>) -> rusqlite::Result<(Machine, i64, String)> {
+pub(crate) fn machine_row(r: &Row<'_>) -> crate::sql::Result<(Machine, i64, String)> {
     Ok((
         Machine {
             id: r.get(0)?,
@@ -230,7 +230,7 @@ pub(crate) fn get_machine(c: &Connection, id: i64) -> Result<Machine> {
 pub(crate) const SERVICE_COLS: &str =
     "name, charm_url, series, subordinate, constraints, life, unit_count, relation_count, force_charm, leader, leader_settings_version";
 
-pub(crate) fn service_row(r: &Row<'_>) -> rusqlite::Result<(Service, i64, String)> {
+pub(crate) fn service_row(r: &Row<'_>) -> crate::sql::Result<(Service, i64, String)> {
     Ok((
         Service {
             name: r.get(0)?,
@@ -273,7 +273,7 @@ pub(crate) fn get_service(c: &Connection, name: &str) -> Result<Service> {
 pub(crate) const UNIT_COLS: &str =
     "name, service, number, series, principal, machine_id, constraints, life, status, status_info, agent_started, resolved";
 
-pub(crate) fn unit_row(r: &Row<'_>) -> rusqlite::Result<(Unit, i64, String)> {
+pub(crate) fn unit_row(r: &Row<'_>) -> crate::sql::Result<(Unit, i64, String)> {
     Ok((
         Unit {
             name: r.get(0)?,

@@ -8,9 +8,9 @@
 use crate::db::{Store, Tx};
 use crate::feed::ChangeKind;
 use crate::model::{get_machine, instance_status, machine_status};
+use crate::sql::OptionalExtension;
 use crate::{Entity, Error, Result};
 use jujube_core::Life;
-use rusqlite::OptionalExtension;
 
 /// Machines per transaction in [`Store::prepare_provisioning`],
 /// [`Store::record_instances`] and [`Store::retry_all_provisioning`] (at most
@@ -250,7 +250,7 @@ impl Store {
                      GROUP BY u.service, m.zone",
                 )?
                 .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-                .collect::<rusqlite::Result<Vec<(String, String, i64)>>>()?;
+                .collect::<crate::sql::Result<Vec<(String, String, i64)>>>()?;
             Ok(rows)
         })
     }
@@ -306,7 +306,7 @@ impl Store {
                         (machine_status::ERROR, after, PROVISIONING_BATCH as i64),
                         |r| r.get(0),
                     )?
-                    .collect::<rusqlite::Result<Vec<i64>>>()?;
+                    .collect::<crate::sql::Result<Vec<i64>>>()?;
                 for &id in &ids {
                     crate::machines::resolve_in(tx, id, None)?;
                 }
@@ -378,7 +378,7 @@ impl Store {
                     "SELECT id FROM machines WHERE status = ?1 AND life = 0 ORDER BY id",
                 )?
                 .query_map([machine_status::ERROR], |r| r.get(0))?
-                .collect::<rusqlite::Result<Vec<i64>>>()?;
+                .collect::<crate::sql::Result<Vec<i64>>>()?;
             Ok(ids)
         })
     }
@@ -558,7 +558,7 @@ fn record_in(tx: &mut Tx<'_>, started: &[Started]) -> Result<Vec<Recorded>> {
     Ok(out)
 }
 
-pub(crate) fn provider_status_in(c: &rusqlite::Connection) -> Result<Option<ProviderStatus>> {
+pub(crate) fn provider_status_in(c: &crate::sql::Connection) -> Result<Option<ProviderStatus>> {
     Ok(
         c.prepare_cached("SELECT message, since FROM provider_status WHERE id = 1")?
             .query_row([], |r| {
@@ -571,13 +571,13 @@ pub(crate) fn provider_status_in(c: &rusqlite::Connection) -> Result<Option<Prov
     )
 }
 
-pub(crate) fn strays_in(c: &rusqlite::Connection) -> Result<Vec<Stray>> {
+pub(crate) fn strays_in(c: &crate::sql::Connection) -> Result<Vec<Stray>> {
     let rows = c
         .prepare_cached("SELECT instance_id, machine_tag, class, first_seen, reap_at FROM strays ORDER BY first_seen, instance_id")?
         .query_map([], |r| {
             Ok(Stray { instance_id: r.get(0)?, machine_tag: r.get(1)?, class: r.get(2)?, first_seen: r.get(3)?, reap_at: r.get(4)? })
         })?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
+        .collect::<crate::sql::Result<Vec<_>>>()?;
     Ok(rows)
 }
 
@@ -585,8 +585,8 @@ pub(crate) fn strays_in(c: &rusqlite::Connection) -> Result<Vec<Stray>> {
 /// number of machines (an upper bound): grown by doubling, a list of
 /// 100,000 held its old and new buffers at once.
 fn collect_sized<T>(
-    c: &rusqlite::Connection,
-    rows: impl Iterator<Item = rusqlite::Result<T>>,
+    c: &crate::sql::Connection,
+    rows: impl Iterator<Item = crate::sql::Result<T>>,
 ) -> Result<Vec<T>> {
     let n: i64 = c.query_row("SELECT count(*) FROM machines", [], |r| r.get(0))?;
     let mut out = Vec::with_capacity(n.max(0) as usize);

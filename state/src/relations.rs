@@ -6,6 +6,7 @@
 use crate::db::{Store, Tx};
 use crate::feed::ChangeKind;
 use crate::model::{find_relation, get_charm, get_relation, get_service, get_unit, Relation};
+use crate::sql::{Connection, OptionalExtension};
 use crate::units::{insert_subordinate, remove_service_in};
 use crate::{require_alive, Entity, Error, Result};
 use jujube_core::charm::{
@@ -13,7 +14,6 @@ use jujube_core::charm::{
 };
 use jujube_core::names::{parse_endpoint, EndpointSpec};
 use jujube_core::Life;
-use rusqlite::{Connection, OptionalExtension};
 use std::collections::BTreeMap;
 
 /// The most a unit's settings in one relation may hold, as stored (JSON):
@@ -65,7 +65,7 @@ pub(crate) fn relations_of(c: &Connection, service: &str) -> Result<Vec<Relation
             "SELECT DISTINCT relation_id FROM relation_endpoints WHERE service = ?1 ORDER BY relation_id",
         )?
         .query_map([service], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
+        .collect::<crate::sql::Result<_>>()?;
     ids.into_iter().map(|id| get_relation(c, id)).collect()
 }
 
@@ -230,7 +230,7 @@ impl Store {
             let ids: Vec<i64> = c
                 .prepare_cached("SELECT id FROM relations ORDER BY id")?
                 .query_map([], |r| r.get(0))?
-                .collect::<rusqlite::Result<_>>()?;
+                .collect::<crate::sql::Result<_>>()?;
             ids.into_iter().map(|id| get_relation(c, id)).collect()
         })
     }
@@ -545,7 +545,7 @@ impl Store {
                      ORDER BY u.number",
                 )?
                 .query_map((relation_id, &container, counterpart, unit), |r| r.get(0))?
-                .collect::<rusqlite::Result<Vec<String>>>()?;
+                .collect::<crate::sql::Result<Vec<String>>>()?;
             Ok(names)
         })
     }

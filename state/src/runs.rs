@@ -14,9 +14,9 @@
 use crate::db::{Store, Tx};
 use crate::feed::ChangeKind;
 use crate::model::get_unit;
+use crate::sql::OptionalExtension;
 use crate::{Entity, Error, Result};
 use jujube_core::Life;
-use rusqlite::OptionalExtension;
 
 /// The most output kept of each stream (stdout, stderr) of a run.
 pub const MAX_RUN_OUTPUT: usize = 1 << 20;
@@ -216,7 +216,7 @@ impl Store {
 }
 
 /// `unit`, refused unless Alive (a dying unit's agent is busy leaving).
-fn alive_unit(c: &rusqlite::Connection, unit: &str, action: &'static str) -> Result<crate::Unit> {
+fn alive_unit(c: &crate::sql::Connection, unit: &str, action: &'static str) -> Result<crate::Unit> {
     let u = get_unit(c, unit)?;
     if u.life != Life::Alive {
         return Err(Error::NotAlive {
@@ -230,7 +230,7 @@ fn alive_unit(c: &rusqlite::Connection, unit: &str, action: &'static str) -> Res
 }
 
 /// Refuses a run when [`MAX_PENDING_RUNS`] already wait for `unit`.
-fn check_pending(c: &rusqlite::Connection, unit: &str) -> Result<()> {
+fn check_pending(c: &crate::sql::Connection, unit: &str) -> Result<()> {
     let pending: i64 = c
         .prepare_cached("SELECT count(*) FROM runs WHERE unit = ?1 AND code IS NULL")?
         .query_row([unit], |r| r.get(0))?;
@@ -249,7 +249,7 @@ fn json_of(what: &'static str, text: &str) -> Result<serde_json::Value> {
     })
 }
 
-pub(crate) fn pending_runs_in(c: &rusqlite::Connection, unit: &str) -> Result<Vec<RunRequest>> {
+pub(crate) fn pending_runs_in(c: &crate::sql::Connection, unit: &str) -> Result<Vec<RunRequest>> {
     let rows = c
         .prepare_cached(
             "SELECT id, argv, timeout, queued, action, params FROM runs
@@ -265,7 +265,7 @@ pub(crate) fn pending_runs_in(c: &rusqlite::Connection, unit: &str) -> Result<Ve
                 r.get::<_, Option<String>>(5)?,
             ))
         })?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
+        .collect::<crate::sql::Result<Vec<_>>>()?;
     let now = crate::unix_now().max(0) as u64;
     rows.into_iter()
         .map(|(id, argv, timeout, queued, action, params)| {

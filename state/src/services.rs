@@ -7,11 +7,11 @@ use crate::model::{
     find_service, finish_service, get_charm, get_service, service_row, Charm, Service, SERVICE_COLS,
 };
 use crate::relations::{destroy_relation_in, relations_of, DestroyedBy};
+use crate::sql::OptionalExtension;
 use crate::units::{check_placement, insert_principal, remove_service_in};
 use crate::{require_alive, Entity, Error, Result};
 use jujube_core::charm::{canonical_key, ConfigOption, SettingValue};
 use jujube_core::{names, series, Constraints, Life};
-use rusqlite::OptionalExtension;
 
 /// Units are added in transactions of at most this many, so that no
 /// transaction grows with the size of a request (each unit writes about
@@ -249,7 +249,7 @@ impl Store {
             let set: Vec<String> = tx
                 .prepare_cached("SELECT key FROM service_settings WHERE service = ?1 ORDER BY key")?
                 .query_map([service], |r| r.get(0))?
-                .collect::<rusqlite::Result<_>>()?;
+                .collect::<crate::sql::Result<_>>()?;
             for key in set {
                 if !charm.config.options.contains_key(&key) {
                     return refuse(format!(

@@ -9,9 +9,9 @@ use crate::model::{
     finish_unit, get_machine, get_service, get_unit, quote_list, unit_row, Service, Unit,
     JOB_HOST_UNITS, UNIT_COLS,
 };
+use crate::sql::Connection;
 use crate::{require_alive, Entity, Error, Result};
 use jujube_core::{names, Constraints, Life};
-use rusqlite::Connection;
 
 /// Checks that a principal of `svc` may be placed on machine `id`.
 pub(crate) fn check_placement(c: &Connection, svc: &Service, id: i64) -> Result<()> {
@@ -108,7 +108,7 @@ pub(crate) fn subordinates_of(c: &Connection, unit: &str) -> Result<Vec<String>>
         c.prepare_cached("SELECT name FROM units WHERE principal = ?1 ORDER BY service, number")?;
     let names = stmt
         .query_map([unit], |r| r.get(0))?
-        .collect::<rusqlite::Result<Vec<String>>>()?;
+        .collect::<crate::sql::Result<Vec<String>>>()?;
     Ok(names)
 }
 
@@ -120,7 +120,7 @@ pub(crate) fn scopes_of(c: &Connection, unit: &str) -> Result<Vec<String>> {
     )?;
     let keys = stmt
         .query_map([unit], |r| r.get(0))?
-        .collect::<rusqlite::Result<Vec<String>>>()?;
+        .collect::<crate::sql::Result<Vec<String>>>()?;
     Ok(keys)
 }
 
@@ -191,7 +191,7 @@ impl Store {
     /// read snapshot (what its deployer lays down; the charm's metadata
     /// is not parsed).
     pub fn unit_charm(&self, name: &str) -> Result<(Unit, String, String)> {
-        use rusqlite::OptionalExtension;
+        use crate::sql::OptionalExtension;
         self.read(|c| {
             let u = get_unit(c, name)?;
             let (url, path) = c

@@ -13,9 +13,9 @@
 //! transaction, whatever the API server cached.
 
 use crate::db::Store;
+use crate::sql::{Connection, OptionalExtension};
 use crate::{unix_now, Error, Result};
 use jujube_wire::client::{Access, UserInfo};
-use rusqlite::{Connection, OptionalExtension};
 
 /// The user `bootstrap` makes.
 pub use jujube_wire::client::ADMIN;
