@@ -191,7 +191,7 @@ fn alive_container_relation(c: &Connection, a: &str, b: &str) -> Result<bool> {
 
 /// Records that the unit's agent has started (see [`Unit::agent_started`]).
 fn mark_agent_started(tx: &Tx<'_>, unit: &str) -> Result<()> {
-    tx.prepare_cached("UPDATE units SET agent_started = 1 WHERE name = ?1")?
+    tx.prepare_cached("UPDATE units SET agent_started = TRUE WHERE name = ?1")?
         .execute([unit])?;
     Ok(())
 }
@@ -805,7 +805,7 @@ impl Store {
                        FROM relation_scopes x JOIN units u ON u.name = x.unit
                        LEFT JOIN relation_settings s ON s.relation_id = x.relation_id AND s.unit = x.unit
                        WHERE x.relation_id = ?1 AND x.container = ?2 AND x.unit != ?3
-                         AND ((?4 AND u.service = ?5) OR (NOT ?4 AND u.service != ?5)))
+                         AND ((?4 AND u.service = ?5) OR (NOT ?4 AND u.service != ?5))) AS t
                      ORDER BY service, number",
                 )?
                 .query_map(

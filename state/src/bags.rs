@@ -185,7 +185,7 @@ pub(crate) fn update_bag_in(
             tx.prepare_cached(
                 "INSERT INTO relation_settings (relation_id, unit, settings) VALUES (?1, ?2, ?3)
                  ON CONFLICT (relation_id, unit) DO UPDATE
-                 SET settings = excluded.settings, version = version + 1",
+                 SET settings = excluded.settings, version = relation_settings.version + 1",
             )?
             .execute((relation, &service, &text))?;
             tx.changed(ChangeKind::Settings, format!("{relation}#{service}"))

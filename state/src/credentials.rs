@@ -20,8 +20,10 @@ impl Store {
                 return Err(Error::not_found(Entity::Machine, id));
             }
             tx.prepare_cached(
-                "INSERT OR REPLACE INTO agent_credentials (tag, machine_id, unit, hash)
-                 VALUES (?1, ?2, NULL, ?3)",
+                "INSERT INTO agent_credentials (tag, machine_id, unit, hash)
+                 VALUES (?1, ?2, NULL, ?3)
+                 ON CONFLICT (tag) DO UPDATE SET machine_id = excluded.machine_id,
+                   unit = excluded.unit, hash = excluded.hash, refused_at = NULL, seen_at = NULL",
             )?
             .execute((tag, id, hash))?;
             Ok(())
@@ -229,8 +231,12 @@ impl Store {
         self.write(|tx| {
             tx.prepare_cached("DELETE FROM enrollments WHERE expires <= ?1")?
                 .execute([now])?;
+            // A token replaced takes its instances' enrollments with it
+            // (`enrolled` cascades).
+            tx.prepare_cached("DELETE FROM enrollments WHERE token_hash = ?1")?
+                .execute([token_hash])?;
             tx.prepare_cached(
-                "INSERT OR REPLACE INTO enrollments (token_hash, batch, expires) VALUES (?1, ?2, ?3)",
+                "INSERT INTO enrollments (token_hash, batch, expires) VALUES (?1, ?2, ?3)",
             )?
             .execute((token_hash, batch, expires))?;
             Ok(())
@@ -284,15 +290,18 @@ impl Store {
             }
             let fresh = tx
                 .prepare_cached(
-                    "INSERT OR IGNORE INTO enrolled (token_hash, instance_id) VALUES (?1, ?2)",
+                    "INSERT INTO enrolled (token_hash, instance_id) VALUES (?1, ?2)
+                     ON CONFLICT DO NOTHING",
                 )?
                 .execute((token_hash, instance_id))?;
             if fresh == 0 {
                 return Err(refused());
             }
             tx.prepare_cached(
-                "INSERT OR REPLACE INTO agent_credentials (tag, machine_id, unit, hash)
-                 VALUES (?1, ?2, NULL, ?3)",
+                "INSERT INTO agent_credentials (tag, machine_id, unit, hash)
+                 VALUES (?1, ?2, NULL, ?3)
+                 ON CONFLICT (tag) DO UPDATE SET machine_id = excluded.machine_id,
+                   unit = excluded.unit, hash = excluded.hash, refused_at = NULL, seen_at = NULL",
             )?
             .execute((tag, machine, secret_hash))?;
             Ok(())
@@ -311,8 +320,10 @@ fn insert_unit_credential(
     hash: &str,
 ) -> Result<()> {
     tx.prepare_cached(
-        "INSERT OR REPLACE INTO agent_credentials (tag, machine_id, unit, hash)
-         VALUES (?1, NULL, ?2, ?3)",
+        "INSERT INTO agent_credentials (tag, machine_id, unit, hash)
+         VALUES (?1, NULL, ?2, ?3)
+         ON CONFLICT (tag) DO UPDATE SET machine_id = excluded.machine_id,
+           unit = excluded.unit, hash = excluded.hash, refused_at = NULL, seen_at = NULL",
     )?
     .execute((tag, unit, hash))?;
     Ok(())

@@ -123,7 +123,7 @@ impl Tx<'_> {
         let n: i64 = self
             .prepare_cached(
                 "INSERT INTO sequences (name, next) VALUES (?1, 1)
-                 ON CONFLICT (name) DO UPDATE SET next = next + 1
+                 ON CONFLICT (name) DO UPDATE SET next = sequences.next + 1
                  RETURNING next - 1",
             )?
             .query_row([name], |r| r.get(0))?;

@@ -189,7 +189,7 @@ impl Store {
             let upto: Option<i64> = tx
                 .query_row(
                     "SELECT max(revision) FROM (SELECT revision FROM changes WHERE revision <= ?1
-                     ORDER BY revision LIMIT ?2)",
+                     ORDER BY revision LIMIT ?2) AS t",
                     // One row of the batch is the floor's.
                     (cut, batch.saturating_sub(1).max(1) as i64),
                     |r| r.get(0),
@@ -200,7 +200,7 @@ impl Store {
             let n = tx.execute("DELETE FROM changes WHERE revision <= ?1", [upto])?;
             tx.execute(
                 "INSERT INTO sequences (name, next) VALUES (?1, ?2)
-                 ON CONFLICT (name) DO UPDATE SET next = max(next, excluded.next)",
+                 ON CONFLICT (name) DO UPDATE SET next = excluded.next WHERE excluded.next > sequences.next",
                 (FLOOR, upto),
             )?;
             Ok(n)

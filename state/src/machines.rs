@@ -21,8 +21,9 @@ pub const MACHINE_BATCH: usize = 256;
 /// smaller id was once used.
 pub(crate) fn next_machine_id(c: &Connection) -> Result<i64> {
     Ok(c.prepare_cached(
-        "SELECT max(coalesce((SELECT max(id) FROM machines), -1) + 1,
-                    coalesce((SELECT next FROM sequences WHERE name = 'machine'), 0))",
+        "SELECT coalesce(max(n), 0) FROM (
+           SELECT max(id) + 1 AS n FROM machines
+           UNION ALL SELECT next FROM sequences WHERE name = 'machine') AS t",
     )?
     .query_row([], |r| r.get(0))?)
 }
@@ -47,7 +48,7 @@ pub(crate) fn insert_machine(
 /// Names of the units assigned to a machine, in order.
 pub(crate) fn assigned_units(c: &Connection, id: i64, alive_only: bool) -> Result<Vec<String>> {
     let mut stmt = c.prepare_cached(
-        "SELECT name FROM units WHERE machine_id = ?1 AND (?2 = 0 OR life = 0)
+        "SELECT name FROM units WHERE machine_id = ?1 AND (NOT ?2 OR life = 0)
          ORDER BY service, number",
     )?;
     let names = stmt

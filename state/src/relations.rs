@@ -33,11 +33,11 @@ pub(crate) enum DestroyedBy<'a> {
 }
 
 pub(crate) fn insert_relation(tx: &mut Tx<'_>, key: &str, eps: &[Endpoint]) -> Result<i64> {
-    tx.execute(
-        "INSERT INTO relations (key, interface, scope) VALUES (?1, ?2, ?3)",
+    let id: i64 = tx.query_row(
+        "INSERT INTO relations (key, interface, scope) VALUES (?1, ?2, ?3) RETURNING id",
         (key, &eps[0].interface, relation_scope(eps).as_str()),
+        |r| r.get(0),
     )?;
-    let id = tx.last_insert_rowid();
     let mut counted = Vec::new();
     for ep in eps {
         tx.execute(
@@ -459,7 +459,8 @@ impl Store {
             )?
             .execute((relation_id, unit, &container))?;
             tx.prepare_cached(
-                "INSERT OR IGNORE INTO relation_settings (relation_id, unit) VALUES (?1, ?2)",
+                "INSERT INTO relation_settings (relation_id, unit) VALUES (?1, ?2)
+                 ON CONFLICT DO NOTHING",
             )?
             .execute((relation_id, unit))?;
             tx.prepare_cached("UPDATE relations SET unit_count = unit_count + 1 WHERE id = ?1")?

@@ -80,16 +80,20 @@ impl Store {
         self.write_at(jujube_wire::client::Access::Admin, |tx| {
             alive_unit(tx, unit, "run commands")?;
             check_pending(tx, unit)?;
-            tx.prepare_cached(
-                "INSERT INTO runs (unit, argv, timeout, queued) VALUES (?1, ?2, ?3, ?4)",
-            )?
-            .execute((
-                unit,
-                serde_json::to_string(argv).expect("strings serialise"),
-                timeout as i64,
-                crate::unix_now(),
-            ))?;
-            let id = tx.last_insert_rowid();
+            let id: i64 = tx
+                .prepare_cached(
+                    "INSERT INTO runs (unit, argv, timeout, queued) VALUES (?1, ?2, ?3, ?4)
+                     RETURNING id",
+                )?
+                .query_row(
+                    (
+                        unit,
+                        serde_json::to_string(argv).expect("strings serialise"),
+                        timeout as i64,
+                        crate::unix_now(),
+                    ),
+                    |r| r.get(0),
+                )?;
             tx.changed(ChangeKind::Run, unit)?;
             Ok(id)
         })
@@ -121,18 +125,21 @@ impl Store {
                 .actions
                 .params(name, raw)
                 .map_err(|e| Error::Relation(format!("{e} (charm `{}`)", svc.charm_url)))?;
-            tx.prepare_cached(
-                "INSERT INTO runs (unit, argv, timeout, queued, action, params)
-                 VALUES (?1, '[]', ?2, ?3, ?4, ?5)",
-            )?
-            .execute((
-                unit,
-                timeout as i64,
-                crate::unix_now(),
-                name,
-                params.to_string(),
-            ))?;
-            let id = tx.last_insert_rowid();
+            let id: i64 = tx
+                .prepare_cached(
+                    "INSERT INTO runs (unit, argv, timeout, queued, action, params)
+                     VALUES (?1, '[]', ?2, ?3, ?4, ?5) RETURNING id",
+                )?
+                .query_row(
+                    (
+                        unit,
+                        timeout as i64,
+                        crate::unix_now(),
+                        name,
+                        params.to_string(),
+                    ),
+                    |r| r.get(0),
+                )?;
             tx.changed(ChangeKind::Run, unit)?;
             Ok(id)
         })

@@ -276,7 +276,7 @@ ALTER TABLE runs ADD COLUMN queued INTEGER NOT NULL DEFAULT 0;
     // presented for this credential (unix seconds) since it was set, so
     // that `status` shows an agent left behind by a newer start attempt or
     // enrollment; cleared when the current credential logs in. Replacing
-    // the credential (`INSERT OR REPLACE`) clears it too.
+    // the credential clears it too.
     r#"
 ALTER TABLE agent_credentials ADD COLUMN refused_at INTEGER;
 "#,

@@ -52,8 +52,8 @@ impl Store {
                 "SELECT id, life, series, jobs, instance_id, status, status_info, constraints, zone, hardware,
                         CASE WHEN instance_id IS NULL THEN NULL ELSE coalesce(instance_status, 'running') END,
                         agent_status, agent_status_info,
-                        (SELECT refused_at FROM agent_credentials WHERE machine_id = machines.id),
-                        (SELECT seen_at FROM agent_credentials WHERE machine_id = machines.id)
+                        (SELECT max(refused_at) FROM agent_credentials WHERE machine_id = machines.id),
+                        (SELECT max(seen_at) FROM agent_credentials WHERE machine_id = machines.id)
                  FROM machines ORDER BY id",
             )?;
             let mut rows = stmt.query([])?;
@@ -129,8 +129,8 @@ impl Store {
             let mut subs: HashMap<String, Vec<(String, SubordinateStatus)>> = HashMap::new();
             let mut stmt = c.prepare(
                 "SELECT name, principal, life, status, status_info,
-                        (SELECT refused_at FROM agent_credentials WHERE unit = units.name),
-                        (SELECT seen_at FROM agent_credentials WHERE unit = units.name),
+                        (SELECT max(refused_at) FROM agent_credentials WHERE unit = units.name),
+                        (SELECT max(seen_at) FROM agent_credentials WHERE unit = units.name),
                         workload_status, workload_message,
                         EXISTS (SELECT 1 FROM services s WHERE s.name = units.service AND s.leader = units.name)
                  FROM units WHERE principal IS NOT NULL ORDER BY service, number",
@@ -205,8 +205,8 @@ impl Store {
 
             let mut stmt = c.prepare(
                 "SELECT name, service, life, machine_id, status, status_info, ports,
-                        (SELECT refused_at FROM agent_credentials WHERE unit = units.name),
-                        (SELECT seen_at FROM agent_credentials WHERE unit = units.name),
+                        (SELECT max(refused_at) FROM agent_credentials WHERE unit = units.name),
+                        (SELECT max(seen_at) FROM agent_credentials WHERE unit = units.name),
                         workload_status, workload_message,
                         EXISTS (SELECT 1 FROM services s WHERE s.name = units.service AND s.leader = units.name)
                  FROM units WHERE principal IS NULL ORDER BY service, number",

@@ -39,8 +39,9 @@ pub(crate) fn check_placement(c: &Connection, svc: &Service, id: i64) -> Result<
 /// `units_high_water` trigger), 0 for the first.
 fn next_unit_number(c: &Connection, service: &str) -> Result<i64> {
     Ok(c.prepare_cached(
-        "SELECT max(coalesce((SELECT max(number) FROM units WHERE service = ?1), -1) + 1,
-                    coalesce((SELECT next FROM sequences WHERE name = 'unit:' || ?1), 0))",
+        "SELECT coalesce(max(n), 0) FROM (
+           SELECT max(number) + 1 AS n FROM units WHERE service = ?1
+           UNION ALL SELECT next FROM sequences WHERE name = 'unit:' || ?1) AS t",
     )?
     .query_row([service], |r| r.get(0))?)
 }
