@@ -13,23 +13,220 @@
 //!   or a reader). Transactions are begun and ended by the store
 //!   ([`Connection::begin`], [`Connection::commit`],
 //!   [`Connection::rollback`]), never by a rule.
-//! - The statement, row and parameter vocabulary the rules use
-//!   ([`Row`], [`Params`], [`ToSql`], [`FromSql`], [`OptionalExtension`],
-//!   [`params!`](crate::sql::params)), with rusqlite's meaning for now.
+//! - The statement, row and parameter vocabulary the rules use:
+//!   [`Statement`], [`Row`], [`Rows`], [`Params`], [`ToSql`] and
+//!   [`FromSql`] (the values every engine binds and reads; their bounds
+//!   are the engines' own traits), [`OptionalExtension`],
+//!   [`params!`](crate::sql::params).
 //! - [`Connection::sqlite`]: what only SQLite has (pragmas, the WAL's
 //!   counters, migrations' `user_version`), for the store's own SQLite
 //!   code and its tests.
 
-pub use rusqlite::types::{FromSql, ToSql};
-pub use rusqlite::{params, OptionalExtension, Params, Row};
+pub use rusqlite::OptionalExtension;
 
 /// What a statement fails with.
 pub type Error = rusqlite::Error;
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-/// A prepared statement, kept in the connection's cache.
-pub type Statement<'c> = rusqlite::CachedStatement<'c>;
-/// A statement prepared for one use (its text built at run time).
-pub type OnceStatement<'c> = rusqlite::Statement<'c>;
+
+/// A value a statement can be given: what every engine can bind. (Each
+/// engine's own trait is a bound of this one, so that a value is bound as
+/// it is by whichever engine runs the statement.)
+pub trait ToSql: rusqlite::ToSql {}
+impl<T: rusqlite::ToSql + ?Sized> ToSql for T {}
+
+/// A value a row's column can be read as, by every engine.
+pub trait FromSql: rusqlite::types::FromSql {}
+impl<T: rusqlite::types::FromSql> FromSql for T {}
+
+/// A statement's parameters: `()`, `[]`, a tuple or an array of values,
+/// `&[&dyn ToSql]`, or [`params!`](crate::sql::params).
+pub trait Params {
+    fn values(&self) -> Vec<&dyn ToSql>;
+}
+
+impl Params for () {
+    fn values(&self) -> Vec<&dyn ToSql> {
+        Vec::new()
+    }
+}
+
+impl Params for [&dyn ToSql; 0] {
+    fn values(&self) -> Vec<&dyn ToSql> {
+        Vec::new()
+    }
+}
+
+impl Params for &[&dyn ToSql] {
+    fn values(&self) -> Vec<&dyn ToSql> {
+        self.to_vec()
+    }
+}
+
+macro_rules! array_params {
+    ($($n:literal)+) => {
+        $(impl<T: ToSql> Params for [T; $n] {
+            fn values(&self) -> Vec<&dyn ToSql> {
+                self.iter().map(|v| v as &dyn ToSql).collect()
+            }
+        })+
+    };
+}
+array_params!(1 2 3 4 5 6 7 8);
+
+macro_rules! tuple_params {
+    ($($t:ident $i:tt),+) => {
+        impl<$($t: ToSql),+> Params for ($($t,)+) {
+            fn values(&self) -> Vec<&dyn ToSql> {
+                vec![$(&self.$i as &dyn ToSql),+]
+            }
+        }
+    };
+}
+tuple_params!(A 0);
+tuple_params!(A 0, B 1);
+tuple_params!(A 0, B 1, C 2);
+tuple_params!(A 0, B 1, C 2, D 3);
+tuple_params!(A 0, B 1, C 2, D 3, E 4);
+tuple_params!(A 0, B 1, C 2, D 3, E 4, F 5);
+tuple_params!(A 0, B 1, C 2, D 3, E 4, F 5, G 6);
+tuple_params!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7);
+tuple_params!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8);
+tuple_params!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9);
+tuple_params!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10);
+tuple_params!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11);
+
+/// Parameters of mixed types, as a slice.
+#[macro_export]
+macro_rules! sql_params {
+    ($($p:expr),* $(,)?) => {
+        &[$(&$p as &dyn $crate::sql::ToSql),*] as &[&dyn $crate::sql::ToSql]
+    };
+}
+pub use crate::sql_params as params;
+
+/// The engine's view of our parameters.
+fn sqlite_params(p: &impl Params) -> Vec<&dyn rusqlite::ToSql> {
+    p.values()
+        .into_iter()
+        .map(|v| v as &dyn rusqlite::ToSql)
+        .collect()
+}
+
+/// A column's place in a row (from 0).
+pub trait Column {
+    fn column(self) -> usize;
+}
+
+impl Column for usize {
+    fn column(self) -> usize {
+        self
+    }
+}
+
+/// One row of a result.
+pub struct Row<'r> {
+    inner: &'r rusqlite::Row<'r>,
+}
+
+impl Row<'_> {
+    /// Column `idx` (from 0) as a `T`.
+    pub fn get<I: Column, T: FromSql>(&self, idx: I) -> Result<T> {
+        self.inner.get(idx.column())
+    }
+}
+
+enum Prepared<'c> {
+    Cached(rusqlite::CachedStatement<'c>),
+    Once(rusqlite::Statement<'c>),
+}
+
+/// A prepared statement.
+pub struct Statement<'c> {
+    inner: Prepared<'c>,
+}
+
+impl<'c> Statement<'c> {
+    fn raw(&mut self) -> &mut rusqlite::Statement<'c> {
+        match &mut self.inner {
+            Prepared::Cached(s) => s,
+            Prepared::Once(s) => s,
+        }
+    }
+
+    /// Runs it: rows changed.
+    pub fn execute<P: Params>(&mut self, params: P) -> Result<usize> {
+        self.raw().execute(&*sqlite_params(&params))
+    }
+
+    /// Its first row, as `f` reads it; [`OptionalExtension::optional`] for
+    /// none.
+    pub fn query_row<T, P: Params, F: FnOnce(&Row<'_>) -> Result<T>>(
+        &mut self,
+        params: P,
+        f: F,
+    ) -> Result<T> {
+        self.raw()
+            .query_row(&*sqlite_params(&params), |r| f(&Row { inner: r }))
+    }
+
+    /// Its rows, each as `f` reads it.
+    pub fn query_map<T, P: Params, F: FnMut(&Row<'_>) -> Result<T>>(
+        &mut self,
+        params: P,
+        f: F,
+    ) -> Result<MappedRows<'_, F>> {
+        let rows = self.raw().query(&*sqlite_params(&params))?;
+        Ok(MappedRows { rows, f })
+    }
+
+    /// Its rows, one at a time ([`Rows::next`]).
+    pub fn query<P: Params>(&mut self, params: P) -> Result<Rows<'_>> {
+        Ok(Rows {
+            rows: self.raw().query(&*sqlite_params(&params))?,
+        })
+    }
+
+    pub fn column_count(&mut self) -> usize {
+        self.raw().column_count()
+    }
+
+    /// The SQLite statement underneath (the store's own SQLite tests).
+    #[cfg(test)]
+    pub(crate) fn as_sqlite(&mut self) -> &mut rusqlite::Statement<'c> {
+        self.raw()
+    }
+}
+
+/// Rows read one at a time.
+pub struct Rows<'s> {
+    rows: rusqlite::Rows<'s>,
+}
+
+impl Rows<'_> {
+    /// The next row. (Not an `Iterator`: each row borrows the rows.)
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> Result<Option<Row<'_>>> {
+        Ok(self.rows.next()?.map(|r| Row { inner: r }))
+    }
+}
+
+/// Rows as a function reads each.
+pub struct MappedRows<'s, F> {
+    rows: rusqlite::Rows<'s>,
+    f: F,
+}
+
+impl<T, F: FnMut(&Row<'_>) -> Result<T>> Iterator for MappedRows<'_, F> {
+    type Item = Result<T>;
+
+    fn next(&mut self) -> Option<Result<T>> {
+        match self.rows.next() {
+            Ok(Some(r)) => Some((self.f)(&Row { inner: r })),
+            Ok(None) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+}
 
 /// Whether a statement failed only because another connection held the
 /// database (SQLite's busy or locked): the transaction is to be run again
@@ -76,21 +273,25 @@ impl Connection {
     /// A statement, prepared once per connection and kept.
     pub fn prepare_cached(&self, sql: &str) -> Result<Statement<'_>> {
         match &self.engine {
-            Engine::Sqlite(c) => c.prepare_cached(sql),
+            Engine::Sqlite(c) => Ok(Statement {
+                inner: Prepared::Cached(c.prepare_cached(sql)?),
+            }),
         }
     }
 
     /// A statement prepared for one use, not cached (its text varies).
-    pub fn prepare(&self, sql: &str) -> Result<OnceStatement<'_>> {
+    pub fn prepare(&self, sql: &str) -> Result<Statement<'_>> {
         match &self.engine {
-            Engine::Sqlite(c) => c.prepare(sql),
+            Engine::Sqlite(c) => Ok(Statement {
+                inner: Prepared::Once(c.prepare(sql)?),
+            }),
         }
     }
 
     /// A statement run once: rows changed.
     pub fn execute<P: Params>(&self, sql: &str, params: P) -> Result<usize> {
         match &self.engine {
-            Engine::Sqlite(c) => c.execute(sql, params),
+            Engine::Sqlite(c) => c.execute(sql, &*sqlite_params(&params)),
         }
     }
 
@@ -102,7 +303,9 @@ impl Connection {
         f: F,
     ) -> Result<T> {
         match &self.engine {
-            Engine::Sqlite(c) => c.query_row(sql, params, f),
+            Engine::Sqlite(c) => {
+                c.query_row(sql, &*sqlite_params(&params), |r| f(&Row { inner: r }))
+            }
         }
     }
 

@@ -360,6 +360,7 @@ fn cached_statements_are_not_prepared_again_for_new_values() {
     let reprepared = |sql: &str| {
         e.st.read(|c| {
             Ok(c.prepare_cached(sql)?
+                .as_sqlite()
                 .get_status(rusqlite::StatementStatus::RePrepare))
         })
         .unwrap()
