@@ -64,6 +64,32 @@ pub fn system_wall_clock() -> WallClock {
     })
 }
 
+type ClaimFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Claimed> + Send + 'a>>;
+
+/// Where claims go: the store (a test stands a database that stops
+/// answering in front of it).
+trait Claims: Send + Sync {
+    fn claim<'a>(
+        &'a self,
+        holder: &'a str,
+        now_ms: i64,
+        ttl: Duration,
+        anew: bool,
+    ) -> ClaimFuture<'a>;
+}
+
+impl Claims for Store {
+    fn claim<'a>(
+        &'a self,
+        holder: &'a str,
+        now_ms: i64,
+        ttl: Duration,
+        anew: bool,
+    ) -> ClaimFuture<'a> {
+        Box::pin(claim(self, holder, now_ms, ttl, anew))
+    }
+}
+
 /// A claim sent from a blocking thread, so that a stalled database does not
 /// hold the runtime's thread (and the deadline's timer can fire).
 async fn claim(store: &Store, holder: &str, now_ms: i64, ttl: Duration, anew: bool) -> Claimed {
@@ -95,6 +121,19 @@ pub async fn hold(
     holder: String,
     times: LeaseTimes,
     wall: WallClock,
+    start: StartJobs,
+    stop: watch::Receiver<bool>,
+) {
+    hold_via(&store.clone(), store, holder, times, wall, start, stop).await
+}
+
+/// [`hold`], its claims sent through `claims`.
+async fn hold_via(
+    claims: &dyn Claims,
+    store: Store,
+    holder: String,
+    times: LeaseTimes,
+    wall: WallClock,
     mut start: StartJobs,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -104,7 +143,7 @@ pub async fn hold(
             return;
         }
         let sent = Instant::now();
-        let claimed = claim(&store, &holder, wall(), times.ttl, anew).await;
+        let claimed = claims.claim(&holder, wall(), times.ttl, anew).await;
         match claimed {
             Claimed::Answer(Claim::Held(fence)) => {
                 anew = false;
@@ -130,7 +169,7 @@ pub async fn hold(
                     })
                     .collect();
                 let stopping = tokio::select! {
-                    s = run_held(&store, &holder, &times, &wall, &fence, sent, &mut stop) => s,
+                    s = run_held(claims, &holder, &times, &wall, &fence, sent, &mut stop) => s,
                     _ = ended.recv() => {
                         warn!(holder, "a singleton job ended: restarting them");
                         false
@@ -172,7 +211,7 @@ pub async fn hold(
 /// Renews the lease while held; `true` when asked to stop, `false` when the
 /// lease is lost (or its deadline passed without a renewal).
 async fn run_held(
-    store: &Store,
+    claims: &dyn Claims,
     holder: &str,
     times: &LeaseTimes,
     wall: &WallClock,
@@ -193,7 +232,7 @@ async fn run_held(
         }
         let now_sent = Instant::now();
         let renewal = tokio::select! {
-            r = claim(store, holder, wall(), times.ttl, false) => r,
+            r = claims.claim(holder, wall(), times.ttl, false) => r,
             _ = tokio::time::sleep_until(deadline) => {
                 warn!(holder, token = fence.token, "renewing the singletons lease stalled past its deadline: stopping the singleton jobs");
                 return false;
@@ -409,5 +448,128 @@ mod tests {
         assert!(lost_at.elapsed() < times.ttl);
         stop.send_replace(true);
         task.await.unwrap();
+    }
+
+    /// The store, until the test makes it stop answering claims (a
+    /// controller cut off from the database: its claims never return).
+    struct Stalling {
+        store: Store,
+        stalled: std::sync::atomic::AtomicBool,
+    }
+
+    impl Claims for Stalling {
+        fn claim<'a>(
+            &'a self,
+            holder: &'a str,
+            now_ms: i64,
+            ttl: Duration,
+            anew: bool,
+        ) -> ClaimFuture<'a> {
+            if self.stalled.load(std::sync::atomic::Ordering::SeqCst) {
+                Box::pin(std::future::pending())
+            } else {
+                self.store.claim(holder, now_ms, ttl, anew)
+            }
+        }
+    }
+
+    /// A job that only ticks every 100 ms, recording when (it touches no
+    /// database: the one under test stops answering).
+    fn ticking(name: &'static str, ticks: Arc<Mutex<Vec<(&'static str, Instant)>>>) -> StartJobs {
+        Box::new(move |_store: Store, mut stop: watch::Receiver<bool>| {
+            let ticks = ticks.clone();
+            vec![tokio::spawn(async move {
+                loop {
+                    ticks.lock().unwrap().push((name, Instant::now()));
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                        _ = stop.changed() => return,
+                    }
+                }
+            })]
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_controller_cut_off_from_the_database_stops_its_jobs_before_another_may_start_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let a_store = Store::open_with(&path, Durability::Relaxed).unwrap();
+        a_store.initialize(&spec()).unwrap();
+        let b_store = Store::open_with(&path, Durability::Relaxed).unwrap();
+        let times = LeaseTimes::default();
+        let base = Instant::now();
+        let ticks: Arc<Mutex<Vec<(&'static str, Instant)>>> = Default::default();
+        let a_claims = Arc::new(Stalling {
+            store: a_store.clone(),
+            stalled: Default::default(),
+        });
+        let (_a_stop, a_stop_rx) = watch::channel(false);
+        let a = {
+            let claims = a_claims.clone();
+            let ticks = ticks.clone();
+            tokio::spawn(async move {
+                hold_via(
+                    &*claims,
+                    a_store,
+                    "a".into(),
+                    times,
+                    wall(base),
+                    ticking("a", ticks),
+                    a_stop_rx,
+                )
+                .await
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (b_stop, b_stop_rx) = watch::channel(false);
+        let b = tokio::spawn(hold(
+            b_store.clone(),
+            "b".into(),
+            times,
+            wall(base),
+            ticking("b", ticks.clone()),
+            b_stop_rx,
+        ));
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(holder_of(&b_store).map(|(h, _)| h), Some("a".into()));
+
+        // a's database stops answering: its renewals hang.
+        a_claims
+            .stalled
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let cut = Instant::now();
+        while holder_of(&b_store).is_none_or(|(h, _)| h != "b") {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let ticks = ticks.lock().unwrap().clone();
+        let a_last = ticks
+            .iter()
+            .filter(|t| t.0 == "a")
+            .map(|t| t.1)
+            .max()
+            .unwrap();
+        let b_first = ticks
+            .iter()
+            .filter(|t| t.0 == "b")
+            .map(|t| t.1)
+            .min()
+            .unwrap();
+        // a stopped at its own deadline, before the lease could expire...
+        assert!(
+            a_last < cut + times.ttl - times.margin,
+            "a ran {:?} after it was cut off",
+            a_last - cut
+        );
+        // ...and so before b started, by at least the margin.
+        assert!(
+            b_first >= a_last + times.margin,
+            "b started {:?} after a stopped",
+            b_first - a_last
+        );
+        b_stop.send_replace(true);
+        b.await.unwrap();
+        a.abort();
     }
 }
