@@ -2,10 +2,10 @@
 
 use crate::feed::ChangeKind;
 use crate::schema::MIGRATIONS;
-use crate::sql::{Begin, Connection, Open, OptionalExtension};
+use crate::sql::{Begin, Connection, Open};
 use crate::{Error, Result};
 use jujube_wire::client::Access;
-use rusqlite::OpenFlags;
+use rusqlite::{OpenFlags, OptionalExtension};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};

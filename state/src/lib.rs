@@ -284,6 +284,14 @@ impl Error {
     }
 }
 
+/// SQLite's own calls (opening, pragmas, migrations) fail as a statement
+/// does.
+impl From<rusqlite::Error> for Error {
+    fn from(e: rusqlite::Error) -> Error {
+        Error::Database(e.into())
+    }
+}
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The most units or machines one command may add (`deploy -n`, `add-unit

@@ -22,11 +22,32 @@
 //!   counters, migrations' `user_version`), for the store's own SQLite
 //!   code and its tests.
 
-pub use rusqlite::OptionalExtension;
+/// What a statement fails with: the engine's error, as it said it, or a
+/// row asked for that is not there.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("no row found")]
+    NoRows,
+}
 
-/// What a statement fails with.
-pub type Error = rusqlite::Error;
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// `.optional()`: a statement's missing row as `None`.
+pub trait OptionalExtension<T> {
+    fn optional(self) -> Result<Option<T>>;
+}
+
+impl<T> OptionalExtension<T> for Result<T> {
+    fn optional(self) -> Result<Option<T>> {
+        match self {
+            Ok(v) => Ok(Some(v)),
+            Err(Error::NoRows) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
 
 /// A value a statement can be given: what every engine can bind. (Each
 /// engine's own trait is a bound of this one, so that a value is bound as
@@ -131,7 +152,7 @@ pub struct Row<'r> {
 impl Row<'_> {
     /// Column `idx` (from 0) as a `T`.
     pub fn get<I: Column, T: FromSql>(&self, idx: I) -> Result<T> {
-        self.inner.get(idx.column())
+        Ok(self.inner.get(idx.column())?)
     }
 }
 
@@ -155,7 +176,7 @@ impl<'c> Statement<'c> {
 
     /// Runs it: rows changed.
     pub fn execute<P: Params>(&mut self, params: P) -> Result<usize> {
-        self.raw().execute(&*sqlite_params(&params))
+        Ok(self.raw().execute(&*sqlite_params(&params))?)
     }
 
     /// Its first row, as `f` reads it; [`OptionalExtension::optional`] for
@@ -165,8 +186,11 @@ impl<'c> Statement<'c> {
         params: P,
         f: F,
     ) -> Result<T> {
-        self.raw()
-            .query_row(&*sqlite_params(&params), |r| f(&Row { inner: r }))
+        let mut rows = self.raw().query(&*sqlite_params(&params))?;
+        match rows.next()? {
+            Some(r) => f(&Row { inner: r }),
+            None => Err(Error::NoRows),
+        }
     }
 
     /// Its rows, each as `f` reads it.
@@ -223,7 +247,7 @@ impl<T, F: FnMut(&Row<'_>) -> Result<T>> Iterator for MappedRows<'_, F> {
         match self.rows.next() {
             Ok(Some(r)) => Some((self.f)(&Row { inner: r })),
             Ok(None) => None,
-            Err(e) => Some(Err(e)),
+            Err(e) => Some(Err(e.into())),
         }
     }
 }
@@ -233,7 +257,7 @@ impl<T, F: FnMut(&Row<'_>) -> Result<T>> Iterator for MappedRows<'_, F> {
 /// whole.
 pub(crate) fn is_busy(e: &Error) -> bool {
     use rusqlite::ErrorCode;
-    matches!(e, rusqlite::Error::SqliteFailure(f, _)
+    matches!(e, Error::Sqlite(rusqlite::Error::SqliteFailure(f, _))
         if f.code == ErrorCode::DatabaseBusy || f.code == ErrorCode::DatabaseLocked)
 }
 
@@ -291,7 +315,7 @@ impl Connection {
     /// A statement run once: rows changed.
     pub fn execute<P: Params>(&self, sql: &str, params: P) -> Result<usize> {
         match &self.engine {
-            Engine::Sqlite(c) => c.execute(sql, &*sqlite_params(&params)),
+            Engine::Sqlite(c) => Ok(c.execute(sql, &*sqlite_params(&params))?),
         }
     }
 
@@ -303,16 +327,14 @@ impl Connection {
         f: F,
     ) -> Result<T> {
         match &self.engine {
-            Engine::Sqlite(c) => {
-                c.query_row(sql, &*sqlite_params(&params), |r| f(&Row { inner: r }))
-            }
+            Engine::Sqlite(_) => self.prepare(sql)?.query_row(params, f),
         }
     }
 
     /// Statements without parameters, one after the other.
     pub fn execute_batch(&self, sql: &str) -> Result<()> {
         match &self.engine {
-            Engine::Sqlite(c) => c.execute_batch(sql),
+            Engine::Sqlite(c) => Ok(c.execute_batch(sql)?),
         }
     }
 
@@ -332,16 +354,16 @@ impl Connection {
 
     pub(crate) fn begin(&self, how: Begin) -> Result<()> {
         match &self.engine {
-            Engine::Sqlite(c) => c.execute_batch(match how {
+            Engine::Sqlite(c) => Ok(c.execute_batch(match how {
                 Begin::Write => "BEGIN IMMEDIATE",
                 Begin::Read => "BEGIN DEFERRED",
-            }),
+            })?),
         }
     }
 
     pub(crate) fn commit(&self) -> Result<()> {
         match &self.engine {
-            Engine::Sqlite(c) => c.execute_batch("COMMIT"),
+            Engine::Sqlite(c) => Ok(c.execute_batch("COMMIT")?),
         }
     }
 

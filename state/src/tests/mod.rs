@@ -109,7 +109,7 @@ impl Env {
                 let tables: Vec<String> = c
                     .prepare("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")?
                     .query_map([], |r| r.get(0))?
-                    .collect::<rusqlite::Result<_>>()?;
+                    .collect::<crate::sql::Result<_>>()?;
                 let mut out = String::new();
                 for t in tables {
                     let mut stmt = c.prepare(&format!("SELECT * FROM \"{t}\""))?;
@@ -123,7 +123,7 @@ impl Env {
                             }
                             Ok(s)
                         })?
-                        .collect::<rusqlite::Result<_>>()?;
+                        .collect::<crate::sql::Result<_>>()?;
                     rows.sort();
                     out.push_str(&format!("[{t}]\n{}\n", rows.join("\n")));
                 }

@@ -229,7 +229,7 @@ impl Snap {
                 Ok(
                     c.prepare_cached("SELECT relation_id, unit, container FROM relation_scopes")?
                         .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-                        .collect::<rusqlite::Result<_>>()?,
+                        .collect::<crate::sql::Result<_>>()?,
                 )
             })
             .unwrap();
@@ -663,7 +663,7 @@ fn strings(st: &Store, sql: &str) -> Vec<String> {
                     other => format!("{other:?}"),
                 })
             })
-            .collect::<rusqlite::Result<Vec<_>>>()?)
+            .collect::<crate::sql::Result<Vec<_>>>()?)
     })
     .unwrap()
 }
