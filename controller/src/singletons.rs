@@ -312,6 +312,42 @@ mod tests {
         })
     }
 
+    /// Two controllers' stores on one initialised database file.
+    fn two_stores() -> (tempfile::TempDir, Store, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let a = Store::open_with(&path, Durability::Relaxed).unwrap();
+        a.initialize(&spec()).unwrap();
+        let b = Store::open_with(&path, Durability::Relaxed).unwrap();
+        (dir, a, b)
+    }
+
+    /// A controller named `name` holding its singletons on `store`; its
+    /// stop signal.
+    fn spawn_hold(
+        store: &Store,
+        name: &str,
+        base: Instant,
+        start: StartJobs,
+    ) -> (JoinHandle<()>, watch::Sender<bool>) {
+        let (stop, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(hold(
+            store.clone(),
+            name.into(),
+            LeaseTimes::default(),
+            wall(base),
+            start,
+            stop_rx,
+        ));
+        (task, stop)
+    }
+
+    async fn until_held_by(store: &Store, name: &str) {
+        while holder_of(store).is_none_or(|(h, _)| h != name) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     fn holder_of(store: &Store) -> Option<(String, i64)> {
         store
             .lease(SINGLETONS)
@@ -322,33 +358,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn another_controller_takes_over_within_the_lease_time_and_the_old_one_writes_nothing_after(
     ) {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("state.db");
-        let a_store = Store::open_with(&path, Durability::Relaxed).unwrap();
-        a_store.initialize(&spec()).unwrap();
-        let b_store = Store::open_with(&path, Durability::Relaxed).unwrap();
+        let (_dir, a_store, b_store) = two_stores();
         let times = LeaseTimes::default();
         let base = Instant::now();
         let writes: Writes = Default::default();
-        let (_a_stop, a_stop_rx) = watch::channel(false);
-        let a = tokio::spawn(hold(
-            a_store.clone(),
-            "a".into(),
-            times,
-            wall(base),
-            jobs("a", writes.clone(), base),
-            a_stop_rx,
-        ));
+        let (a, _a_stop) = spawn_hold(&a_store, "a", base, jobs("a", writes.clone(), base));
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let (b_stop, b_stop_rx) = watch::channel(false);
-        let b = tokio::spawn(hold(
-            b_store.clone(),
-            "b".into(),
-            times,
-            wall(base),
-            jobs("b", writes.clone(), base),
-            b_stop_rx,
-        ));
+        let (b, b_stop) = spawn_hold(&b_store, "b", base, jobs("b", writes.clone(), base));
         // a holds it for as long as it renews.
         tokio::time::sleep(Duration::from_secs(30)).await;
         assert_eq!(holder_of(&b_store), Some(("a".into(), 1)));
@@ -357,9 +373,7 @@ mod tests {
         // a's lease loop gone (its jobs with it), its lease left to expire.
         a.abort();
         let stalled = Instant::now();
-        while holder_of(&b_store).is_none_or(|(h, _)| h != "b") {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        until_held_by(&b_store, "b").await;
         let took = stalled.elapsed();
         assert!(
             took <= times.ttl + times.renew_every,
@@ -414,15 +428,7 @@ mod tests {
             panic!("not held")
         };
         let writes: Writes = Default::default();
-        let (stop, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(hold(
-            store.clone(),
-            "m0".into(),
-            times,
-            wall(base),
-            jobs("m0", writes.clone(), base),
-            stop_rx,
-        ));
+        let (task, stop) = spawn_hold(&store, "m0", base, jobs("m0", writes.clone(), base));
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(holder_of(&store), Some(("m0".into(), old.token + 1)));
         assert!(writes.lock().unwrap().iter().any(|w| w.3));
@@ -492,11 +498,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_controller_cut_off_from_the_database_stops_its_jobs_before_another_may_start_them() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("state.db");
-        let a_store = Store::open_with(&path, Durability::Relaxed).unwrap();
-        a_store.initialize(&spec()).unwrap();
-        let b_store = Store::open_with(&path, Durability::Relaxed).unwrap();
+        let (_dir, a_store, b_store) = two_stores();
         let times = LeaseTimes::default();
         let base = Instant::now();
         let ticks: Arc<Mutex<Vec<(&'static str, Instant)>>> = Default::default();
@@ -522,15 +524,7 @@ mod tests {
             })
         };
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let (b_stop, b_stop_rx) = watch::channel(false);
-        let b = tokio::spawn(hold(
-            b_store.clone(),
-            "b".into(),
-            times,
-            wall(base),
-            ticking("b", ticks.clone()),
-            b_stop_rx,
-        ));
+        let (b, b_stop) = spawn_hold(&b_store, "b", base, ticking("b", ticks.clone()));
         tokio::time::sleep(Duration::from_secs(10)).await;
         assert_eq!(holder_of(&b_store).map(|(h, _)| h), Some("a".into()));
 
@@ -539,9 +533,7 @@ mod tests {
             .stalled
             .store(true, std::sync::atomic::Ordering::SeqCst);
         let cut = Instant::now();
-        while holder_of(&b_store).is_none_or(|(h, _)| h != "b") {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        until_held_by(&b_store, "b").await;
         tokio::time::sleep(Duration::from_secs(1)).await;
         let ticks = ticks.lock().unwrap().clone();
         let a_last = ticks
