@@ -704,6 +704,9 @@ pub async fn run(home: &Home, env_name: &str) -> Result<()> {
     })?;
     lock.write_pid()?;
     let provider = provider(home, env_name, &store).await?;
+    // Settings the provisioner cannot run with stop the controller here, as
+    // they always did; the provisioner itself starts under the lease below.
+    jujube_provisioner::Config::from_env(&store.environment_config()?)?;
     let (stop_tx, stop_rx) = watch::channel(false);
     info!(environment = env_name, "controller started");
     // The API first: agents the provisioner installs on instances are given
@@ -753,7 +756,13 @@ pub async fn run(home: &Home, env_name: &str) -> Result<()> {
                         }
                     }));
                 }
-                Err(e) => warn!(error = %e, "cannot start the provisioner"),
+                Err(e) => {
+                    // A job ended at once: the holding stops the others and
+                    // starts them all again after a while, so this is tried
+                    // again.
+                    warn!(error = %e, "cannot start the provisioner; trying again");
+                    jobs.push(tokio::spawn(async {}));
+                }
             }
             jobs.push(cleaner(store, stop));
             jobs

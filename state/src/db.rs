@@ -252,7 +252,8 @@ impl Store {
         }
     }
 
-    pub(crate) fn fence_ref(&self) -> Option<&crate::leases::Fence> {
+    /// The fence of a handle made by [`Store::fenced`].
+    pub fn fence(&self) -> Option<&crate::leases::Fence> {
         self.fence.as_deref()
     }
 

@@ -232,9 +232,4 @@ impl Store {
     pub fn fenced(&self, fence: Fence) -> Store {
         self.with_fence(Some(Arc::new(fence)))
     }
-
-    /// The fence of a handle made by [`Store::fenced`].
-    pub fn fence(&self) -> Option<&Fence> {
-        self.fence_ref()
-    }
 }
