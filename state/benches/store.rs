@@ -249,7 +249,7 @@ fn main() {
     );
     // Every start failed (one statement from another connection, as another
     // process would write it).
-    rusqlite::Connection::open(st.path())
+    rusqlite::Connection::open(st.path().expect("a store on SQLite"))
         .unwrap()
         .execute(
             "UPDATE machines SET status = 'error', status_info = 'bench' WHERE id > 0",

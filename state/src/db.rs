@@ -1,8 +1,9 @@
 //! Opening the database and running transactions.
 
 use crate::feed::ChangeKind;
+use crate::pg::{PgTarget, Role};
 use crate::schema::MIGRATIONS;
-use crate::sql::{Begin, Connection, Open};
+use crate::sql::{Begin, Connection, Engine, Open};
 use crate::{Error, Result};
 use jujube_wire::client::Access;
 use rusqlite::{OpenFlags, OptionalExtension};
@@ -24,6 +25,15 @@ pub enum Durability {
     Relaxed,
 }
 
+/// Where an environment's state lives.
+#[derive(Debug, Clone)]
+pub enum Location {
+    /// A SQLite file: the embedded default.
+    File(PathBuf),
+    /// A PostgreSQL database.
+    Postgres(PgTarget),
+}
+
 /// How long SQLite itself waits for a lock before reporting busy, and how
 /// many times [`Store::write`] then retries the whole transaction.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -37,7 +47,8 @@ pub struct StoreStats {
     /// Rows inserted, updated or deleted by the largest one.
     pub max_transaction_rows: u64,
     /// Pages the writer connection wrote to the WAL (SQLite's
-    /// `SQLITE_DBSTATUS_CACHE_WRITE`): what a commit costs the disk.
+    /// `SQLITE_DBSTATUS_CACHE_WRITE`): what a commit costs the disk. 0 on
+    /// PostgreSQL.
     pub wal_pages: u64,
 }
 
@@ -52,7 +63,8 @@ struct Inner {
     readers: Vec<Mutex<Option<Connection>>>,
     /// Where the next read starts looking for a free reader.
     next_reader: AtomicU64,
-    path: PathBuf,
+    location: Location,
+    durability: Durability,
     head: watch::Sender<u64>,
     transactions: AtomicU64,
     max_rows: AtomicU64,
@@ -93,17 +105,43 @@ impl Tx<'_> {
     /// Records a change in the feed; the revision becomes visible to
     /// watchers when the transaction commits.
     pub(crate) fn changed(&mut self, kind: ChangeKind, id: impl AsRef<str>) -> Result<()> {
-        self.prepare_cached("INSERT INTO changes (kind, id) VALUES (?1, ?2)")?
-            .execute((kind.as_str(), id.as_ref()))?;
-        self.last_revision = Some(self.last_insert_rowid() as u64);
+        let revision = match self.engine() {
+            // The rowid is the largest revision plus one: SQLite's single
+            // writer commits revisions in order.
+            Engine::Sqlite => {
+                self.prepare_cached("INSERT INTO changes (kind, id) VALUES (?1, ?2)")?
+                    .execute((kind.as_str(), id.as_ref()))?;
+                self.last_insert_rowid().unwrap_or(0)
+            }
+            // The same rule spelt out, never a sequence: under SERIALIZABLE
+            // two writers taking the same revision cannot both commit (the
+            // second is a serialization failure, retried), so revisions
+            // commit in order and a reader that has seen N has seen
+            // everything before it. (A sequence hands out numbers that
+            // commit in any order.) Measured too slow for SQLite, where
+            // the rowid does it for free.
+            Engine::Postgres => self
+                .prepare_cached(
+                    "INSERT INTO changes (revision, kind, id)
+                     VALUES ((SELECT coalesce(max(revision), 0) + 1 FROM changes), ?1, ?2)
+                     RETURNING revision",
+                )?
+                .query_row((kind.as_str(), id.as_ref()), |r| r.get(0))?,
+        };
+        self.last_revision = Some(revision as u64);
         Ok(())
     }
 
     /// Runs `f` inside a savepoint of this transaction: if `f` fails, what it
     /// did (feed entries included) is undone and the transaction goes on
     /// without it. Several independent operations can so share one commit.
+    ///
+    /// A failure for another transaction's writes (SQLite busy, a
+    /// PostgreSQL serialization failure) is not the operation's: the whole
+    /// transaction then fails at its end and runs again.
     pub(crate) fn savepoint<T>(&mut self, f: impl FnOnce(&mut Tx<'_>) -> Result<T>) -> Result<T> {
         let revision = self.last_revision;
+        let doomed = self.failed().is_some();
         self.execute_batch("SAVEPOINT op")?;
         match f(self) {
             Ok(v) => {
@@ -112,6 +150,9 @@ impl Tx<'_> {
             }
             Err(e) => {
                 self.execute_batch("ROLLBACK TO op; RELEASE op")?;
+                if !doomed {
+                    self.rolled_back_to_savepoint();
+                }
                 self.last_revision = revision;
                 Err(e)
             }
@@ -163,10 +204,10 @@ fn configure_sqlite() {
     });
 }
 
-/// A transaction that failed only because another held the database: run
-/// it again.
+/// A transaction that failed only because of another's (SQLite's busy
+/// database, PostgreSQL's serialization failure): run it again.
 fn is_busy(e: &Error) -> bool {
-    matches!(e, Error::Database(e) if crate::sql::is_busy(e))
+    matches!(e, Error::Database(e) if crate::sql::is_retryable(e))
 }
 
 impl Store {
@@ -181,32 +222,20 @@ impl Store {
     /// database is created so (SQLite gives its WAL the database's mode),
     /// and an existing one is tightened at open.
     pub fn open_with(path: impl AsRef<Path>, durability: Durability) -> Result<Store> {
-        let path = path.as_ref().to_path_buf();
-        configure_sqlite();
-        private_files(&path)?;
-        let conn = rusqlite::Connection::open_with_flags(
-            &path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE
-                | OpenFlags::SQLITE_OPEN_CREATE
-                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )?;
-        conn.busy_timeout(BUSY_TIMEOUT)?;
-        // WAL lets readers in other processes run while one writes.
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(
-            None,
-            "synchronous",
-            match durability {
-                Durability::Full => "FULL",
-                Durability::Relaxed => "OFF",
-            },
-        )?;
-        conn.pragma_update(None, "foreign_keys", "ON")?;
-        stable_plans(&conn)?;
-        conn.set_prepared_statement_cache_capacity(128);
-        migrate(&conn)?;
-        let conn = Connection::sqlite(conn);
-        let reader = open_reader(&path)?;
+        Store::open_at(&Location::File(path.as_ref().to_path_buf()), durability)
+    }
+
+    /// Opens the store at `location`, bringing its schema up to date.
+    pub fn open_at(location: &Location, durability: Durability) -> Result<Store> {
+        let (conn, reader) = match location {
+            Location::File(path) => (open_sqlite(path, durability)?, open_reader(location)?),
+            Location::Postgres(target) => {
+                let conn = crate::pg::connect(target, Role::Writer(durability))?;
+                crate::pg::check_collation(&conn, target)?;
+                crate::pg::migrate(&conn)?;
+                (conn, open_reader(location)?)
+            }
+        };
         let head: i64 =
             conn.query_row("SELECT coalesce(max(revision), 0) FROM changes", [], |r| {
                 r.get(0)
@@ -221,7 +250,8 @@ impl Store {
                     .map(Mutex::new)
                     .collect(),
                 next_reader: AtomicU64::new(0),
-                path,
+                location: location.clone(),
+                durability,
                 head: tx,
                 transactions: AtomicU64::new(0),
                 max_rows: AtomicU64::new(0),
@@ -262,15 +292,26 @@ impl Store {
         self.user.as_deref()
     }
 
-    pub fn path(&self) -> &Path {
-        &self.inner.path
+    /// The SQLite file, for a store on one.
+    pub fn path(&self) -> Option<&Path> {
+        match &self.inner.location {
+            Location::File(p) => Some(p),
+            Location::Postgres(_) => None,
+        }
+    }
+
+    pub fn location(&self) -> &Location {
+        &self.inner.location
     }
 
     pub fn stats(&self) -> StoreStats {
         StoreStats {
             transactions: self.inner.transactions.load(Ordering::Relaxed),
             max_transaction_rows: self.inner.max_rows.load(Ordering::Relaxed),
-            wal_pages: pages_written(self.lock().as_sqlite(), false),
+            wal_pages: self
+                .lock()
+                .as_sqlite()
+                .map_or(0, |c| pages_written(c, false)),
         }
     }
 
@@ -287,7 +328,9 @@ impl Store {
     pub fn reset_stats(&self) {
         self.inner.transactions.store(0, Ordering::Relaxed);
         self.inner.max_rows.store(0, Ordering::Relaxed);
-        pages_written(self.lock().as_sqlite(), true);
+        if let Some(c) = self.lock().as_sqlite() {
+            pages_written(c, true);
+        }
     }
 
     pub(crate) fn head_receiver(&self) -> watch::Receiver<u64> {
@@ -298,6 +341,19 @@ impl Store {
         // A panic while holding the lock cannot leave a transaction open
         // (dropping it rolls back), so a poisoned lock is still usable.
         self.inner.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The writer, connected again if the server closed it (PostgreSQL
+    /// restarted): a transaction cut off so failed and is not retried
+    /// (it may have committed), the next one runs on a new connection.
+    fn writer(&self) -> Result<MutexGuard<'_, Connection>> {
+        let mut conn = self.lock();
+        if conn.is_closed() {
+            if let Location::Postgres(target) = &self.inner.location {
+                *conn = crate::pg::connect(target, Role::Writer(self.inner.durability))?;
+            }
+        }
+        Ok(conn)
     }
 
     /// A reader connection: the first free one from a rotating start, or
@@ -325,8 +381,8 @@ impl Store {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner()),
         };
-        if guard.is_none() {
-            *guard = Some(open_reader(&self.inner.path)?);
+        if guard.as_ref().is_none_or(Connection::is_closed) {
+            *guard = Some(open_reader(&self.inner.location)?);
         }
         Ok(guard)
     }
@@ -348,7 +404,7 @@ impl Store {
         needs: Access,
         mut f: impl FnMut(&mut Tx<'_>) -> Result<T>,
     ) -> Result<T> {
-        let conn = self.lock();
+        let conn = self.writer()?;
         let mut attempt = 0;
         loop {
             let before = conn.total_changes();
@@ -364,6 +420,12 @@ impl Store {
                     crate::leases::require_fence(&tx, fence)?;
                 }
                 let value = f(&mut tx)?;
+                // A statement that failed on PostgreSQL aborted the
+                // transaction even if the rule went on (a savepoint rolled
+                // back, an error taken for "not found"): never commit it.
+                if let Some(e) = tx.failed() {
+                    return Err(e.into());
+                }
                 let revision = tx.last_revision;
                 tx.tx.commit()?;
                 Ok((value, revision))
@@ -382,8 +444,17 @@ impl Store {
                     attempt += 1;
                     // Back off with a little jitter so that competing
                     // processes do not retry in lockstep.
-                    let jitter = (std::process::id() as u64 + attempt as u64 * 7) % 13;
+                    // (Two stores of one process, or one's threads, too.)
+                    let jitter = {
+                        use std::hash::{BuildHasher, Hasher};
+                        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+                        h.write_u32(attempt);
+                        h.finish() % 13
+                    };
                     std::thread::sleep(Duration::from_millis(10 * attempt as u64 + jitter));
+                }
+                Err(Error::Database(e)) if crate::sql::is_unique_violation(&e) => {
+                    return Err(Error::Database(e))
                 }
                 Err(e) if is_busy(&e) => {
                     return Err(Error::Busy {
@@ -427,6 +498,34 @@ impl Store {
     }
 }
 
+/// The SQLite writer connection, the file made private and migrated.
+fn open_sqlite(path: &Path, durability: Durability) -> Result<Connection> {
+    configure_sqlite();
+    private_files(path)?;
+    let conn = rusqlite::Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    // WAL lets readers in other processes run while one writes.
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(
+        None,
+        "synchronous",
+        match durability {
+            Durability::Full => "FULL",
+            Durability::Relaxed => "OFF",
+        },
+    )?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    stable_plans(&conn)?;
+    conn.set_prepared_statement_cache_capacity(128);
+    migrate(&conn)?;
+    Ok(Connection::sqlite(conn))
+}
+
 /// Pages `conn` wrote (to the WAL, in WAL mode) since it opened or this
 /// was last asked with `reset`.
 pub fn pages_written(conn: &rusqlite::Connection, reset: bool) -> u64 {
@@ -455,7 +554,11 @@ pub fn pages_written(conn: &rusqlite::Connection, reset: bool) -> u64 {
 const READERS: usize = 4;
 
 /// A connection for reads only.
-fn open_reader(path: &Path) -> Result<Connection> {
+fn open_reader(location: &Location) -> Result<Connection> {
+    let path = match location {
+        Location::File(path) => path,
+        Location::Postgres(target) => return crate::pg::connect(target, Role::Reader),
+    };
     let reader = rusqlite::Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,

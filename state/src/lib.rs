@@ -34,6 +34,7 @@ pub mod feed;
 pub mod leases;
 pub mod machines;
 pub mod model;
+pub mod pg;
 pub mod provisioning;
 pub mod relations;
 pub mod runs;
@@ -48,9 +49,10 @@ pub mod users;
 mod tests;
 
 pub use agents::{AgentOp, Caller};
-pub use db::{pages_written, Durability, Store, StoreStats};
+pub use db::{pages_written, Durability, Location, Store, StoreStats};
 pub use feed::{Change, ChangeKind, Changes, Watcher};
 pub use model::*;
+pub use pg::PgTarget;
 
 use jujube_core::Life;
 use std::fmt;
@@ -176,6 +178,10 @@ pub enum Error {
     LeaseLost { lease: String, token: i64 },
     #[error("state database error: {0}")]
     Database(#[from] crate::sql::Error),
+    #[error("invalid state URL: {0}")]
+    BadStateUrl(String),
+    #[error("cannot reach the state database at `{url}`: {cause}; check that PostgreSQL runs there and takes this user's password")]
+    Unreachable { url: String, cause: String },
     #[error("cannot secure the state database `{path}`: {source}; check its directory's owner and permissions")]
     Io {
         path: String,
@@ -271,6 +277,8 @@ impl Error {
             Error::Busy { .. }
             | Error::SchemaTooNew { .. }
             | Error::Database(_)
+            | Error::BadStateUrl(_)
+            | Error::Unreachable { .. }
             | Error::Corrupt { .. } => false,
             _ => true,
         }

@@ -2,10 +2,24 @@
 //!
 //! Every rule of the store is written once, against [`Connection`]: the
 //! statements, their parameters and their rows go through here, never
-//! through an engine's own types. Today the engine is SQLite (rusqlite);
-//! the PostgreSQL backend plugs in behind the same methods (an `Engine`
-//! arm each, with the placeholders, types and upserts that differ
-//! translated here), so that the rules do not change.
+//! through an engine's own types. Two engines sit behind it: SQLite
+//! (rusqlite; the embedded default) and PostgreSQL (rust-postgres, for
+//! state that outlives one machine). What differs between them is
+//! translated here and nowhere else — the dialect layer:
+//!
+//! - placeholders: statements are written with SQLite's numbered `?N`;
+//!   PostgreSQL gets `$N` ([`pg_text`], once per statement and connection);
+//! - values: both engines bind and read through one value model
+//!   ([`ValueRef`]), so that a rule binding an `i64` to a PostgreSQL
+//!   `INT4` column, or reading a `BOOLEAN` as a `bool`, works as it does
+//!   on SQLite's dynamic types;
+//! - transactions: SQLite's `BEGIN IMMEDIATE` (one writer) against
+//!   PostgreSQL's `SERIALIZABLE`, whose serialization failures are retried
+//!   whole as SQLite's busy database is ([`is_retryable`]);
+//! - a transaction PostgreSQL aborted (a statement failed and the rule
+//!   went on) is never committed: PostgreSQL would answer `COMMIT` with a
+//!   silent rollback, so the seam remembers the first failure and refuses
+//!   the commit with it.
 //!
 //! # Layout
 //!
@@ -15,21 +29,42 @@
 //!   [`Connection::rollback`]), never by a rule.
 //! - The statement, row and parameter vocabulary the rules use:
 //!   [`Statement`], [`Row`], [`Rows`], [`Params`], [`ToSql`] and
-//!   [`FromSql`] (the values every engine binds and reads; their bounds
-//!   are the engines' own traits), [`OptionalExtension`],
+//!   [`FromSql`] (over [`ValueRef`]), [`OptionalExtension`],
 //!   [`params!`](crate::sql::params).
-//! - [`Connection::sqlite`]: what only SQLite has (pragmas, the WAL's
+//! - [`Connection::as_sqlite`]: what only SQLite has (pragmas, the WAL's
 //!   counters, migrations' `user_version`), for the store's own SQLite
 //!   code and its tests.
 
+use bytes::BufMut;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use tokio_postgres::types::Type;
+
 /// What a statement fails with: the engine's error, as it said it, or a
-/// row asked for that is not there.
+/// row asked for that is not there, or a value of the wrong type.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("{0}")]
     Sqlite(#[from] rusqlite::Error),
+    #[error("{}", pg_message(.0))]
+    Postgres(#[from] tokio_postgres::Error),
+    /// A PostgreSQL transaction in which a statement had failed (SQLSTATE
+    /// `code`), refused at its commit.
+    #[error("the transaction was aborted by an earlier error ({message}, sqlstate {code}); nothing was written")]
+    Aborted { code: String, message: String },
     #[error("no row found")]
     NoRows,
+    #[error("{0}")]
+    Conversion(String),
+}
+
+/// PostgreSQL's own message and SQLSTATE where the server sent one (the
+/// client's `Display` says only "db error").
+fn pg_message(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} (sqlstate {})", db.message(), db.code().code()),
+        None => e.to_string(),
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -49,15 +84,180 @@ impl<T> OptionalExtension<T> for Result<T> {
     }
 }
 
-/// A value a statement can be given: what every engine can bind. (Each
-/// engine's own trait is a bound of this one, so that a value is bound as
-/// it is by whichever engine runs the statement.)
-pub trait ToSql: rusqlite::ToSql {}
-impl<T: rusqlite::ToSql + ?Sized> ToSql for T {}
+/// One value as the store binds and reads it, whichever engine holds it:
+/// SQLite's storage classes. PostgreSQL's `BOOLEAN` reads as an integer 0
+/// or 1, its `INT2`/`INT4`/`INT8` as integers.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ValueRef<'a> {
+    Null,
+    Integer(i64),
+    Real(f64),
+    Text(&'a str),
+    Blob(&'a [u8]),
+}
 
-/// A value a row's column can be read as, by every engine.
-pub trait FromSql: rusqlite::types::FromSql {}
-impl<T: rusqlite::types::FromSql> FromSql for T {}
+/// A value a statement can be given.
+pub trait ToSql: Sync {
+    fn to_value(&self) -> Result<ValueRef<'_>>;
+}
+
+/// A value a row's column can be read as.
+pub trait FromSql: Sized {
+    fn column_result(v: ValueRef<'_>) -> Result<Self>;
+}
+
+fn wrong_type<T>(v: ValueRef<'_>, want: &str) -> Result<T> {
+    Err(Error::Conversion(format!("a stored {v:?} is not {want}")))
+}
+
+macro_rules! integers {
+    ($($t:ty)+) => {
+        $(impl ToSql for $t {
+            fn to_value(&self) -> Result<ValueRef<'_>> {
+                i64::try_from(*self)
+                    .map(ValueRef::Integer)
+                    .map_err(|_| Error::Conversion(format!("{} does not fit a 64-bit integer", self)))
+            }
+        }
+        impl FromSql for $t {
+            fn column_result(v: ValueRef<'_>) -> Result<Self> {
+                match v {
+                    ValueRef::Integer(i) => <$t>::try_from(i).map_err(|_| {
+                        Error::Conversion(format!("a stored {i} does not fit {}", stringify!($t)))
+                    }),
+                    v => wrong_type(v, "an integer"),
+                }
+            }
+        })+
+    };
+}
+integers!(i64 i32 i16 u8 u16 u32 u64 usize isize);
+
+impl ToSql for bool {
+    fn to_value(&self) -> Result<ValueRef<'_>> {
+        Ok(ValueRef::Integer(i64::from(*self)))
+    }
+}
+impl FromSql for bool {
+    fn column_result(v: ValueRef<'_>) -> Result<Self> {
+        match v {
+            ValueRef::Integer(i) => Ok(i != 0),
+            v => wrong_type(v, "a boolean"),
+        }
+    }
+}
+
+impl ToSql for f64 {
+    fn to_value(&self) -> Result<ValueRef<'_>> {
+        Ok(ValueRef::Real(*self))
+    }
+}
+impl FromSql for f64 {
+    fn column_result(v: ValueRef<'_>) -> Result<Self> {
+        match v {
+            ValueRef::Real(f) => Ok(f),
+            ValueRef::Integer(i) => Ok(i as f64),
+            v => wrong_type(v, "a number"),
+        }
+    }
+}
+
+impl ToSql for str {
+    fn to_value(&self) -> Result<ValueRef<'_>> {
+        Ok(ValueRef::Text(self))
+    }
+}
+impl ToSql for String {
+    fn to_value(&self) -> Result<ValueRef<'_>> {
+        Ok(ValueRef::Text(self))
+    }
+}
+impl FromSql for String {
+    fn column_result(v: ValueRef<'_>) -> Result<Self> {
+        match v {
+            ValueRef::Text(s) => Ok(s.to_owned()),
+            v => wrong_type(v, "text"),
+        }
+    }
+}
+
+impl ToSql for [u8] {
+    fn to_value(&self) -> Result<ValueRef<'_>> {
+        Ok(ValueRef::Blob(self))
+    }
+}
+impl ToSql for Vec<u8> {
+    fn to_value(&self) -> Result<ValueRef<'_>> {
+        Ok(ValueRef::Blob(self))
+    }
+}
+impl FromSql for Vec<u8> {
+    fn column_result(v: ValueRef<'_>) -> Result<Self> {
+        match v {
+            ValueRef::Blob(b) => Ok(b.to_vec()),
+            ValueRef::Text(s) => Ok(s.as_bytes().to_vec()),
+            v => wrong_type(v, "bytes"),
+        }
+    }
+}
+
+impl<T: ToSql> ToSql for Option<T> {
+    fn to_value(&self) -> Result<ValueRef<'_>> {
+        match self {
+            Some(v) => v.to_value(),
+            None => Ok(ValueRef::Null),
+        }
+    }
+}
+impl<T: FromSql> FromSql for Option<T> {
+    fn column_result(v: ValueRef<'_>) -> Result<Self> {
+        match v {
+            ValueRef::Null => Ok(None),
+            v => T::column_result(v).map(Some),
+        }
+    }
+}
+
+impl<T: ToSql + ?Sized> ToSql for &T {
+    fn to_value(&self) -> Result<ValueRef<'_>> {
+        (**self).to_value()
+    }
+}
+
+impl<T: ToSql + ?Sized> ToSql for Box<T> {
+    fn to_value(&self) -> Result<ValueRef<'_>> {
+        (**self).to_value()
+    }
+}
+
+impl<T: ToSql + ?Sized + Send> ToSql for std::sync::Arc<T> {
+    fn to_value(&self) -> Result<ValueRef<'_>> {
+        (**self).to_value()
+    }
+}
+
+/// Any stored value, owned: what a test reads when it does not know a
+/// column's type.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Null,
+    Integer(i64),
+    Real(f64),
+    Text(String),
+    Blob(Vec<u8>),
+}
+
+impl FromSql for Value {
+    fn column_result(v: ValueRef<'_>) -> Result<Self> {
+        Ok(match v {
+            ValueRef::Null => Value::Null,
+            ValueRef::Integer(i) => Value::Integer(i),
+            ValueRef::Real(f) => Value::Real(f),
+            ValueRef::Text(s) => Value::Text(s.to_owned()),
+            ValueRef::Blob(b) => Value::Blob(b.to_vec()),
+        })
+    }
+}
 
 /// A statement's parameters: `()`, `[]`, a tuple or an array of values,
 /// `&[&dyn ToSql]`, or [`params!`](crate::sql::params).
@@ -125,12 +325,129 @@ macro_rules! sql_params {
 }
 pub use crate::sql_params as params;
 
-/// The engine's view of our parameters.
-fn sqlite_params(p: &impl Params) -> Vec<&dyn rusqlite::ToSql> {
-    p.values()
-        .into_iter()
-        .map(|v| v as &dyn rusqlite::ToSql)
-        .collect()
+/// A parameter as an engine binds it.
+struct Bind<'a>(&'a dyn ToSql);
+
+impl std::fmt::Debug for Bind<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.0.to_value())
+    }
+}
+
+impl rusqlite::ToSql for Bind<'_> {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        use rusqlite::types::ValueRef as V;
+        let v = self
+            .0
+            .to_value()
+            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+        Ok(rusqlite::types::ToSqlOutput::Borrowed(match v {
+            ValueRef::Null => V::Null,
+            ValueRef::Integer(i) => V::Integer(i),
+            ValueRef::Real(f) => V::Real(f),
+            ValueRef::Text(s) => V::Text(s.as_bytes()),
+            ValueRef::Blob(b) => V::Blob(b),
+        }))
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Sync + Send>;
+
+/// PostgreSQL's text-like types, which take and give text.
+fn is_text(ty: &Type) -> bool {
+    [
+        Type::TEXT,
+        Type::VARCHAR,
+        Type::BPCHAR,
+        Type::NAME,
+        Type::UNKNOWN,
+    ]
+    .contains(ty)
+}
+
+/// Binds our value as the type PostgreSQL inferred for the parameter.
+impl tokio_postgres::types::ToSql for Bind<'_> {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut bytes::BytesMut,
+    ) -> std::result::Result<tokio_postgres::types::IsNull, BoxError> {
+        let v = self.0.to_value()?;
+        match v {
+            ValueRef::Null => return Ok(tokio_postgres::types::IsNull::Yes),
+            ValueRef::Integer(i) if *ty == Type::INT8 => out.put_i64(i),
+            ValueRef::Integer(i) if *ty == Type::INT4 => out.put_i32(i32::try_from(i)?),
+            ValueRef::Integer(i) if *ty == Type::INT2 => out.put_i16(i16::try_from(i)?),
+            ValueRef::Integer(i) if *ty == Type::BOOL => out.put_u8(u8::from(i != 0)),
+            ValueRef::Integer(i) if *ty == Type::FLOAT8 => out.put_f64(i as f64),
+            ValueRef::Integer(i) if is_text(ty) => out.put_slice(i.to_string().as_bytes()),
+            ValueRef::Real(f) if *ty == Type::FLOAT8 => out.put_f64(f),
+            ValueRef::Real(f) if *ty == Type::FLOAT4 => out.put_f32(f as f32),
+            ValueRef::Text(s) if is_text(ty) => out.put_slice(s.as_bytes()),
+            ValueRef::Blob(b) if *ty == Type::BYTEA => out.put_slice(b),
+            v => return Err(format!("cannot bind {v:?} as {ty}").into()),
+        }
+        Ok(tokio_postgres::types::IsNull::No)
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+
+    tokio_postgres::types::to_sql_checked!();
+}
+
+/// A column of a PostgreSQL row as our value.
+struct Raw<'a>(ValueRef<'a>);
+
+impl<'a> tokio_postgres::types::FromSql<'a> for Raw<'a> {
+    fn from_sql(ty: &Type, raw: &'a [u8]) -> std::result::Result<Raw<'a>, BoxError> {
+        fn int<const N: usize>(raw: &[u8]) -> std::result::Result<[u8; N], BoxError> {
+            Ok(raw.try_into()?)
+        }
+        Ok(Raw(if *ty == Type::BOOL {
+            ValueRef::Integer(i64::from(raw.first().copied().unwrap_or(0) != 0))
+        } else if *ty == Type::INT8 {
+            ValueRef::Integer(i64::from_be_bytes(int(raw)?))
+        } else if *ty == Type::INT4 {
+            ValueRef::Integer(i32::from_be_bytes(int(raw)?).into())
+        } else if *ty == Type::INT2 {
+            ValueRef::Integer(i16::from_be_bytes(int(raw)?).into())
+        } else if *ty == Type::OID {
+            ValueRef::Integer(u32::from_be_bytes(int(raw)?).into())
+        } else if *ty == Type::FLOAT8 {
+            ValueRef::Real(f64::from_be_bytes(int(raw)?))
+        } else if *ty == Type::FLOAT4 {
+            ValueRef::Real(f32::from_be_bytes(int(raw)?).into())
+        } else if is_text(ty) {
+            ValueRef::Text(std::str::from_utf8(raw)?)
+        } else if *ty == Type::BYTEA {
+            ValueRef::Blob(raw)
+        } else {
+            return Err(format!("the store reads no {ty} column").into());
+        }))
+    }
+
+    fn from_sql_null(_: &Type) -> std::result::Result<Raw<'a>, BoxError> {
+        Ok(Raw(ValueRef::Null))
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+}
+
+fn sqlite_value(v: rusqlite::types::ValueRef<'_>) -> Result<ValueRef<'_>> {
+    use rusqlite::types::ValueRef as V;
+    Ok(match v {
+        V::Null => ValueRef::Null,
+        V::Integer(i) => ValueRef::Integer(i),
+        V::Real(f) => ValueRef::Real(f),
+        V::Text(t) => ValueRef::Text(
+            std::str::from_utf8(t).map_err(|e| Error::Conversion(format!("stored text: {e}")))?,
+        ),
+        V::Blob(b) => ValueRef::Blob(b),
+    })
 }
 
 /// A column's place in a row (from 0).
@@ -146,19 +463,29 @@ impl Column for usize {
 
 /// One row of a result.
 pub struct Row<'r> {
-    inner: &'r rusqlite::Row<'r>,
+    inner: RowOf<'r>,
+}
+
+enum RowOf<'r> {
+    Sqlite(&'r rusqlite::Row<'r>),
+    Pg(&'r tokio_postgres::Row),
 }
 
 impl Row<'_> {
     /// Column `idx` (from 0) as a `T`.
     pub fn get<I: Column, T: FromSql>(&self, idx: I) -> Result<T> {
-        Ok(self.inner.get(idx.column())?)
+        let i = idx.column();
+        match self.inner {
+            RowOf::Sqlite(r) => T::column_result(sqlite_value(r.get_ref(i)?)?),
+            RowOf::Pg(r) => T::column_result(r.try_get::<_, Raw<'_>>(i)?.0),
+        }
     }
 }
 
 enum Prepared<'c> {
     Cached(rusqlite::CachedStatement<'c>),
     Once(rusqlite::Statement<'c>),
+    Pg(&'c Pg, tokio_postgres::Statement),
 }
 
 /// A prepared statement.
@@ -166,17 +493,54 @@ pub struct Statement<'c> {
     inner: Prepared<'c>,
 }
 
+/// What a statement's rows are read from.
+enum Source<'s> {
+    Sqlite(rusqlite::Rows<'s>),
+    /// PostgreSQL's rows are read whole (the client cannot leave a result
+    /// half-read while the rule runs other statements); every statement
+    /// the store runs is bounded (by a `LIMIT`, or by what the rule's
+    /// caller may hold).
+    Pg(
+        std::vec::IntoIter<tokio_postgres::Row>,
+        Option<tokio_postgres::Row>,
+    ),
+}
+
 impl<'c> Statement<'c> {
-    fn raw(&mut self) -> &mut rusqlite::Statement<'c> {
+    fn sqlite(&mut self) -> Option<&mut rusqlite::Statement<'c>> {
         match &mut self.inner {
-            Prepared::Cached(s) => s,
-            Prepared::Once(s) => s,
+            Prepared::Cached(s) => Some(s),
+            Prepared::Once(s) => Some(s),
+            Prepared::Pg(..) => None,
+        }
+    }
+
+    fn source<P: Params>(&mut self, params: &P) -> Result<Source<'_>> {
+        let values = params.values();
+        let binds: Vec<Bind<'_>> = values.iter().map(|v| Bind(*v)).collect();
+        match &mut self.inner {
+            Prepared::Cached(s) => Ok(Source::Sqlite(s.query(sqlite_binds(&binds).as_slice())?)),
+            Prepared::Once(s) => Ok(Source::Sqlite(s.query(sqlite_binds(&binds).as_slice())?)),
+            Prepared::Pg(pg, stmt) => {
+                let rows = pg.run(|c| block_on(c.query(&*stmt, &pg_binds(&binds))))?;
+                Ok(Source::Pg(rows.into_iter(), None))
+            }
         }
     }
 
     /// Runs it: rows changed.
     pub fn execute<P: Params>(&mut self, params: P) -> Result<usize> {
-        Ok(self.raw().execute(&*sqlite_params(&params))?)
+        let values = params.values();
+        let binds: Vec<Bind<'_>> = values.iter().map(|v| Bind(*v)).collect();
+        match &mut self.inner {
+            Prepared::Cached(s) => Ok(s.execute(sqlite_binds(&binds).as_slice())?),
+            Prepared::Once(s) => Ok(s.execute(sqlite_binds(&binds).as_slice())?),
+            Prepared::Pg(pg, stmt) => {
+                let n = pg.run(|c| block_on(c.execute(&*stmt, &pg_binds(&binds))))?;
+                pg.changes.set(pg.changes.get() + n);
+                Ok(n as usize)
+            }
+        }
     }
 
     /// Its first row, as `f` reads it; [`OptionalExtension::optional`] for
@@ -186,9 +550,11 @@ impl<'c> Statement<'c> {
         params: P,
         f: F,
     ) -> Result<T> {
-        let mut rows = self.raw().query(&*sqlite_params(&params))?;
+        let mut rows = Rows {
+            source: self.source(&params)?,
+        };
         match rows.next()? {
-            Some(r) => f(&Row { inner: r }),
+            Some(r) => f(&r),
             None => Err(Error::NoRows),
         }
     }
@@ -199,44 +565,72 @@ impl<'c> Statement<'c> {
         params: P,
         f: F,
     ) -> Result<MappedRows<'_, F>> {
-        let rows = self.raw().query(&*sqlite_params(&params))?;
-        Ok(MappedRows { rows, f })
+        Ok(MappedRows {
+            rows: Rows {
+                source: self.source(&params)?,
+            },
+            f,
+        })
     }
 
     /// Its rows, one at a time ([`Rows::next`]).
     pub fn query<P: Params>(&mut self, params: P) -> Result<Rows<'_>> {
         Ok(Rows {
-            rows: self.raw().query(&*sqlite_params(&params))?,
+            source: self.source(&params)?,
         })
     }
 
     pub fn column_count(&mut self) -> usize {
-        self.raw().column_count()
+        match &mut self.inner {
+            Prepared::Pg(_, stmt) => stmt.columns().len(),
+            _ => self.sqlite().map_or(0, |s| s.column_count()),
+        }
     }
 
     /// The SQLite statement underneath (the store's own SQLite tests).
     #[cfg(test)]
-    pub(crate) fn as_sqlite(&mut self) -> &mut rusqlite::Statement<'c> {
-        self.raw()
+    pub(crate) fn as_sqlite(&mut self) -> Option<&mut rusqlite::Statement<'c>> {
+        self.sqlite()
     }
+}
+
+fn sqlite_binds<'a>(binds: &'a [Bind<'a>]) -> Vec<&'a dyn rusqlite::ToSql> {
+    binds.iter().map(|b| b as &dyn rusqlite::ToSql).collect()
+}
+
+fn pg_binds<'a>(binds: &'a [Bind<'a>]) -> Vec<&'a (dyn tokio_postgres::types::ToSql + Sync)> {
+    binds
+        .iter()
+        .map(|b| b as &(dyn tokio_postgres::types::ToSql + Sync))
+        .collect()
 }
 
 /// Rows read one at a time.
 pub struct Rows<'s> {
-    rows: rusqlite::Rows<'s>,
+    source: Source<'s>,
 }
 
 impl Rows<'_> {
     /// The next row. (Not an `Iterator`: each row borrows the rows.)
     #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> Result<Option<Row<'_>>> {
-        Ok(self.rows.next()?.map(|r| Row { inner: r }))
+        match &mut self.source {
+            Source::Sqlite(rows) => Ok(rows.next()?.map(|r| Row {
+                inner: RowOf::Sqlite(r),
+            })),
+            Source::Pg(rows, current) => {
+                *current = rows.next();
+                Ok(current.as_ref().map(|r| Row {
+                    inner: RowOf::Pg(r),
+                }))
+            }
+        }
     }
 }
 
 /// Rows as a function reads each.
 pub struct MappedRows<'s, F> {
-    rows: rusqlite::Rows<'s>,
+    rows: Rows<'s>,
     f: F,
 }
 
@@ -245,77 +639,296 @@ impl<T, F: FnMut(&Row<'_>) -> Result<T>> Iterator for MappedRows<'_, F> {
 
     fn next(&mut self) -> Option<Result<T>> {
         match self.rows.next() {
-            Ok(Some(r)) => Some((self.f)(&Row { inner: r })),
+            Ok(Some(r)) => Some((self.f)(&r)),
             Ok(None) => None,
-            Err(e) => Some(Err(e.into())),
+            Err(e) => Some(Err(e)),
         }
     }
 }
 
-/// Whether a statement failed only because another connection held the
-/// database (SQLite's busy or locked): the transaction is to be run again
-/// whole.
-pub(crate) fn is_busy(e: &Error) -> bool {
+/// Waits for a client call on this thread. The client's calls only pass
+/// messages to the thread that drives its socket, so they need no runtime
+/// here: a store is called from plain threads and from async tasks alike
+/// (blocking them for the call, as a SQLite statement does), which the
+/// synchronous `postgres` crate refuses (it nests a runtime).
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::sync::Arc::new(Unpark(std::thread::current())).into();
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
+    }
+}
+
+/// PostgreSQL's SQLSTATEs that mean "run the transaction again": a
+/// serialization failure of `SERIALIZABLE`, a deadlock broken by the
+/// server, and a unique violation. PostgreSQL reports a key taken by a
+/// concurrent transaction as a serialization failure only when this one
+/// read that key's index page first; a rule that read the largest unit
+/// number through another index and inserts the next name meets a unique
+/// violation instead (its documentation advises retrying both). A real
+/// violation fails again on every attempt, and the store then returns it
+/// as it is.
+const PG_RETRY: [&str; 3] = ["40001", "40P01", UNIQUE_VIOLATION];
+
+const UNIQUE_VIOLATION: &str = "23505";
+
+/// Whether `e` is PostgreSQL's unique violation (see [`PG_RETRY`]).
+pub(crate) fn is_unique_violation(e: &Error) -> bool {
+    match e {
+        Error::Postgres(e) => e.code().is_some_and(|c| c.code() == UNIQUE_VIOLATION),
+        Error::Aborted { code, .. } => code == UNIQUE_VIOLATION,
+        _ => false,
+    }
+}
+
+/// Whether a statement failed only because of what other transactions did
+/// (SQLite's busy or locked database; PostgreSQL's serialization failure
+/// or deadlock): the transaction is to be run again whole.
+pub(crate) fn is_retryable(e: &Error) -> bool {
     use rusqlite::ErrorCode;
-    matches!(e, Error::Sqlite(rusqlite::Error::SqliteFailure(f, _))
-        if f.code == ErrorCode::DatabaseBusy || f.code == ErrorCode::DatabaseLocked)
+    match e {
+        Error::Sqlite(rusqlite::Error::SqliteFailure(f, _)) => {
+            f.code == ErrorCode::DatabaseBusy || f.code == ErrorCode::DatabaseLocked
+        }
+        Error::Postgres(e) => e.code().is_some_and(|c| PG_RETRY.contains(&c.code())),
+        Error::Aborted { code, .. } => PG_RETRY.contains(&code.as_str()),
+        _ => false,
+    }
 }
 
 /// How a transaction takes the database.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Begin {
-    /// Writes: the write lock from the start, so that the transaction is
-    /// never refused half-way for another writer (SQLite's `IMMEDIATE`).
+    /// Writes: serializable (SQLite's `IMMEDIATE`: the write lock from the
+    /// start, so that the transaction is never refused half-way for
+    /// another writer; PostgreSQL's `SERIALIZABLE`, retried whole when it
+    /// fails for another's writes).
     Write,
     /// Reads: one snapshot for the whole transaction.
     Read,
 }
 
-enum Engine {
+/// Which engine a connection talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Sqlite,
+    Postgres,
+}
+
+enum Conn {
     Sqlite(rusqlite::Connection),
+    Pg(Pg),
+}
+
+/// The most statements a PostgreSQL connection keeps prepared (as
+/// SQLite's statement cache); past it the cache starts again empty.
+const PG_STATEMENTS: usize = 256;
+
+/// A PostgreSQL connection and what the seam keeps beside it.
+struct Pg {
+    client: tokio_postgres::Client,
+    /// Prepared statements by their text as written (with `?N`).
+    statements: RefCell<HashMap<String, tokio_postgres::Statement>>,
+    /// Rows changed by statements run on this connection.
+    changes: Cell<u64>,
+    in_tx: Cell<bool>,
+    /// The first failure inside the open transaction (SQLSTATE, message):
+    /// PostgreSQL runs nothing more in it, and its commit must fail.
+    failed: RefCell<Option<(String, String)>>,
+}
+
+impl Pg {
+    /// Runs one call on the client, noting a failure inside a transaction.
+    fn run<T>(
+        &self,
+        f: impl FnOnce(&tokio_postgres::Client) -> std::result::Result<T, tokio_postgres::Error>,
+    ) -> Result<T> {
+        let r = f(&self.client);
+        r.map_err(|e| {
+            if self.in_tx.get() && self.failed.borrow().is_none() {
+                let code = e.code().map_or("", |c| c.code()).to_string();
+                *self.failed.borrow_mut() = Some((code, pg_message(&e)));
+            }
+            Error::Postgres(e)
+        })
+    }
+
+    fn prepare(&self, sql: &str, cache: bool) -> Result<tokio_postgres::Statement> {
+        if let Some(s) = self.statements.borrow().get(sql) {
+            return Ok(s.clone());
+        }
+        let stmt = self.run(|c| block_on(c.prepare(&pg_text(sql))))?;
+        if cache {
+            let mut statements = self.statements.borrow_mut();
+            if statements.len() >= PG_STATEMENTS {
+                statements.clear();
+            }
+            statements.insert(sql.to_string(), stmt.clone());
+        }
+        Ok(stmt)
+    }
+}
+
+/// A statement's text for PostgreSQL: SQLite's numbered `?N` placeholders
+/// as `$N` (outside quoted text and identifiers), and SQLite's index
+/// hint (`INDEXED BY name`, which PostgreSQL has no use for: its planner
+/// takes a partial index by itself) left out.
+pub(crate) fn pg_text(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 8);
+    let mut quote: Option<char> = None;
+    let mut chars = sql.chars().peekable();
+    while let Some(ch) = chars.next() {
+        match quote {
+            Some(q) => {
+                if ch == q {
+                    quote = None;
+                }
+                out.push(ch);
+            }
+            None if ch == '\'' || ch == '"' => {
+                quote = Some(ch);
+                out.push(ch);
+            }
+            None if ch == '?' && chars.peek().is_some_and(char::is_ascii_digit) => out.push('$'),
+            None => out.push(ch),
+        }
+    }
+    match out.find("INDEXED BY ") {
+        Some(at) => {
+            let rest = &out[at + "INDEXED BY ".len()..];
+            let name = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            let end = at + "INDEXED BY ".len() + name;
+            format!("{}{}", out[..at].trim_end(), &out[end..])
+        }
+        None => out,
+    }
 }
 
 /// One connection to the state database.
 pub struct Connection {
-    engine: Engine,
+    conn: Conn,
 }
 
 impl Connection {
     pub(crate) fn sqlite(conn: rusqlite::Connection) -> Connection {
         Connection {
-            engine: Engine::Sqlite(conn),
+            conn: Conn::Sqlite(conn),
+        }
+    }
+
+    /// A PostgreSQL connection: the client here, its socket driven by a
+    /// thread of its own (see [`block_on`]).
+    pub(crate) fn postgres(config: tokio_postgres::Config) -> Result<Connection> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        std::thread::Builder::new()
+            .name("jujube-postgres".into())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let _ = tx.send(Err(Error::Conversion(format!(
+                            "cannot start the client's runtime: {e}"
+                        ))));
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    match config.connect(tokio_postgres::NoTls).await {
+                        Ok((client, connection)) => {
+                            let _ = tx.send(Ok(client));
+                            // Until the client is dropped or the server
+                            // closes the connection.
+                            let _ = connection.await;
+                        }
+                        Err(e) => {
+                            let _ = tx.send(Err(e.into()));
+                        }
+                    }
+                });
+            })
+            .map_err(|e| Error::Conversion(format!("cannot start the client's thread: {e}")))?;
+        let client = rx
+            .recv()
+            .map_err(|_| Error::Conversion("the client's thread ended".into()))??;
+        Ok(Connection {
+            conn: Conn::Pg(Pg {
+                client,
+                statements: RefCell::new(HashMap::new()),
+                changes: Cell::new(0),
+                in_tx: Cell::new(false),
+                failed: RefCell::new(None),
+            }),
+        })
+    }
+
+    pub fn engine(&self) -> Engine {
+        match &self.conn {
+            Conn::Sqlite(_) => Engine::Sqlite,
+            Conn::Pg(_) => Engine::Postgres,
         }
     }
 
     /// The SQLite connection underneath, for what only SQLite has.
-    pub(crate) fn as_sqlite(&self) -> &rusqlite::Connection {
-        match &self.engine {
-            Engine::Sqlite(c) => c,
+    pub(crate) fn as_sqlite(&self) -> Option<&rusqlite::Connection> {
+        match &self.conn {
+            Conn::Sqlite(c) => Some(c),
+            Conn::Pg(_) => None,
+        }
+    }
+
+    /// Whether the server closed this connection (PostgreSQL restarted,
+    /// or the network between): the store opens another.
+    pub(crate) fn is_closed(&self) -> bool {
+        match &self.conn {
+            Conn::Sqlite(_) => false,
+            Conn::Pg(pg) => pg.client.is_closed(),
         }
     }
 
     /// A statement, prepared once per connection and kept.
     pub fn prepare_cached(&self, sql: &str) -> Result<Statement<'_>> {
-        match &self.engine {
-            Engine::Sqlite(c) => Ok(Statement {
-                inner: Prepared::Cached(c.prepare_cached(sql)?),
-            }),
-        }
+        Ok(Statement {
+            inner: match &self.conn {
+                Conn::Sqlite(c) => Prepared::Cached(c.prepare_cached(sql)?),
+                Conn::Pg(pg) => Prepared::Pg(pg, pg.prepare(sql, true)?),
+            },
+        })
     }
 
     /// A statement prepared for one use, not cached (its text varies).
     pub fn prepare(&self, sql: &str) -> Result<Statement<'_>> {
-        match &self.engine {
-            Engine::Sqlite(c) => Ok(Statement {
-                inner: Prepared::Once(c.prepare(sql)?),
-            }),
-        }
+        Ok(Statement {
+            inner: match &self.conn {
+                Conn::Sqlite(c) => Prepared::Once(c.prepare(sql)?),
+                Conn::Pg(pg) => Prepared::Pg(pg, pg.prepare(sql, false)?),
+            },
+        })
     }
 
     /// A statement run once: rows changed.
     pub fn execute<P: Params>(&self, sql: &str, params: P) -> Result<usize> {
-        match &self.engine {
-            Engine::Sqlite(c) => Ok(c.execute(sql, &*sqlite_params(&params))?),
+        match &self.conn {
+            Conn::Sqlite(c) => {
+                let values = params.values();
+                let binds: Vec<Bind<'_>> = values.iter().map(|v| Bind(*v)).collect();
+                Ok(c.execute(sql, sqlite_binds(&binds).as_slice())?)
+            }
+            Conn::Pg(_) => self.prepare_cached(sql)?.execute(params),
         }
     }
 
@@ -326,55 +939,116 @@ impl Connection {
         params: P,
         f: F,
     ) -> Result<T> {
-        match &self.engine {
-            Engine::Sqlite(_) => self.prepare(sql)?.query_row(params, f),
+        match &self.conn {
+            Conn::Sqlite(_) => self.prepare(sql)?.query_row(params, f),
+            Conn::Pg(_) => self.prepare_cached(sql)?.query_row(params, f),
         }
     }
 
     /// Statements without parameters, one after the other.
     pub fn execute_batch(&self, sql: &str) -> Result<()> {
-        match &self.engine {
-            Engine::Sqlite(c) => Ok(c.execute_batch(sql)?),
+        match &self.conn {
+            Conn::Sqlite(c) => Ok(c.execute_batch(sql)?),
+            Conn::Pg(pg) => pg.run(|c| block_on(c.batch_execute(sql))),
         }
     }
 
-    /// The id the last insert gave its row.
-    pub fn last_insert_rowid(&self) -> i64 {
-        match &self.engine {
-            Engine::Sqlite(c) => c.last_insert_rowid(),
-        }
+    /// The id SQLite's last insert gave its row (SQLite's own code: the
+    /// rules read new ids with `RETURNING`).
+    pub(crate) fn last_insert_rowid(&self) -> Option<i64> {
+        self.as_sqlite().map(|c| c.last_insert_rowid())
     }
 
     /// Rows inserted, updated or deleted since the connection opened.
     pub(crate) fn total_changes(&self) -> u64 {
-        match &self.engine {
-            Engine::Sqlite(c) => c.total_changes(),
+        match &self.conn {
+            Conn::Sqlite(c) => c.total_changes(),
+            Conn::Pg(pg) => pg.changes.get(),
         }
     }
 
     pub(crate) fn begin(&self, how: Begin) -> Result<()> {
-        match &self.engine {
-            Engine::Sqlite(c) => Ok(c.execute_batch(match how {
+        match &self.conn {
+            Conn::Sqlite(c) => Ok(c.execute_batch(match how {
                 Begin::Write => "BEGIN IMMEDIATE",
                 Begin::Read => "BEGIN DEFERRED",
             })?),
+            Conn::Pg(pg) => {
+                *pg.failed.borrow_mut() = None;
+                // Reads take one snapshot (REPEATABLE READ); they decide
+                // nothing, every rule reads what it decides on inside its
+                // own SERIALIZABLE write transaction.
+                pg.run(|c| {
+                    block_on(c.batch_execute(match how {
+                        Begin::Write => "BEGIN ISOLATION LEVEL SERIALIZABLE",
+                        Begin::Read => "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY",
+                    }))
+                })?;
+                pg.in_tx.set(true);
+                Ok(())
+            }
         }
     }
 
     pub(crate) fn commit(&self) -> Result<()> {
-        match &self.engine {
-            Engine::Sqlite(c) => Ok(c.execute_batch("COMMIT")?),
+        match &self.conn {
+            Conn::Sqlite(c) => Ok(c.execute_batch("COMMIT")?),
+            Conn::Pg(pg) => {
+                if let Some((code, message)) = pg.failed.borrow_mut().take() {
+                    return Err(Error::Aborted { code, message });
+                }
+                let r = pg.run(|c| block_on(c.batch_execute("COMMIT")));
+                if r.is_ok() {
+                    pg.in_tx.set(false);
+                }
+                r
+            }
         }
     }
 
     /// Undoes an open transaction; nothing if none is open.
     pub(crate) fn rollback(&self) {
-        match &self.engine {
-            Engine::Sqlite(c) => {
+        match &self.conn {
+            Conn::Sqlite(c) => {
                 if !c.is_autocommit() {
                     let _ = c.execute_batch("ROLLBACK");
                 }
             }
+            Conn::Pg(pg) => {
+                if pg.in_tx.replace(false) {
+                    let _ = block_on(pg.client.batch_execute("ROLLBACK"));
+                }
+                *pg.failed.borrow_mut() = None;
+            }
+        }
+    }
+
+    /// After `ROLLBACK TO` a savepoint: a statement that failed inside it
+    /// no longer aborts the transaction (PostgreSQL runs on after the
+    /// rollback), unless it failed for another transaction's writes —
+    /// then the whole transaction must run again, and stays failed.
+    pub(crate) fn rolled_back_to_savepoint(&self) {
+        if let Conn::Pg(pg) = &self.conn {
+            let mut failed = pg.failed.borrow_mut();
+            if failed
+                .as_ref()
+                .is_some_and(|(code, _)| !PG_RETRY.contains(&code.as_str()))
+            {
+                *failed = None;
+            }
+        }
+    }
+
+    /// The first failure PostgreSQL had in the open transaction, if a rule
+    /// went on after it: the transaction can only be rolled back.
+    pub(crate) fn failed(&self) -> Option<Error> {
+        match &self.conn {
+            Conn::Sqlite(_) => None,
+            Conn::Pg(pg) => pg
+                .failed
+                .borrow()
+                .clone()
+                .map(|(code, message)| Error::Aborted { code, message }),
         }
     }
 }
@@ -411,5 +1085,23 @@ impl Drop for Open<'_> {
         if !self.done {
             self.conn.rollback();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pg_text;
+
+    #[test]
+    fn placeholders_become_postgres_ones_outside_quotes_and_the_index_hint_goes() {
+        assert_eq!(
+            pg_text("SELECT a FROM t WHERE b = ?1 AND c = '?2' AND \"?3\" = ?10"),
+            "SELECT a FROM t WHERE b = $1 AND c = '?2' AND \"?3\" = $10"
+        );
+        assert_eq!(
+            pg_text("SELECT id FROM machines INDEXED BY machines_actionable WHERE life != 0"),
+            "SELECT id FROM machines WHERE life != 0"
+        );
+        assert_eq!(pg_text("SELECT 'it''s ?1', ?1"), "SELECT 'it''s ?1', $1");
     }
 }

@@ -299,7 +299,7 @@ impl Store {
         self.read_at(Access::None, |c| {
             let mut stmt = c.prepare_cached(
                 "SELECT name, access, created_by, created_at, registration_hash IS NULL
-                 FROM users WHERE ?1 IS NULL OR name = ?1 ORDER BY name",
+                 FROM users WHERE CAST(?1 AS TEXT) IS NULL OR name = ?1 ORDER BY name",
             )?;
             let rows = stmt.query_map([only.as_deref()], |r| {
                 Ok((

@@ -62,7 +62,7 @@ async fn in_process_watchers_wake_on_commit_without_polling() {
 #[tokio::test(start_paused = true)]
 async fn watchers_see_commits_made_by_other_processes() {
     let e = env();
-    let other = crate::Store::open_with(e.st.path(), crate::Durability::Relaxed).unwrap();
+    let other = crate::Store::open_at(e.st.location(), crate::Durability::Relaxed).unwrap();
     let head = e.st.head_revision().unwrap();
     let mut w =
         e.st.watch(head)
@@ -167,7 +167,7 @@ fn readers_behind_the_pruned_floor_are_told_to_resync() {
     let fresh = e.st.changes_since(head - 3, 100).unwrap();
     assert!(!fresh.truncated);
     // Reopening keeps the head: revisions never go back.
-    let reopened = crate::Store::open(e.st.path()).unwrap();
+    let reopened = crate::Store::open_at(e.st.location(), crate::Durability::Full).unwrap();
     assert_eq!(reopened.head_revision().unwrap(), head);
 }
 
@@ -351,7 +351,7 @@ fn revisions_never_go_back_whatever_is_pruned() {
     assert!(!next.changes.is_empty());
     assert!(next.changes.iter().all(|c| c.revision > head), "{next:?}");
     drop(e.st.clone());
-    let reopened = crate::Store::open(e.st.path()).unwrap();
+    let reopened = crate::Store::open_at(e.st.location(), crate::Durability::Full).unwrap();
     assert_eq!(
         reopened.head_revision().unwrap(),
         e.st.head_revision().unwrap()

@@ -19,7 +19,7 @@ fn held(c: Claim) -> Fence {
 fn one_controller_holds_the_lease_until_it_expires_then_another_takes_it_under_a_new_token() {
     let e = env();
     // The second controller: another handle on the same file.
-    let other = Store::open_with(e.st.path(), Durability::Relaxed).unwrap();
+    let other = Store::open_at(e.st.location(), Durability::Relaxed).unwrap();
     let a = held(e.st.claim_lease(SINGLETONS, "a", 1_000, TTL).unwrap());
     assert_eq!((a.token, a.expires_ms), (1, 16_000));
 
@@ -54,7 +54,7 @@ fn one_controller_holds_the_lease_until_it_expires_then_another_takes_it_under_a
 #[test]
 fn a_stale_holders_writes_are_refused_and_change_nothing() {
     let e = env();
-    let other = Store::open_with(e.st.path(), Durability::Relaxed).unwrap();
+    let other = Store::open_at(e.st.location(), Durability::Relaxed).unwrap();
     let a = held(e.st.claim_lease(SINGLETONS, "a", 0, TTL).unwrap());
     let a_store = e.st.fenced(a.clone());
     assert_eq!(a_store.fence(), Some(&a));

@@ -6,6 +6,7 @@
 
 use super::*;
 use crate::model::machine_status;
+use crate::sql::Engine;
 use crate::Error;
 use jujube_core::Constraints;
 
@@ -60,18 +61,34 @@ fn adding_many_machines_keeps_every_transaction_bounded() {
 /// transaction, as a full disk or a lost lock would.
 fn fail_machine_insert(e: &Env, id: i64) {
     e.st.write(|tx| {
-        tx.execute_batch(&format!(
-            "CREATE TRIGGER fail_machine BEFORE INSERT ON machines WHEN NEW.id = {id}
-             BEGIN SELECT RAISE(ABORT, 'injected failure'); END;"
-        ))?;
+        tx.execute_batch(&match tx.engine() {
+            Engine::Sqlite => format!(
+                "CREATE TRIGGER fail_machine BEFORE INSERT ON machines WHEN NEW.id = {id}
+                 BEGIN SELECT RAISE(ABORT, 'injected failure'); END;"
+            ),
+            Engine::Postgres => format!(
+                "CREATE FUNCTION fail_machine() RETURNS trigger LANGUAGE plpgsql AS $$
+                 BEGIN
+                     IF NEW.id = {id} THEN RAISE EXCEPTION 'injected failure'; END IF;
+                     RETURN NEW;
+                 END $$;
+                 CREATE TRIGGER fail_machine BEFORE INSERT ON machines
+                     FOR EACH ROW EXECUTE FUNCTION fail_machine();"
+            ),
+        })?;
         Ok(())
     })
     .unwrap();
 }
 
 fn clear_failure(e: &Env) {
-    e.st.write(|tx| Ok(tx.execute_batch("DROP TRIGGER fail_machine")?))
-        .unwrap();
+    e.st.write(|tx| {
+        Ok(tx.execute_batch(match tx.engine() {
+            Engine::Sqlite => "DROP TRIGGER fail_machine",
+            Engine::Postgres => "DROP TRIGGER fail_machine ON machines; DROP FUNCTION fail_machine",
+        })?)
+    })
+    .unwrap();
 }
 
 #[test]
@@ -79,7 +96,13 @@ fn machines_added_before_a_failed_batch_are_whole_and_the_error_says_what_is_lef
     let e = env();
     fail_machine_insert(&e, 300);
     let err = e.st.add_machines(1000, None, None).unwrap_err();
-    let Error::Incomplete { added, asked, .. } = &err else {
+    let Error::Incomplete {
+        added,
+        asked,
+        cause,
+        ..
+    } = &err
+    else {
         panic!("{err}");
     };
     // Whole batches only: every machine before the failed batch, none of it.
@@ -88,10 +111,13 @@ fn machines_added_before_a_failed_batch_are_whole_and_the_error_says_what_is_lef
     assert!(added.len() < 300 && added.len() + crate::machines::MACHINE_BATCH >= 300);
     assert!(!err.is_refusal(), "something was added: {err}");
     let left = 1000 - added.len();
+    assert!(cause
+        .to_string()
+        .starts_with("state database error: injected failure"));
     assert_eq!(
         err.to_string(),
         format!(
-            "state database error: injected failure; {} of the 1000 machines were added (`1` to `{}`): add the other {left} (`-n {left}`)",
+            "{cause}; {} of the 1000 machines were added (`1` to `{}`): add the other {left} (`-n {left}`)",
             added.len(),
             added.len()
         )
@@ -111,15 +137,18 @@ fn units_added_before_a_failed_batch_are_whole_and_the_error_says_what_is_left()
     let err =
         e.st.deploy(&deploy_args(WORDPRESS, "wordpress", 500))
             .unwrap_err();
-    let Error::Incomplete { added, .. } = &err else {
+    let Error::Incomplete { added, cause, .. } = &err else {
         panic!("{err}");
     };
     let n = added.len();
     assert!(n > 0 && n < 200, "{err}");
+    assert!(cause
+        .to_string()
+        .starts_with("state database error: injected failure"));
     assert_eq!(
         err.to_string(),
         format!(
-            "state database error: injected failure; {n} of the 500 units were added (`wordpress/0` to `wordpress/{}`): add the other {} (`-n {}`)",
+            "{cause}; {n} of the 500 units were added (`wordpress/0` to `wordpress/{}`): add the other {} (`-n {}`)",
             n - 1,
             500 - n,
             500 - n
@@ -170,7 +199,7 @@ fn retry_provisioning_all_survives_a_machine_resolved_meanwhile() {
     // Another client resolves machine ids[1] while `retry-provisioning
     // --all` runs: it holds the write lock from before `--all` looks until
     // after, and commits while `--all` waits for the lock.
-    let other = Store::open_with(e.st.path(), Durability::Relaxed).unwrap();
+    let other = Store::open_at(e.st.location(), Durability::Relaxed).unwrap();
     let racer = ids[1];
     let (locked_tx, locked_rx) = std::sync::mpsc::channel();
     let other = std::thread::spawn(move || {
@@ -241,8 +270,7 @@ fn series_jujube_does_not_know_are_refused_unless_the_environment_adds_them() {
 
 #[test]
 fn bootstrap_refuses_an_unknown_default_series_unless_its_config_adds_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let st = Store::open_with(dir.path().join("state.db"), Durability::Relaxed).unwrap();
+    let (st, _place) = super::empty_store();
     let mut spec = EnvironmentSpec {
         name: "test".into(),
         uuid: UUID.into(),
@@ -340,7 +368,7 @@ fn an_enrollment_token_works_once_per_instance_of_its_batch_until_it_expires() {
 /// read re-parsed its queries (four-fifths of a unit's context read).
 #[test]
 fn cached_statements_are_not_prepared_again_for_new_values() {
-    let e = env();
+    let e = super::sqlite_env();
     let units = e.deploy(WORDPRESS, "wordpress", 3);
     e.st.add_machines(2, None, None).unwrap();
     let subordinates = format!(
@@ -361,6 +389,7 @@ fn cached_statements_are_not_prepared_again_for_new_values() {
         e.st.read(|c| {
             Ok(c.prepare_cached(sql)?
                 .as_sqlite()
+                .expect("a store on SQLite")
                 .get_status(rusqlite::StatementStatus::RePrepare))
         })
         .unwrap()
@@ -597,5 +626,5 @@ fn two_machines_cannot_record_the_same_instance() {
     };
     assert_eq!(set(1).unwrap(), 1);
     let err = set(2).unwrap_err();
-    assert!(err.to_string().contains("UNIQUE"), "{err}");
+    assert!(err.to_string().to_lowercase().contains("unique"), "{err}");
 }

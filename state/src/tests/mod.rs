@@ -1,6 +1,14 @@
-//! Store tests against real SQLite files: one test per rule of the spec
-//! (`rules`), the change feed (`feed`), and a property test over long random
-//! sequences of operations (`prop`).
+//! Store tests: one test per rule of the spec (`rules`), the change feed
+//! (`feed`), and a property test over long random sequences of operations
+//! (`prop`).
+//!
+//! One suite, two backends: every store a test opens with [`empty_store`]
+//! (and [`env`]) is on real SQLite files, or, when
+//! `JUJUBE_TEST_STATE_URL` names a PostgreSQL server (`scripts/test` starts
+//! a throwaway cluster and runs the suite again so), in a schema of its own
+//! on that server. A server named there that cannot be reached fails the
+//! tests; it never skips them. Tests of what only SQLite has (its files,
+//! pragmas, old SQLite schemas) open SQLite themselves.
 
 mod charms;
 mod cleanups;
@@ -14,7 +22,7 @@ mod users;
 use crate::environment::EnvironmentSpec;
 use crate::model::Charm;
 use crate::services::DeployArgs;
-use crate::{Durability, Store};
+use crate::{Durability, Location, Store};
 use jujube_core::charm::{CharmConfig, CharmMeta};
 use jujube_core::Constraints;
 
@@ -40,16 +48,87 @@ pub(crate) fn charm(meta: &str) -> Charm {
 }
 
 pub(crate) struct Env {
-    // Keeps the database's directory alive for the test's duration.
-    pub _dir: tempfile::TempDir,
     pub st: Store,
+    // Keeps the database (its directory, or its schema) for the test's
+    // duration.
+    pub _place: Place,
+}
+
+/// Where a test's store lives, removed at its end.
+pub(crate) enum Place {
+    Dir(#[allow(dead_code)] tempfile::TempDir),
+    Schema { admin: String, name: String },
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if let Place::Schema { admin, name } = self {
+            let target = crate::PgTarget::new(admin, None).unwrap();
+            let role = crate::pg::Role::Writer(Durability::Relaxed);
+            if let Ok(c) = crate::pg::connect(&target, role) {
+                let _ = c.execute_batch(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"));
+            }
+        }
+    }
+}
+
+/// The PostgreSQL server the suite runs against, if one is named.
+pub(crate) fn postgres_url() -> Option<String> {
+    std::env::var("JUJUBE_TEST_STATE_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+}
+
+/// A new, empty place for a store on the suite's backend.
+pub(crate) fn fresh_location() -> (Location, Place) {
+    match postgres_url() {
+        None => {
+            let dir = tempfile::tempdir().unwrap();
+            (Location::File(dir.path().join("state.db")), Place::Dir(dir))
+        }
+        Some(admin) => {
+            let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+            let target = crate::PgTarget::new(&admin, None).unwrap();
+            let c = crate::pg::connect(&target, crate::pg::Role::Writer(Durability::Relaxed))
+                .unwrap_or_else(|e| {
+                    panic!("JUJUBE_TEST_STATE_URL names `{admin}`, which cannot be reached: {e}")
+                });
+            c.execute_batch(&format!("CREATE SCHEMA {name}")).unwrap();
+            let sep = if admin.contains('?') { '&' } else { '?' };
+            let url = format!("{admin}{sep}options=-csearch_path%3D{name}");
+            (
+                Location::Postgres(crate::PgTarget::new(&url, None).unwrap()),
+                Place::Schema { admin, name },
+            )
+        }
+    }
+}
+
+/// An empty store on the suite's backend (not initialized).
+pub(crate) fn empty_store() -> (Store, Place) {
+    let (location, place) = fresh_location();
+    (
+        Store::open_at(&location, Durability::Relaxed).unwrap(),
+        place,
+    )
+}
+
+/// A test environment on SQLite whatever the suite's backend, for a test
+/// of what only SQLite has.
+pub(crate) fn sqlite_env() -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let st = Store::open_with(dir.path().join("state.db"), Durability::Relaxed).unwrap();
+    st.initialize(&spec("")).unwrap();
+    Env {
+        st,
+        _place: Place::Dir(dir),
+    }
 }
 
 pub(crate) fn env_with(cons: &str) -> Env {
-    let dir = tempfile::tempdir().unwrap();
-    let st = Store::open_with(dir.path().join("state.db"), Durability::Relaxed).unwrap();
+    let (st, place) = empty_store();
     st.initialize(&spec(cons)).unwrap();
-    Env { _dir: dir, st }
+    Env { st, _place: place }
 }
 
 /// The test environment, with `cons` as its constraints.
@@ -104,32 +183,7 @@ impl Env {
     /// Everything in the database, rows sorted, as text: two equal digests
     /// mean nothing changed at all, change feed included.
     pub fn digest(&self) -> String {
-        self.st
-            .read(|c| {
-                let tables: Vec<String> = c
-                    .prepare("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")?
-                    .query_map([], |r| r.get(0))?
-                    .collect::<crate::sql::Result<_>>()?;
-                let mut out = String::new();
-                for t in tables {
-                    let mut stmt = c.prepare(&format!("SELECT * FROM \"{t}\""))?;
-                    let n = stmt.column_count();
-                    let mut rows: Vec<String> = stmt
-                        .query_map([], |r| {
-                            let mut s = String::new();
-                            for i in 0..n {
-                                let v: rusqlite::types::Value = r.get(i)?;
-                                s.push_str(&format!("{v:?}|"));
-                            }
-                            Ok(s)
-                        })?
-                        .collect::<crate::sql::Result<_>>()?;
-                    rows.sort();
-                    out.push_str(&format!("[{t}]\n{}\n", rows.join("\n")));
-                }
-                Ok(out)
-            })
-            .unwrap()
+        digest(&self.st)
     }
 
     /// Asserts that `op` is refused and leaves the database exactly as it was.
@@ -148,6 +202,44 @@ impl Env {
         );
         err
     }
+}
+
+/// Everything in `st`'s database, rows sorted, as text: two equal digests
+/// mean nothing changed at all, change feed included.
+pub(crate) fn digest(st: &Store) -> String {
+    st.read(|c| {
+        let tables: Vec<String> = c
+            .prepare(match c.engine() {
+                crate::sql::Engine::Sqlite => {
+                    "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
+                }
+                crate::sql::Engine::Postgres => {
+                    "SELECT table_name::text FROM information_schema.tables
+                             WHERE table_schema = current_schema() ORDER BY 1"
+                }
+            })?
+            .query_map([], |r| r.get(0))?
+            .collect::<crate::sql::Result<_>>()?;
+        let mut out = String::new();
+        for t in tables {
+            let mut stmt = c.prepare(&format!("SELECT * FROM \"{t}\""))?;
+            let n = stmt.column_count();
+            let mut rows: Vec<String> = stmt
+                .query_map([], |r| {
+                    let mut s = String::new();
+                    for i in 0..n {
+                        let v: crate::sql::Value = r.get(i)?;
+                        s.push_str(&format!("{v:?}|"));
+                    }
+                    Ok(s)
+                })?
+                .collect::<crate::sql::Result<_>>()?;
+            rows.sort();
+            out.push_str(&format!("[{t}]\n{}\n", rows.join("\n")));
+        }
+        Ok(out)
+    })
+    .unwrap()
 }
 
 /// The agent-side writes as the responsible agent makes them, under the names

@@ -1099,14 +1099,15 @@ fn deploying_many_units_keeps_every_transaction_bounded() {
 fn two_processes_writing_one_database_lose_nothing() {
     let e = env();
     e.deploy(WORDPRESS, "wordpress", 0);
-    let path = e.st.path().to_path_buf();
+    let location = e.st.location().clone();
     let threads: Vec<_> = (0..4)
         .map(|_| {
-            let path = path.clone();
+            let location = location.clone();
             std::thread::spawn(move || {
                 // A separate connection per thread is as separate as another
-                // process: SQLite's file locks arbitrate between them.
-                let st = crate::Store::open_with(&path, crate::Durability::Relaxed).unwrap();
+                // process: SQLite's file locks arbitrate between them, and
+                // PostgreSQL's serializable transactions.
+                let st = crate::Store::open_at(&location, crate::Durability::Relaxed).unwrap();
                 for _ in 0..25 {
                     st.add_units("wordpress", 1, None).unwrap();
                 }
@@ -1124,12 +1125,17 @@ fn two_processes_writing_one_database_lose_nothing() {
 #[test]
 fn a_database_from_a_newer_jujube_is_refused() {
     let e = env();
-    let path = e.st.path().to_path_buf();
-    rusqlite::Connection::open(&path)
-        .unwrap()
-        .pragma_update(None, "user_version", 99)
-        .unwrap();
-    let err = crate::Store::open(&path)
+    match e.st.path() {
+        Some(path) => rusqlite::Connection::open(path)
+            .unwrap()
+            .pragma_update(None, "user_version", 99)
+            .unwrap(),
+        None => {
+            e.st.write(|tx| Ok(tx.execute("UPDATE schema_version SET version = 99", [])?))
+                .unwrap();
+        }
+    }
+    let err = crate::Store::open_at(e.st.location(), crate::Durability::Full)
         .err()
         .expect("newer schema must be refused");
     assert!(

@@ -1,0 +1,196 @@
+//! Opening a store on PostgreSQL: connecting, checking the database, and
+//! bringing its schema up to date.
+//!
+//! The rules and the change feed are the same as on SQLite (see
+//! [`crate::sql`] for what the seam translates); what only PostgreSQL
+//! needs is here: a password kept out of the URL, sessions set up per
+//! role (a reader is read-only, a relaxed writer does not wait for its
+//! commit's flush), byte-order text, and migrations serialized between
+//! controllers by an advisory lock.
+
+use crate::schema::PG_MIGRATIONS;
+use crate::sql::Connection;
+use crate::{Durability, Error, Result};
+
+/// Where a PostgreSQL store lives: a `postgres://USER@HOST:PORT/DB` URL
+/// (the client's URL and its query options: `sslmode`, `options`,
+/// `connect_timeout`, ...), and its password kept beside it, never in the
+/// URL (so that a URL can be shown and logged).
+#[derive(Clone)]
+pub struct PgTarget {
+    url: String,
+    password: Option<String>,
+}
+
+impl std::fmt::Debug for PgTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgTarget")
+            .field("url", &self.url)
+            .field("password", &self.password.as_ref().map(|_| "<hidden>"))
+            .finish()
+    }
+}
+
+/// The longest state URL accepted.
+pub const MAX_URL: usize = 1024;
+
+impl PgTarget {
+    /// `url` must carry no password: give it as `password` (read from a
+    /// file or the environment by the caller).
+    pub fn new(url: &str, password: Option<String>) -> Result<PgTarget> {
+        let bad = |why: &str| Error::BadStateUrl(why.to_string());
+        if url.len() > MAX_URL {
+            return Err(bad(&format!("it is longer than {MAX_URL} bytes")));
+        }
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(bad("it does not start with `postgres://`"));
+        }
+        let config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e| bad(&format!("it does not parse ({e})")))?;
+        if config.get_password().is_some() {
+            return Err(bad(
+                "it carries a password, which would be stored and shown with it; give the password in a file or the environment instead",
+            ));
+        }
+        if config.get_user().is_none() {
+            return Err(bad("it names no user (`postgres://USER@HOST:PORT/DB`)"));
+        }
+        Ok(PgTarget {
+            url: url.to_string(),
+            password,
+        })
+    }
+
+    /// The URL, which carries no secret.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn config(&self) -> Result<tokio_postgres::Config> {
+        let mut config: tokio_postgres::Config = self
+            .url
+            .parse()
+            .map_err(|e| Error::BadStateUrl(format!("it does not parse ({e})")))?;
+        if let Some(p) = &self.password {
+            config.password(p);
+        }
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(std::time::Duration::from_secs(10));
+        }
+        config.application_name("jujube");
+        Ok(config)
+    }
+}
+
+/// The role a connection plays in the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    Writer(Durability),
+    Reader,
+}
+
+/// A connection to `target`, set up for `role`.
+pub(crate) fn connect(target: &PgTarget, role: Role) -> Result<Connection> {
+    let conn = Connection::postgres(target.config()?).map_err(|e| Error::Unreachable {
+        url: target.url.clone(),
+        cause: e.to_string(),
+    })?;
+    conn.execute_batch(match role {
+        // A relaxed store survives the server's crash but not its
+        // machine's, as SQLite's `synchronous = OFF`.
+        Role::Writer(Durability::Relaxed) => "SET synchronous_commit = off",
+        Role::Writer(Durability::Full) => "SET synchronous_commit = on",
+        Role::Reader => "SET default_transaction_read_only = on",
+    })?;
+    Ok(conn)
+}
+
+/// Checks that the database orders text as SQLite does (by bytes): rules
+/// page through names in order, and elect the first by name.
+pub(crate) fn check_collation(conn: &Connection, target: &PgTarget) -> Result<()> {
+    let bytewise: bool = conn.query_row("SELECT 'B'::text < 'a'::text", [], |r| r.get(0))?;
+    if !bytewise {
+        return Err(Error::BadStateUrl(format!(
+            "database of `{}` does not sort text by bytes; create it with `CREATE DATABASE ... TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'`",
+            target.url
+        )));
+    }
+    Ok(())
+}
+
+/// Any number for the advisory lock that serializes migrations between
+/// controllers opening one database at once.
+const MIGRATION_LOCK: i64 = 0x6a75_6a75_6265;
+
+/// Brings the schema up to date in one transaction, as SQLite's
+/// migrations do; the version is kept in `schema_version` (counted as
+/// SQLite's `user_version`).
+pub(crate) fn migrate(conn: &Connection) -> Result<()> {
+    let known = (crate::schema::PG_BASELINE + PG_MIGRATIONS.len() - 1) as i64;
+    conn.execute_batch("BEGIN")?;
+    let result = (|| {
+        conn.execute_batch(&format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"))?;
+        conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_version (version BIGINT NOT NULL)")?;
+        let version: Option<i64> =
+            conn.query_row("SELECT max(version) FROM schema_version", [], |r| r.get(0))?;
+        let version = version.unwrap_or(0);
+        if version > known {
+            return Err(Error::SchemaTooNew {
+                found: version,
+                known,
+            });
+        }
+        let first = match version {
+            0 => 0,
+            v => (v as usize + 1) - crate::schema::PG_BASELINE,
+        };
+        for sql in PG_MIGRATIONS.iter().skip(first) {
+            conn.execute_batch(sql)?;
+        }
+        if version != known {
+            conn.execute("DELETE FROM schema_version", [])?;
+            conn.execute("INSERT INTO schema_version (version) VALUES (?1)", [known])?;
+        }
+        Ok(())
+    })();
+    match result {
+        Ok(()) => conn.execute_batch("COMMIT")?,
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_state_url_carries_a_user_and_no_password() {
+        let ok = PgTarget::new(
+            "postgres://jujube@db.example:5432/env",
+            Some("s3cret".into()),
+        )
+        .unwrap();
+        assert_eq!(ok.url(), "postgres://jujube@db.example:5432/env");
+        assert!(!format!("{ok:?}").contains("s3cret"), "{ok:?}");
+        for (url, why) in [
+            ("postgres://jujube:s3cret@db/env", "carries a password"),
+            ("postgres://db/env", "names no user"),
+            ("mysql://jujube@db/env", "does not start with `postgres://`"),
+            (
+                "postgres://jujube@db/env?sslmode=sometimes",
+                "does not parse",
+            ),
+        ] {
+            let err = PgTarget::new(url, None).unwrap_err().to_string();
+            assert!(err.contains(why), "{url}: {err}");
+            assert!(!err.contains("s3cret"), "{err}");
+        }
+        let long = format!("postgres://jujube@db/{}", "x".repeat(MAX_URL));
+        assert!(PgTarget::new(&long, None).is_err());
+    }
+}
