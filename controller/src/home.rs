@@ -30,6 +30,58 @@ pub struct Account {
     pub password: String,
 }
 
+/// Where an environment's state lives when it is not this home's SQLite
+/// file (`bootstrap --config state-url=...`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatePlace {
+    /// `postgres://USER@HOST:PORT/DB`, without a password.
+    pub url: String,
+    /// The file the password is read from at each open, if any; else
+    /// `JUJUBE_STATE_PASSWORD`, else none (trust or peer authentication).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<PathBuf>,
+}
+
+/// Where the state's password may come from, beside `state-password-file`.
+pub const STATE_PASSWORD_ENV: &str = "JUJUBE_STATE_PASSWORD";
+
+/// The longest password file read (a password, not a document).
+const MAX_PASSWORD_FILE: u64 = 4096;
+
+impl StatePlace {
+    /// The database, with its password read now.
+    pub fn target(&self) -> Result<jujube_state::PgTarget> {
+        let password = match (std::env::var(STATE_PASSWORD_ENV), &self.password_file) {
+            (Ok(p), _) if !p.is_empty() => Some(p),
+            (_, Some(file)) => Some(read_password(file)?),
+            _ => None,
+        };
+        Ok(jujube_state::PgTarget::new(&self.url, password)?)
+    }
+}
+
+fn read_password(file: &std::path::Path) -> Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(file)
+        .and_then(|f| f.take(MAX_PASSWORD_FILE + 1).read_to_string(&mut text))
+        .with_context(|| {
+            format!(
+                "cannot read the state's password from `{}` (`state-password-file`)",
+                file.display()
+            )
+        })?;
+    if text.len() as u64 > MAX_PASSWORD_FILE {
+        bail!(
+            "`{}` (`state-password-file`) is longer than {MAX_PASSWORD_FILE} bytes; it must hold the password alone",
+            file.display()
+        );
+    }
+    Ok(text.trim_end_matches(['\n', '\r']).to_string())
+}
+
+const STATE_URL: &str = "state-url.json";
+
 const CONTROLLERS: &str = "controllers.json";
 const ACCOUNTS: &str = "accounts.json";
 
@@ -60,6 +112,32 @@ impl Home {
         self.env_dir(name).join("state.db")
     }
 
+    /// Where an environment bootstrapped with `state-url` keeps its state:
+    /// the file naming the database (its URL, and the file its password
+    /// is read from; never the password).
+    pub fn state_url_path(&self, name: &str) -> PathBuf {
+        self.env_dir(name).join(STATE_URL)
+    }
+
+    /// Records that environment `name` keeps its state in PostgreSQL.
+    pub fn set_state_url(&self, name: &str, place: &StatePlace) -> Result<()> {
+        let path = self.state_url_path(name);
+        std::fs::write(&path, serde_json::to_vec_pretty(place)?)
+            .with_context(|| format!("cannot write `{}`", path.display()))
+    }
+
+    /// Where environment `name`'s state is: its PostgreSQL database, or its
+    /// SQLite file.
+    pub fn state_location(&self, name: &str) -> Result<jujube_state::Location> {
+        let path = self.state_url_path(name);
+        let Ok(text) = std::fs::read(&path) else {
+            return Ok(jujube_state::Location::File(self.state_path(name)));
+        };
+        let place: StatePlace = serde_json::from_slice(&text)
+            .with_context(|| format!("cannot read `{}`", path.display()))?;
+        Ok(jujube_state::Location::Postgres(place.target()?))
+    }
+
     pub fn exists(&self, name: &str) -> bool {
         self.has_store(name) || self.controller(name).ok().flatten().is_some()
     }
@@ -74,7 +152,7 @@ impl Home {
     /// Whether the environment's store is on this host (it was bootstrapped
     /// from this home).
     pub fn has_store(&self, name: &str) -> bool {
-        self.state_path(name).exists()
+        self.state_path(name).exists() || self.state_url_path(name).exists()
     }
 
     fn read_map<T: serde::de::DeserializeOwned>(&self, file: &str) -> Result<BTreeMap<String, T>> {
@@ -235,6 +313,9 @@ impl Home {
 
     pub fn open(&self, name: &str) -> Result<Store> {
         self.tighten(name)?;
-        Ok(Store::open(self.state_path(name))?)
+        Ok(Store::open_at(
+            &self.state_location(name)?,
+            jujube_state::Durability::Full,
+        )?)
     }
 }

@@ -1016,7 +1016,7 @@ pub async fn destroy(home: &Home, name: &str, out: &mut impl Write) -> Result<()
         .collect();
     stop_every_instance(&*provider, ids, None, out).await?;
     provider.destroy_environment().await?;
-    drop(store);
+    store.erase()?;
     forget_environment(home, name, out)
 }
 
@@ -1120,8 +1120,12 @@ pub fn bootstrap(
         constraints,
         config: args.config,
     };
+    let state_place = state_place(&spec.config, args.in_machine_0 && spec.provider != "dummy")?;
     let dir = home.create_env_dir(name)?;
     let result = (|| {
+        if let Some(place) = &state_place {
+            home.set_state_url(name, place)?;
+        }
         let store = home.open(name)?;
         store.initialize(&spec)?;
         jujube_api::tls::ensure(&dir, &spec.uuid)?;
@@ -1157,11 +1161,54 @@ pub fn bootstrap(
         home.set_current(name)
     })();
     if let Err(e) = result {
+        // A database elsewhere is left as it was found.
+        if state_place.is_some() {
+            if let Ok(store) = home.open(name) {
+                let _ = store.erase();
+            }
+        }
         let _ = std::fs::remove_dir_all(&dir);
         let _ = home.forget(name);
         return Err(e);
     }
     Ok(spec.uuid)
+}
+
+/// `state-url` (and `state-password-file`) of a bootstrap's config: the
+/// state in PostgreSQL rather than this home's SQLite file. Checked before
+/// anything is made: a URL with a password in it, or a database that
+/// cannot be reached, leaves nothing behind.
+fn state_place(
+    config: &BTreeMap<String, String>,
+    controller_elsewhere: bool,
+) -> Result<Option<crate::home::StatePlace>> {
+    let Some(url) = config.get("state-url") else {
+        if config.contains_key("state-password-file") {
+            bail!("`state-password-file` is only for `state-url`; give both, or neither");
+        }
+        return Ok(None);
+    };
+    if controller_elsewhere {
+        bail!("`state-url` is supported with a controller on this host so far: bootstrap with `--manual-controller`, or without `state-url`");
+    }
+    let place = crate::home::StatePlace {
+        url: url.clone(),
+        password_file: config
+            .get("state-password-file")
+            .map(std::path::absolute)
+            .transpose()?,
+    };
+    let target = place.target()?;
+    // Refused here, before the environment exists: a database that is not
+    // empty of jujube's state (another environment's).
+    let store = Store::open_at(
+        &jujube_state::Location::Postgres(target),
+        jujube_state::Durability::Full,
+    )?;
+    if store.environment().is_ok() {
+        bail!("the database at `{url}` already holds an environment's state; give each environment a database (or schema) of its own");
+    }
+    Ok(Some(place))
 }
 
 /// Gives an environment bootstrapped before users existed its `admin`

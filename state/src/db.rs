@@ -292,6 +292,17 @@ impl Store {
         self.user.as_deref()
     }
 
+    /// Deletes the environment's state where the store's own files do not
+    /// hold it: on PostgreSQL, every table and function the store made
+    /// (nothing else of the database). A SQLite file is deleted with its
+    /// environment's directory.
+    pub fn erase(self) -> Result<()> {
+        match &self.inner.location {
+            Location::File(_) => Ok(()),
+            Location::Postgres(_) => crate::pg::erase(&*self.writer()?),
+        }
+    }
+
     /// The SQLite file, for a store on one.
     pub fn path(&self) -> Option<&Path> {
         match &self.inner.location {

@@ -50,6 +50,10 @@ pub(crate) fn check_series(c: &Connection, s: &str) -> Result<()> {
 }
 
 /// Checks a config value the store itself reads.
+/// Settings chosen at bootstrap that no command changes: where the state
+/// itself lives, and where its password is read from.
+pub const BOOTSTRAP_ONLY: &[&str] = &["state-url", "state-password-file"];
+
 fn validate_config_value(key: &str, value: &str) -> Result<()> {
     if key == series::EXTRA_SERIES_KEY {
         series::parse_extra(value)?;
@@ -151,6 +155,9 @@ impl Store {
     pub fn set_environment_config(&self, kvs: &[(String, String)]) -> Result<()> {
         for (k, v) in kvs {
             validate_config_key(k)?;
+            if BOOTSTRAP_ONLY.contains(&k.as_str()) {
+                return Err(Error::FixedAtBootstrap(k.clone()));
+            }
             validate_config_value(k, v)?;
         }
         self.write(|tx| {

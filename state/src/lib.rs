@@ -180,6 +180,8 @@ pub enum Error {
     Database(#[from] crate::sql::Error),
     #[error("invalid state URL: {0}")]
     BadStateUrl(String),
+    #[error("`{0}` is chosen at bootstrap and cannot change; bootstrap a new environment to use another")]
+    FixedAtBootstrap(String),
     #[error("cannot reach the state database at `{url}`: {cause}; check that PostgreSQL runs there and takes this user's password")]
     Unreachable { url: String, cause: String },
     #[error("cannot secure the state database `{path}`: {source}; check its directory's owner and permissions")]

@@ -164,6 +164,17 @@ pub(crate) fn migrate(conn: &Connection) -> Result<()> {
     Ok(())
 }
 
+/// Drops everything the store created in its schema, in one transaction.
+pub(crate) fn erase(conn: &Connection) -> Result<()> {
+    use crate::schema::{PG_FUNCTIONS, PG_TABLES};
+    conn.execute_batch(&format!(
+        "BEGIN; DROP TABLE IF EXISTS {} CASCADE; DROP FUNCTION IF EXISTS {} CASCADE; COMMIT",
+        PG_TABLES.join(", "),
+        PG_FUNCTIONS.join(", ")
+    ))?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -680,5 +680,35 @@ CREATE TABLE controller_leases (
 );
 "#];
 
+/// Every table and function [`PG_MIGRATIONS`] creates, for
+/// [`Store::erase`](crate::Store::erase): a database the state shares with
+/// others loses nothing else. (A test checks the list against the schema.)
+pub(crate) const PG_TABLES: &[&str] = &[
+    "environment",
+    "environment_config",
+    "sequences",
+    "charms",
+    "services",
+    "service_settings",
+    "machines",
+    "units",
+    "relations",
+    "relation_endpoints",
+    "relation_scopes",
+    "relation_settings",
+    "cleanups",
+    "strays",
+    "provider_status",
+    "agent_credentials",
+    "runs",
+    "enrollments",
+    "enrolled",
+    "changes",
+    "users",
+    "controller_leases",
+    "schema_version",
+];
+pub(crate) const PG_FUNCTIONS: &[&str] = &["machines_high_water", "units_high_water"];
+
 /// The SQLite schema version [`PG_MIGRATIONS`]' first entry equals.
 pub(crate) const PG_BASELINE: usize = 24;

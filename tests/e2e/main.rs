@@ -12,6 +12,7 @@ mod lxd;
 mod lxd_direct;
 mod model;
 mod ops;
+mod postgres;
 mod provisioning;
 mod supervised;
 mod users;

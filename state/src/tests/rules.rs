@@ -1364,3 +1364,55 @@ fn a_units_credential_is_set_by_its_deployer_or_its_principals_machine_only() {
     let tag = format!("unit-{}", ws[1].replace('/', "-"));
     assert_eq!(e.st.agent_credential(&tag).unwrap(), None);
 }
+
+/// What `destroy-environment` removes on PostgreSQL is exactly what the
+/// migrations made: the list `erase` drops is the schema's, and after it
+/// the schema is empty (on SQLite the file goes with its directory).
+#[test]
+fn erasing_the_state_leaves_nothing_of_it() {
+    let e = env();
+    e.deploy(WORDPRESS, "wordpress", 2);
+    if let Some(path) = e.st.path() {
+        let path = path.to_path_buf();
+        e.st.clone().erase().unwrap();
+        assert!(path.exists(), "the file is its directory's to delete");
+        return;
+    }
+    let objects = |st: &crate::Store| -> Vec<String> {
+        st.read(|c| {
+            Ok(c.prepare(
+                "SELECT tablename::text FROM pg_tables WHERE schemaname = current_schema()
+                 UNION ALL SELECT proname::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                   WHERE n.nspname = current_schema() ORDER BY 1",
+            )?
+            .query_map([], |r| r.get(0))?
+            .collect::<crate::sql::Result<_>>()?)
+        })
+        .unwrap()
+    };
+    let mut made: Vec<String> = crate::schema::PG_TABLES
+        .iter()
+        .chain(crate::schema::PG_FUNCTIONS)
+        .map(|s| s.to_string())
+        .collect();
+    made.sort();
+    assert_eq!(objects(&e.st), made);
+    let observer = crate::Store::open_at(e.st.location(), crate::Durability::Relaxed).unwrap();
+    e.st.clone().erase().unwrap();
+    // Opening again would migrate: read through a store opened before.
+    assert_eq!(objects(&observer), Vec::<String>::new());
+}
+
+#[test]
+fn where_the_state_lives_is_chosen_at_bootstrap_only() {
+    let e = env();
+    for key in crate::environment::BOOTSTRAP_ONLY {
+        let err = e.refused(|st| {
+            st.set_environment_config(&[(key.to_string(), "postgres://u@h/db".into())])
+        });
+        assert!(
+            matches!(err, Error::FixedAtBootstrap(ref k) if k == key),
+            "{err}"
+        );
+    }
+}
