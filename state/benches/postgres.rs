@@ -14,7 +14,11 @@
 //!     the store's rules will run: three round trips),
 //!   - the INSERT alone in autocommit (one round trip: the least any
 //!     client can pay for a durable row — the bare loop);
-//! - rusqlite, `BEGIN IMMEDIATE; INSERT; COMMIT`.
+//! - rusqlite, `BEGIN IMMEDIATE; INSERT; COMMIT`;
+//! - and jujube's own store on that cluster (a schema of its own, full
+//!   durability): `add-unit` one at a time, each a whole rule (unit,
+//!   machine, feed, the service's count) in one serializable transaction,
+//!   as a share of the bare loops above.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -142,6 +146,62 @@ fn sqlite_round(c: &mut rusqlite::Connection, n: usize) -> Duration {
     start.elapsed()
 }
 
+/// A store of jujube's on the cluster, with a service to add units to.
+fn store_on(url: &str) -> jujube_state::Store {
+    use jujube_core::charm::{CharmConfig, CharmMeta};
+    let schema = format!("bench_{}", std::process::id());
+    let mut admin = postgres::Client::connect(url, postgres::NoTls).unwrap();
+    admin
+        .batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
+        ))
+        .unwrap();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let target =
+        jujube_state::PgTarget::new(&format!("{url}{sep}options=-csearch_path%3D{schema}"), None)
+            .unwrap();
+    let st = jujube_state::Store::open_at(
+        &jujube_state::Location::Postgres(target),
+        jujube_state::Durability::Full,
+    )
+    .unwrap();
+    st.initialize(&jujube_state::environment::EnvironmentSpec {
+        name: "bench".into(),
+        uuid: "00000000-0000-4000-8000-000000000000".into(),
+        provider: "dummy".into(),
+        default_series: "jammy".into(),
+        constraints: jujube_core::Constraints::parse("mem=2G").unwrap(),
+        config: Default::default(),
+    })
+    .unwrap();
+    let meta = CharmMeta::parse("name: wordpress\nrequires:\n  db: mysql\n").unwrap();
+    st.deploy(&jujube_state::services::DeployArgs {
+        service: "wordpress".into(),
+        charm: jujube_state::Charm {
+            url: "local:jammy/wordpress-1".into(),
+            meta,
+            config: CharmConfig::default(),
+            actions: Default::default(),
+            path: String::new(),
+        },
+        series: "jammy".into(),
+        constraints: Default::default(),
+        units: 0,
+        to: None,
+        settings: vec![],
+    })
+    .unwrap();
+    st
+}
+
+fn store_round(st: &jujube_state::Store, n: usize) -> Duration {
+    let start = Instant::now();
+    for _ in 0..n {
+        st.add_units("wordpress", 1, None).unwrap();
+    }
+    start.elapsed()
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -193,9 +253,11 @@ fn main() {
         Some(f) => f.1.push(N as f64 / took.as_secs_f64()),
         None => figures.push((name, vec![N as f64 / took.as_secs_f64()])),
     };
+    let st = store_on(&cluster.url);
     // Warm every path once.
     sync_round(&mut sync, Shape::Autocommit, 100);
     sqlite_round(&mut lite, 100);
+    store_round(&st, 100);
     for _ in 0..ROUNDS {
         for (what, shape) in shapes {
             push(
@@ -211,12 +273,32 @@ fn main() {
             "rusqlite        BEGIN IMMEDIATE; INSERT; COMMIT (WAL, synchronous=FULL)".into(),
             sqlite_round(&mut lite, N),
         );
+        push(STORE.into(), store_round(&st, N));
     }
     println!(
         "one-row transactions, one at a time ({ROUNDS} alternating rounds of {N}, medians; PostgreSQL on loopback, {}):",
         settings.join(", ")
     );
-    for (name, rates) in figures {
-        println!("  {name}: {:.0} tx/s", median(rates));
+    let rate = |name: &str| {
+        figures
+            .iter()
+            .find(|f| f.0 == name)
+            .map(|f| median(f.1.clone()))
+            .unwrap()
+    };
+    let ours = rate(STORE);
+    let serializable = rate("tokio-postgres  BEGIN; INSERT; COMMIT (serializable)");
+    let autocommit = rate("tokio-postgres  INSERT in autocommit");
+    for (name, rates) in &figures {
+        println!("  {name}: {:.0} tx/s", median(rates.clone()));
     }
+    println!(
+        "jujube add-unit on PostgreSQL: {:.0}% of a bare serializable one-row transaction, {:.0}% of a bare autocommit INSERT (goal: >= 80%)",
+        100.0 * ours / serializable,
+        100.0 * ours / autocommit
+    );
+    // The schema is the cluster's: a cluster of our own goes with it.
+    drop(st);
 }
+
+const STORE: &str = "jujube store    add-unit (one rule: unit, machine, feed, count; serializable)";

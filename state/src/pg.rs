@@ -128,6 +128,10 @@ const MIGRATION_LOCK: i64 = 0x6a75_6a75_6265;
 /// SQLite's `user_version`).
 pub(crate) fn migrate(conn: &Connection) -> Result<()> {
     let known = (crate::schema::PG_BASELINE + PG_MIGRATIONS.len() - 1) as i64;
+    // READ COMMITTED, not the rules' SERIALIZABLE: each statement sees
+    // what committed before it, so that a controller that waited for the
+    // lock reads the version another just migrated to (a serializable
+    // snapshot would be taken at the lock's statement, before it).
     conn.execute_batch("BEGIN")?;
     let result = (|| {
         conn.execute_batch(&format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"))?;
