@@ -136,7 +136,7 @@ impl Store {
                             .query_map((&service, cursor, UNITS_BATCH as i64), unit_row)?
                             .map(|r| finish_unit(r?))
                             .collect::<Result<Vec<_>>>()?;
-                        let before = tx.total_changes();
+                        let before = tx.rows_written();
                         let mut done = 0;
                         for u in &units {
                             // Re-read: destroying an earlier unit may have
@@ -145,7 +145,7 @@ impl Store {
                                 destroy_unit_in(tx, &u)?;
                             }
                             done += 1;
-                            if tx.total_changes() - before >= UNITS_STEP_ROWS {
+                            if tx.rows_written() - before >= UNITS_STEP_ROWS {
                                 break;
                             }
                         }

@@ -92,6 +92,8 @@ pub struct Store {
 pub struct Tx<'c> {
     tx: Open<'c>,
     last_revision: Option<u64>,
+    /// Feed entries recorded and not yet written.
+    pending: Vec<(&'static str, String)>,
 }
 
 impl std::ops::Deref for Tx<'_> {
@@ -101,34 +103,82 @@ impl std::ops::Deref for Tx<'_> {
     }
 }
 
+/// Feed entries written by one statement at most: the statement texts
+/// for 1, 2, 4, ... up to this many rows are prepared once each.
+const FEED_CHUNK: usize = 32;
+
 impl Tx<'_> {
     /// Records a change in the feed; the revision becomes visible to
-    /// watchers when the transaction commits.
+    /// watchers when the transaction commits. The entries are written
+    /// together just before the commit ([`Tx::write_changes`]): one
+    /// statement where a rule made several (a unit, its machine and its
+    /// service's count), which on PostgreSQL is one round trip instead of
+    /// three.
     pub(crate) fn changed(&mut self, kind: ChangeKind, id: impl AsRef<str>) -> Result<()> {
-        let revision = match self.engine() {
-            // The rowid is the largest revision plus one: SQLite's single
-            // writer commits revisions in order.
-            Engine::Sqlite => {
-                self.prepare_cached("INSERT INTO changes (kind, id) VALUES (?1, ?2)")?
-                    .execute((kind.as_str(), id.as_ref()))?;
-                self.last_insert_rowid().unwrap_or(0)
-            }
-            // The same rule spelt out, never a sequence: under SERIALIZABLE
-            // two writers taking the same revision cannot both commit (the
-            // second is a serialization failure, retried), so revisions
-            // commit in order and a reader that has seen N has seen
-            // everything before it. (A sequence hands out numbers that
-            // commit in any order.) Measured too slow for SQLite, where
-            // the rowid does it for free.
-            Engine::Postgres => self
-                .prepare_cached(
-                    "INSERT INTO changes (revision, kind, id)
-                     VALUES ((SELECT coalesce(max(revision), 0) + 1 FROM changes), ?1, ?2)
-                     RETURNING revision",
-                )?
-                .query_row((kind.as_str(), id.as_ref()), |r| r.get(0))?,
-        };
-        self.last_revision = Some(revision as u64);
+        self.pending.push((kind.as_str(), id.as_ref().to_string()));
+        Ok(())
+    }
+
+    /// Rows this connection has written, counting the feed entries
+    /// recorded and not yet written: what bounds a step's size.
+    pub(crate) fn rows_written(&self) -> u64 {
+        self.total_changes() + self.pending.len() as u64
+    }
+
+    /// Writes the recorded feed entries, in the order they were recorded,
+    /// and notes the last revision.
+    fn write_changes(&mut self) -> Result<()> {
+        let pending = std::mem::take(&mut self.pending);
+        let mut rest = &pending[..];
+        while !rest.is_empty() {
+            // The largest power of two that fits, so that few texts exist.
+            let n = 1 << (usize::BITS - 1 - rest.len().min(FEED_CHUNK).leading_zeros());
+            let (chunk, tail) = rest.split_at(n);
+            rest = tail;
+            let values: Vec<&dyn crate::sql::ToSql> = chunk
+                .iter()
+                .flat_map(|(k, id)| [k as &dyn crate::sql::ToSql, id as &dyn crate::sql::ToSql])
+                .collect();
+            let revision: i64 = match self.engine() {
+                // The rowid is the largest revision plus one: SQLite's
+                // single writer commits revisions in order.
+                Engine::Sqlite => {
+                    let rows: Vec<String> = (0..n)
+                        .map(|i| format!("(?{}, ?{})", 2 * i + 1, 2 * i + 2))
+                        .collect();
+                    self.prepare_cached(&format!(
+                        "INSERT INTO changes (kind, id) VALUES {}",
+                        rows.join(", ")
+                    ))?
+                    .execute(&values[..])?;
+                    self.last_insert_rowid().unwrap_or(0)
+                }
+                // The same rule spelt out, never a sequence: under
+                // SERIALIZABLE two writers taking the same revision cannot
+                // both commit (the second is a serialization failure,
+                // retried), so revisions commit in order and a reader that
+                // has seen N has seen everything before it. (A sequence
+                // hands out numbers that commit in any order.) Measured too
+                // slow for SQLite, where the rowid does it for free.
+                Engine::Postgres => {
+                    let rows: Vec<String> = (0..n)
+                        .map(|i| format!("({}, ?{}, ?{})", i + 1, 2 * i + 1, 2 * i + 2))
+                        .collect();
+                    self.prepare_cached(&format!(
+                        "INSERT INTO changes (revision, kind, id)
+                         SELECT h.top + v.o, v.k, v.i
+                         FROM (SELECT coalesce(max(revision), 0) AS top FROM changes) AS h,
+                              (VALUES {}) AS v (o, k, i)
+                         ORDER BY v.o
+                         RETURNING revision",
+                        rows.join(", ")
+                    ))?
+                    .query_map(&values[..], |r| r.get::<_, i64>(0))?
+                    .try_fold(0, |top, r| r.map(|r| top.max(r)))?
+                }
+            };
+            self.last_revision = Some(revision as u64);
+        }
         Ok(())
     }
 
@@ -140,7 +190,7 @@ impl Tx<'_> {
     /// PostgreSQL serialization failure) is not the operation's: the whole
     /// transaction then fails at its end and runs again.
     pub(crate) fn savepoint<T>(&mut self, f: impl FnOnce(&mut Tx<'_>) -> Result<T>) -> Result<T> {
-        let revision = self.last_revision;
+        let pending = self.pending.len();
         let doomed = self.failed().is_some();
         self.execute_batch("SAVEPOINT op")?;
         match f(self) {
@@ -153,7 +203,7 @@ impl Tx<'_> {
                 if !doomed {
                     self.rolled_back_to_savepoint();
                 }
-                self.last_revision = revision;
+                self.pending.truncate(pending);
                 Err(e)
             }
         }
@@ -423,6 +473,7 @@ impl Store {
                 let mut tx = Tx {
                     tx: Open::begin(&conn, Begin::Write)?,
                     last_revision: None,
+                    pending: Vec::new(),
                 };
                 if let Some(user) = &self.user {
                     crate::users::require_access(&tx, user, needs)?;
@@ -431,6 +482,7 @@ impl Store {
                     crate::leases::require_fence(&tx, fence)?;
                 }
                 let value = f(&mut tx)?;
+                tx.write_changes()?;
                 // A statement that failed on PostgreSQL aborted the
                 // transaction even if the rule went on (a savepoint rolled
                 // back, an error taken for "not found"): never commit it.
