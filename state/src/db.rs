@@ -107,6 +107,47 @@ impl std::ops::Deref for Tx<'_> {
 /// for 1, 2, 4, ... up to this many rows are prepared once each.
 const FEED_CHUNK: usize = 32;
 
+/// The statement that writes `n` feed entries (`n` a power of two up to
+/// [`FEED_CHUNK`]), made once per process: a commit only looks it up.
+fn feed_insert(engine: Engine, n: usize) -> &'static str {
+    static TEXTS: std::sync::OnceLock<[Vec<String>; 2]> = std::sync::OnceLock::new();
+    let texts = TEXTS.get_or_init(|| {
+        let sizes =
+            || std::iter::successors(Some(1usize), |n| (n * 2 <= FEED_CHUNK).then_some(n * 2));
+        let rows = |n: usize, row: &dyn Fn(usize) -> String| {
+            (0..n).map(row).collect::<Vec<_>>().join(", ")
+        };
+        [
+            sizes()
+                .map(|n| {
+                    let rows = rows(n, &|i| format!("(?{}, ?{})", 2 * i + 1, 2 * i + 2));
+                    format!("INSERT INTO changes (kind, id) VALUES {rows}")
+                })
+                .collect(),
+            sizes()
+                .map(|n| {
+                    let rows = rows(n, &|i| {
+                        format!("({}, ?{}, ?{})", i + 1, 2 * i + 1, 2 * i + 2)
+                    });
+                    format!(
+                        "INSERT INTO changes (revision, kind, id)
+                         SELECT h.top + v.o, v.k, v.i
+                         FROM (SELECT coalesce(max(revision), 0) AS top FROM changes) AS h,
+                              (VALUES {rows}) AS v (o, k, i)
+                         ORDER BY v.o
+                         RETURNING revision"
+                    )
+                })
+                .collect(),
+        ]
+    });
+    let texts = match engine {
+        Engine::Sqlite => &texts[0],
+        Engine::Postgres => &texts[1],
+    };
+    &texts[n.trailing_zeros() as usize]
+}
+
 impl Tx<'_> {
     /// Records a change in the feed; the revision becomes visible to
     /// watchers when the transaction commits. The entries are written
@@ -143,14 +184,8 @@ impl Tx<'_> {
                 // The rowid is the largest revision plus one: SQLite's
                 // single writer commits revisions in order.
                 Engine::Sqlite => {
-                    let rows: Vec<String> = (0..n)
-                        .map(|i| format!("(?{}, ?{})", 2 * i + 1, 2 * i + 2))
-                        .collect();
-                    self.prepare_cached(&format!(
-                        "INSERT INTO changes (kind, id) VALUES {}",
-                        rows.join(", ")
-                    ))?
-                    .execute(&values[..])?;
+                    self.prepare_cached(feed_insert(Engine::Sqlite, n))?
+                        .execute(&values[..])?;
                     self.last_insert_rowid().unwrap_or(0)
                 }
                 // The same rule spelt out, never a sequence: under
@@ -160,22 +195,10 @@ impl Tx<'_> {
                 // has seen N has seen everything before it. (A sequence
                 // hands out numbers that commit in any order.) Measured too
                 // slow for SQLite, where the rowid does it for free.
-                Engine::Postgres => {
-                    let rows: Vec<String> = (0..n)
-                        .map(|i| format!("({}, ?{}, ?{})", i + 1, 2 * i + 1, 2 * i + 2))
-                        .collect();
-                    self.prepare_cached(&format!(
-                        "INSERT INTO changes (revision, kind, id)
-                         SELECT h.top + v.o, v.k, v.i
-                         FROM (SELECT coalesce(max(revision), 0) AS top FROM changes) AS h,
-                              (VALUES {}) AS v (o, k, i)
-                         ORDER BY v.o
-                         RETURNING revision",
-                        rows.join(", ")
-                    ))?
+                Engine::Postgres => self
+                    .prepare_cached(feed_insert(Engine::Postgres, n))?
                     .query_map(&values[..], |r| r.get::<_, i64>(0))?
-                    .try_fold(0, |top, r| r.map(|r| top.max(r)))?
-                }
+                    .try_fold(0, |top, r| r.map(|r| top.max(r)))?,
             };
             self.last_revision = Some(revision as u64);
         }
