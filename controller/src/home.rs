@@ -319,3 +319,26 @@ impl Home {
         )?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A password file holds a password: one longer than 4 KiB is refused
+    /// at the read, and the password is read without its line ending.
+    #[test]
+    fn the_state_password_file_is_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
+        let place = StatePlace {
+            url: "postgres://jujube@db.example/env".into(),
+            password_file: Some(file.clone()),
+        };
+        std::fs::write(&file, "s3cret\n").unwrap();
+        assert!(place.target().is_ok());
+        assert_eq!(read_password(&file).unwrap(), "s3cret");
+        std::fs::write(&file, "x".repeat(MAX_PASSWORD_FILE as usize + 1)).unwrap();
+        let err = place.target().unwrap_err().to_string();
+        assert!(err.contains("longer than 4096 bytes"), "{err}");
+    }
+}
