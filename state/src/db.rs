@@ -504,8 +504,17 @@ impl Store {
                 if let Some(fence) = &self.fence {
                     crate::leases::require_fence(&tx, fence)?;
                 }
-                let value = f(&mut tx)?;
-                tx.write_changes()?;
+                // On PostgreSQL, a statement that failed for another
+                // transaction's writes (a read swallowed as "not found")
+                // makes every later one fail as "transaction aborted":
+                // the first failure is the transaction's, and is retried.
+                let value = match f(&mut tx).and_then(|v| tx.write_changes().map(|()| v)) {
+                    Ok(v) => v,
+                    Err(e) => match tx.failed() {
+                        Some(first) if crate::sql::is_retryable(&first) => return Err(first.into()),
+                        _ => return Err(e),
+                    },
+                };
                 // A statement that failed on PostgreSQL aborted the
                 // transaction even if the rule went on (a savepoint rolled
                 // back, an error taken for "not found"): never commit it.
