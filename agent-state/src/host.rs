@@ -20,6 +20,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 /// How the host runs machine agents.
+#[derive(Clone)]
 pub enum Mode {
     /// As tasks of this process, on the in-process facade (the default:
     /// 100,000 units stay cheap).

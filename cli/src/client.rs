@@ -65,14 +65,18 @@ impl Client {
             (STARTING_PATIENCE, hint)
         } else if !here {
             (Duration::ZERO, "check that it runs".to_string())
-        } else if jujube_controller::run::controller_runs(home, name)
-            || jujube_controller::supervise::running(home, name).is_some()
+        } else if jujube_controller::supervise::seats_here(home, name)
+            .into_iter()
+            .any(|m| {
+                jujube_controller::run::controller_runs(home, name, m)
+                    || jujube_controller::supervise::running(home, name, m).is_some()
+            })
         {
             (
                 STARTING_PATIENCE,
                 format!(
                     "it runs on this host but does not answer; see `{}`",
-                    jujube_controller::supervise::log_path(home, name).display()
+                    jujube_controller::supervise::log_path(home, name, 0).display()
                 ),
             )
         } else {
@@ -110,6 +114,11 @@ impl Client {
             patience,
             hint,
         })
+    }
+
+    /// The environment's name.
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// The name a call gives the charm at `dir`: the id of its upload.

@@ -285,12 +285,28 @@ enum Command {
         #[arg(value_parser = parse_access)]
         access: Access,
     },
-    /// Run the provisioner and the cleaner in the foreground (logs: RUST_LOG).
-    Controller,
+    /// Run a controller in the foreground (logs: RUST_LOG).
+    Controller {
+        /// The controller machine whose controller this is (`enable-ha`
+        /// adds them).
+        #[arg(long, default_value_t = 0)]
+        machine: i64,
+    },
     /// Run `jujube controller`, starting it again when it dies (what
-    /// `bootstrap` leaves running in the background).
+    /// `bootstrap` and `enable-ha` leave running in the background).
     #[command(hide = true)]
-    Supervise,
+    Supervise {
+        #[arg(long, default_value_t = 0)]
+        machine: i64,
+    },
+    /// Add controller machines until there are N, each serving the API,
+    /// one at a time running the provisioner, the cleaner and the dummy's
+    /// agents (the environment's state must be in PostgreSQL).
+    EnableHa {
+        /// How many controllers: odd, 1 to 7.
+        #[arg(short = 'n', default_value_t = 3)]
+        n: usize,
+    },
     /// Show the units' logs (hook output and juju-log), then follow them.
     DebugLog {
         /// Only this unit's log (repeatable).
@@ -584,11 +600,11 @@ fn run(cli: Cli) -> Result<()> {
             if manual_controller {
                 writeln!(out, "no controller started: run `jujube controller`")?;
             } else if provider.as_str() == "dummy" {
-                supervise::start(&home, &name)?;
+                supervise::start(&home, &name, 0)?;
                 writeln!(
                     out,
                     "machine 0's controller runs in the background (log: `{}`)",
-                    supervise::log_path(&home, &name).display()
+                    supervise::log_path(&home, &name, 0).display()
                 )?;
             } else if provider.as_str() == "lxd" {
                 writeln!(
@@ -636,7 +652,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             runtime()?.block_on(controller::destroy(&home, &name, out))?;
         }
-        Command::Supervise => {
+        Command::Supervise { machine } => {
             let name = home.select(env_flag)?;
             tracing_subscriber::fmt()
                 .with_env_filter(
@@ -646,7 +662,7 @@ fn run(cli: Cli) -> Result<()> {
                 .with_writer(std::io::stderr)
                 .with_ansi(false)
                 .init();
-            runtime()?.block_on(supervise::supervise(&home, &name))?;
+            runtime()?.block_on(supervise::supervise(&home, &name, machine))?;
         }
         Command::TakeUp {
             home,
@@ -679,13 +695,13 @@ fn run(cli: Cli) -> Result<()> {
             };
             runtime()?.block_on(async {
                 jujube_controller::machine0_ec2::take_up(&home, &take_up).await?;
-                controller::run(&home, &environment).await
+                controller::run(&home, &environment, 0).await
             })?;
         }
-        Command::Controller => {
+        Command::Controller { machine } => {
             let name = home.select(env_flag)?;
             init_log();
-            runtime()?.block_on(controller::run(&home, &name))?;
+            runtime()?.block_on(controller::run(&home, &name, machine))?;
         }
         Command::DebugLog {
             include,
@@ -903,6 +919,16 @@ fn model_command(
                 writeln!(out, "added machine `{m}`")?;
             }
         }
+        Command::EnableHa { n } => {
+            let added: Vec<i64> = client.call(ClientCall::EnableHa { n })?;
+            for m in &added {
+                writeln!(out, "added controller machine `{m}`")?;
+            }
+            if added.is_empty() {
+                writeln!(out, "the environment has {n} controllers already")?;
+            }
+            enable_ha_here(home, client, out)?;
+        }
         Command::SetConstraints {
             service,
             constraints,
@@ -1101,8 +1127,8 @@ fn model_command(
         | Command::Environments
         | Command::Switch { .. }
         | Command::DestroyEnvironment { .. }
-        | Command::Controller
-        | Command::Supervise
+        | Command::Controller { .. }
+        | Command::Supervise { .. }
         | Command::Agent { .. }
         | Command::DebugLog { .. }
         | Command::Run { .. }
@@ -1114,6 +1140,42 @@ fn model_command(
         | Command::Enroll { .. }
         | Command::TakeUp { .. }
         | Command::DummyCloud { .. } => unreachable!("handled by run"),
+    }
+    Ok(())
+}
+
+/// After `enable-ha`, on the host that holds a dummy environment's
+/// directory: every controller machine's controller left running in the
+/// background (started where its supervisor is not running: `enable-ha`
+/// again brings back one that was stopped), and this home's controller
+/// entry given each one's address, for the CLI to fail over between.
+fn enable_ha_here(home: &Home, client: &Client, out: &mut impl Write) -> Result<()> {
+    let name = client.name();
+    let st: jujube_wire::view::Status = client.call(ClientCall::Status)?;
+    let machines: Vec<i64> = st
+        .controllers
+        .iter()
+        .filter_map(|c| c.machine.parse().ok())
+        .collect();
+    if st.environment.provider != "dummy" || !home.has_store(name) {
+        return Ok(());
+    }
+    for &m in &machines {
+        let running = jujube_controller::run::controller_runs(home, name, m)
+            || supervise::running(home, name, m).is_some();
+        if !running {
+            supervise::start(home, name, m)?;
+            writeln!(
+                out,
+                "machine {m}'s controller runs in the background (log: `{}`)",
+                supervise::log_path(home, name, m).display()
+            )?;
+        }
+    }
+    if let Some(mut entry) = home.controller(name)? {
+        let config: BTreeMap<String, String> = client.call(ClientCall::GetEnvironment)?;
+        entry.addresses = controller::api_addresses(home, name, &config, &machines);
+        home.set_controller(name, entry)?;
     }
     Ok(())
 }

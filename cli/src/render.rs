@@ -97,6 +97,27 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
             .as_millis() as i64;
         writeln!(out, "{}", singletons_line(l, now_ms))?;
     }
+    // With several controllers (`enable-ha`), each one.
+    if st.controllers.len() > 1 {
+        writeln!(out)?;
+        let rows: Vec<Vec<String>> = st
+            .controllers
+            .iter()
+            .map(|c| {
+                vec![
+                    c.machine.clone(),
+                    c.state.clone(),
+                    if c.runs_singletons { "yes" } else { "-" }.to_string(),
+                    dash(&c.addresses.join(" ")),
+                ]
+            })
+            .collect();
+        table(
+            &mut out,
+            &["Controller", "State", "Singletons", "API"],
+            &rows,
+        )?;
+    }
     if let Some(p) = &e.provider_status {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)?

@@ -78,12 +78,13 @@ fn json<T: serde::Serialize>(v: T) -> Result<Answer> {
 /// in the controller's environment.
 pub const KEPT_BY: &str = "JUJUBE_CONTROLLER_KEPT_BY";
 
-/// Machine 0's jobs run in the controller answering, not in an agent of
-/// its own: its agent status is `started`, saying what restarts it.
-fn machine_0_runs(st: &mut jujube_wire::view::Status) {
+/// A controller machine's jobs run in its controller, not in an agent of
+/// its own: the store tells it `started` while that controller records
+/// itself; this says what restarts it.
+fn controllers_run(st: &mut jujube_wire::view::Status) {
     let info = match std::env::var(KEPT_BY).as_deref() {
         Ok("supervisor") => {
-            "its jobs run in the controller `bootstrap` started (restarted if it dies)"
+            "its jobs run in a controller left running in the background (restarted if it dies)"
         }
         Ok("init") => {
             "its jobs run in the controller in machine 0's container (restarted by its init if it dies)"
@@ -95,8 +96,7 @@ fn machine_0_runs(st: &mut jujube_wire::view::Status) {
             .jobs
             .iter()
             .any(|j| j == jujube_wire::view::JOB_MANAGE_ENVIRON);
-        if manages && m.agent_status == "pending" {
-            m.agent_status = "started".into();
+        if manages && m.agent_status == "started" && m.agent_status_info.is_empty() {
             m.agent_status_info = info.into();
         }
     }
@@ -122,6 +122,7 @@ fn needs(call: &ClientCall) -> Access {
         | ClientCall::RunResult { .. }
         | ClientCall::ForgetRun { .. }
         | ClientCall::AddUser { .. }
+        | ClientCall::EnableHa { .. }
         | ClientCall::ChangeAccess { .. } => Access::Admin,
         _ => Access::Write,
     }
@@ -132,7 +133,7 @@ fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Answer> {
     match call {
         ClientCall::Status => {
             let mut st = store.status()?;
-            machine_0_runs(&mut st);
+            controllers_run(&mut st);
             Ok(Answer::streamed(st))
         }
         ClientCall::Environment => {
@@ -238,6 +239,16 @@ fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Answer> {
             let provider = store.environment()?.provider;
             let cons = constraints_for(cx, store, &provider, constraints.as_deref())?;
             json(store.add_machines(n, series.as_deref(), cons.as_ref())?)
+        }
+        ClientCall::EnableHa { n } => {
+            if cx.owner.path().is_some() {
+                bail!("`enable-ha` needs the environment's state in PostgreSQL: its SQLite file lives on machine 0 alone and would go with it; bootstrap an environment with `--config state-url=postgres://USER@HOST:PORT/DB`");
+            }
+            let provider = store.environment()?.provider;
+            if provider != "dummy" {
+                bail!("`enable-ha` runs controller machines on the dummy provider only so far, not on `{provider}`");
+            }
+            json(store.enable_ha(n)?)
         }
         ClientCall::SetConstraints {
             service,

@@ -1,9 +1,11 @@
 //! The controller and what it shares with other commands: building an
 //! environment's provider, validating config, `wait`, `destroy-environment`.
 //!
-//! One controller runs per environment: it holds `controller.lock` (an
-//! exclusive `flock`) for its lifetime and writes its pid into it, so that
-//! `destroy-environment` can ask it to stop (SIGTERM) and wait for the lock.
+//! One controller runs per controller machine: machine 0's holds
+//! `controller.lock` (machine N's `controller-N.lock`; see [`seat_file`]),
+//! an exclusive `flock`, for its lifetime and writes its pid into it, so
+//! that `destroy-environment` can ask it to stop (SIGTERM) and wait for the
+//! lock.
 
 use crate::home::Home;
 use crate::{bail, refusal, Context, Result};
@@ -22,6 +24,21 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 const LOCK: &str = "controller.lock";
+
+/// A file of controller machine `machine`'s controller in the
+/// environment's directory: `name` itself for machine 0 (as before there
+/// were several), else `name` with `-N` before its extension
+/// (`controller-2.lock`, `api-2.socket`, `api-addresses-2`).
+pub fn seat_file(home: &Home, env_name: &str, machine: i64, name: &str) -> std::path::PathBuf {
+    let dir = home.env_dir(env_name);
+    if machine == 0 {
+        return dir.join(name);
+    }
+    match name.split_once('.') {
+        Some((stem, ext)) => dir.join(format!("{stem}-{machine}.{ext}")),
+        None => dir.join(format!("{name}-{machine}")),
+    }
+}
 
 /// Checks environment config against every component that reads it.
 pub fn validate_config(provider: &str, config: &BTreeMap<String, String>) -> Result<()> {
@@ -153,16 +170,16 @@ impl ControllerLock {
     }
 }
 
-fn lock_path(home: &Home, env_name: &str) -> std::path::PathBuf {
-    home.env_dir(env_name).join(LOCK)
+fn lock_path(home: &Home, env_name: &str, machine: i64) -> std::path::PathBuf {
+    seat_file(home, env_name, machine, LOCK)
 }
 
 /// Whether a controller runs for the environment, told without touching
 /// its lock (taking it, even for a moment, would make a controller starting
 /// at that moment refuse to run): the pid it wrote in its lock file still
 /// runs `jujube controller`.
-pub fn controller_runs(home: &Home, env_name: &str) -> bool {
-    let Some(pid) = std::fs::read_to_string(lock_path(home, env_name))
+pub fn controller_runs(home: &Home, env_name: &str, machine: i64) -> bool {
+    let Some(pid) = std::fs::read_to_string(lock_path(home, env_name, machine))
         .ok()
         .and_then(|s| s.trim().parse::<u32>().ok())
     else {
@@ -172,8 +189,8 @@ pub fn controller_runs(home: &Home, env_name: &str) -> bool {
         .is_ok_and(|c| c.split(|&b| b == 0).any(|a| a == b"controller"))
 }
 
-pub fn try_lock(home: &Home, env_name: &str) -> Result<Option<ControllerLock>> {
-    let path = lock_path(home, env_name);
+pub fn try_lock(home: &Home, env_name: &str, machine: i64) -> Result<Option<ControllerLock>> {
+    let path = lock_path(home, env_name, machine);
     let f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -194,11 +211,16 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Asks the controller that holds the lock to stop (SIGTERM to the pid it
 /// wrote) and waits until it has released the lock, which is then ours.
-async fn stop_controller(home: &Home, name: &str, out: &mut impl Write) -> Result<ControllerLock> {
+async fn stop_controller(
+    home: &Home,
+    name: &str,
+    machine: i64,
+    out: &mut impl Write,
+) -> Result<ControllerLock> {
     let deadline = tokio::time::Instant::now() + STOP_TIMEOUT;
     let mut signalled: Option<i32> = None;
     loop {
-        if let Some(lock) = try_lock(home, name)? {
+        if let Some(lock) = try_lock(home, name, machine)? {
             if let Some(pid) = signalled {
                 writeln!(out, "stopped the controller of `{name}` (pid {pid})")?;
             }
@@ -206,7 +228,7 @@ async fn stop_controller(home: &Home, name: &str, out: &mut impl Write) -> Resul
         }
         if signalled.is_none() {
             // Empty while the holder has not written it yet: look again.
-            let pid = std::fs::read_to_string(lock_path(home, name))
+            let pid = std::fs::read_to_string(lock_path(home, name, machine))
                 .ok()
                 .and_then(|s| s.trim().parse::<i32>().ok())
                 .filter(|p| *p > 0);
@@ -243,6 +265,7 @@ async fn stop_controller(home: &Home, name: &str, out: &mut impl Write) -> Resul
 pub async fn start_api(
     home: &Home,
     env_name: &str,
+    machine: i64,
     store: &Store,
     facades: std::sync::Arc<jujube_agent_state::Facades>,
     clients: Arc<dyn jujube_api::clients::ClientHandler>,
@@ -253,11 +276,16 @@ pub async fn start_api(
     let config = store.environment_config()?;
     // Where it listens: `api-listen-address` where that differs from the
     // address agents dial (machine 0 on EC2 listens on every interface).
-    let address = config
-        .get("api-listen-address")
-        .or(config.get("api-address"))
-        .cloned()
-        .unwrap_or_else(|| "127.0.0.1:0".to_string());
+    // Machine 0's: the other controllers on this host take free ports.
+    let address = if machine == 0 {
+        config
+            .get("api-listen-address")
+            .or(config.get("api-address"))
+            .cloned()
+            .unwrap_or_else(|| "127.0.0.1:0".to_string())
+    } else {
+        "127.0.0.1:0".to_string()
+    };
     // Pings and presence notes a quarter of the lapse apart (15 s at the
     // default minute): a frozen agent loses its connection, and then its
     // presence, within the lapse and a half.
@@ -266,7 +294,7 @@ pub async fn start_api(
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(jujube_state::credentials::PRESENCE_LAPSE as u64);
     let beat = std::time::Duration::from_secs((lapse / 4).clamp(1, 15));
-    let socket = dir.join("api.socket");
+    let socket = seat_file(home, env_name, machine, "api.socket");
     // A unix socket path is limited to 107 bytes: without one, agents use
     // the TCP address.
     let socket = (socket.as_os_str().len() < 100).then_some(socket);
@@ -284,29 +312,34 @@ pub async fn start_api(
         Some(clients),
     )
     .await?;
-    let list = dir.join("api-addresses");
+    let list = seat_file(home, env_name, machine, "api-addresses");
     std::fs::write(&list, api.addresses().join("\n") + "\n")
         .with_context(|| format!("cannot write `{}`", list.display()))?;
     info!(addresses = ?api.addresses(), "API server started");
     Ok(api)
 }
 
-/// Where users reach environment `env_name`'s controller: its unix socket
-/// (where the path fits one) and, when `api-address` names a fixed port,
-/// that address.
+/// Where users reach environment `env_name`'s controllers on this host:
+/// each one's unix socket (where the path fits one), machine 0's first,
+/// and, when `api-address` names a fixed port, machine 0's at that address.
 pub fn api_addresses(
     home: &Home,
     env_name: &str,
     config: &BTreeMap<String, String>,
+    machines: &[i64],
 ) -> Vec<String> {
     let mut out = Vec::new();
-    let socket = home.env_dir(env_name).join("api.socket");
-    if socket.as_os_str().len() < 100 {
-        out.push(format!("unix:{}", socket.display()));
-    }
-    if let Some(a) = config.get("api-address") {
-        if !a.ends_with(":0") {
-            out.push(a.clone());
+    for &m in machines {
+        let socket = seat_file(home, env_name, m, "api.socket");
+        if socket.as_os_str().len() < 100 {
+            out.push(format!("unix:{}", socket.display()));
+        }
+        if m == 0 {
+            if let Some(a) = config.get("api-address") {
+                if !a.ends_with(":0") {
+                    out.push(a.clone());
+                }
+            }
         }
     }
     out
@@ -362,6 +395,7 @@ struct Placement {
 fn placement(
     home: &Home,
     env_name: &str,
+    machine: i64,
     store: &Store,
     api: &jujube_api::ApiServer,
     provider: Arc<dyn Provider>,
@@ -399,7 +433,9 @@ fn placement(
         config.get("dummy-agents").map(String::as_str),
     ) {
         ("dummy", Some("process")) => {
-            let a = agents(api.addresses())?;
+            // Every controller's addresses, this one's first: agents fail
+            // over between them.
+            let a = agents(store.controller_addresses(machine)?)?;
             Ok(Placement {
                 installer: installer(a.clone(), None, String::new()),
                 host: Some(jujube_agent_state::Mode::Process(a)),
@@ -686,9 +722,22 @@ impl jujube_provisioner::AgentInstaller for Installer {
     }
 }
 
-/// `jujube controller`: the provisioner, the cleaner, the machine agents and
-/// the API server, until SIGINT/SIGTERM.
-pub async fn run(home: &Home, env_name: &str) -> Result<()> {
+/// Wall-clock unix milliseconds.
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// How often a running controller records itself ([`Store::controller_seen`]):
+/// `status` tells it `down` after the agents' presence lapse.
+const SEEN_EVERY: Duration = Duration::from_secs(3);
+
+/// `jujube controller [--machine N]`: controller machine `machine`'s
+/// controller — the API server, and under the singletons lease the
+/// provisioner, the cleaner and the machine agents run from this host —
+/// until SIGINT/SIGTERM.
+pub async fn run(home: &Home, env_name: &str, machine: i64) -> Result<()> {
     jujube_agent::startup::begin();
     if let Some(m0) = crate::machine0::hosted(home, env_name)? {
         let kind = if m0.provider == "ec2" {
@@ -699,8 +748,14 @@ pub async fn run(home: &Home, env_name: &str) -> Result<()> {
         bail!("environment `{env_name}`'s controller runs in machine 0's {kind} `{}`, which holds its state; there is none to run on this host", m0.container);
     }
     let store = home.open(env_name)?;
-    let mut lock = try_lock(home, env_name)?.ok_or_else(|| {
-        refusal!("a controller is already running for environment `{env_name}`; stop it first")
+    if machine != 0 {
+        match store.machine(machine) {
+            Ok(m) if m.manages_environ() && m.life == Life::Alive => {}
+            _ => bail!("machine `{machine}` is not an alive controller machine of environment `{env_name}`; `jujube status` lists the controllers"),
+        }
+    }
+    let mut lock = try_lock(home, env_name, machine)?.ok_or_else(|| {
+        refusal!("machine `{machine}`'s controller is already running for environment `{env_name}`; stop it first")
     })?;
     lock.write_pid()?;
     let provider = provider(home, env_name, &store).await?;
@@ -708,7 +763,7 @@ pub async fn run(home: &Home, env_name: &str) -> Result<()> {
     // they always did; the provisioner itself starts under the lease below.
     jujube_provisioner::Config::from_env(&store.environment_config()?)?;
     let (stop_tx, stop_rx) = watch::channel(false);
-    info!(environment = env_name, "controller started");
+    info!(environment = env_name, machine, "controller started");
     // The API first: agents the provisioner installs on instances are given
     // its CA and addresses.
     // One change router and one writer for every agent, remote or in
@@ -728,7 +783,32 @@ pub async fn run(home: &Home, env_name: &str) -> Result<()> {
         runtime: tokio::runtime::Handle::current(),
         logs,
     });
-    let api = start_api(home, env_name, &store, facades.clone(), clients).await?;
+    let api = start_api(home, env_name, machine, &store, facades.clone(), clients).await?;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let holder = format!("machine-{machine}/{}", host.trim());
+    // Recorded before anything else happens, so that `status`, agents and
+    // the other controllers know where it serves; then every few seconds.
+    let addresses = api.addresses();
+    store.controller_seen(machine, &holder, &addresses, wall_ms())?;
+    let seen = {
+        let (store, holder, mut stop) = (store.clone(), holder.clone(), stop_rx.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(SEEN_EVERY) => {}
+                    _ = stop.changed() => return,
+                }
+                let (store, holder, addresses) = (store.clone(), holder.clone(), addresses.clone());
+                let r = tokio::task::spawn_blocking(move || {
+                    store.controller_seen(machine, &holder, &addresses, wall_ms())
+                })
+                .await;
+                if let Ok(Err(e)) = r {
+                    warn!(error = %e, "cannot record this controller as running; will retry");
+                }
+            }
+        })
+    };
     jujube_agent::hooks::runner::set_environment(jujube_agent::hooks::runner::Environment {
         name: env_name.to_string(),
         uuid: store.environment()?.uuid,
@@ -736,12 +816,18 @@ pub async fn run(home: &Home, env_name: &str) -> Result<()> {
         exe: std::env::current_exe().ok(),
         private_address: None,
     });
-    let placement = placement(home, env_name, &store, &api, provider.clone())?;
+    let placement = placement(home, env_name, machine, &store, &api, provider.clone())?;
 
-    // The provisioner and the cleaner: while this controller holds the
-    // singletons lease, on a store fenced by its token.
+    // The provisioner, the cleaner and the machine agents run from this
+    // host: while this controller holds the singletons lease, the first
+    // two on a store fenced by its token. (The agents are not fenced: they
+    // stop with the lease, so that two controllers never run one
+    // machine's agent.)
     let singletons = {
         let installer = placement.installer;
+        let host_mode = placement.host;
+        let agents_dir = home.env_dir(env_name).join("agents");
+        let facades = facades.clone();
         let start: crate::singletons::StartJobs = Box::new(move |store, stop| {
             let mut jobs = Vec::new();
             match Provisioner::new(store.clone(), provider.clone()) {
@@ -764,26 +850,29 @@ pub async fn run(home: &Home, env_name: &str) -> Result<()> {
                     jobs.push(tokio::spawn(async {}));
                 }
             }
+            // The machine agents (and their unit agents) of every machine
+            // with an instance, deploying under the environment's data
+            // dir, unless they run on the instances themselves.
+            if let Some(mode) = &host_mode {
+                let host = jujube_agent_state::Host::on(&facades, agents_dir.clone(), mode.clone());
+                let mut stop = stop.clone();
+                jobs.push(tokio::spawn(async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                    host.shutdown().await;
+                }));
+            }
             jobs.push(cleaner(store, stop));
             jobs
         });
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         tokio::spawn(crate::singletons::hold(
             store.clone(),
-            format!("machine-0/{}", host.trim()),
+            holder,
             crate::singletons::LeaseTimes::default(),
             crate::singletons::system_wall_clock(),
             start,
             stop_rx,
         ))
     };
-    // The machine agents (and their unit agents) of every machine with an
-    // instance, run from this machine (deploying under the environment's
-    // data dir) unless they run on the instances themselves.
-    let agents = placement.host.map(|mode| {
-        jujube_agent_state::Host::on(&facades, home.env_dir(env_name).join("agents"), mode)
-    });
-
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => info!("interrupted; shutting down"),
@@ -791,9 +880,7 @@ pub async fn run(home: &Home, env_name: &str) -> Result<()> {
     }
     stop_tx.send_replace(true);
     singletons.await?;
-    if let Some(agents) = agents {
-        agents.shutdown().await;
-    }
+    let _ = seen.await;
     drop(api);
     // Parsed by the agents benchmark: `STEP=COUNT@SECONDS ...`.
     info!(
@@ -994,14 +1081,26 @@ pub async fn destroy(home: &Home, name: &str, out: &mut impl Write) -> Result<()
         bail!("environment `{name}` was not bootstrapped from this home (`JUJUBE_HOME`): destroy it from the home that bootstrapped it");
     }
     let store = home.open(name)?;
-    // The supervisor first, which stops its controller (else it would start
-    // it again); then any other controller is asked to stop; its lock is then ours,
-    // so that no controller starts while the environment is destroyed.
-    crate::supervise::stop_supervisor(home, name, STOP_TIMEOUT, out).await?;
-    let _lock = match try_lock(home, name)? {
-        Some(lock) => lock,
-        None => stop_controller(home, name, out).await?,
-    };
+    // Each controller machine's supervisor first, which stops its
+    // controller (else it would start it again); then any other controller
+    // is asked to stop; their locks are then ours, so that no controller
+    // starts while the environment is destroyed.
+    let controllers: Vec<i64> = store
+        .machines()?
+        .into_iter()
+        .filter(|m| m.manages_environ())
+        .map(|m| m.id)
+        .collect();
+    let mut _locks = Vec::new();
+    for &m in &controllers {
+        crate::supervise::stop_supervisor(home, name, m, STOP_TIMEOUT, out).await?;
+    }
+    for &m in &controllers {
+        _locks.push(match try_lock(home, name, m)? {
+            Some(lock) => lock,
+            None => stop_controller(home, name, m, out).await?,
+        });
+    }
     // Agent processes a controller killed with -9 left running.
     let stopped = jujube_agent_state::process::stop_all(&home.env_dir(name).join("agents")).await;
     if stopped > 0 {
@@ -1135,7 +1234,7 @@ pub fn bootstrap(
             name,
             crate::home::ControllerEntry {
                 uuid: spec.uuid.clone(),
-                addresses: api_addresses(home, name, &spec.config),
+                addresses: api_addresses(home, name, &spec.config, &[0]),
                 ca_cert: jujube_api::tls::ca_cert(&dir)?,
             },
         )?;
@@ -1227,7 +1326,7 @@ pub fn adopt(home: &Home, name: &str) -> Result<()> {
         name,
         crate::home::ControllerEntry {
             uuid: env.uuid,
-            addresses: api_addresses(home, name, &config),
+            addresses: api_addresses(home, name, &config, &[0]),
             ca_cert: jujube_api::tls::ca_cert(&home.env_dir(name))?,
         },
     )?;

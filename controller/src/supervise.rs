@@ -6,8 +6,10 @@
 //! lives after the terminal that bootstrapped it closes.
 //!
 //! In the environment's directory: `controller.log` (both processes'
-//! output, appended) and `supervisor.pid`. `jujube controller` stays the
-//! foreground form (development, service managers: `bootstrap
+//! output, appended) and `supervisor.pid`; for another controller machine
+//! N (`enable-ha`), `controller-N.log` and `supervisor-N.pid`, its
+//! supervisor and controller run with `--machine N`. `jujube controller`
+//! stays the foreground form (development, service managers: `bootstrap
 //! --manual-controller` starts nothing).
 
 use crate::home::Home;
@@ -29,39 +31,83 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// How long `start` waits for the first controller to hold its lock.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
-pub fn log_path(home: &Home, env: &str) -> PathBuf {
-    home.env_dir(env).join(LOG)
+pub fn log_path(home: &Home, env: &str, machine: i64) -> PathBuf {
+    crate::run::seat_file(home, env, machine, LOG)
 }
 
-fn pid_path(home: &Home, env: &str) -> PathBuf {
-    home.env_dir(env).join(PID)
+fn pid_path(home: &Home, env: &str, machine: i64) -> PathBuf {
+    crate::run::seat_file(home, env, machine, PID)
 }
 
-/// Whether `pid` runs `jujube --env ENV supervise` for `env` (a pid in a
-/// stale file may have been reused by anything since).
-fn is_supervisor(pid: i32, env: &str) -> bool {
+/// The arguments after `--env ENV` that run controller machine
+/// `machine`'s `command` (`supervise`, `controller`).
+fn seat_args(command: &str, machine: i64) -> Vec<String> {
+    let mut args = vec![command.to_string()];
+    if machine != 0 {
+        args.extend(["--machine".to_string(), machine.to_string()]);
+    }
+    args
+}
+
+/// Whether `pid` runs `jujube --env ENV supervise` for `env`'s controller
+/// machine `machine` (a pid in a stale file may have been reused by
+/// anything since).
+fn is_supervisor(pid: i32, env: &str, machine: i64) -> bool {
     let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
         return false;
     };
     let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-    args.windows(3)
-        .any(|w| w == [&b"--env"[..], env.as_bytes(), &b"supervise"[..]])
+    let Some(at) = args
+        .windows(3)
+        .position(|w| w == [&b"--env"[..], env.as_bytes(), &b"supervise"[..]])
+    else {
+        return false;
+    };
+    let rest: Vec<&[u8]> = args[at + 3..]
+        .iter()
+        .copied()
+        .filter(|a| !a.is_empty())
+        .collect();
+    let want = seat_args("supervise", machine);
+    rest.len() == want.len() - 1 && rest.iter().zip(&want[1..]).all(|(a, w)| *a == w.as_bytes())
 }
 
-/// The running supervisor's pid, if one runs for `env`.
-pub fn running(home: &Home, env: &str) -> Option<i32> {
-    std::fs::read_to_string(pid_path(home, env))
+/// The controller machines this home runs controllers for: machine 0, and
+/// every N whose `controller-N.lock` is in the environment's directory.
+pub fn seats_here(home: &Home, env: &str) -> Vec<i64> {
+    let mut seats = vec![0];
+    if let Ok(dir) = std::fs::read_dir(home.env_dir(env)) {
+        for e in dir.flatten() {
+            let name = e.file_name();
+            let n = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("controller-"))
+                .and_then(|n| n.strip_suffix(".lock"))
+                .and_then(|n| n.parse::<i64>().ok());
+            if let Some(n) = n.filter(|n| *n > 0) {
+                seats.push(n);
+            }
+        }
+    }
+    seats.sort_unstable();
+    seats
+}
+
+/// The running supervisor's pid, if one runs for `env`'s controller
+/// machine `machine`.
+pub fn running(home: &Home, env: &str, machine: i64) -> Option<i32> {
+    std::fs::read_to_string(pid_path(home, env, machine))
         .ok()
         .and_then(|s| s.trim().parse::<i32>().ok())
-        .filter(|&p| p > 0 && is_supervisor(p, env))
+        .filter(|&p| p > 0 && is_supervisor(p, env, machine))
 }
 
-/// Starts the supervisor of `env`'s controller, detached (a session of its
-/// own, no terminal, output to [`LOG`]), and waits until its controller
-/// holds the environment's lock.
-pub fn start(home: &Home, env: &str) -> Result<u32> {
+/// Starts the supervisor of `env`'s controller machine `machine`'s
+/// controller, detached (a session of its own, no terminal, output to
+/// [`LOG`]), and waits until its controller holds its lock.
+pub fn start(home: &Home, env: &str, machine: i64) -> Result<u32> {
     use std::os::unix::process::CommandExt;
-    let log_file = log_path(home, env);
+    let log_file = log_path(home, env, machine);
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -69,7 +115,8 @@ pub fn start(home: &Home, env: &str) -> Result<u32> {
         .with_context(|| format!("cannot open `{}`", log_file.display()))?;
     let exe = std::env::current_exe().context("cannot find the jujube binary")?;
     let mut cmd = std::process::Command::new(exe);
-    cmd.args(["--env", env, "supervise"])
+    cmd.args(["--env", env])
+        .args(seat_args("supervise", machine))
         .env("JUJUBE_HOME", &home.root)
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
@@ -88,7 +135,7 @@ pub fn start(home: &Home, env: &str) -> Result<u32> {
         .context("cannot start the controller's supervisor")?;
     let pid = child.id();
     let deadline = std::time::Instant::now() + START_TIMEOUT;
-    while !crate::run::controller_runs(home, env) {
+    while !crate::run::controller_runs(home, env, machine) {
         if let Some(status) = child.try_wait()? {
             bail!(
                 "the controller of environment `{env}` did not start ({status}); see `{}`",
@@ -107,18 +154,20 @@ pub fn start(home: &Home, env: &str) -> Result<u32> {
     Ok(pid)
 }
 
-/// `jujube supervise`: runs `jujube controller` for `env` until asked to
-/// stop, starting it again whenever it dies other than by a clean exit.
-pub async fn supervise(home: &Home, env: &str) -> Result<()> {
+/// `jujube supervise [--machine N]`: runs `jujube controller` for `env`'s
+/// controller machine `machine` until asked to stop, starting it again
+/// whenever it dies other than by a clean exit.
+pub async fn supervise(home: &Home, env: &str, machine: i64) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let dir = home.env_dir(env);
-    std::fs::write(pid_path(home, env), format!("{}\n", std::process::id()))
-        .with_context(|| format!("cannot write `{}`", pid_path(home, env).display()))?;
+    let pid_file = pid_path(home, env, machine);
+    std::fs::write(&pid_file, format!("{}\n", std::process::id()))
+        .with_context(|| format!("cannot write `{}`", pid_file.display()))?;
     let exe = std::env::current_exe().context("cannot find the jujube binary")?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut backoff = BACKOFF;
-    info!(environment = env, "supervising the controller");
+    info!(environment = env, machine, "supervising the controller");
     loop {
         if !dir.exists() {
             info!("the environment's directory is gone; stopping");
@@ -126,7 +175,8 @@ pub async fn supervise(home: &Home, env: &str) -> Result<()> {
         }
         let started = tokio::time::Instant::now();
         let mut child = tokio::process::Command::new(&exe)
-            .args(["--env", env, "controller"])
+            .args(["--env", env])
+            .args(seat_args("controller", machine))
             .env("JUJUBE_HOME", &home.root)
             .env(crate::facade::KEPT_BY, "supervisor")
             .stdin(std::process::Stdio::null())
@@ -142,7 +192,7 @@ pub async fn supervise(home: &Home, env: &str) -> Result<()> {
         };
         if status.success() {
             info!("the controller stopped; so does its supervisor");
-            let _ = std::fs::remove_file(pid_path(home, env));
+            let _ = std::fs::remove_file(&pid_file);
             return Ok(());
         }
         if started.elapsed() >= Duration::from_secs(60) {
@@ -173,15 +223,16 @@ async fn stop(mut child: tokio::process::Child, pid: Option<u32>) -> Result<()> 
     Ok(())
 }
 
-/// Stops `env`'s supervisor, if one runs, and so its controller; waits up
-/// to `timeout` for it to end.
+/// Stops the supervisor of `env`'s controller machine `machine`, if one
+/// runs, and so its controller; waits up to `timeout` for it to end.
 pub async fn stop_supervisor(
     home: &Home,
     env: &str,
+    machine: i64,
     timeout: Duration,
     out: &mut impl Write,
 ) -> Result<()> {
-    let Some(pid) = running(home, env) else {
+    let Some(pid) = running(home, env, machine) else {
         return Ok(());
     };
     // SAFETY: kill(2) on the pid the supervisor wrote, checked to run
@@ -193,14 +244,22 @@ pub async fn stop_supervisor(
         }
     }
     let deadline = tokio::time::Instant::now() + timeout;
-    while is_supervisor(pid, env) && !gone(pid) {
+    while is_supervisor(pid, env, machine) && !gone(pid) {
         if tokio::time::Instant::now() >= deadline {
             bail!("the controller's supervisor of environment `{env}` (pid {pid}) did not stop within {}s; stop it (`kill {pid}`) and try again", timeout.as_secs());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let _ = std::fs::remove_file(pid_path(home, env));
-    writeln!(out, "stopped the controller's supervisor (pid {pid})")?;
+    let _ = std::fs::remove_file(pid_path(home, env, machine));
+    let whose = if machine == 0 {
+        String::new()
+    } else {
+        format!(" of machine `{machine}`")
+    };
+    writeln!(
+        out,
+        "stopped the controller's supervisor{whose} (pid {pid})"
+    )?;
     Ok(())
 }
 

@@ -73,7 +73,7 @@ pub struct Lease {
     pub expires_ms: i64,
 }
 
-fn check_name(what: &str, name: &str) -> Result<()> {
+pub(crate) fn check_name(what: &str, name: &str) -> Result<()> {
     if name.is_empty() || name.len() > MAX_NAME || name.chars().any(char::is_control) {
         return Err(Error::BadLease(format!(
             "{what} `{}` must be 1 to {MAX_NAME} bytes without control characters",

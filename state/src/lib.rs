@@ -27,6 +27,7 @@
 pub mod agents;
 pub mod bags;
 pub mod cleanups;
+pub mod controllers;
 pub mod credentials;
 pub mod db;
 pub mod environment;
@@ -174,6 +175,8 @@ pub enum Error {
     BadPassword(String),
     #[error("invalid lease: {0}")]
     BadLease(String),
+    #[error("{0}")]
+    BadController(String),
     #[error("this controller no longer holds lease `{lease}` (its token {token} was replaced): another controller runs its jobs now; nothing was written")]
     LeaseLost { lease: String, token: i64 },
     #[error("state database error: {0}")]

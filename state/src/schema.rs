@@ -454,6 +454,17 @@ CREATE TABLE controller_leases (
     expires INTEGER NOT NULL
 ) WITHOUT ROWID;
 "#,
+    // 25 (several controllers): each controller machine's running
+    // controller, where it serves the API and when it last said so (unix
+    // milliseconds); see `crate::controllers`.
+    r#"
+CREATE TABLE controllers (
+    machine_id INTEGER PRIMARY KEY CHECK (machine_id >= 0),
+    holder     TEXT NOT NULL,
+    addresses  TEXT NOT NULL,
+    seen       INTEGER NOT NULL
+);
+"#,
 ];
 
 /// The PostgreSQL schema. PostgreSQL does not replay SQLite's history
@@ -469,7 +480,8 @@ CREATE TABLE controller_leases (
 /// column (never reused, as there; PostgreSQL's may leave gaps after a
 /// rolled-back transaction), and the high-water triggers are PL/pgSQL.
 /// Tables come in the order their references need.
-pub(crate) const PG_MIGRATIONS: &[&str] = &[r#"
+pub(crate) const PG_MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE environment (
     id             BIGINT PRIMARY KEY CHECK (id = 1),
     name           TEXT NOT NULL,
@@ -678,7 +690,17 @@ CREATE TABLE controller_leases (
     token   BIGINT NOT NULL CHECK (token > 0),
     expires BIGINT NOT NULL
 );
-"#];
+"#,
+    // 25
+    r#"
+CREATE TABLE controllers (
+    machine_id BIGINT PRIMARY KEY CHECK (machine_id >= 0),
+    holder     TEXT NOT NULL,
+    addresses  TEXT NOT NULL,
+    seen       BIGINT NOT NULL
+);
+"#,
+];
 
 /// Every table and function [`PG_MIGRATIONS`] creates, for
 /// [`Store::erase`](crate::Store::erase): a database the state shares with
@@ -706,6 +728,7 @@ pub(crate) const PG_TABLES: &[&str] = &[
     "changes",
     "users",
     "controller_leases",
+    "controllers",
     "schema_version",
 ];
 pub(crate) const PG_FUNCTIONS: &[&str] = &["machines_high_water", "units_high_water"];

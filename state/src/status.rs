@@ -243,6 +243,19 @@ impl Store {
                 ));
             }
 
+            let lease = crate::leases::lease_in(c, crate::leases::SINGLETONS)?;
+            let controllers = controllers_status(c, lease.as_ref(), now, lapse)?;
+            // A controller machine's agent is its controller.
+            for cs in &controllers {
+                if let Some((_, m)) = machines.iter_mut().find(|(id, _)| *id == cs.machine) {
+                    if m.agent_status == "pending" || cs.state == "down" {
+                        m.agent_status = match cs.state.as_str() {
+                            "up" => "started".into(),
+                            s => s.into(),
+                        };
+                    }
+                }
+            }
             Ok(Status {
                 environment: EnvironmentStatus {
                     name: env.name,
@@ -251,7 +264,7 @@ impl Store {
                     default_series: env.default_series,
                     constraints: env.constraints.to_string(),
                     provider_status: crate::provisioning::provider_status_in(c)?,
-                    singletons: crate::leases::lease_in(c, crate::leases::SINGLETONS)?.map(
+                    singletons: lease.map(
                         |l| jujube_wire::view::LeaseStatus {
                             holder: l.holder,
                             token: l.token,
@@ -263,9 +276,42 @@ impl Store {
                 services: OrderedMap(services),
                 relations,
                 strays: crate::provisioning::strays_in(c)?,
+                controllers,
             })
         })
     }
+}
+
+/// Each Alive controller machine's controller (see
+/// [`jujube_wire::view::ControllerStatus`]); `now` in seconds, `lapse` the
+/// agents' presence lapse in seconds.
+fn controllers_status(
+    c: &crate::sql::Connection,
+    lease: Option<&crate::leases::Lease>,
+    now: i64,
+    lapse: i64,
+) -> Result<Vec<jujube_wire::view::ControllerStatus>> {
+    let rows = crate::controllers::controllers_in(c)?;
+    let now_ms = now.saturating_mul(1000);
+    Ok(crate::controllers::controller_machines(c)?
+        .into_iter()
+        .map(|id| {
+            let row = rows.iter().find(|r| r.machine == id);
+            let state = match row {
+                None => "pending",
+                Some(r) if now_ms - r.seen_ms <= lapse.saturating_mul(1000) => "up",
+                Some(_) => "down",
+            };
+            jujube_wire::view::ControllerStatus {
+                machine: id.to_string(),
+                state: state.into(),
+                addresses: row.map(|r| r.addresses.clone()).unwrap_or_default(),
+                runs_singletons: row.zip(lease).is_some_and(|(r, l)| {
+                    l.holder == r.holder && l.expires_ms > now_ms && state == "up"
+                }),
+            }
+        })
+        .collect())
 }
 
 fn refused_since(at: Option<i64>) -> Option<String> {

@@ -166,6 +166,8 @@ pub enum ClientCall {
         series: Option<String>,
         constraints: Option<String>,
     },
+    /// → `Vec<i64>`: the controller machines added (`enable-ha -n`).
+    EnableHa { n: usize },
     /// → `()`.
     SetConstraints {
         service: Option<String>,

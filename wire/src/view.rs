@@ -66,6 +66,23 @@ pub struct Status {
     /// Instances tagged as this environment's that no machine owns.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub strays: Vec<Stray>,
+    /// Every Alive controller machine's controller, in machine order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub controllers: Vec<ControllerStatus>,
+}
+
+/// A controller machine's controller: `up` while it records itself within
+/// the agents' presence lapse, `down` after, `pending` before it first
+/// ran; where it serves the API; whether it holds the singletons lease now.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ControllerStatus {
+    pub machine: String,
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<String>,
+    #[serde(default)]
+    pub runs_singletons: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]

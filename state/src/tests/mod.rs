@@ -12,6 +12,7 @@
 
 mod charms;
 mod cleanups;
+mod controllers;
 mod feed;
 mod leases;
 mod limits;
