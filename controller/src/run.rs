@@ -790,8 +790,13 @@ pub async fn run(home: &Home, env_name: &str, machine: i64) -> Result<()> {
     // the other controllers know where it serves; then every few seconds.
     let addresses = api.addresses();
     store.controller_seen(machine, &holder, &addresses, wall_ms())?;
+    // Leases and these records on connections of their own: neither waits
+    // behind the agents' writes (see `singletons::Claimer`).
+    let own = Store::open_at(store.location(), jujube_state::Durability::Full)?;
+    let claimer = crate::singletons::Claimer::start(own.clone())
+        .context("cannot start the lease-claiming thread")?;
     let seen = {
-        let (store, holder, mut stop) = (store.clone(), holder.clone(), stop_rx.clone());
+        let (store, holder, mut stop) = (own, holder.clone(), stop_rx.clone());
         tokio::spawn(async move {
             loop {
                 tokio::select! {
@@ -866,6 +871,7 @@ pub async fn run(home: &Home, env_name: &str, machine: i64) -> Result<()> {
         });
         tokio::spawn(crate::singletons::hold(
             store.clone(),
+            claimer,
             holder,
             crate::singletons::LeaseTimes::default(),
             crate::singletons::system_wall_clock(),

@@ -114,17 +114,85 @@ enum Claimed {
     Failed(String),
 }
 
+/// Sends claims from a thread of its own, on a store handle of its own
+/// (its own connections): a renewal never waits behind the agents' writes
+/// for the store's writer, nor behind their blocking calls for a thread of
+/// the runtime's pool — under load, either made renewals miss their
+/// deadline and the lease move between live controllers.
+pub struct Claimer {
+    requests: std::sync::mpsc::Sender<(ClaimArgs, tokio::sync::oneshot::Sender<Claimed>)>,
+}
+
+struct ClaimArgs {
+    holder: String,
+    now_ms: i64,
+    ttl: Duration,
+    anew: bool,
+}
+
+impl Claimer {
+    /// Starts the claiming thread on `store` (open a handle for it alone:
+    /// `Store::open_at`). It ends when the `Claimer` is dropped.
+    pub fn start(store: Store) -> std::io::Result<Claimer> {
+        let (tx, rx) =
+            std::sync::mpsc::channel::<(ClaimArgs, tokio::sync::oneshot::Sender<Claimed>)>();
+        std::thread::Builder::new()
+            .name("lease-claims".into())
+            .spawn(move || {
+                for (a, answer) in rx {
+                    let r = if a.anew {
+                        store.claim_lease_anew(SINGLETONS, &a.holder, a.now_ms, a.ttl)
+                    } else {
+                        store.claim_lease(SINGLETONS, &a.holder, a.now_ms, a.ttl)
+                    };
+                    let _ = answer.send(match r {
+                        Ok(c) => Claimed::Answer(c),
+                        Err(e) => Claimed::Failed(e.to_string()),
+                    });
+                }
+            })?;
+        Ok(Claimer { requests: tx })
+    }
+}
+
+impl Claims for Claimer {
+    fn claim<'a>(
+        &'a self,
+        holder: &'a str,
+        now_ms: i64,
+        ttl: Duration,
+        anew: bool,
+    ) -> ClaimFuture<'a> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let args = ClaimArgs {
+            holder: holder.to_string(),
+            now_ms,
+            ttl,
+            anew,
+        };
+        let sent = self.requests.send((args, tx)).is_ok();
+        Box::pin(async move {
+            if !sent {
+                return Claimed::Failed("the lease-claiming thread has ended".into());
+            }
+            rx.await
+                .unwrap_or_else(|_| Claimed::Failed("the lease-claiming thread has ended".into()))
+        })
+    }
+}
+
 /// Runs the singleton jobs whenever this controller (`holder`) holds the
-/// lease, until `stop` is set.
+/// lease, until `stop` is set; claims go through `claimer`.
 pub async fn hold(
     store: Store,
+    claimer: Claimer,
     holder: String,
     times: LeaseTimes,
     wall: WallClock,
     start: StartJobs,
     stop: watch::Receiver<bool>,
 ) {
-    hold_via(&store.clone(), store, holder, times, wall, start, stop).await
+    hold_via(&claimer, store, holder, times, wall, start, stop).await
 }
 
 /// [`hold`], its claims sent through `claims`.
@@ -331,14 +399,22 @@ mod tests {
         start: StartJobs,
     ) -> (JoinHandle<()>, watch::Sender<bool>) {
         let (stop, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(hold(
-            store.clone(),
-            name.into(),
-            LeaseTimes::default(),
-            wall(base),
-            start,
-            stop_rx,
-        ));
+        // Claims from the runtime's blocking pool, whose tasks hold tokio's
+        // paused clock (a claiming thread of its own would not).
+        let (store, name) = (store.clone(), name.to_string());
+        let task = tokio::spawn(async move {
+            let claims = store.clone();
+            hold_via(
+                &claims,
+                store,
+                name,
+                LeaseTimes::default(),
+                wall(base),
+                start,
+                stop_rx,
+            )
+            .await
+        });
         (task, stop)
     }
 

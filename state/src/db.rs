@@ -283,6 +283,35 @@ fn is_busy(e: &Error) -> bool {
     matches!(e, Error::Database(e) if crate::sql::is_retryable(e))
 }
 
+/// How long a transaction waits for PostgreSQL to take sessions again
+/// after its connection was lost (a restart, a failover), trying again
+/// every [`RECONNECT_EVERY`].
+pub const RECONNECT_FOR: Duration = Duration::from_secs(60);
+const RECONNECT_EVERY: Duration = Duration::from_millis(250);
+
+/// Whether `e` says the connection was lost or the server takes no
+/// sessions now (see [`crate::sql::is_connection_lost`]).
+fn connection_lost(e: &Error) -> bool {
+    match e {
+        Error::Database(e) => crate::sql::is_connection_lost(e),
+        Error::Unreachable { .. } => true,
+        _ => false,
+    }
+}
+
+/// Whether to try a lost connection again: the first loss starts the
+/// clock; within [`RECONNECT_FOR`] of it, waits [`RECONNECT_EVERY`] and
+/// says yes.
+fn still_waiting(lost: &mut Option<std::time::Instant>) -> bool {
+    let since = *lost.get_or_insert_with(std::time::Instant::now);
+    if since.elapsed() >= RECONNECT_FOR {
+        return false;
+    }
+    tracing::warn!("the connection to the state database was lost; trying again");
+    std::thread::sleep(RECONNECT_EVERY);
+    true
+}
+
 impl Store {
     /// Opens (creating if needed) the database at `path` and brings its
     /// schema up to date.
@@ -488,9 +517,22 @@ impl Store {
         needs: Access,
         mut f: impl FnMut(&mut Tx<'_>) -> Result<T>,
     ) -> Result<T> {
-        let conn = self.writer()?;
+        let mut conn = self.lock();
         let mut attempt = 0;
+        // Set once COMMIT is sent: a connection lost then leaves unknown
+        // whether the transaction was kept, so it is not run again.
+        let committing = std::cell::Cell::new(false);
+        let mut lost: Option<std::time::Instant> = None;
         loop {
+            if conn.is_closed() {
+                if let Location::Postgres(target) = &self.inner.location {
+                    match crate::pg::connect(target, Role::Writer(self.inner.durability)) {
+                        Ok(c) => *conn = c,
+                        Err(e) if connection_lost(&e) && still_waiting(&mut lost) => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
             let before = conn.total_changes();
             let run = (|| {
                 let mut tx = Tx {
@@ -522,6 +564,7 @@ impl Store {
                     return Err(e.into());
                 }
                 let revision = tx.last_revision;
+                committing.set(true);
                 tx.tx.commit()?;
                 Ok((value, revision))
             })();
@@ -548,6 +591,11 @@ impl Store {
                     };
                     std::thread::sleep(Duration::from_millis(10 * attempt as u64 + jitter));
                 }
+                // Lost before its commit: nothing of it was kept; run it
+                // again on a new connection once the server answers.
+                Err(e) if !committing.get() && connection_lost(&e) && still_waiting(&mut lost) => {
+                    conn.mark_closed();
+                }
                 Err(Error::Database(e)) if crate::sql::is_unique_violation(&e) => {
                     return Err(Error::Database(e))
                 }
@@ -563,7 +611,7 @@ impl Store {
 
     /// Runs `f` on a read snapshot: everything it reads is from one
     /// committed state, whatever other writers do meanwhile.
-    pub(crate) fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+    pub(crate) fn read<T>(&self, f: impl FnMut(&Connection) -> Result<T>) -> Result<T> {
         self.read_at(Access::Read, f)
     }
 
@@ -571,7 +619,7 @@ impl Store {
     pub(crate) fn read_at<T>(
         &self,
         needs: Access,
-        f: impl FnOnce(&Connection) -> Result<T>,
+        mut f: impl FnMut(&Connection) -> Result<T>,
     ) -> Result<T> {
         let user = self.user.clone();
         self.read_unchecked(|c| {
@@ -583,13 +631,34 @@ impl Store {
     }
 
     /// A read no user check applies to (the login itself).
-    pub(crate) fn read_unchecked<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
-        let guard = self.lock_reader()?;
-        let conn = guard.as_ref().expect("opened by lock_reader");
-        let tx = Open::begin(conn, Begin::Read)?;
-        let value = f(tx.conn())?;
-        tx.commit()?;
-        Ok(value)
+    ///
+    /// A read whose connection to PostgreSQL was lost (the server
+    /// restarting) runs again on a new one, for up to [`RECONNECT_FOR`].
+    pub(crate) fn read_unchecked<T>(
+        &self,
+        mut f: impl FnMut(&Connection) -> Result<T>,
+    ) -> Result<T> {
+        let mut lost: Option<std::time::Instant> = None;
+        loop {
+            let run = (|| {
+                let guard = self.lock_reader()?;
+                let conn = guard.as_ref().expect("opened by lock_reader");
+                let r = (|| {
+                    let tx = Open::begin(conn, Begin::Read)?;
+                    let value = f(tx.conn())?;
+                    tx.commit()?;
+                    Ok(value)
+                })();
+                if r.as_ref().is_err_and(connection_lost) {
+                    conn.mark_closed();
+                }
+                r
+            })();
+            match run {
+                Err(e) if connection_lost(&e) && still_waiting(&mut lost) => {}
+                r => return r,
+            }
+        }
     }
 }
 

@@ -706,6 +706,23 @@ pub(crate) fn is_retryable(e: &Error) -> bool {
     }
 }
 
+/// Whether `e` says the connection to PostgreSQL is gone, or that the
+/// server takes no sessions now (shutting down, starting up, crashed:
+/// SQLSTATE classes 08 and 57P): a transaction not yet committing kept
+/// nothing, and may run again on a new connection.
+pub(crate) fn is_connection_lost(e: &Error) -> bool {
+    let lost_code = |c: &str| c.starts_with("08") || c.starts_with("57P");
+    match e {
+        Error::Postgres(e) => {
+            e.is_closed()
+                || e.code().is_some_and(|c| lost_code(c.code()))
+                || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>())
+        }
+        Error::Aborted { code, .. } => lost_code(code),
+        _ => false,
+    }
+}
+
 /// How a transaction takes the database.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Begin {
@@ -745,6 +762,8 @@ struct Pg {
     /// The first failure inside the open transaction (SQLSTATE, message):
     /// PostgreSQL runs nothing more in it, and its commit must fail.
     failed: RefCell<Option<(String, String)>>,
+    /// Its session found lost ([`Connection::mark_closed`]).
+    lost: Cell<bool>,
 }
 
 impl Pg {
@@ -872,8 +891,18 @@ impl Connection {
                 changes: Cell::new(0),
                 in_tx: Cell::new(false),
                 failed: RefCell::new(None),
+                lost: Cell::new(false),
             }),
         })
+    }
+
+    /// Takes a PostgreSQL connection whose session was found lost for
+    /// closed, so that the next transaction opens a new one (the client
+    /// may not have noticed yet). Nothing on SQLite.
+    pub(crate) fn mark_closed(&self) {
+        if let Conn::Pg(pg) = &self.conn {
+            pg.lost.set(true);
+        }
     }
 
     pub fn engine(&self) -> Engine {
@@ -896,7 +925,7 @@ impl Connection {
     pub(crate) fn is_closed(&self) -> bool {
         match &self.conn {
             Conn::Sqlite(_) => false,
-            Conn::Pg(pg) => pg.client.is_closed(),
+            Conn::Pg(pg) => pg.lost.get() || pg.client.is_closed(),
         }
     }
 

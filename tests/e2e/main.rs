@@ -6,6 +6,7 @@ mod agents;
 mod charmhelpers;
 mod ec2;
 mod ec2_storage;
+mod ha;
 mod hooks;
 mod input;
 mod lxd;

@@ -17,6 +17,7 @@ mod feed;
 mod leases;
 mod limits;
 mod prop;
+mod reconnect;
 mod rules;
 mod users;
 
