@@ -869,7 +869,7 @@ pub async fn run(home: &Home, env_name: &str, machine: i64) -> Result<()> {
             jobs.push(cleaner(store, stop));
             jobs
         });
-        tokio::spawn(crate::singletons::hold(
+        crate::singletons::hold(
             store.clone(),
             claimer,
             holder,
@@ -877,7 +877,8 @@ pub async fn run(home: &Home, env_name: &str, machine: i64) -> Result<()> {
             crate::singletons::system_wall_clock(),
             start,
             stop_rx,
-        ))
+        )
+        .context("cannot start the lease's holding thread")?
     };
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
@@ -885,7 +886,7 @@ pub async fn run(home: &Home, env_name: &str, machine: i64) -> Result<()> {
         _ = term.recv() => info!("terminated; shutting down"),
     }
     stop_tx.send_replace(true);
-    singletons.await?;
+    let _ = singletons.await;
     let _ = seen.await;
     drop(api);
     // Parsed by the agents benchmark: `STEP=COUNT@SECONDS ...`.

@@ -22,6 +22,7 @@
 
 use jujube_state::leases::{Claim, Fence, SINGLETONS};
 use jujube_state::Store;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -140,11 +141,18 @@ impl Claimer {
             .name("lease-claims".into())
             .spawn(move || {
                 for (a, answer) in rx {
+                    let t0 = std::time::Instant::now();
                     let r = if a.anew {
                         store.claim_lease_anew(SINGLETONS, &a.holder, a.now_ms, a.ttl)
                     } else {
                         store.claim_lease(SINGLETONS, &a.holder, a.now_ms, a.ttl)
                     };
+                    if t0.elapsed() > Duration::from_secs(1) {
+                        warn!(
+                            took_ms = t0.elapsed().as_millis() as u64,
+                            "a lease claim was slow"
+                        );
+                    }
                     let _ = answer.send(match r {
                         Ok(c) => Claimed::Answer(c),
                         Err(e) => Claimed::Failed(e.to_string()),
@@ -183,7 +191,15 @@ impl Claims for Claimer {
 
 /// Runs the singleton jobs whenever this controller (`holder`) holds the
 /// lease, until `stop` is set; claims go through `claimer`.
-pub async fn hold(
+///
+/// The holding itself — its renewals and its deadline — runs on a thread
+/// and runtime of its own; the jobs are started on the caller's runtime.
+/// Its timers must fire on time whatever the jobs do: with a thousand
+/// in-process agents deploying, the controller's runtime sent renewals up
+/// to five seconds late, and then later than the deadline, and the lease
+/// moved between live controllers. The returned task ends when the
+/// holding has stopped its jobs and released the lease.
+pub fn hold(
     store: Store,
     claimer: Claimer,
     holder: String,
@@ -191,20 +207,37 @@ pub async fn hold(
     wall: WallClock,
     start: StartJobs,
     stop: watch::Receiver<bool>,
-) {
-    hold_via(&claimer, store, holder, times, wall, start, stop).await
+) -> std::io::Result<tokio::sync::oneshot::Receiver<()>> {
+    let jobs_on = tokio::runtime::Handle::current();
+    let (done, finished) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("lease-holding".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime for the lease's holding");
+            rt.block_on(hold_via(
+                &claimer, store, holder, times, wall, &jobs_on, start, stop,
+            ));
+            let _ = done.send(());
+        })?;
+    Ok(finished)
 }
 
 /// [`hold`], its claims sent through `claims`.
+#[allow(clippy::too_many_arguments)]
 async fn hold_via(
     claims: &dyn Claims,
     store: Store,
     holder: String,
     times: LeaseTimes,
     wall: WallClock,
-    mut start: StartJobs,
+    jobs_on: &tokio::runtime::Handle,
+    start: StartJobs,
     mut stop: watch::Receiver<bool>,
 ) {
+    let start = Arc::new(std::sync::Mutex::new(start));
     let mut anew = true;
     loop {
         if *stop.borrow() {
@@ -224,7 +257,19 @@ async fn hold_via(
                 // A job that ends by itself (it failed) ends the holding:
                 // the others stop, and all start again after a while.
                 let (ended_tx, mut ended) = tokio::sync::mpsc::channel::<()>(1);
-                let jobs: Vec<JoinHandle<()>> = start(store.fenced(fence.clone()), jobs_stop_rx)
+                // Started by a task of the jobs' runtime: what they call
+                // of the store there may leave its worker for the call.
+                let started = {
+                    let (start, fenced) = (start.clone(), store.fenced(fence.clone()));
+                    jobs_on
+                        .spawn(async move {
+                            let mut start = start.lock().unwrap_or_else(|p| p.into_inner());
+                            (*start)(fenced, jobs_stop_rx)
+                        })
+                        .await
+                        .unwrap_or_default()
+                };
+                let jobs: Vec<JoinHandle<()>> = started
                     .into_iter()
                     .map(|job| {
                         let ended_tx = ended_tx.clone();
@@ -299,6 +344,15 @@ async fn run_held(
             _ = stop.changed() => return true,
         }
         let now_sent = Instant::now();
+        let late = now_sent.saturating_duration_since(
+            deadline - times.ttl.saturating_sub(times.margin) + times.renew_every,
+        );
+        if late > Duration::from_secs(1) {
+            warn!(
+                late_ms = late.as_millis() as u64,
+                "the lease's renewal was sent late: this controller's runtime is starved"
+            );
+        }
         let renewal = tokio::select! {
             r = claims.claim(holder, wall(), times.ttl, false) => r,
             _ = tokio::time::sleep_until(deadline) => {
@@ -410,6 +464,7 @@ mod tests {
                 name,
                 LeaseTimes::default(),
                 wall(base),
+                &tokio::runtime::Handle::current(),
                 start,
                 stop_rx,
             )
@@ -593,6 +648,7 @@ mod tests {
                     "a".into(),
                     times,
                     wall(base),
+                    &tokio::runtime::Handle::current(),
                     ticking("a", ticks),
                     a_stop_rx,
                 )

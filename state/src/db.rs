@@ -515,8 +515,32 @@ impl Store {
     pub(crate) fn write_at<T>(
         &self,
         needs: Access,
-        mut f: impl FnMut(&mut Tx<'_>) -> Result<T>,
+        f: impl FnMut(&mut Tx<'_>) -> Result<T>,
     ) -> Result<T> {
+        self.off_runtime(|| self.write_in(needs, f))
+    }
+
+    /// A transaction's whole wait — on the server, on the writer or a
+    /// reader, between retries — off the runtime worker that called the
+    /// store, where the state is in PostgreSQL: the in-process agents, the
+    /// API server and the lease's renewals share a controller's workers,
+    /// and a worker blocked on the network for each store call starved
+    /// them all (the lease then missed its deadline under a deploy, and
+    /// moved). On SQLite a call is a few microseconds of the worker's own
+    /// CPU, and stays where it is.
+    fn off_runtime<T>(&self, f: impl FnOnce() -> T) -> T {
+        let multi_thread = || {
+            tokio::runtime::Handle::try_current()
+                .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+        };
+        if matches!(self.inner.location, Location::Postgres(_)) && multi_thread() {
+            tokio::task::block_in_place(f)
+        } else {
+            f()
+        }
+    }
+
+    fn write_in<T>(&self, needs: Access, mut f: impl FnMut(&mut Tx<'_>) -> Result<T>) -> Result<T> {
         let mut conn = self.lock();
         let mut attempt = 0;
         // Set once COMMIT is sent: a connection lost then leaves unknown
@@ -634,10 +658,11 @@ impl Store {
     ///
     /// A read whose connection to PostgreSQL was lost (the server
     /// restarting) runs again on a new one, for up to [`RECONNECT_FOR`].
-    pub(crate) fn read_unchecked<T>(
-        &self,
-        mut f: impl FnMut(&Connection) -> Result<T>,
-    ) -> Result<T> {
+    pub(crate) fn read_unchecked<T>(&self, f: impl FnMut(&Connection) -> Result<T>) -> Result<T> {
+        self.off_runtime(|| self.read_in(f))
+    }
+
+    fn read_in<T>(&self, mut f: impl FnMut(&Connection) -> Result<T>) -> Result<T> {
         let mut lost: Option<std::time::Instant> = None;
         loop {
             let run = (|| {

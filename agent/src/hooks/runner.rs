@@ -184,8 +184,30 @@ pub fn ensure_tools(unit_dir: &Path) -> std::io::Result<Option<PathBuf>> {
     Ok(Some(dir))
 }
 
+/// How many hooks this process runs at once: a few per core. The agents of
+/// every machine a process hosts (a controller's in-process agents on the
+/// dummy, a machine agent's units) share its host, as Juju's units share
+/// their machine's hook lock; a thousand units' hooks spawned at once made
+/// the host's load some hundreds, and starved everything else on it (the
+/// controller's API, its lease's renewals) for minutes.
+///
+/// Taken before a hook is recorded as running (see `UnitAgent::run_hook`):
+/// a hook waiting for its slot when its agent dies has not begun, and is
+/// not taken for a failed one.
+pub async fn hook_slot() -> tokio::sync::SemaphorePermit<'static> {
+    static SLOTS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    SLOTS
+        .get_or_init(|| {
+            let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+            tokio::sync::Semaphore::new(cores * 4)
+        })
+        .acquire()
+        .await
+        .expect("the hook slots are never closed")
+}
+
 /// Runs `hook` for `unit` from `unit_dir/charm`, its output appended to
-/// `log`.
+/// `log` (the caller holds a [`hook_slot`]).
 pub async fn run(
     unit_dir: &Path,
     log: &Path,
