@@ -755,7 +755,11 @@ pub async fn run(home: &Home, env_name: &str, machine: i64) -> Result<()> {
         }
     }
     let mut lock = try_lock(home, env_name, machine)?.ok_or_else(|| {
-        refusal!("machine `{machine}`'s controller is already running for environment `{env_name}`; stop it first")
+        if machine == 0 {
+            refusal!("a controller is already running for environment `{env_name}`; stop it first")
+        } else {
+            refusal!("machine `{machine}`'s controller is already running for environment `{env_name}`; stop it first")
+        }
     })?;
     lock.write_pid()?;
     let provider = provider(home, env_name, &store).await?;

@@ -95,17 +95,20 @@ impl Claims for Store {
 /// hold the runtime's thread (and the deadline's timer can fire).
 async fn claim(store: &Store, holder: &str, now_ms: i64, ttl: Duration, anew: bool) -> Claimed {
     let (store, holder) = (store.clone(), holder.to_string());
-    let r = tokio::task::spawn_blocking(move || {
-        if anew {
-            store.claim_lease_anew(SINGLETONS, &holder, now_ms, ttl)
-        } else {
-            store.claim_lease(SINGLETONS, &holder, now_ms, ttl)
-        }
-    })
-    .await;
+    tokio::task::spawn_blocking(move || claim_now(&store, &holder, now_ms, ttl, anew))
+        .await
+        .unwrap_or_else(|e| Claimed::Failed(e.to_string()))
+}
+
+/// One claim (a new holding's first is `anew`), answered.
+fn claim_now(store: &Store, holder: &str, now_ms: i64, ttl: Duration, anew: bool) -> Claimed {
+    let r = if anew {
+        store.claim_lease_anew(SINGLETONS, holder, now_ms, ttl)
+    } else {
+        store.claim_lease(SINGLETONS, holder, now_ms, ttl)
+    };
     match r {
-        Ok(Ok(c)) => Claimed::Answer(c),
-        Ok(Err(e)) => Claimed::Failed(e.to_string()),
+        Ok(c) => Claimed::Answer(c),
         Err(e) => Claimed::Failed(e.to_string()),
     }
 }
@@ -142,21 +145,14 @@ impl Claimer {
             .spawn(move || {
                 for (a, answer) in rx {
                     let t0 = std::time::Instant::now();
-                    let r = if a.anew {
-                        store.claim_lease_anew(SINGLETONS, &a.holder, a.now_ms, a.ttl)
-                    } else {
-                        store.claim_lease(SINGLETONS, &a.holder, a.now_ms, a.ttl)
-                    };
+                    let claimed = claim_now(&store, &a.holder, a.now_ms, a.ttl, a.anew);
                     if t0.elapsed() > Duration::from_secs(1) {
                         warn!(
                             took_ms = t0.elapsed().as_millis() as u64,
                             "a lease claim was slow"
                         );
                     }
-                    let _ = answer.send(match r {
-                        Ok(c) => Claimed::Answer(c),
-                        Err(e) => Claimed::Failed(e.to_string()),
-                    });
+                    let _ = answer.send(claimed);
                 }
             })?;
         Ok(Claimer { requests: tx })

@@ -185,6 +185,33 @@ impl Jujube {
         serde_json::from_str(&r.stdout).unwrap()
     }
 
+    /// Checks that every machine of `st` (a `status`) has exactly one
+    /// instance in the dummy cloud, the one it records, and that the cloud
+    /// has no other (no stray left).
+    pub fn assert_one_instance_per_machine(&self, st: &serde_json::Value) {
+        let machines = st["machines"].as_object().unwrap();
+        let listed: Vec<serde_json::Value> =
+            serde_json::from_str(&self.run(&["dummy-cloud", "list"]).ok().stdout).unwrap();
+        let mut per_machine: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for i in &listed {
+            per_machine
+                .entry(i["tags"]["jujube-machine-id"].as_str().unwrap().to_string())
+                .or_default()
+                .push(i["id"].as_str().unwrap().to_string());
+        }
+        for (id, m) in machines {
+            let ids = per_machine.get(id).cloned().unwrap_or_default();
+            assert_eq!(ids.len(), 1, "machine {id} has instances {ids:?}");
+            assert_eq!(
+                m["instance-id"].as_str(),
+                Some(ids[0].as_str()),
+                "machine {id} records its instance"
+            );
+        }
+        assert_eq!(listed.len(), machines.len(), "no strays left");
+        assert!(st.get("strays").is_none(), "{:?}", st.get("strays"));
+    }
+
     /// How many machines have a recorded instance.
     pub fn provisioned(&self) -> usize {
         self.status()["machines"].as_object().map_or(0, |ms| {

@@ -3,7 +3,6 @@
 
 use crate::Jujube;
 use serde_json::Value;
-use std::collections::BTreeMap;
 
 fn instances(j: &Jujube) -> Vec<Value> {
     let r = j.run(&["dummy-cloud", "list"]).ok();
@@ -335,25 +334,7 @@ fn killing_the_controller_at_random_moments_never_duplicates_or_leaks_instances(
     let st = j.status();
     let machines = st["machines"].as_object().unwrap();
     assert_eq!(machines.len(), 101);
-    let listed = instances(&j);
-    let mut per_machine: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for i in &listed {
-        per_machine
-            .entry(i["tags"]["jujube-machine-id"].as_str().unwrap().to_string())
-            .or_default()
-            .push(i["id"].as_str().unwrap().to_string());
-    }
-    for (id, m) in machines {
-        let ids = per_machine.get(id).cloned().unwrap_or_default();
-        assert_eq!(ids.len(), 1, "machine {id} has instances {ids:?}");
-        assert_eq!(
-            m["instance-id"].as_str(),
-            Some(ids[0].as_str()),
-            "machine {id} records its instance"
-        );
-    }
-    assert_eq!(listed.len(), 101, "no strays left");
-    assert!(st.get("strays").is_none(), "{:?}", st.get("strays"));
+    j.assert_one_instance_per_machine(&st);
     drop(ctl);
 }
 
