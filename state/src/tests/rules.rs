@@ -1416,3 +1416,60 @@ fn where_the_state_lives_is_chosen_at_bootstrap_only() {
         );
     }
 }
+
+/// The two schemas say the same: every table of the SQLite schema, with
+/// its columns in order and their kinds, is in PostgreSQL's (on SQLite
+/// alone there is nothing to compare).
+#[test]
+fn the_postgresql_schema_has_the_sqlite_schemas_tables_and_columns() {
+    let e = env();
+    if !matches!(e.st.location(), crate::Location::Postgres(_)) {
+        return;
+    }
+    let lite = super::sqlite_env();
+    // (table, column, kind): integers (and flags), text, or other.
+    let kind = |t: &str| -> String {
+        let t = t.to_ascii_lowercase();
+        if t.contains("int") || t == "boolean" {
+            "integer".into()
+        } else if t == "text" {
+            "text".into()
+        } else {
+            t
+        }
+    };
+    let sqlite: Vec<(String, String, String)> = lite
+        .st
+        .read(|c| {
+            Ok(c.prepare(
+                "SELECT m.name, p.name, p.type FROM sqlite_master m, pragma_table_info(m.name) p
+                 WHERE m.type = 'table' AND m.name NOT LIKE 'sqlite_%' ORDER BY m.name, p.cid",
+            )?
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get::<_, String>(2)?)))?
+            .collect::<crate::sql::Result<Vec<(String, String, String)>>>()?)
+        })
+        .unwrap()
+        .into_iter()
+        .map(|(t, c, ty): (String, String, String)| (t, c, kind(&ty)))
+        .collect();
+    let pg: Vec<(String, String, String)> = e
+        .st
+        .read(|c| {
+            Ok(c.prepare(
+                "SELECT table_name::text, column_name::text, data_type::text FROM information_schema.columns
+                 WHERE table_schema = current_schema() AND table_name <> 'schema_version'
+                 ORDER BY table_name, ordinal_position",
+            )?
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get::<_, String>(2)?)))?
+            .collect::<crate::sql::Result<Vec<(String, String, String)>>>()?)
+        })
+        .unwrap()
+        .into_iter()
+        .map(|(t, c, ty): (String, String, String)| (t, c, kind(&ty)))
+        .collect();
+    assert!(
+        sqlite.iter().any(|(t, _, _)| t == "controllers"),
+        "{sqlite:?}"
+    );
+    assert_eq!(pg, sqlite);
+}
