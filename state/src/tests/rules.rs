@@ -1438,35 +1438,28 @@ fn the_postgresql_schema_has_the_sqlite_schemas_tables_and_columns() {
             t
         }
     };
-    let sqlite: Vec<(String, String, String)> = lite
-        .st
-        .read(|c| {
-            Ok(c.prepare(
-                "SELECT m.name, p.name, p.type FROM sqlite_master m, pragma_table_info(m.name) p
-                 WHERE m.type = 'table' AND m.name NOT LIKE 'sqlite_%' ORDER BY m.name, p.cid",
-            )?
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get::<_, String>(2)?)))?
-            .collect::<crate::sql::Result<Vec<(String, String, String)>>>()?)
+    // (table, column, kind) of every column `sql` lists, in its order.
+    let columns = |st: &crate::Store, sql: &str| -> Vec<(String, String, String)> {
+        st.read(|c| {
+            Ok(c.prepare(sql)?
+                .query_map([], |r| {
+                    Ok((r.get(0)?, r.get(1)?, kind(&r.get::<_, String>(2)?)))
+                })?
+                .collect::<crate::sql::Result<Vec<(String, String, String)>>>()?)
         })
         .unwrap()
-        .into_iter()
-        .map(|(t, c, ty): (String, String, String)| (t, c, kind(&ty)))
-        .collect();
-    let pg: Vec<(String, String, String)> = e
-        .st
-        .read(|c| {
-            Ok(c.prepare(
-                "SELECT table_name::text, column_name::text, data_type::text FROM information_schema.columns
-                 WHERE table_schema = current_schema() AND table_name <> 'schema_version'
-                 ORDER BY table_name, ordinal_position",
-            )?
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get::<_, String>(2)?)))?
-            .collect::<crate::sql::Result<Vec<(String, String, String)>>>()?)
-        })
-        .unwrap()
-        .into_iter()
-        .map(|(t, c, ty): (String, String, String)| (t, c, kind(&ty)))
-        .collect();
+    };
+    let sqlite = columns(
+        &lite.st,
+        "SELECT m.name, p.name, p.type FROM sqlite_master m, pragma_table_info(m.name) p
+         WHERE m.type = 'table' AND m.name NOT LIKE 'sqlite_%' ORDER BY m.name, p.cid",
+    );
+    let pg = columns(
+        &e.st,
+        "SELECT table_name::text, column_name::text, data_type::text FROM information_schema.columns
+         WHERE table_schema = current_schema() AND table_name <> 'schema_version'
+         ORDER BY table_name, ordinal_position",
+    );
     assert!(
         sqlite.iter().any(|(t, _, _)| t == "controllers"),
         "{sqlite:?}"
