@@ -79,6 +79,11 @@ trait Claims: Send + Sync {
     ) -> ClaimFuture<'a>;
 }
 
+/// Claims straight from a store, from the runtime's blocking pool: what the
+/// tests hold with (its tasks hold tokio's paused clock, which a
+/// [`Claimer`]'s thread would not); a controller claims through a
+/// [`Claimer`].
+#[cfg(test)]
 impl Claims for Store {
     fn claim<'a>(
         &'a self,
@@ -91,8 +96,7 @@ impl Claims for Store {
     }
 }
 
-/// A claim sent from a blocking thread, so that a stalled database does not
-/// hold the runtime's thread (and the deadline's timer can fire).
+#[cfg(test)]
 async fn claim(store: &Store, holder: &str, now_ms: i64, ttl: Duration, anew: bool) -> Claimed {
     let (store, holder) = (store.clone(), holder.to_string());
     tokio::task::spawn_blocking(move || claim_now(&store, &holder, now_ms, ttl, anew))
