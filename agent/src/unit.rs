@@ -281,13 +281,15 @@ impl UnitAgent {
         }
         // Told where the unit runs (a subordinate's principal, the machine).
         let hook = hook.placed(&self.api.unit(self.name()).await?);
-        let slot = runner::hook_slot().await;
+        // Held while the hook is recorded as running, to the record's
+        // clearing: at most a slot's worth of hooks can be found
+        // interrupted when the process dies.
+        let _slot = runner::hook_slot().await;
         self.hook_state().running = Some(Box::new(HookRecord::from(&hook)));
         self.save_hooks()?;
         let (id, ctx, socket) = self.open_context(&hook, relations, None).await?;
         let log = self.log_path();
         let outcome = runner::run(&dir, &log, self.name(), &id, &socket, &hook).await;
-        drop(slot);
         self.close_context().await;
         self.ship_log().await?;
         // What the hook set is written now; the store refusing it (a bound

@@ -191,9 +191,9 @@ pub fn ensure_tools(unit_dir: &Path) -> std::io::Result<Option<PathBuf>> {
 /// the host's load some hundreds, and starved everything else on it (the
 /// controller's API, its lease's renewals) for minutes.
 ///
-/// Taken before a hook is recorded as running (see `UnitAgent::run_hook`):
-/// a hook waiting for its slot when its agent dies has not begun, and is
-/// not taken for a failed one.
+/// Held from before a hook is recorded as running until its record is
+/// cleared (see `UnitAgent::run_hook`): a hook waiting for its slot when
+/// its agent dies has not begun, and is not taken for a failed one.
 pub async fn hook_slot() -> tokio::sync::SemaphorePermit<'static> {
     static SLOTS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
     SLOTS
