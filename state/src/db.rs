@@ -66,6 +66,9 @@ struct Inner {
     location: Location,
     durability: Durability,
     head: watch::Sender<u64>,
+    /// On PostgreSQL, the session that hears other controllers' commits
+    /// and wakes `head`'s watchers (see `pg::listen`).
+    listener: std::sync::OnceLock<Mutex<crate::pg::listen::Listener>>,
     transactions: AtomicU64,
     max_rows: AtomicU64,
     /// Bumped whenever an agent credential is set or replaced through this
@@ -343,7 +346,7 @@ impl Store {
                 r.get(0)
             })?;
         let (tx, _) = watch::channel(head as u64);
-        Ok(Store {
+        let store = Store {
             inner: Arc::new(Inner {
                 conn: Mutex::new(conn),
                 readers: std::iter::once(Some(reader))
@@ -355,13 +358,25 @@ impl Store {
                 location: location.clone(),
                 durability,
                 head: tx,
+                listener: std::sync::OnceLock::new(),
                 transactions: AtomicU64::new(0),
                 max_rows: AtomicU64::new(0),
                 credential_epoch: AtomicU64::new(0),
             }),
             user: None,
             fence: None,
-        })
+        };
+        if let Location::Postgres(target) = location {
+            // A weak handle: the session ends with the store.
+            let inner = Arc::downgrade(&store.inner);
+            let listener = crate::pg::listen::listen(target, move || {
+                if let Some(inner) = inner.upgrade() {
+                    inner.head.send_modify(|_| {});
+                }
+            });
+            let _ = store.inner.listener.set(Mutex::new(listener));
+        }
+        Ok(store)
     }
 
     /// A handle on the same database acting for `user`: each of its

@@ -185,7 +185,7 @@ pub enum Error {
     BadStateUrl(String),
     #[error("`{0}` is chosen at bootstrap and cannot change; bootstrap a new environment to use another")]
     FixedAtBootstrap(String),
-    #[error("cannot reach the state database at `{url}`: {cause}; check that PostgreSQL runs there and takes this user's password")]
+    #[error("cannot reach the state database at `{url}`: {cause}; check that PostgreSQL runs there, takes this user's password, and (with `sslrootcert`) shows a certificate signed by it")]
     Unreachable { url: String, cause: String },
     #[error("cannot secure the state database `{path}`: {source}; check its directory's owner and permissions")]
     Io {

@@ -3,29 +3,39 @@
 //!
 //! The rules and the change feed are the same as on SQLite (see
 //! [`crate::sql`] for what the seam translates); what only PostgreSQL
-//! needs is here: a password kept out of the URL, sessions set up per
-//! role (a reader is read-only, a relaxed writer does not wait for its
-//! commit's flush), byte-order text, and migrations serialized between
-//! controllers by an advisory lock.
+//! needs is here: a password kept out of the URL, TLS as libpq's `sslmode`
+//! and `sslrootcert` ask for it, sessions set up per role (a reader is
+//! read-only, a relaxed writer does not wait for its commit's flush),
+//! byte-order text, and migrations serialized between controllers by an
+//! advisory lock.
+
+pub(crate) mod listen;
+mod tls;
 
 use crate::schema::PG_MIGRATIONS;
 use crate::sql::Connection;
 use crate::{Durability, Error, Result};
 
 /// Where a PostgreSQL store lives: a `postgres://USER@HOST:PORT/DB` URL
-/// (the client's URL and its query options: `sslmode`, `options`,
-/// `connect_timeout`, ...), and its password kept beside it, never in the
-/// URL (so that a URL can be shown and logged).
+/// (the client's URL and its query options: `sslmode`, `sslrootcert`,
+/// `options`, `connect_timeout`, ...), and its password kept beside it,
+/// never in the URL (so that a URL can be shown and logged).
 #[derive(Clone)]
 pub struct PgTarget {
     url: String,
+    /// The URL as the client reads it: `sslrootcert` taken out and
+    /// `sslmode` put in the client's terms (it knows three modes).
+    client_url: String,
     password: Option<String>,
+    /// How the server's certificate is checked; `None`: no TLS.
+    tls: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 
 impl std::fmt::Debug for PgTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgTarget")
             .field("url", &self.url)
+            .field("tls", &self.tls.is_some())
             .field("password", &self.password.as_ref().map(|_| "<hidden>"))
             .finish()
     }
@@ -45,7 +55,8 @@ impl PgTarget {
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
             return Err(bad("it does not start with `postgres://`"));
         }
-        let config: tokio_postgres::Config = url
+        let (client_url, tls) = tls::split(url).map_err(|why| bad(&why))?;
+        let config: tokio_postgres::Config = client_url
             .parse()
             .map_err(|e| bad(&format!("it does not parse ({e})")))?;
         if config.get_password().is_some() {
@@ -56,9 +67,12 @@ impl PgTarget {
         if config.get_user().is_none() {
             return Err(bad("it names no user (`postgres://USER@HOST:PORT/DB`)"));
         }
+        let tls = tls.config().map_err(|why| bad(&why))?;
         Ok(PgTarget {
             url: url.to_string(),
+            client_url,
             password,
+            tls,
         })
     }
 
@@ -69,7 +83,7 @@ impl PgTarget {
 
     fn config(&self) -> Result<tokio_postgres::Config> {
         let mut config: tokio_postgres::Config = self
-            .url
+            .client_url
             .parse()
             .map_err(|e| Error::BadStateUrl(format!("it does not parse ({e})")))?;
         if let Some(p) = &self.password {
@@ -92,9 +106,11 @@ pub(crate) enum Role {
 
 /// A connection to `target`, set up for `role`.
 pub(crate) fn connect(target: &PgTarget, role: Role) -> Result<Connection> {
-    let conn = Connection::postgres(target.config()?).map_err(|e| Error::Unreachable {
-        url: target.url.clone(),
-        cause: e.to_string(),
+    let conn = Connection::postgres(target.config()?, target.tls.clone()).map_err(|e| {
+        Error::Unreachable {
+            url: target.url.clone(),
+            cause: e.to_string(),
+        }
     })?;
     conn.execute_batch(match role {
         // A relaxed store survives the server's crash but not its
@@ -198,6 +214,22 @@ mod tests {
             ("mysql://jujube@db/env", "does not start with `postgres://`"),
             (
                 "postgres://jujube@db/env?sslmode=sometimes",
+                "`sslmode=sometimes` is not one of",
+            ),
+            (
+                "postgres://jujube@db/env?sslmode=verify-full",
+                "`sslmode=verify-full` checks the server's certificate against `sslrootcert`",
+            ),
+            (
+                "postgres://jujube@db/env?sslmode=disable&sslrootcert=/x",
+                "`sslrootcert` with `sslmode=disable`",
+            ),
+            (
+                "postgres://jujube@db/env?sslmode=require&sslrootcert=/nowhere/ca.crt",
+                "cannot read `sslrootcert` `/nowhere/ca.crt`",
+            ),
+            (
+                "postgres://jujube@db/env?connect_timeout=soon",
                 "does not parse",
             ),
         ] {

@@ -465,6 +465,9 @@ CREATE TABLE controllers (
     seen       INTEGER NOT NULL
 );
 "#,
+    // 26 (several controllers): commits notified to other controllers;
+    // PostgreSQL only (on SQLite other processes' commits are polled).
+    "SELECT 1;",
 ];
 
 /// The PostgreSQL schema. PostgreSQL does not replay SQLite's history
@@ -700,6 +703,18 @@ CREATE TABLE controllers (
     seen       BIGINT NOT NULL
 );
 "#,
+    // 26: every commit that wrote feed entries notifies `jujube_changes`
+    // with its schema (see `pg::listen`); one notification per
+    // transaction, whatever its number of entries.
+    r#"
+CREATE FUNCTION changes_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('jujube_changes', current_schema()::text);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER changes_notify AFTER INSERT ON changes
+    FOR EACH STATEMENT EXECUTE FUNCTION changes_notify();
+"#,
 ];
 
 /// Every table and function [`PG_MIGRATIONS`] creates, for
@@ -731,7 +746,8 @@ pub(crate) const PG_TABLES: &[&str] = &[
     "controllers",
     "schema_version",
 ];
-pub(crate) const PG_FUNCTIONS: &[&str] = &["machines_high_water", "units_high_water"];
+pub(crate) const PG_FUNCTIONS: &[&str] =
+    &["machines_high_water", "units_high_water", "changes_notify"];
 
 /// The SQLite schema version [`PG_MIGRATIONS`]' first entry equals.
 pub(crate) const PG_BASELINE: usize = 24;

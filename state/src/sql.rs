@@ -59,12 +59,23 @@ pub enum Error {
 }
 
 /// PostgreSQL's own message and SQLSTATE where the server sent one (the
-/// client's `Display` says only "db error").
+/// client's `Display` says only "db error"); otherwise the client's words
+/// and their causes (for a failed TLS handshake it says only "error
+/// performing TLS handshake", and the cause is which check failed).
 fn pg_message(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{} (sqlstate {})", db.message(), db.code().code()),
-        None => e.to_string(),
+    if let Some(db) = e.as_db_error() {
+        return format!("{} (sqlstate {})", db.message(), db.code().code());
     }
+    let mut message = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let said = c.to_string();
+        if !message.contains(&said) {
+            message = format!("{message}: {said}");
+        }
+        cause = c.source();
+    }
+    message
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -835,6 +846,26 @@ pub(crate) fn pg_text(sql: &str) -> String {
     }
 }
 
+/// Connects with `tls`, hands the client to `tx`, and drives the
+/// connection until the client is dropped or the server closes it.
+async fn serve<T>(
+    config: tokio_postgres::Config,
+    tls: T,
+    tx: std::sync::mpsc::SyncSender<Result<tokio_postgres::Client>>,
+) where
+    T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>,
+{
+    match config.connect(tls).await {
+        Ok((client, connection)) => {
+            let _ = tx.send(Ok(client));
+            let _ = connection.await;
+        }
+        Err(e) => {
+            let _ = tx.send(Err(e.into()));
+        }
+    }
+}
+
 /// One connection to the state database.
 pub struct Connection {
     conn: Conn,
@@ -849,7 +880,11 @@ impl Connection {
 
     /// A PostgreSQL connection: the client here, its socket driven by a
     /// thread of its own (see [`block_on`]).
-    pub(crate) fn postgres(config: tokio_postgres::Config) -> Result<Connection> {
+    /// With `tls`, TLS as the config's `sslmode` asks (see `pg::tls`).
+    pub(crate) fn postgres(
+        config: tokio_postgres::Config,
+        tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    ) -> Result<Connection> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         std::thread::Builder::new()
             .name("jujube-postgres".into())
@@ -867,15 +902,11 @@ impl Connection {
                     }
                 };
                 runtime.block_on(async move {
-                    match config.connect(tokio_postgres::NoTls).await {
-                        Ok((client, connection)) => {
-                            let _ = tx.send(Ok(client));
-                            // Until the client is dropped or the server
-                            // closes the connection.
-                            let _ = connection.await;
-                        }
-                        Err(e) => {
-                            let _ = tx.send(Err(e.into()));
+                    match tls {
+                        None => serve(config, tokio_postgres::NoTls, tx).await,
+                        Some(tls) => {
+                            let tls = tokio_postgres_rustls::MakeRustlsConnect::new((*tls).clone());
+                            serve(config, tls, tx).await
                         }
                     }
                 });

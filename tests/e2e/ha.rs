@@ -36,7 +36,16 @@ impl Cluster {
             "scripts/pg-setup failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let url = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        // Over TLS, the server's certificate checked against the
+        // cluster's authority and its address (as a managed server is
+        // reached): the restart below reconnects through a new handshake.
+        let dir_of_cluster = std::fs::read_to_string(&state).unwrap();
+        let ca = Path::new(dir_of_cluster.lines().nth(1).unwrap()).join("ca.crt");
+        let url = format!(
+            "{}?sslmode=verify-full&sslrootcert={}",
+            String::from_utf8(out.stdout).unwrap().trim(),
+            ca.display()
+        );
         Cluster {
             state,
             url,

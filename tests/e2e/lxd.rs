@@ -966,12 +966,7 @@ async fn an_ec2_instances_user_data_installs_an_agent_that_takes_up_its_machine(
     let Some(c) = lxd() else { return };
     let acct = account();
     let j = ec2_jujube(&acct);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let api = format!("127.0.0.1:{port}");
+    let api = format!("127.0.0.1:{}", unclaimed_port());
     let trusted = rcgen::KeyPair::generate_for(&rcgen::PKCS_RSA_SHA256).unwrap();
     let cert = rcgen::CertificateParams::new(vec![])
         .unwrap()
@@ -1426,12 +1421,7 @@ async fn bootstrap_on_ec2(hand_over: bool) {
     let mut j = ec2_jujube(&acct);
     j.auto_controller = true;
     j.start_controllers = false;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let api = format!("127.0.0.1:{port}");
+    let api = format!("127.0.0.1:{}", unclaimed_port());
 
     // Bootstrap waits for machine 0: run it beside.
     let args: Vec<String> = [
@@ -1678,4 +1668,22 @@ async fn bootstrap_on_ec2(hand_over: bool) {
         .await
         .is_err());
     assert!(!env_dir.exists());
+}
+
+/// A loopback port that is free now and that no one is handed by the
+/// kernel meanwhile: it lies below the ephemeral range, so neither a bind to
+/// port 0 nor an outgoing connection can take it between this choice and the
+/// LXD proxy's bind (a port from `bind(0)` was taken in between once).
+fn unclaimed_port() -> u16 {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let seed = std::process::id() as u16;
+    (0..2000u16)
+        .map(|i| {
+            20000 + (seed.wrapping_add(i.wrapping_mul(7))) % (low.saturating_sub(20000)).max(1)
+        })
+        .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        .expect("a free loopback port below the ephemeral range")
 }

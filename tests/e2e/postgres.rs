@@ -14,7 +14,12 @@ fn fresh_schema() -> (postgres::Client, String, String) {
         .unwrap_or_else(|e| panic!("cannot reach `{admin}`: {e}"));
     let schema = format!("e2e_{}", uuid::Uuid::new_v4().simple());
     c.batch_execute(&format!("CREATE SCHEMA {schema}")).unwrap();
-    let url = format!("{admin}?options=-csearch_path%3D{schema}");
+    // Over TLS, the server's certificate checked (`scripts/test` names
+    // its authority).
+    let ca = std::env::var("JUJUBE_TEST_STATE_CA")
+        .expect("JUJUBE_TEST_STATE_CA must name the server's authority (scripts/test sets it)");
+    let url =
+        format!("{admin}?sslmode=verify-full&sslrootcert={ca}&options=-csearch_path%3D{schema}");
     (c, schema, url)
 }
 

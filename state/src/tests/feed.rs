@@ -77,6 +77,32 @@ async fn watchers_see_commits_made_by_other_processes() {
     assert_eq!(batch.changes[0].id, "1");
 }
 
+/// On PostgreSQL another controller's commit is heard (`LISTEN/NOTIFY`):
+/// it wakes this store's watchers without their polling. On SQLite other
+/// processes' commits are polled (the test above): nothing to hear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgresql_another_controllers_commit_wakes_the_watchers_at_once() {
+    if super::postgres_url().is_none() {
+        return;
+    }
+    let e = env();
+    let other = crate::Store::open_at(e.st.location(), crate::Durability::Relaxed).unwrap();
+    let mut woken = e.st.head_receiver();
+    woken.mark_unchanged();
+    other.add_machines(1, None, None).unwrap();
+    // Bounds the wait only: the store polls nothing here.
+    tokio::time::timeout(Duration::from_secs(30), woken.changed())
+        .await
+        .expect("the other handle's commit was not heard")
+        .unwrap();
+    let mut w = e.st.watch(0).with_poll_interval(Duration::from_secs(3600));
+    let batch = w.next().await.unwrap();
+    assert!(batch
+        .changes
+        .iter()
+        .any(|c| c.kind == ChangeKind::Machine && c.id == "1"));
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_head_watcher_wakes_on_commit_with_the_range_it_did_not_read() {
     let e = env();

@@ -19,6 +19,7 @@ mod limits;
 mod prop;
 mod reconnect;
 mod rules;
+mod tls;
 mod users;
 
 use crate::environment::EnvironmentSpec;

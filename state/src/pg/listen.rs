@@ -1,0 +1,148 @@
+//! Commits by other controllers, heard at once: each store on PostgreSQL
+//! keeps one session that `LISTEN`s on [`CHANNEL`], where a trigger on the
+//! feed's table notifies every commit that wrote feed entries (its payload
+//! is the schema, so environments sharing a database do not wake each
+//! other). A notification only wakes this process's watchers sooner: they
+//! still read the feed from the last revision they saw, and still poll, so
+//! a notification lost (the session cut, the server restarted) costs at
+//! most one poll interval, never a change.
+
+use std::future::poll_fn;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio_postgres::AsyncMessage;
+
+use super::PgTarget;
+
+/// The channel the feed's trigger notifies.
+pub(crate) const CHANNEL: &str = "jujube_changes";
+
+/// How long a lost listening session waits before it tries again.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// The listening session, ended when dropped.
+pub(crate) struct Listener {
+    _stop: oneshot::Sender<()>,
+}
+
+/// Starts listening for `target`'s commits on a thread of its own, calling
+/// `wake` for each (and once after each new session, for what was
+/// committed while none listened). Returns once the first session listens,
+/// or has failed to (the thread keeps trying; the store polls meanwhile).
+pub(crate) fn listen(target: &PgTarget, wake: impl Fn() + Send + 'static) -> Listener {
+    let (stop_tx, mut stop) = oneshot::channel();
+    let (ready_tx, ready) = std::sync::mpsc::sync_channel(1);
+    let target = target.clone();
+    let spawned = std::thread::Builder::new()
+        .name("jujube-pg-listen".into())
+        .spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                let _ = ready_tx.send(());
+                return;
+            };
+            runtime.block_on(async move {
+                let mut ready = Some(ready_tx);
+                loop {
+                    tokio::select! {
+                        _ = session(&target, &wake, &mut ready) => {}
+                        _ = &mut stop => return,
+                    }
+                    if let Some(r) = ready.take() {
+                        let _ = r.send(());
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(RETRY) => {}
+                        _ = &mut stop => return,
+                    }
+                }
+            });
+        });
+    if spawned.is_ok() {
+        let _ = ready.recv();
+    }
+    Listener { _stop: stop_tx }
+}
+
+/// One listening session, until it is lost.
+async fn session(
+    target: &PgTarget,
+    wake: &impl Fn(),
+    ready: &mut Option<std::sync::mpsc::SyncSender<()>>,
+) {
+    let Ok(config) = target.config() else { return };
+    // At most one wake waits here: one pending is as good as many, so
+    // nothing grows with the rate of commits.
+    let (heard_tx, mut heard) = mpsc::channel::<()>(1);
+    let schema = Arc::new(OnceLock::new());
+    let driven = match &target.tls {
+        None => config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map(|(c, conn)| (c, tokio::spawn(drive(conn, schema.clone(), heard_tx)))),
+        Some(tls) => config
+            .connect(tokio_postgres_rustls::MakeRustlsConnect::new(
+                (**tls).clone(),
+            ))
+            .await
+            .map(|(c, conn)| (c, tokio::spawn(drive(conn, schema.clone(), heard_tx)))),
+    };
+    let Ok((client, driver)) = driven else {
+        tracing::debug!(url = %target.url, "cannot open the session that listens for commits; polling meanwhile");
+        return;
+    };
+    let listening = async {
+        client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
+        let row = client
+            .query_one("SELECT current_schema()::text", &[])
+            .await?;
+        Ok::<_, tokio_postgres::Error>(row.get::<_, Option<String>>(0).unwrap_or_default())
+    };
+    match listening.await {
+        Ok(name) => {
+            let _ = schema.set(name);
+        }
+        Err(_) => {
+            driver.abort();
+            return;
+        }
+    }
+    // Whatever was committed before this session listened; before the
+    // store is handed out, so that its first watchers owe no wake to it.
+    wake();
+    if let Some(r) = ready.take() {
+        let _ = r.send(());
+    }
+    while heard.recv().await.is_some() {
+        wake();
+    }
+}
+
+/// Drives the session's socket, passing on what is notified for this
+/// store's schema (nothing before it is known: the session wakes once
+/// when it is).
+async fn drive<S, T>(
+    mut conn: tokio_postgres::Connection<S, T>,
+    schema: Arc<OnceLock<String>>,
+    heard: mpsc::Sender<()>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    loop {
+        match poll_fn(|cx| conn.poll_message(cx)).await {
+            Some(Ok(AsyncMessage::Notification(n))) => {
+                if schema.get().is_some_and(|s| s == n.payload()) {
+                    // Full: a wake is pending already.
+                    let _ = heard.try_send(());
+                }
+            }
+            Some(Ok(_)) => {}
+            Some(Err(_)) | None => return,
+        }
+    }
+}
