@@ -162,18 +162,22 @@ impl Tls {
             return Ok(None);
         }
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-        let verifier: Arc<dyn ServerCertVerifier> = match &self.roots {
-            None => Arc::new(Unchecked(provider.clone())),
+        let roots = match &self.roots {
+            None => None,
             Some(roots) => {
                 let store = Arc::new(read_roots(roots)?);
                 let webpki = WebPkiServerVerifier::builder_with_provider(store, provider.clone())
                     .build()
                     .map_err(|e| format!("`sslrootcert` cannot be used: {e}"))?;
-                match self.mode {
-                    Mode::VerifyFull => webpki,
-                    _ => Arc::new(AnyName(webpki)),
-                }
+                Some(webpki)
             }
+        };
+        let verifier: Arc<dyn ServerCertVerifier> = match (self.mode, roots) {
+            (Mode::VerifyFull, Some(webpki)) => webpki,
+            (_, roots) => Arc::new(Lenient {
+                roots,
+                provider: provider.clone(),
+            }),
         };
         let config = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
@@ -222,12 +226,19 @@ fn read_roots(roots: &Roots) -> Result<RootCertStore, String> {
     Ok(store)
 }
 
-/// `verify-ca` (and `require`/`prefer` with `sslrootcert`): the chain is
-/// checked, the name in the certificate is not.
+/// Every mode but `verify-full`: the chain checked against `roots` when
+/// there are roots (`verify-ca`, and `require`/`prefer` with `sslrootcert`),
+/// the name in the certificate never; without roots (`prefer`, `require`)
+/// the session is encrypted and the server not authenticated (libpq's
+/// meaning of those modes). The handshake's signatures are always checked,
+/// so the server holds the key of the certificate it shows.
 #[derive(Debug)]
-struct AnyName(Arc<WebPkiServerVerifier>);
+struct Lenient {
+    roots: Option<Arc<WebPkiServerVerifier>>,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
 
-impl ServerCertVerifier for AnyName {
+impl ServerCertVerifier for Lenient {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -236,10 +247,10 @@ impl ServerCertVerifier for AnyName {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
+        let Some(roots) = &self.roots else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match roots.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
@@ -253,7 +264,8 @@ impl ServerCertVerifier for AnyName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
     }
 
     fn verify_tls13_signature(
@@ -262,63 +274,14 @@ impl ServerCertVerifier for AnyName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
-    }
-}
-
-/// `prefer` and `require` without `sslrootcert`: the session is encrypted,
-/// the server not authenticated (libpq's meaning of those modes). The
-/// handshake's signatures are still checked, so the server holds the key
-/// of the certificate it shows.
-#[derive(Debug)]
-struct Unchecked(Arc<rustls::crypto::CryptoProvider>);
-
-impl ServerCertVerifier for Unchecked {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 
