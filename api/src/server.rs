@@ -336,6 +336,18 @@ impl ApiServer {
     }
 }
 
+impl ApiServer {
+    /// Stops at once, as dropping does, and returns when every connection
+    /// is closed (handshakes included): nothing this server sends can reach
+    /// a client afterwards.
+    pub async fn shutdown(self) {
+        self.stop.send_replace(2);
+        // Every task of the server holds a receiver: the listeners, the
+        // presence beat and each connection.
+        self.stop.closed().await;
+    }
+}
+
 impl Drop for ApiServer {
     /// Drops every connection at once.
     fn drop(&mut self) {
@@ -618,10 +630,10 @@ async fn serve_connection<IO>(
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let tls =
-        match tokio::time::timeout(shared.limits.handshake_timeout, shared.acceptor.accept(io))
-            .await
-        {
+    // A server stopping does not wait for a handshake to run out its time.
+    let handshake = tokio::time::timeout(shared.limits.handshake_timeout, shared.acceptor.accept(io));
+    let tls = tokio::select! {
+        r = handshake => match r {
             Ok(Ok(tls)) => tls,
             Ok(Err(e)) => {
                 debug!("TLS handshake refused: {e}");
@@ -631,7 +643,9 @@ async fn serve_connection<IO>(
                 debug!("TLS handshake timed out");
                 return;
             }
-        };
+        },
+        _ = stopped.changed() => return,
+    };
     let peer: Arc<str> = unproven.peer.as_deref().unwrap_or("").into();
     let activity = Arc::new(Activity {
         peer,

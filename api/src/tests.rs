@@ -699,6 +699,30 @@ async fn a_remote_deployer_gives_its_units_credentials_that_survive_a_restart() 
     assert!(!dir.join("unit-mysql-0.conf").exists());
 }
 
+/// Shutting a server down returns once every connection it held is closed,
+/// ones still in their TLS handshake and ones carrying watches alike: nothing
+/// the old server says can reach a client after it (a handshake is not left
+/// to run out its timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_shut_down_has_closed_every_connection() {
+    use tokio::io::AsyncReadExt;
+    let mut w = World::new().await;
+    let m1 = w.machine_of("wordpress/0");
+    let addr = w.server.as_ref().unwrap().tcp_addr().unwrap();
+    // Connected, and silent: the server waits for its ClientHello.
+    let mut raw = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let api = w.remote(&w.machine_conf(m1));
+    let _notices = api.watch(WatchTarget::Machine(m1)).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), w.server.take().unwrap().shutdown())
+        .await
+        .expect("shut down without waiting out a handshake");
+    let mut b = [0u8; 1];
+    match tokio::time::timeout(Duration::from_millis(500), raw.read(&mut b)).await {
+        Ok(Ok(0)) | Ok(Err(_)) => {}
+        other => panic!("the silent connection is still open: {other:?}"),
+    }
+}
+
 /// A change made after a watch was opened but before any notice reached the
 /// client, with the server gone meanwhile: the resumed watch still tells.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -707,7 +731,7 @@ async fn a_watch_resumed_before_its_first_notice_misses_nothing() {
     let m1 = w.machine_of("wordpress/0");
     let api = w.remote(&w.machine_conf(m1));
     let mut notices = api.watch(WatchTarget::Machine(m1)).await.unwrap();
-    w.server = None;
+    w.server.take().unwrap().shutdown().await;
     w.store.add_units("wordpress", 1, Some(m1)).unwrap();
     w.start(Limits::default()).await;
     let n = next(&mut notices).await;
@@ -723,7 +747,7 @@ async fn a_watch_resumed_past_the_pruned_feed_is_told_to_resync() {
     let m1 = w.machine_of("wordpress/0");
     let api = w.remote(&w.machine_conf(m1));
     let mut notices = api.watch(WatchTarget::Machine(m1)).await.unwrap();
-    w.server = None;
+    w.server.take().unwrap().shutdown().await;
     // Changes while the server is down, then the feed pruned to the last
     // one: the revision the client holds is gone.
     w.store.add_units("wordpress", 1, Some(m1)).unwrap();
