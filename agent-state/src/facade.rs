@@ -296,6 +296,7 @@ impl Facade for InProcess {
             id,
             life: m.life,
             units: units.iter().map(unit_ref).collect(),
+            api_addresses: self.shared.hub.api_addresses().to_vec(),
         })
     }
 

@@ -11,6 +11,7 @@
 //! | a service appears, goes, or changes life, relation count or settings | its units |
 //! | a machine appears, goes, or changes life or instance | its agent, and the host that runs machine agents |
 //! | a unit enters or leaves a scope, or its relation settings change | the units of that scope's container |
+//! | the controllers' API addresses change | every machine agent (its view carries them) |
 //!
 //! Changes that matter to nobody (a status message, a unit count) are
 //! dropped: the hub keeps the little it needs to tell (each unit's life,
@@ -138,6 +139,9 @@ pub(crate) struct Hub {
     /// Set once the first load is done (see [`Hub::ready`]).
     loaded: std::sync::atomic::AtomicBool,
     loaded_notify: Notify,
+    /// The controllers' API addresses as last read (machine views carry
+    /// them).
+    api_addresses: Mutex<Arc<[String]>>,
 }
 
 impl Drop for Hub {
@@ -258,6 +262,21 @@ impl Hub {
         }
     }
 
+    /// The controllers' API addresses as last read.
+    pub(crate) fn api_addresses(&self) -> Arc<[String]> {
+        lock(&self.api_addresses).clone()
+    }
+
+    /// Reads the controllers' API addresses; whether they changed.
+    fn reload_api_addresses(&self, store: &Store) -> jujube_state::Result<bool> {
+        // No machine is -1: every controller's, in machine order.
+        let now: Arc<[String]> = store.controller_addresses(-1)?.into();
+        let mut held = lock(&self.api_addresses);
+        let changed = *held != now;
+        *held = now;
+        Ok(changed)
+    }
+
     /// Takes the machines changed since the last call.
     pub(crate) fn take_machine_events(&self) -> BTreeSet<i64> {
         std::mem::take(&mut *lock(&self.machine_events))
@@ -307,6 +326,7 @@ impl Hub {
         stop: &mut watch::Receiver<bool>,
     ) -> jujube_state::Result<()> {
         let mut known = Known::load(store)?;
+        self.reload_api_addresses(store)?;
         // A change between `from` and the load is already in `known`, so it
         // would look like no change: whoever subscribed meanwhile re-reads,
         // and the host looks at every machine again (a machine that got its
@@ -352,6 +372,7 @@ impl Hub {
         let mut machines = BTreeSet::new();
         let mut scopes = BTreeSet::new();
         let mut runs = BTreeSet::new();
+        let mut controllers = false;
         for c in &batch.changes {
             match c.kind {
                 ChangeKind::Unit => {
@@ -382,10 +403,21 @@ impl Hub {
                 ChangeKind::Run | ChangeKind::Leader => {
                     runs.insert(c.id.as_str());
                 }
+                ChangeKind::Controllers => controllers = true,
                 ChangeKind::Environment | ChangeKind::Cleanup => {}
             }
         }
         let mut keys: HashSet<Key> = runs.into_iter().map(|u| Key::Unit(u.into())).collect();
+        // Rare (a controller started, or moved): every machine agent
+        // re-reads its view, which carries the addresses.
+        if controllers && self.reload_api_addresses(store)? {
+            keys.extend(
+                lock(&self.subs)
+                    .keys()
+                    .filter(|k| matches!(k, Key::Machine(_)))
+                    .cloned(),
+            );
+        }
         let units: Vec<&str> = units.into_iter().collect();
         for (name, now) in units.iter().copied().zip(store.unit_links(&units)?) {
             let now = now.map(|u| UnitRoute {

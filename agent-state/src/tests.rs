@@ -753,6 +753,47 @@ async fn watches_tell_exactly_the_agents_that_can_see_a_change() {
     assert!(wp0.next().await.is_some());
 }
 
+/// Where the controllers serve reaches every machine agent (its view carries
+/// it) when it changes, and nobody on a controller's beat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controllers_moving_tells_every_machine_agent_and_no_unit() {
+    use futures_util::{FutureExt, StreamExt};
+    let (w, _, _) = scoped_world();
+    let at = vec!["127.0.0.1:17070".to_string()];
+    w.store.controller_seen(0, "machine-0/h", &at, 1).unwrap();
+    let f = Facades::new(w.store.clone()).unwrap();
+    f.ready().await;
+    let m1 = f.for_agent(Tag::Machine(1));
+    assert_eq!(m1.machine(1).await.unwrap().api_addresses, at);
+    let mut n1 = m1.watch(WatchTarget::Machine(1)).await.unwrap();
+    let mut n2 = f
+        .for_agent(Tag::Machine(2))
+        .watch(WatchTarget::Machine(2))
+        .await
+        .unwrap();
+    let mut wp0 = f
+        .for_agent(Tag::unit("wordpress/0"))
+        .watch(WatchTarget::Unit(unit("wordpress/0")))
+        .await
+        .unwrap();
+    // The beat: nothing to tell. Then the controller moves.
+    w.store.controller_seen(0, "machine-0/h", &at, 2).unwrap();
+    let moved = vec!["127.0.0.1:17170".to_string()];
+    w.store
+        .controller_seen(0, "machine-0/h", &moved, 3)
+        .unwrap();
+    let head = w.store.head_revision().unwrap();
+    for n in [&mut n1, &mut n2] {
+        let told = tokio::time::timeout(std::time::Duration::from_secs(10), n.next())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(told.revision, head);
+    }
+    assert_eq!(m1.machine(1).await.unwrap().api_addresses, moved);
+    assert!(wp0.next().now_or_never().is_none(), "a unit agent was told");
+}
+
 /// The facade's facades are cheap handles: one writer, one router.
 #[allow(dead_code)]
 fn facade_is_object_safe(f: Arc<dyn Facade>) -> Arc<dyn Facade> {

@@ -80,7 +80,9 @@ pub struct Remote {
 }
 
 struct Inner {
-    addresses: Vec<String>,
+    /// Tried in order on each new connection; shared by a deployer and the
+    /// unit agents it runs (see [`Remote::follow_controllers`]).
+    addresses: Arc<std::sync::RwLock<Vec<String>>>,
     tls: tokio_rustls::TlsConnector,
     /// Who calls: the header naming it and its value (an agent's tag, or a
     /// user's name).
@@ -103,6 +105,34 @@ struct Deferred {
     path: PathBuf,
 }
 
+/// What an agent holding `held` tries after learning that the controllers
+/// serve at `learned`; `None` to keep `held`. Kept when nothing was learned,
+/// when the sets are the same, and when `held` shares no address with
+/// `learned`: that agent reaches its controller through an address the
+/// controllers do not record (the socket LXD proxies into a container, the
+/// `api-address` an EC2 instance is given), which it keeps. Otherwise the
+/// addresses it holds that are still served come first, in its order (the
+/// one it is connected through stays first), then the new ones.
+pub fn followed_addresses(held: &[String], learned: &[String]) -> Option<Vec<String>> {
+    if learned.is_empty() || !held.iter().any(|a| learned.contains(a)) {
+        return None;
+    }
+    if held.len() == learned.len() && held.iter().all(|a| learned.contains(a)) {
+        return None;
+    }
+    let mut next: Vec<String> = held
+        .iter()
+        .filter(|a| learned.contains(a))
+        .cloned()
+        .collect();
+    for a in learned {
+        if !next.contains(a) {
+            next.push(a.clone());
+        }
+    }
+    Some(next)
+}
+
 fn unavailable(what: impl std::fmt::Display) -> ApiError {
     ApiError::new(
         ErrorCode::Unavailable,
@@ -116,7 +146,7 @@ impl Remote {
         Ok(Remote {
             tag: conf.tag.clone(),
             inner: Arc::new(Inner {
-                addresses: conf.api_addresses.clone(),
+                addresses: Arc::new(std::sync::RwLock::new(conf.api_addresses.clone())),
                 tls: tls_trusting(&conf.ca_cert)?,
                 who: (TAG_HEADER, conf.tag.to_string()),
                 bearer: Mutex::new(Some(format!("Bearer {}", conf.secret))),
@@ -136,11 +166,35 @@ impl Remote {
             .load(std::sync::atomic::Ordering::Acquire)
     }
 
+    /// The API addresses tried, in order, on the next connection.
+    pub fn addresses(&self) -> Vec<String> {
+        self.inner
+            .addresses
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Follows the controllers: `learned` (a machine view's
+    /// [`MachineView::api_addresses`](crate::api::MachineView)) replaces
+    /// the addresses tried, for this client and the unit agents it deploys,
+    /// when [`followed_addresses`] says so; answers the new list then.
+    pub fn follow_controllers(&self, learned: &[String]) -> Option<Vec<String>> {
+        let mut held = self
+            .inner
+            .addresses
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        let next = followed_addresses(&held, learned)?;
+        *held = next.clone();
+        Some(next)
+    }
+
     /// A client for `tag` whose credential its deployer `deployer` makes on
     /// first use and keeps in `conf_path` (mode 0600).
     pub fn deferred(deployer: Arc<Remote>, tag: Tag, conf_path: PathBuf) -> Remote {
         let conf = AgentConf {
-            api_addresses: deployer.inner.addresses.clone(),
+            api_addresses: deployer.addresses(),
             ca_cert: String::new(),
             tag: tag.clone(),
             secret: String::new(),
@@ -329,7 +383,12 @@ impl Inner {
 
     async fn connect(&self) -> ApiResult<SendRequest<Full<Bytes>>> {
         let mut last = unavailable("no API address configured");
-        for addr in &self.addresses {
+        let addresses = self
+            .addresses
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for addr in &addresses {
             let attempt = tokio::time::timeout(CONNECT_TIMEOUT, async {
                 if let Some(path) = addr.strip_prefix("unix:") {
                     match tokio::net::UnixStream::connect(path).await {
@@ -816,7 +875,7 @@ impl UserClient {
         let password = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(password);
         Ok(UserClient {
             inner: Inner {
-                addresses: addresses.to_vec(),
+                addresses: Arc::new(std::sync::RwLock::new(addresses.to_vec())),
                 tls: tls_trusting(ca_cert)?,
                 who: (jujube_wire::client::USER_HEADER, user.to_string()),
                 bearer: Mutex::new(Some(format!("Bearer {password}"))),
@@ -923,5 +982,54 @@ async fn client_answer(
             ErrorCode::Internal,
             format!("malformed answer from the controller: {e}"),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::followed_addresses;
+
+    fn v(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn an_agent_follows_the_controllers_it_was_given_and_keeps_what_they_do_not_record() {
+        let m0 = ["unix:/e/api.socket", "127.0.0.1:17070"];
+        // Two controllers added: appended after the ones held.
+        let all = v(&[
+            "127.0.0.1:17071",
+            "unix:/e/api.socket",
+            "127.0.0.1:17070",
+            "127.0.0.1:17072",
+        ]);
+        assert_eq!(
+            followed_addresses(&v(&m0), &all),
+            Some(v(&[
+                "unix:/e/api.socket",
+                "127.0.0.1:17070",
+                "127.0.0.1:17071",
+                "127.0.0.1:17072"
+            ]))
+        );
+        // The same set in another order: kept as held.
+        let held = v(&["127.0.0.1:17072", "127.0.0.1:17070"]);
+        assert_eq!(
+            followed_addresses(&held, &v(&["127.0.0.1:17070", "127.0.0.1:17072"])),
+            None
+        );
+        // One gone, one moved to a new port: the one left first.
+        assert_eq!(
+            followed_addresses(&held, &v(&["127.0.0.1:17070", "127.0.0.1:18072"])),
+            Some(v(&["127.0.0.1:17070", "127.0.0.1:18072"]))
+        );
+        // Nothing learned (an older controller), or nothing in common (an
+        // LXD container's proxied socket, an instance's `api-address`).
+        assert_eq!(followed_addresses(&v(&m0), &[]), None);
+        assert_eq!(
+            followed_addresses(&v(&["unix:/var/lib/jujube/api.socket"]), &all),
+            None
+        );
+        assert_eq!(followed_addresses(&v(&["10.0.0.5:17070"]), &all), None);
     }
 }

@@ -631,7 +631,8 @@ async fn serve_connection<IO>(
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     // A server stopping does not wait for a handshake to run out its time.
-    let handshake = tokio::time::timeout(shared.limits.handshake_timeout, shared.acceptor.accept(io));
+    let handshake =
+        tokio::time::timeout(shared.limits.handshake_timeout, shared.acceptor.accept(io));
     let tls = tokio::select! {
         r = handshake => match r {
             Ok(Ok(tls)) => tls,

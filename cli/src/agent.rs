@@ -9,13 +9,15 @@
 //! agent resumes from its directories.
 
 use anyhow::{anyhow, Context, Result};
+use futures_util::StreamExt;
 use jujube_agent::api::Tag;
+use jujube_agent::api::{Facade, WatchTarget};
 use jujube_agent::machine::MachineAgent;
 use jujube_agent::remote::{Remote, RemoteConnector};
 use jujube_agent::wire::AgentConf;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tracing::info;
+use tracing::{info, warn};
 
 pub const CONF: &str = "agent.conf";
 
@@ -60,6 +62,12 @@ pub async fn run(data_dir: &Path) -> Result<()> {
     std::fs::create_dir_all(&creds)
         .with_context(|| format!("cannot create `{}`", creds.display()))?;
     let api_check = api.clone();
+    let follower = tokio::spawn(follow_controllers(
+        api.clone(),
+        id,
+        path.clone(),
+        conf.clone(),
+    ));
     let connector = Arc::new(RemoteConnector::new(api.clone(), creds));
     let agent = MachineAgent::new(api, connector, id, data_dir);
     let running = agent.spawn();
@@ -93,9 +101,43 @@ pub async fn run(data_dir: &Path) -> Result<()> {
             }
         }
     }
+    follower.abort();
     running.stop();
     running.finished().await;
     info!(agent = %conf.tag, "agent stopped");
     drop(lock);
     Ok(())
+}
+
+/// Keeps the agent's API addresses (and `agent.conf`'s, for its next start)
+/// those of every controller as controllers are added: a machine agent
+/// installed when machine 0's controller was the only one fails over to the
+/// others later (see `followed_addresses` for which agents follow). Its
+/// machine's watch tells it when they change; the unit agents it runs share
+/// its addresses.
+async fn follow_controllers(api: Arc<Remote>, id: i64, path: PathBuf, mut conf: AgentConf) {
+    let pause = std::time::Duration::from_secs(5);
+    loop {
+        let mut notices = match api.watch(WatchTarget::Machine(id)).await {
+            Ok(n) => n,
+            Err(_) => {
+                tokio::time::sleep(pause).await;
+                continue;
+            }
+        };
+        loop {
+            if let Ok(view) = api.machine(id).await {
+                if let Some(next) = api.follow_controllers(&view.api_addresses) {
+                    info!(addresses = ?next, "the controllers serve elsewhere now; following them");
+                    conf.api_addresses = next;
+                    if let Err(e) = conf.write(&path) {
+                        warn!(error = %e, "cannot record the controllers' addresses in `{}`", path.display());
+                    }
+                }
+            }
+            if notices.next().await.is_none() {
+                break;
+            }
+        }
+    }
 }

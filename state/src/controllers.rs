@@ -8,8 +8,10 @@
 //!   one transaction, until the asked number are Alive. They host no units.
 //! - A running controller calls [`Store::controller_seen`] when it starts
 //!   and every few seconds after: one row per controller machine in
-//!   `controllers` (its lease holder name, its API addresses, the time), no
-//!   change-feed entry (no agent wakes for it). `status` tells a controller
+//!   `controllers` (its lease holder name, its API addresses, the time); a
+//!   change-feed entry (`controllers`) only when its addresses differ from
+//!   those recorded, so that agents learn of a controller added later
+//!   without waking every few seconds. `status` tells a controller
 //!   whose row is older than the agents' presence lapse `down`, and
 //!   [`Store::controller_addresses`] is what agents and clients are given
 //!   to fail over between.
@@ -17,8 +19,9 @@
 //!   (`crate::leases`), matched to a row by its holder name.
 
 use crate::db::Store;
+use crate::feed::ChangeKind;
 use crate::model::{get_machine, JOB_MANAGE_ENVIRON};
-use crate::sql::Connection;
+use crate::sql::{Connection, OptionalExtension};
 use crate::{Error, Result};
 use jujube_core::Life;
 
@@ -128,7 +131,8 @@ impl Store {
     /// Records that the controller of `machine` runs, claims leases as
     /// `holder` and serves the API at `addresses`, at `now_ms`. Refused for
     /// a machine that is not an Alive controller machine, and beyond
-    /// [`MAX_ADDRESSES`] or [`MAX_ADDRESS`]. Writes no change-feed entry.
+    /// [`MAX_ADDRESSES`] or [`MAX_ADDRESS`]. Writes a change-feed entry
+    /// only when `addresses` differ from those recorded.
     pub fn controller_seen(
         &self,
         machine: i64,
@@ -145,6 +149,13 @@ impl Store {
                 return Err(Error::BadController(format!(
                     "machine `{machine}` is not an alive controller machine; `jujube status` lists the controllers"
                 )));
+            }
+            let recorded: Option<String> = tx
+                .prepare_cached("SELECT addresses FROM controllers WHERE machine_id = ?1")?
+                .query_row([machine], |r| r.get(0))
+                .optional()?;
+            if recorded.as_deref() != Some(joined.as_str()) {
+                tx.changed(ChangeKind::Controllers, "")?;
             }
             tx.prepare_cached(
                 "INSERT INTO controllers (machine_id, holder, addresses, seen) VALUES (?1, ?2, ?3, ?4)

@@ -36,6 +36,9 @@ pub enum ChangeKind {
     /// The unit became, or stopped being, its service's leader; the id is
     /// the unit's name.
     Leader,
+    /// The controllers' API addresses changed (a controller came up, or
+    /// came up elsewhere); the id is empty.
+    Controllers,
 }
 
 impl ChangeKind {
@@ -51,6 +54,7 @@ impl ChangeKind {
             ChangeKind::Cleanup => "cleanup",
             ChangeKind::Run => "run",
             ChangeKind::Leader => "leader",
+            ChangeKind::Controllers => "controllers",
         }
     }
 
@@ -67,6 +71,7 @@ impl ChangeKind {
             Cleanup,
             Run,
             Leader,
+            Controllers,
         ]
         .into_iter()
         .find(|k| k.as_str() == s)

@@ -369,3 +369,103 @@ fn three_controllers_on_postgresql_outlive_the_lease_holder_and_a_database_resta
 
     j.run(&["destroy-environment", "t", "-y"]).ok();
 }
+
+/// Agents installed when machine 0's controller was the only one follow the
+/// controllers `enable-ha` adds (their `agent.conf` too, for their next
+/// start), and go on through them when machine 0's controller dies.
+#[test]
+fn agents_follow_controllers_added_after_them_and_fail_over_to_them() {
+    let pg = Cluster::start();
+    let mut j = Jujube::new();
+    j.auto_controller = true;
+    j.start_controllers = false;
+    let _reaper = Reaper(j.home.path().to_path_buf());
+    j.run(&[
+        "bootstrap",
+        "t",
+        "--config",
+        &format!("state-url={}", pg.url),
+        "--config",
+        "dummy-agents=process",
+        "--config",
+        "agent-presence-lapse=10",
+    ])
+    .ok();
+    j.run(&["deploy", &charm(&j), "-n", "2"]).ok();
+    j.run(&["wait", "--timeout", "120s"]).ok();
+    let agents = j.home.path().join("environments/t/agents");
+    let held = |m: &str| -> Vec<String> {
+        let conf: Value = serde_json::from_slice(
+            &std::fs::read(agents.join(format!("machine-{m}/agent.conf"))).unwrap(),
+        )
+        .unwrap();
+        serde_json::from_value(conf["api-addresses"].clone()).unwrap()
+    };
+    let st = j.status();
+    let machines: Vec<String> = st["services"]["ha"]["units"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|u| u["machine"].as_str().unwrap().to_string())
+        .collect();
+    let served = |st: &Value| -> Vec<String> {
+        st["controllers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|c| c["addresses"].as_array().cloned().unwrap_or_default())
+            .map(|a| a.as_str().unwrap().to_string())
+            .collect()
+    };
+    let first = served(&st);
+    for m in &machines {
+        let mut h = held(m);
+        h.sort();
+        let mut f = first.clone();
+        f.sort();
+        assert_eq!(
+            h, f,
+            "machine {m}'s agent starts with machine 0's controller"
+        );
+    }
+
+    j.run(&["enable-ha"]).ok();
+    within(Duration::from_secs(60), "three controllers up", || {
+        controllers(&j.status())
+            .iter()
+            .filter(|c| c.1 == "up")
+            .count()
+            == 3
+    });
+    let all = served(&j.status());
+    assert!(all.len() > first.len(), "{all:?}");
+    within(
+        Duration::from_secs(60),
+        "every agent to follow the controllers",
+        || {
+            machines
+                .iter()
+                .all(|m| all.iter().all(|a| held(m).contains(a)))
+        },
+    );
+    // Machine 0's own addresses stay first: the agents are connected there.
+    for m in &machines {
+        assert_eq!(held(m)[..first.len()], first[..], "machine {m}");
+    }
+
+    // Machine 0's controller dies with its supervisor; the agents' next
+    // connections go to the others, and a command run on a unit (which its
+    // agent must fetch and answer through the API) comes back.
+    // SAFETY: kill(2) on the supervisor and controller this test started.
+    unsafe {
+        assert_eq!(libc::kill(pid_in(&j, "supervisor.pid"), libc::SIGKILL), 0);
+        assert_eq!(libc::kill(pid_in(&j, "controller.lock"), libc::SIGKILL), 0);
+    }
+    let st = j.status();
+    for u in st["services"]["ha"]["units"].as_object().unwrap().keys() {
+        let r = j.run(&["run", u, "--timeout", "120s", "--", "echo", "still-here"]);
+        assert_eq!(r.code, 0, "{u}: {}", r.stderr);
+        assert!(r.stdout.contains("still-here"), "{u}: {}", r.stdout);
+    }
+    j.run(&["destroy-environment", "t", "-y"]).ok();
+}

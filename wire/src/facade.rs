@@ -118,6 +118,12 @@ pub struct MachineView {
     pub id: i64,
     pub life: Life,
     pub units: Vec<UnitRef>,
+    /// Where the controllers serve the API, as they record it (every
+    /// controller's addresses, in machine order): an agent given these
+    /// follows them as controllers are added (its machine's watch tells it
+    /// when they change).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub api_addresses: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

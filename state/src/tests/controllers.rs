@@ -4,7 +4,7 @@
 use super::env;
 use crate::controllers::MAX_CONTROLLERS;
 use crate::leases::SINGLETONS;
-use crate::{Error, Store};
+use crate::{ChangeKind, Error, Store};
 use jujube_core::Life;
 use std::time::Duration;
 
@@ -136,4 +136,34 @@ fn controllers_record_where_they_serve_and_status_tells_who_is_up_and_runs_the_s
         );
     }
     assert_eq!(e.st.controllers().unwrap(), before);
+}
+
+/// Agents learn where the controllers serve from the change feed: one entry
+/// when a controller's addresses change, none for the beat that only says
+/// it still runs (every few seconds, from every controller).
+#[test]
+fn a_controller_moving_its_addresses_is_a_change_its_beat_is_not() {
+    let e = env();
+    e.st.enable_ha(3).unwrap();
+    let now = now_ms();
+    let told = |since: u64| -> Vec<(ChangeKind, String)> {
+        e.st.changes_since(since, 100)
+            .unwrap()
+            .changes
+            .into_iter()
+            .map(|c| (c.kind, c.id))
+            .collect()
+    };
+    let head = e.st.head_revision().unwrap();
+    e.st.controller_seen(1, "machine-1/h", &["127.0.0.1:17071".into()], now)
+        .unwrap();
+    assert_eq!(told(head), [(ChangeKind::Controllers, String::new())]);
+    let head = e.st.head_revision().unwrap();
+    e.st.controller_seen(1, "machine-1/h", &["127.0.0.1:17071".into()], now + 3_000)
+        .unwrap();
+    assert_eq!(told(head), []);
+    e.st.controller_seen(1, "machine-1/h", &["127.0.0.1:17171".into()], now + 6_000)
+        .unwrap();
+    assert_eq!(told(head), [(ChangeKind::Controllers, String::new())]);
+    assert_eq!(e.st.controller_addresses(0).unwrap(), ["127.0.0.1:17171"]);
 }
