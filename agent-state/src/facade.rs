@@ -121,11 +121,11 @@ fn tag_of(caller: &Caller) -> Option<Tag> {
 
 /// A store error as the facade reports it. Not found is "not found or not
 /// yours", like any out-of-scope call.
-fn api_error(caller: &Caller, e: jujube_state::Error) -> ApiError {
+pub(crate) fn api_error(caller: &Caller, e: jujube_state::Error) -> ApiError {
     use jujube_state::Error as E;
     let code = match &e {
         E::NotFound { .. } | E::Unauthorized { .. } => ErrorCode::Unauthorized,
-        E::Busy { .. } => ErrorCode::Unavailable,
+        e if e.is_unavailable() => ErrorCode::Unavailable,
         e if e.is_refusal() => ErrorCode::Refused,
         _ => ErrorCode::Internal,
     };

@@ -1042,3 +1042,23 @@ async fn a_leaders_bags_wake_the_units_that_read_them() {
         "mysql/0 was told of a change it cannot see"
     );
 }
+
+/// A store that cannot reach its database decided nothing: the agent is
+/// told to try again (another controller), never that it was refused.
+#[test]
+fn a_database_out_of_reach_is_unavailable_not_a_refusal() {
+    let caller = Caller::Machine(1);
+    let unreachable = jujube_state::Error::Unreachable {
+        url: "postgres://jujube@db/env".into(),
+        cause: "connection refused".into(),
+    };
+    assert!(unreachable.is_unavailable());
+    let e = crate::facade::api_error(&caller, unreachable);
+    assert_eq!(e.code, ErrorCode::Unavailable, "{e:?}");
+    let refused = jujube_state::Error::BadLease("no".into());
+    assert!(!refused.is_unavailable());
+    assert_ne!(
+        crate::facade::api_error(&caller, refused).code,
+        ErrorCode::Unavailable
+    );
+}

@@ -94,6 +94,10 @@ struct Inner {
     /// The server refused this client's own credential on its last call
     /// (cleared by the next call it accepts).
     refused: std::sync::atomic::AtomicBool,
+    /// Where the next connection starts in `addresses`: past a controller
+    /// that answered it cannot reach its state database, else where the
+    /// last one was made.
+    start: std::sync::atomic::AtomicUsize,
 }
 
 /// A unit agent's credential, obtained on its first call: read from its
@@ -134,10 +138,16 @@ pub fn followed_addresses(held: &[String], learned: &[String]) -> Option<Vec<Str
 }
 
 fn unavailable(what: impl std::fmt::Display) -> ApiError {
-    ApiError::new(
-        ErrorCode::Unavailable,
-        format!("API server unavailable: {what}"),
-    )
+    ApiError::new(ErrorCode::Unavailable, format!("{UNREACHED}{what}"))
+}
+
+const UNREACHED: &str = "API server unavailable: ";
+
+/// Whether `e` says a controller answered that it cannot act now (its state
+/// database out of reach), rather than that none could be reached: the
+/// next call goes to the next controller at once.
+pub fn answered_unavailable(e: &ApiError) -> bool {
+    e.code == ErrorCode::Unavailable && !e.message.starts_with(UNREACHED)
 }
 
 impl Remote {
@@ -153,6 +163,7 @@ impl Remote {
                 deferred: None,
                 conn: Mutex::new(None),
                 refused: std::sync::atomic::AtomicBool::new(false),
+                start: Default::default(),
             }),
         })
     }
@@ -214,6 +225,7 @@ impl Remote {
                     path: conf_path,
                 }),
                 refused: std::sync::atomic::AtomicBool::new(false),
+                start: Default::default(),
                 conn: Mutex::new(None),
             }),
         }
@@ -388,7 +400,9 @@ impl Inner {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        for addr in &addresses {
+        let start = self.start.load(std::sync::atomic::Ordering::Acquire);
+        for i in (0..addresses.len()).map(|k| (start + k) % addresses.len()) {
+            let addr = &addresses[i];
             let attempt = tokio::time::timeout(CONNECT_TIMEOUT, async {
                 if let Some(path) = addr.strip_prefix("unix:") {
                     match tokio::net::UnixStream::connect(path).await {
@@ -413,7 +427,10 @@ impl Inner {
                 )))
             });
             match attempt {
-                Ok(s) => return Ok(s),
+                Ok(s) => {
+                    self.start.store(i, std::sync::atomic::Ordering::Release);
+                    return Ok(s);
+                }
                 Err(e) => last = e,
             }
         }
@@ -483,6 +500,15 @@ impl Inner {
             }
             .await;
             match sent {
+                Ok(resp) if resp.status() == hyper::StatusCode::SERVICE_UNAVAILABLE => {
+                    // This controller cannot reach its state database (or
+                    // is stopping): the next connection goes to the next
+                    // controller. Nothing was decided; the caller's retry
+                    // decides whether to ask again.
+                    *self.conn.lock().await = None;
+                    self.start.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                    return Ok(resp);
+                }
                 Ok(resp) => {
                     // A deferred credential refused (its file is stale):
                     // made afresh by the deployer on the next call.
@@ -882,6 +908,7 @@ impl UserClient {
                 deferred: None,
                 conn: Mutex::new(None),
                 refused: std::sync::atomic::AtomicBool::new(false),
+                start: Default::default(),
             },
         })
     }
@@ -977,6 +1004,9 @@ async fn client_answer(
         return Ok(Ok(bytes));
     }
     match serde_json::from_slice::<jujube_wire::client::ClientError>(&bytes) {
+        // Nothing was decided: asked again (of the next controller) as
+        // when none could be reached.
+        Ok(e) if e.unavailable => Err(ApiError::new(ErrorCode::Unavailable, e.message)),
         Ok(e) => Ok(Err(e)),
         Err(e) => Err(ApiError::new(
             ErrorCode::Internal,

@@ -382,6 +382,7 @@ pub(crate) async fn handle(
     match answered {
         Ok(Ok(Answer::Json(v))) => answer(v),
         Ok(Ok(Answer::Streamed(write))) => streamed(write),
+        Ok(Err(e)) if e.unavailable => client_error(StatusCode::SERVICE_UNAVAILABLE, &e),
         Ok(Err(e)) => client_error(StatusCode::CONFLICT, &e),
         Err(e) => refused(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -430,20 +431,31 @@ async fn authenticate(
     let slot = take_slot(shared).await?;
     let store = shared.store.clone();
     let name = user.clone();
-    let ok = tokio::task::spawn_blocking(move || {
-        match store
-            .login(&name)
-            .ok()
-            .flatten()
-            .and_then(|l| l.password_hash)
-        {
+    let checked = tokio::task::spawn_blocking(move || {
+        // A store that cannot answer decides nothing: the password is
+        // neither right nor wrong (see `unavailable`).
+        let login = store.login(&name)?;
+        Ok::<_, jujube_state::Error>(match login.and_then(|l| l.password_hash) {
             Some(h) => jujube_state::users::password_matches(&password, &h),
             None => jujube_state::users::password_matches_nothing(&password),
-        }
+        })
     })
-    .await
-    .unwrap_or(false);
+    .await;
     drop(slot);
+    let ok = match checked {
+        Ok(Ok(ok)) => ok,
+        Ok(Err(e)) => {
+            warn!(user = %user, error = %e, "cannot check a login");
+            return Err(client_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &ClientError {
+                    unavailable: true,
+                    ..ClientError::new(format!("this controller cannot check the login now: {e}"))
+                },
+            ));
+        }
+        Err(_) => false,
+    };
     if !ok {
         warn!(user = %user, "refused a login");
         tokio::time::sleep(FAILURE_PAUSE).await;

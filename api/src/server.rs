@@ -808,11 +808,23 @@ async fn authenticate(
     }
     let store = shared.store.clone();
     let key = tag.to_string();
-    let record = tokio::task::spawn_blocking(move || store.agent_credential_record(&key))
-        .await
-        .ok()
-        .and_then(|r| r.ok())
-        .flatten();
+    let record =
+        match tokio::task::spawn_blocking(move || store.agent_credential_record(&key)).await {
+            Ok(Ok(r)) => r,
+            // A store that cannot answer decides nothing: the secret is
+            // neither right nor wrong, and the agent tries again (elsewhere).
+            Ok(Err(e)) => {
+                warn!(agent = %tag, error = %e, "cannot check an agent's credential");
+                return Err(reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &Reply::Error(ApiError::new(
+                        ErrorCode::Unavailable,
+                        format!("this controller cannot check the credential now: {e}"),
+                    )),
+                ));
+            }
+            Err(_) => None,
+        };
     let still = record
         .as_ref()
         .is_some_and(|c| !secret.is_empty() && wire::secret_matches(&secret, &c.hash));

@@ -171,9 +171,16 @@ impl Client {
         Fut: Future<Output = ApiResult<Result<T, ClientError>>> + 'c,
     {
         let deadline = Instant::now() + self.patience;
+        // Every controller is asked once, whatever the patience: one that
+        // cannot reach its state database sends the next call to the next.
+        let mut tries = 0;
         let answer = loop {
+            tries += 1;
             match self.runtime.block_on(send()) {
                 Ok(answer) => break answer,
+                Err(e)
+                    if jujube_agent::remote::answered_unavailable(&e)
+                        && tries < self.addresses.len() => {}
                 Err(e) if e.code == ErrorCode::Unavailable && Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(200));
                 }
@@ -198,6 +205,7 @@ impl Client {
             Err(ClientError {
                 message,
                 usage: true,
+                ..
             }) => Err(crate::usage(message)),
             Err(e) => Err(e.into()),
         }

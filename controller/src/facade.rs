@@ -67,6 +67,7 @@ pub fn call(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Answer,
     answer(cx, store, call).map_err(|e| ClientError {
         message: e.to_string(),
         usage: matches!(e, Error::Usage(_)),
+        unavailable: e.is_unavailable(),
     })
 }
 

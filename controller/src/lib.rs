@@ -77,6 +77,18 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+impl Error {
+    /// This controller could not reach its state database: nothing was
+    /// decided, and another controller may answer.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Error::State(e) => e.is_unavailable(),
+            Error::Context { source, .. } => source.is_unavailable(),
+            _ => false,
+        }
+    }
+}
+
 /// What was being done when an error happened, as its message's start.
 pub trait Context<T> {
     fn context(self, what: impl Into<String>) -> Result<T>;

@@ -289,6 +289,17 @@ impl Error {
         }
     }
 
+    /// True when the database could not be reached or kept busy (nothing
+    /// was decided): another controller, or this one later, may answer.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Error::Busy { .. } | Error::Unreachable { .. } => true,
+            Error::Database(e) => crate::sql::is_connection_lost(e),
+            Error::Incomplete { cause, .. } => cause.is_unavailable(),
+            _ => false,
+        }
+    }
+
     pub(crate) fn not_found(kind: Entity, id: impl ToString) -> Error {
         Error::NotFound {
             kind,

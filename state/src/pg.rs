@@ -92,10 +92,36 @@ impl PgTarget {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(std::time::Duration::from_secs(10));
         }
+        // A database behind a broken link would otherwise hold a call for
+        // the kernel's retransmission timeout (about 15 minutes): data
+        // unacknowledged for `TCP_USER_TIMEOUT`, or an idle session whose
+        // keepalive probes go unanswered, closes the session, the call
+        // fails as unavailable, and callers go to another controller. The
+        // URL's own `tcp_user_timeout`/`keepalives_*` win.
+        if config.get_tcp_user_timeout().is_none() {
+            config.tcp_user_timeout(TCP_USER_TIMEOUT);
+        }
+        if !self.client_url.contains("keepalives_idle=") {
+            config.keepalives_idle(KEEPALIVE_IDLE);
+        }
+        if !self.client_url.contains("keepalives_interval=") {
+            config.keepalives_interval(KEEPALIVE_INTERVAL);
+        }
+        if !self.client_url.contains("keepalives_retries=") {
+            config.keepalives_retries(KEEPALIVE_RETRIES);
+        }
         config.application_name("jujube");
         Ok(config)
     }
 }
+
+/// How long data sent to the database may go unacknowledged before the
+/// session is given up; and the keepalive probes of an idle session (dead
+/// after `IDLE + INTERVAL * RETRIES`, 20 s).
+const TCP_USER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(10);
+const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+const KEEPALIVE_RETRIES: u32 = 2;
 
 /// The role a connection plays in the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -239,5 +265,30 @@ mod tests {
         }
         let long = format!("postgres://jujube@db/{}", "x".repeat(MAX_URL));
         assert!(PgTarget::new(&long, None).is_err());
+    }
+
+    #[test]
+    fn a_session_behind_a_broken_link_is_given_up_unless_the_url_says_otherwise() {
+        use std::time::Duration;
+        let c = PgTarget::new("postgres://jujube@db/env", None)
+            .unwrap()
+            .config()
+            .unwrap();
+        assert_eq!(c.get_tcp_user_timeout(), Some(&Duration::from_secs(20)));
+        assert!(c.get_keepalives());
+        assert_eq!(c.get_keepalives_idle(), Duration::from_secs(10));
+        assert_eq!(c.get_keepalives_interval(), Some(Duration::from_secs(5)));
+        assert_eq!(c.get_keepalives_retries(), Some(2));
+        let c = PgTarget::new(
+            "postgres://jujube@db/env?tcp_user_timeout=60&keepalives_idle=30&keepalives_interval=7&keepalives_retries=9",
+            None,
+        )
+        .unwrap()
+        .config()
+        .unwrap();
+        assert_eq!(c.get_tcp_user_timeout(), Some(&Duration::from_secs(60)));
+        assert_eq!(c.get_keepalives_idle(), Duration::from_secs(30));
+        assert_eq!(c.get_keepalives_interval(), Some(Duration::from_secs(7)));
+        assert_eq!(c.get_keepalives_retries(), Some(9));
     }
 }

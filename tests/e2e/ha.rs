@@ -469,3 +469,228 @@ fn agents_follow_controllers_added_after_them_and_fail_over_to_them() {
     }
     j.run(&["destroy-environment", "t", "-y"]).ok();
 }
+
+/// A TCP proxy in front of the cluster that can cut one process off the
+/// database: its connections closed, and each new one it makes closed as
+/// soon as it is accepted (the database unreachable for it alone, as a
+/// machine behind a broken link sees it). Connections are told apart by the
+/// client socket's inode, which names its owner in `/proc/PID/fd`.
+struct Proxy {
+    port: u16,
+    cut: std::sync::Arc<std::sync::Mutex<Option<i32>>>,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<(u64, std::net::TcpStream)>>>,
+}
+
+/// The inode of the loopback socket bound to `port` whose peer is `peer`.
+fn socket_inode(port: u16, peer: u16) -> Option<u64> {
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let (local, remote) = (
+        format!("0100007F:{port:04X}"),
+        format!("0100007F:{peer:04X}"),
+    );
+    table.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.get(1) == Some(&local.as_str()) && f.get(2) == Some(&remote.as_str()))
+            .then(|| f.get(9)?.parse().ok())
+            .flatten()
+    })
+}
+
+/// The socket inodes process `pid` holds.
+fn sockets_of(pid: i32) -> std::collections::HashSet<u64> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let l = std::fs::read_link(e.path()).ok()?;
+            l.to_str()?
+                .strip_prefix("socket:[")?
+                .strip_suffix(']')?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+impl Proxy {
+    fn start(to: u16) -> Proxy {
+        use std::net::{Shutdown, TcpListener, TcpStream};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let proxy = Proxy {
+            port,
+            cut: Default::default(),
+            conns: Default::default(),
+        };
+        let (cut, conns) = (proxy.cut.clone(), proxy.conns.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let peer = client.peer_addr().unwrap().port();
+                let inode = socket_inode(peer, port).unwrap_or(0);
+                if let Some(pid) = *cut.lock().unwrap() {
+                    if sockets_of(pid).contains(&inode) {
+                        let _ = client.shutdown(Shutdown::Both);
+                        continue;
+                    }
+                }
+                let Ok(server) = TcpStream::connect(("127.0.0.1", to)) else {
+                    continue;
+                };
+                conns
+                    .lock()
+                    .unwrap()
+                    .push((inode, client.try_clone().unwrap()));
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = from.shutdown(Shutdown::Both);
+                        let _ = to.shutdown(Shutdown::Both);
+                    });
+                }
+            }
+        });
+        proxy
+    }
+
+    /// `url` with the proxy's port for the cluster's.
+    fn url(&self, url: &str) -> String {
+        let (head, rest) = url.rsplit_once("@127.0.0.1:").unwrap();
+        let tail = &rest[rest.find('/').unwrap()..];
+        format!("{head}@127.0.0.1:{}{tail}", self.port)
+    }
+
+    /// Cuts process `pid` off: what it holds closed, what it opens refused.
+    fn cut(&self, pid: i32) {
+        *self.cut.lock().unwrap() = Some(pid);
+        let held = sockets_of(pid);
+        let mut conns = self.conns.lock().unwrap();
+        conns.retain(|(inode, s)| {
+            if held.contains(inode) {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    fn heal(&self) {
+        *self.cut.lock().unwrap() = None;
+    }
+}
+
+/// The controller holding the singletons lease cut off from the database
+/// (the others still reach it): it stops its singleton jobs and does not
+/// die, another takes the lease, the deploy goes on; healed, it serves
+/// again without taking the lease back.
+#[test]
+fn a_controller_cut_off_from_the_database_stops_its_singleton_jobs() {
+    let pg = Cluster::start();
+    let port: u16 = pg.url.rsplit_once("@127.0.0.1:").unwrap().1[..5]
+        .trim_end_matches(|c: char| !c.is_ascii_digit())
+        .parse()
+        .unwrap();
+    let proxy = Proxy::start(port);
+    let mut j = Jujube::new();
+    j.auto_controller = true;
+    j.start_controllers = false;
+    let _reaper = Reaper(j.home.path().to_path_buf());
+    j.run(&[
+        "bootstrap",
+        "t",
+        "--config",
+        &format!("state-url={}", proxy.url(&pg.url)),
+        "--config",
+        "agent-presence-lapse=10",
+    ])
+    .ok();
+    j.run(&["enable-ha"]).ok();
+    within(Duration::from_secs(60), "three controllers up", || {
+        controllers(&j.status())
+            .iter()
+            .filter(|c| c.1 == "up")
+            .count()
+            == 3
+    });
+    j.run(&["deploy", &charm(&j), "-n", "30"]).ok();
+
+    let (holder, token) = lease(&j.status());
+    let seat: i64 = holder
+        .strip_prefix("machine-")
+        .and_then(|h| h.split('/').next())
+        .and_then(|m| m.parse().ok())
+        .unwrap_or_else(|| panic!("holder `{holder}`"));
+    let (lock, log) = if seat == 0 {
+        ("controller.lock".to_string(), "controller.log".to_string())
+    } else {
+        (
+            format!("controller-{seat}.lock"),
+            format!("controller-{seat}.log"),
+        )
+    };
+    let pid = pid_in(&j, &lock);
+    let log = j.home.path().join("environments/t").join(log);
+    let logged_before = std::fs::read_to_string(&log).unwrap().len();
+    proxy.cut(pid);
+
+    within(
+        Duration::from_secs(40),
+        "another controller to take the lease",
+        || {
+            let (h, t) = lease(&j.status());
+            t > token && h != holder
+        },
+    );
+    within(
+        Duration::from_secs(30),
+        "the cut controller to stop its jobs",
+        || {
+            let text = std::fs::read_to_string(&log).unwrap();
+            text[logged_before..].contains("stopping the singleton jobs")
+                || text[logged_before..].contains("singleton jobs stopped")
+        },
+    );
+    within(
+        Duration::from_secs(30),
+        "the cut controller told down",
+        || {
+            controllers(&j.status())
+                .iter()
+                .any(|c| c.0 == seat.to_string() && c.1 == "down")
+        },
+    );
+    // SAFETY: signal 0 only checks that the process exists.
+    assert_eq!(unsafe { libc::kill(pid, 0) }, 0, "the cut controller died");
+
+    proxy.heal();
+    within(
+        Duration::from_secs(60),
+        "the healed controller up again",
+        || {
+            controllers(&j.status())
+                .iter()
+                .any(|c| c.0 == seat.to_string() && c.1 == "up")
+        },
+    );
+    j.run(&["wait", "--timeout", "300s"]).ok();
+    let st = j.status();
+    j.assert_one_instance_per_machine(&st);
+    let units = st["services"]["ha"]["units"].as_object().unwrap();
+    assert_eq!(units.len(), 30);
+    for (name, u) in units {
+        assert_eq!(u["agent-status"], "started", "{name}: {u}");
+    }
+    // The lease moved once, at the cut: the healed controller waits.
+    let (h, t) = lease(&st);
+    assert_eq!(t, token + 1, "{h}");
+    assert_eq!(
+        unsafe { libc::kill(pid, 0) },
+        0,
+        "the healed controller died"
+    );
+    j.run(&["destroy-environment", "t", "-y"]).ok();
+}

@@ -303,11 +303,15 @@ pub struct WaitState {
 
 /// A refusal or failure of a call, as the client prints it (`error: ` and
 /// the message). `usage`: the request itself was malformed (exit 2).
+/// `unavailable`: this controller cannot reach its state database now;
+/// nothing was decided, and another controller may answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClientError {
     pub message: String,
     #[serde(default)]
     pub usage: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unavailable: bool,
 }
 
 impl fmt::Display for ClientError {
@@ -323,6 +327,7 @@ impl ClientError {
         ClientError {
             message: message.into(),
             usage: false,
+            unavailable: false,
         }
     }
 
@@ -330,6 +335,7 @@ impl ClientError {
         ClientError {
             message: message.into(),
             usage: true,
+            unavailable: false,
         }
     }
 }
