@@ -18,7 +18,11 @@
 //! - and jujube's own store on that cluster (a schema of its own, full
 //!   durability): `add-unit` one at a time, each a whole rule (unit,
 //!   machine, feed, the service's count) in one serializable transaction,
-//!   as a share of the bare loops above.
+//!   as a share of the bare loops above;
+//! - the store at scale, PostgreSQL beside a SQLite file (both with full
+//!   durability): `deploy -n 100000` (`JUJUBE_BENCH_UNITS` overrides),
+//!   `status` at that size (snapshot and JSON), and destroying the service
+//!   through its cleanups until no unit is left.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -147,9 +151,8 @@ fn sqlite_round(c: &mut rusqlite::Connection, n: usize) -> Duration {
 }
 
 /// A store of jujube's on the cluster, with a service to add units to.
-fn store_on(url: &str) -> jujube_state::Store {
-    use jujube_core::charm::{CharmConfig, CharmMeta};
-    let schema = format!("bench_{}", std::process::id());
+/// A fresh schema `schema` on the cluster at `url`.
+fn schema_on(url: &str, schema: &str) -> jujube_state::Location {
     let mut admin = postgres::Client::connect(url, postgres::NoTls).unwrap();
     admin
         .batch_execute(&format!(
@@ -157,14 +160,22 @@ fn store_on(url: &str) -> jujube_state::Store {
         ))
         .unwrap();
     let sep = if url.contains('?') { '&' } else { '?' };
-    let target =
+    jujube_state::Location::Postgres(
         jujube_state::PgTarget::new(&format!("{url}{sep}options=-csearch_path%3D{schema}"), None)
-            .unwrap();
-    let st = jujube_state::Store::open_at(
-        &jujube_state::Location::Postgres(target),
-        jujube_state::Durability::Full,
+            .unwrap(),
     )
-    .unwrap();
+}
+
+fn store_on(url: &str) -> jujube_state::Store {
+    let schema = format!("bench_{}", std::process::id());
+    let st = store_at(&schema_on(url, &schema));
+    deploy(&st, "wordpress", 0);
+    st
+}
+
+/// An initialized environment's store at `location`, full durability.
+fn store_at(location: &jujube_state::Location) -> jujube_state::Store {
+    let st = jujube_state::Store::open_at(location, jujube_state::Durability::Full).unwrap();
     st.initialize(&jujube_state::environment::EnvironmentSpec {
         name: "bench".into(),
         uuid: "00000000-0000-4000-8000-000000000000".into(),
@@ -174,9 +185,14 @@ fn store_on(url: &str) -> jujube_state::Store {
         config: Default::default(),
     })
     .unwrap();
+    st
+}
+
+fn deploy(st: &jujube_state::Store, service: &str, units: usize) {
+    use jujube_core::charm::{CharmConfig, CharmMeta};
     let meta = CharmMeta::parse("name: wordpress\nrequires:\n  db: mysql\n").unwrap();
     st.deploy(&jujube_state::services::DeployArgs {
-        service: "wordpress".into(),
+        service: service.into(),
         charm: jujube_state::Charm {
             url: "local:jammy/wordpress-1".into(),
             meta,
@@ -186,12 +202,28 @@ fn store_on(url: &str) -> jujube_state::Store {
         },
         series: "jammy".into(),
         constraints: Default::default(),
-        units: 0,
+        units,
         to: None,
         settings: vec![],
     })
     .unwrap();
-    st
+}
+
+/// Deploy, `status` and destroy of a `units`-unit service on `st`: the
+/// seconds each took.
+fn at_scale(st: &jujube_state::Store, units: usize) -> [f64; 3] {
+    let start = Instant::now();
+    deploy(st, "big", units);
+    let deployed = start.elapsed().as_secs_f64();
+    let start = Instant::now();
+    let json = serde_json::to_vec(&st.status().unwrap()).unwrap();
+    let status = start.elapsed().as_secs_f64();
+    assert!(json.len() > units * 100, "a status of every unit");
+    let start = Instant::now();
+    st.destroy_service("big").unwrap();
+    while st.run_cleanups(1_000).unwrap() > 0 {}
+    assert_eq!(st.units_of("big").map(|u| u.len()).unwrap_or(0), 0);
+    [deployed, status, start.elapsed().as_secs_f64()]
 }
 
 fn store_round(st: &jujube_state::Store, n: usize) -> Duration {
@@ -299,6 +331,38 @@ fn main() {
     );
     // The schema is the cluster's: a cluster of our own goes with it.
     drop(st);
+
+    let big: usize = std::env::var("JUJUBE_BENCH_UNITS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100_000);
+    let lite = at_scale(
+        &store_at(&jujube_state::Location::File(dir.path().join("state.db"))),
+        big,
+    );
+    let pg = at_scale(
+        &store_at(&schema_on(
+            &cluster.url,
+            &format!("bench_big_{}", std::process::id()),
+        )),
+        big,
+    );
+    println!("the store at {big} units (one run each; full durability), PostgreSQL beside SQLite:");
+    for (i, what) in [
+        format!("deploy -n {big}"),
+        "status (snapshot and JSON)".to_string(),
+        "destroy-service through its cleanups".to_string(),
+    ]
+    .iter()
+    .enumerate()
+    {
+        println!(
+            "  {what}: PostgreSQL {:.2} s, SQLite {:.2} s ({:.1}x)",
+            pg[i],
+            lite[i],
+            pg[i] / lite[i]
+        );
+    }
 }
 
 const STORE: &str = "jujube store    add-unit (one rule: unit, machine, feed, count; serializable)";

@@ -152,6 +152,36 @@ fn controllers(st: &Value) -> Vec<(String, String, bool)> {
         .unwrap_or_default()
 }
 
+/// Waits for three controllers to be up.
+fn three_up(j: &Jujube) {
+    within(Duration::from_secs(60), "three controllers up", || {
+        controllers(&j.status())
+            .iter()
+            .filter(|c| c.1 == "up")
+            .count()
+            == 3
+    });
+}
+
+/// The controller machine a lease holder (`machine-N/HOST`) runs on.
+fn seat_of(holder: &str) -> i64 {
+    holder
+        .strip_prefix("machine-")
+        .and_then(|h| h.split('/').next())
+        .and_then(|m| m.parse().ok())
+        .unwrap_or_else(|| panic!("holder `{holder}`"))
+}
+
+/// Controller machine `seat`'s file in the environment's directory:
+/// `controller.lock` for machine 0's, `controller-N.lock` for another's.
+fn seat_file(seat: i64, stem: &str, ext: &str) -> String {
+    if seat == 0 {
+        format!("{stem}.{ext}")
+    } else {
+        format!("{stem}-{seat}.{ext}")
+    }
+}
+
 fn lease(st: &Value) -> (String, i64) {
     let l = &st["environment"]["singletons"];
     (
@@ -244,19 +274,11 @@ fn three_controllers_on_postgresql_outlive_the_lease_holder_and_a_database_resta
     // The lease holder's machine dies: its supervisor and its controller
     // killed with -9, in the middle of the deploy.
     let (holder, token) = lease(&j.status());
-    let seat: i64 = holder
-        .strip_prefix("machine-")
-        .and_then(|h| h.split('/').next())
-        .and_then(|m| m.parse().ok())
-        .unwrap_or_else(|| panic!("holder `{holder}`"));
-    let (sup, ctl) = if seat == 0 {
-        ("supervisor.pid".to_string(), "controller.lock".to_string())
-    } else {
-        (
-            format!("supervisor-{seat}.pid"),
-            format!("controller-{seat}.lock"),
-        )
-    };
+    let seat = seat_of(&holder);
+    let (sup, ctl) = (
+        seat_file(seat, "supervisor", "pid"),
+        seat_file(seat, "controller", "lock"),
+    );
     let before = j.provisioned();
     let started = |st: &Value| {
         st["services"]["ha"]["units"].as_object().map_or(0, |us| {
@@ -430,13 +452,7 @@ fn agents_follow_controllers_added_after_them_and_fail_over_to_them() {
     }
 
     j.run(&["enable-ha"]).ok();
-    within(Duration::from_secs(60), "three controllers up", || {
-        controllers(&j.status())
-            .iter()
-            .filter(|c| c.1 == "up")
-            .count()
-            == 3
-    });
+    three_up(&j);
     let all = served(&j.status());
     assert!(all.len() > first.len(), "{all:?}");
     within(
@@ -609,29 +625,15 @@ fn a_controller_cut_off_from_the_database_stops_its_singleton_jobs() {
     ])
     .ok();
     j.run(&["enable-ha"]).ok();
-    within(Duration::from_secs(60), "three controllers up", || {
-        controllers(&j.status())
-            .iter()
-            .filter(|c| c.1 == "up")
-            .count()
-            == 3
-    });
+    three_up(&j);
     j.run(&["deploy", &charm(&j), "-n", "30"]).ok();
 
     let (holder, token) = lease(&j.status());
-    let seat: i64 = holder
-        .strip_prefix("machine-")
-        .and_then(|h| h.split('/').next())
-        .and_then(|m| m.parse().ok())
-        .unwrap_or_else(|| panic!("holder `{holder}`"));
-    let (lock, log) = if seat == 0 {
-        ("controller.lock".to_string(), "controller.log".to_string())
-    } else {
-        (
-            format!("controller-{seat}.lock"),
-            format!("controller-{seat}.log"),
-        )
-    };
+    let seat = seat_of(&holder);
+    let (lock, log) = (
+        seat_file(seat, "controller", "lock"),
+        seat_file(seat, "controller", "log"),
+    );
     let pid = pid_in(&j, &lock);
     let log = j.home.path().join("environments/t").join(log);
     let logged_before = std::fs::read_to_string(&log).unwrap().len();
