@@ -152,6 +152,31 @@ fn controllers(st: &Value) -> Vec<(String, String, bool)> {
         .unwrap_or_default()
 }
 
+/// A home whose controllers only their supervisors start (the harness
+/// would start machine 0's again after a kill), and whose processes all die
+/// with the test.
+fn controllers_home() -> (Jujube, Reaper) {
+    let mut j = Jujube::new();
+    j.auto_controller = true;
+    j.start_controllers = false;
+    let reaper = Reaper(j.home.path().to_path_buf());
+    (j, reaper)
+}
+
+/// Waits for `status` to tell controller machine `seat`'s controller
+/// `state`.
+fn seat_told(j: &Jujube, seat: i64, state: &str, limit: Duration) {
+    within(
+        limit,
+        &format!("machine {seat}'s controller {state}"),
+        || {
+            controllers(&j.status())
+                .iter()
+                .any(|c| c.0 == seat.to_string() && c.1 == state)
+        },
+    );
+}
+
 /// Waits for three controllers to be up.
 fn three_up(j: &Jujube) {
     within(Duration::from_secs(60), "three controllers up", || {
@@ -193,12 +218,7 @@ fn lease(st: &Value) -> (String, i64) {
 #[test]
 fn three_controllers_on_postgresql_outlive_the_lease_holder_and_a_database_restart_mid_deploy() {
     let pg = Cluster::start();
-    let mut j = Jujube::new();
-    j.auto_controller = true;
-    // Nothing but the supervisors starts a controller: the harness would
-    // start machine 0's again after the kill.
-    j.start_controllers = false;
-    let _reaper = Reaper(j.home.path().to_path_buf());
+    let (j, _reaper) = controllers_home();
 
     // With the state in a SQLite file, more controllers would all lose it
     // with machine 0: refused, nothing added.
@@ -398,10 +418,7 @@ fn three_controllers_on_postgresql_outlive_the_lease_holder_and_a_database_resta
 #[test]
 fn agents_follow_controllers_added_after_them_and_fail_over_to_them() {
     let pg = Cluster::start();
-    let mut j = Jujube::new();
-    j.auto_controller = true;
-    j.start_controllers = false;
-    let _reaper = Reaper(j.home.path().to_path_buf());
+    let (j, _reaper) = controllers_home();
     j.run(&[
         "bootstrap",
         "t",
@@ -611,10 +628,7 @@ fn a_controller_cut_off_from_the_database_stops_its_singleton_jobs() {
         .parse()
         .unwrap();
     let proxy = Proxy::start(port);
-    let mut j = Jujube::new();
-    j.auto_controller = true;
-    j.start_controllers = false;
-    let _reaper = Reaper(j.home.path().to_path_buf());
+    let (j, _reaper) = controllers_home();
     j.run(&[
         "bootstrap",
         "t",
@@ -656,28 +670,12 @@ fn a_controller_cut_off_from_the_database_stops_its_singleton_jobs() {
                 || text[logged_before..].contains("singleton jobs stopped")
         },
     );
-    within(
-        Duration::from_secs(30),
-        "the cut controller told down",
-        || {
-            controllers(&j.status())
-                .iter()
-                .any(|c| c.0 == seat.to_string() && c.1 == "down")
-        },
-    );
+    seat_told(&j, seat, "down", Duration::from_secs(30));
     // SAFETY: signal 0 only checks that the process exists.
     assert_eq!(unsafe { libc::kill(pid, 0) }, 0, "the cut controller died");
 
     proxy.heal();
-    within(
-        Duration::from_secs(60),
-        "the healed controller up again",
-        || {
-            controllers(&j.status())
-                .iter()
-                .any(|c| c.0 == seat.to_string() && c.1 == "up")
-        },
-    );
+    seat_told(&j, seat, "up", Duration::from_secs(60));
     j.run(&["wait", "--timeout", "300s"]).ok();
     let st = j.status();
     j.assert_one_instance_per_machine(&st);
