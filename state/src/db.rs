@@ -635,6 +635,15 @@ impl Store {
                 Err(e) if !committing.get() && connection_lost(&e) && still_waiting(&mut lost) => {
                     conn.mark_closed();
                 }
+                // Lost with its COMMIT in flight: the server may have kept
+                // it. Said so, never as "unavailable", which a client
+                // would answer by sending it again.
+                Err(Error::Database(e))
+                    if committing.get() && crate::sql::is_connection_lost(&e) =>
+                {
+                    conn.mark_closed();
+                    return Err(Error::CommitUnknown(e));
+                }
                 Err(Error::Database(e)) if crate::sql::is_unique_violation(&e) => {
                     return Err(Error::Database(e))
                 }

@@ -181,6 +181,12 @@ pub enum Error {
     LeaseLost { lease: String, token: i64 },
     #[error("state database error: {0}")]
     Database(#[from] crate::sql::Error),
+    /// The session to PostgreSQL was lost while its COMMIT was in flight:
+    /// the server may or may not have kept the transaction. Neither the
+    /// store nor (it is not [`Error::is_unavailable`]) a client runs it
+    /// again: an add-unit kept and sent again would add twice.
+    #[error("the connection to the state database was lost while the change was being committed, so whether it was kept is unknown; check with `jujube status` before asking again ({0})")]
+    CommitUnknown(crate::sql::Error),
     #[error("invalid state URL: {0}")]
     BadStateUrl(String),
     #[error("`{0}` is chosen at bootstrap and cannot change; bootstrap a new environment to use another")]
@@ -282,6 +288,7 @@ impl Error {
             Error::Busy { .. }
             | Error::SchemaTooNew { .. }
             | Error::Database(_)
+            | Error::CommitUnknown(_)
             | Error::BadStateUrl(_)
             | Error::Unreachable { .. }
             | Error::Corrupt { .. } => false,

@@ -52,3 +52,59 @@ fn a_read_whose_session_was_lost_runs_again_on_a_new_connection() {
     let postgres = matches!(e.st.location(), crate::Location::Postgres(_));
     assert_eq!(attempts, if postgres { 2 } else { 1 });
 }
+
+/// A session lost while COMMIT is in flight leaves unknown whether the
+/// server kept the transaction: the store does not run it again, and says
+/// so with an error no client takes for "try another controller" (which
+/// would apply an add-unit twice when the first was kept).
+#[test]
+fn a_write_whose_session_was_lost_during_its_commit_is_not_run_again_nor_called_unavailable() {
+    let e = env();
+    let postgres = matches!(e.st.location(), crate::Location::Postgres(_));
+    if postgres {
+        // A deferred constraint trigger runs at COMMIT, after every
+        // statement of the rule answered: it ends its own session there.
+        e.st.write(|tx| {
+            tx.execute_batch(
+                "CREATE TABLE commit_cut (x integer);
+                 CREATE FUNCTION commit_cut() RETURNS trigger LANGUAGE plpgsql AS $$
+                 BEGIN PERFORM pg_terminate_backend(pg_backend_pid()); RETURN NULL; END $$;
+                 CREATE CONSTRAINT TRIGGER commit_cut AFTER INSERT ON commit_cut
+                 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION commit_cut();",
+            )?;
+            Ok(())
+        })
+        .unwrap();
+    }
+    let mut attempts = 0;
+    let r = e.st.write(|tx| {
+        attempts += 1;
+        let id = crate::machines::insert_machine(
+            tx,
+            "jammy",
+            &[JOB_HOST_UNITS],
+            &Constraints::default(),
+        )?;
+        if postgres {
+            tx.execute_batch("INSERT INTO commit_cut VALUES (1)")?;
+        }
+        Ok(id)
+    });
+    assert_eq!(attempts, 1, "a commit of unknown outcome was run again");
+    if !postgres {
+        assert_eq!(r.unwrap(), 1);
+        return;
+    }
+    let err = r.unwrap_err();
+    assert!(
+        matches!(err, crate::Error::CommitUnknown(_)),
+        "lost at commit: {err:?}"
+    );
+    assert!(!err.is_unavailable(), "a client would send it again: {err}");
+    assert!(!err.is_refusal());
+    assert!(err.to_string().contains("`jujube status`"), "{err}");
+    // The store still works on a new session.
+    e.st.write(|tx| Ok(tx.execute_batch("DROP TABLE commit_cut")?))
+        .unwrap();
+    assert!(e.st.machines().is_ok());
+}
