@@ -129,6 +129,7 @@ async fn follow_controllers(api: Arc<Remote>, id: i64, path: PathBuf, mut conf: 
             if let Ok(view) = api.machine(id).await {
                 if let Some(next) = api.follow_controllers(&view.api_addresses) {
                     info!(addresses = ?next, "the controllers serve elsewhere now; following them");
+                    jujube_agent::hooks::runner::follow_api_addresses(&next);
                     conf.api_addresses = next;
                     if let Err(e) = conf.write(&path) {
                         warn!(error = %e, "cannot record the controllers' addresses in `{}`", path.display());

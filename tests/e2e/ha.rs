@@ -488,7 +488,8 @@ fn agents_follow_controllers_added_after_them_and_fail_over_to_them() {
 
     // Machine 0's controller dies with its supervisor; the agents' next
     // connections go to the others, and a command run on a unit (which its
-    // agent must fetch and answer through the API) comes back.
+    // agent must fetch and answer through the API) comes back, told every
+    // controller's address as hooks are.
     // SAFETY: kill(2) on the supervisor and controller this test started.
     unsafe {
         assert_eq!(libc::kill(pid_in(&j, "supervisor.pid"), libc::SIGKILL), 0);
@@ -496,9 +497,25 @@ fn agents_follow_controllers_added_after_them_and_fail_over_to_them() {
     }
     let st = j.status();
     for u in st["services"]["ha"]["units"].as_object().unwrap().keys() {
-        let r = j.run(&["run", u, "--timeout", "120s", "--", "echo", "still-here"]);
+        let r = j.run(&[
+            "run",
+            u,
+            "--timeout",
+            "120s",
+            "--",
+            "sh",
+            "-c",
+            "echo still-here $JUJU_API_ADDRESSES",
+        ]);
         assert_eq!(r.code, 0, "{u}: {}", r.stderr);
         assert!(r.stdout.contains("still-here"), "{u}: {}", r.stdout);
+        for a in &all {
+            assert!(
+                r.stdout.contains(a.as_str()),
+                "{u} is not told `{a}`: {}",
+                r.stdout
+            );
+        }
     }
     j.run(&["destroy-environment", "t", "-y"]).ok();
 }

@@ -48,17 +48,37 @@ pub fn private_address() -> String {
     }
 }
 
-static ENVIRONMENT: OnceLock<Environment> = OnceLock::new();
+static ENVIRONMENT: std::sync::RwLock<Option<Environment>> = std::sync::RwLock::new(None);
 
 /// Set once by the process that runs agents (the controller or `jujube
-/// agent`); hooks of a process that never sets it get empty values and no
-/// tools.
+/// agent`; a later call changes nothing); hooks of a process that never
+/// sets it get empty values and no tools.
 pub fn set_environment(env: Environment) {
-    let _ = ENVIRONMENT.set(env);
+    let mut held = ENVIRONMENT.write().unwrap_or_else(|e| e.into_inner());
+    if held.is_none() {
+        *held = Some(env);
+    }
+}
+
+/// The controllers' addresses changed (the agent follows them, see
+/// `Remote::follow_controllers`): the hooks started from now on are told
+/// these in `JUJU_API_ADDRESSES`.
+pub fn follow_api_addresses(addresses: &[String]) {
+    if let Some(env) = ENVIRONMENT
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_mut()
+    {
+        env.api_addresses = addresses.to_vec();
+    }
 }
 
 fn environment() -> Environment {
-    ENVIRONMENT.get().cloned().unwrap_or_default()
+    ENVIRONMENT
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+        .unwrap_or_default()
 }
 
 /// The Juju version whose hook semantics jujube follows, as `JUJU_VERSION`
