@@ -151,6 +151,53 @@ fn feed_insert(engine: Engine, n: usize) -> &'static str {
     &texts[n.trailing_zeros() as usize]
 }
 
+/// Rows one multi-row `INSERT` of [`insert_rows`] writes at most.
+const ROWS_CHUNK: usize = 64;
+
+/// Inserts `values.len() / width` rows with `head` (`INSERT INTO t (a, b)`),
+/// `width` values a row, in multi-row statements of 1, 2, 4, ... up to
+/// [`ROWS_CHUNK`] rows: on PostgreSQL every statement is a round trip to
+/// the server, and a batch of units was one per row.
+pub(crate) fn insert_rows(
+    c: &Connection,
+    head: &'static str,
+    width: usize,
+    values: &[&dyn crate::sql::ToSql],
+) -> Result<()> {
+    debug_assert_eq!(values.len() % width, 0);
+    let mut rest = values;
+    while !rest.is_empty() {
+        let rows = rest.len() / width;
+        // The largest power of two that fits, so that few texts exist.
+        let n = 1 << (usize::BITS - 1 - rows.min(ROWS_CHUNK).leading_zeros());
+        let (chunk, tail) = rest.split_at(n * width);
+        rest = tail;
+        c.prepare_cached(rows_insert(head, width, n))?
+            .execute(chunk)?;
+    }
+    Ok(())
+}
+
+/// The text of `head` with `n` rows of `width` placeholders, made once per
+/// process (the heads are the code's own literals, the sizes a handful).
+fn rows_insert(head: &'static str, width: usize, n: usize) -> &'static str {
+    type Texts = std::collections::HashMap<(&'static str, usize), &'static str>;
+    static TEXTS: std::sync::OnceLock<Mutex<Texts>> = std::sync::OnceLock::new();
+    let mut texts = TEXTS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    texts.entry((head, n)).or_insert_with(|| {
+        let rows: Vec<String> = (0..n)
+            .map(|r| {
+                let row: Vec<String> = (1..=width).map(|i| format!("?{}", r * width + i)).collect();
+                format!("({})", row.join(", "))
+            })
+            .collect();
+        Box::leak(format!("{head} VALUES {}", rows.join(", ")).into_boxed_str())
+    })
+}
+
 impl Tx<'_> {
     /// Records a change in the feed; the revision becomes visible to
     /// watchers when the transaction commits. The entries are written

@@ -35,14 +35,40 @@ pub(crate) fn insert_machine(
     jobs: &[&str],
     cons: &Constraints,
 ) -> Result<i64> {
-    let id = next_machine_id(tx)?;
+    Ok(insert_machines(tx, n1(), series, jobs, cons)?[0])
+}
+
+fn n1() -> std::num::NonZeroUsize {
+    std::num::NonZeroUsize::MIN
+}
+
+/// Inserts `n` Alive machines alike, with the next ids, in multi-row
+/// statements (see [`crate::db::insert_rows`]).
+pub(crate) fn insert_machines(
+    tx: &mut Tx<'_>,
+    n: std::num::NonZeroUsize,
+    series: &str,
+    jobs: &[&str],
+    cons: &Constraints,
+) -> Result<Vec<i64>> {
+    let first = next_machine_id(tx)?;
+    let ids: Vec<i64> = (first..first + n.get() as i64).collect();
     let manage = jobs.contains(&crate::model::JOB_MANAGE_ENVIRON);
-    tx.prepare_cached(
-        "INSERT INTO machines (id, series, jobs, manage_environ, constraints) VALUES (?1, ?2, ?3, ?4, ?5)",
-    )?
-    .execute((id, series, jobs.join(" "), manage, cons.to_string()))?;
-    tx.changed(ChangeKind::Machine, id.to_string())?;
-    Ok(id)
+    let (jobs, cons) = (jobs.join(" "), cons.to_string());
+    let values: Vec<&dyn crate::sql::ToSql> = ids
+        .iter()
+        .flat_map(|id| -> [&dyn crate::sql::ToSql; 5] { [id, &series, &jobs, &manage, &cons] })
+        .collect();
+    crate::db::insert_rows(
+        tx,
+        "INSERT INTO machines (id, series, jobs, manage_environ, constraints)",
+        5,
+        &values,
+    )?;
+    for id in &ids {
+        tx.changed(ChangeKind::Machine, id.to_string())?;
+    }
+    Ok(ids)
 }
 
 /// Names of the units assigned to a machine, in order.
@@ -143,9 +169,10 @@ impl Store {
                 let series_ = series_.unwrap_or(&env.default_series);
                 check_series(tx, series_)?;
                 let cons = cons.with_fallbacks(&env.constraints);
-                (0..k)
-                    .map(|_| insert_machine(tx, series_, &[JOB_HOST_UNITS], &cons))
-                    .collect()
+                match std::num::NonZeroUsize::new(k) {
+                    Some(k) => insert_machines(tx, k, series_, &[JOB_HOST_UNITS], &cons),
+                    None => Ok(Vec::new()),
+                }
             })
         })
     }

@@ -8,7 +8,7 @@ use crate::model::{
 };
 use crate::relations::{destroy_relation_in, relations_of, DestroyedBy};
 use crate::sql::OptionalExtension;
-use crate::units::{check_placement, insert_principal, remove_service_in};
+use crate::units::{check_placement, insert_principal, insert_principals, remove_service_in};
 use crate::{require_alive, Entity, Error, Result};
 use jujube_core::charm::{canonical_key, ConfigOption, SettingValue};
 use jujube_core::{names, series, Constraints, Life};
@@ -164,10 +164,13 @@ fn add_units_in(tx: &mut Tx<'_>, service: &str, n: usize, to: Option<i64>) -> Re
         check_placement(tx, &svc, m)?;
     }
     let env = get_environment(tx)?;
-    let mut names_ = Vec::with_capacity(n);
-    for _ in 0..n {
-        names_.push(insert_principal(tx, &svc, &env.constraints, to)?);
-    }
+    let names_ = match (to, std::num::NonZeroUsize::new(n)) {
+        (_, None) => Vec::new(),
+        (None, Some(n)) => insert_principals(tx, &svc, &env.constraints, n)?,
+        (Some(_), Some(_)) => (0..n)
+            .map(|_| insert_principal(tx, &svc, &env.constraints, to))
+            .collect::<Result<_>>()?,
+    };
     tx.prepare_cached("UPDATE services SET unit_count = unit_count + ?1 WHERE name = ?2")?
         .execute((n as i64, &svc.name))?;
     tx.changed(ChangeKind::Service, &svc.name)?;

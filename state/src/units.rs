@@ -4,7 +4,7 @@
 
 use crate::db::{Store, Tx};
 use crate::feed::ChangeKind;
-use crate::machines::insert_machine;
+use crate::machines::{insert_machine, insert_machines};
 use crate::model::{
     finish_unit, get_machine, get_service, get_unit, quote_list, unit_row, Service, Unit,
     JOB_HOST_UNITS, UNIT_COLS,
@@ -80,6 +80,46 @@ pub(crate) fn insert_principal(
         tx.changed(ChangeKind::Machine, machine.to_string())?;
     }
     Ok(name)
+}
+
+/// Inserts `n` principal units of `svc`, each on a new machine that copies
+/// its constraints (the environment and service constraints collapsed as
+/// they are now), as [`insert_principal`] does one at a time, in
+/// multi-row statements: a statement per row was a round trip per row on
+/// PostgreSQL. The caller bumps the service's unit count.
+pub(crate) fn insert_principals(
+    tx: &mut Tx<'_>,
+    svc: &Service,
+    env_cons: &Constraints,
+    n: std::num::NonZeroUsize,
+) -> Result<Vec<String>> {
+    let first = next_unit_number(tx, &svc.name)?;
+    let cons = svc.constraints.with_fallbacks(env_cons);
+    let machines = insert_machines(tx, n, &svc.series, &[JOB_HOST_UNITS], &cons)?;
+    let cons = cons.to_string();
+    let numbers: Vec<i64> = (first..first + n.get() as i64).collect();
+    let names: Vec<String> = numbers
+        .iter()
+        .map(|number| format!("{}/{}", svc.name, number))
+        .collect();
+    let values: Vec<&dyn crate::sql::ToSql> = names
+        .iter()
+        .zip(&numbers)
+        .zip(&machines)
+        .flat_map(|((name, number), machine)| -> [&dyn crate::sql::ToSql; 6] {
+            [name, &svc.name, number, &svc.series, machine, &cons]
+        })
+        .collect();
+    crate::db::insert_rows(
+        tx,
+        "INSERT INTO units (name, service, number, series, machine_id, constraints)",
+        6,
+        &values,
+    )?;
+    for name in &names {
+        tx.changed(ChangeKind::Unit, name)?;
+    }
+    Ok(names)
 }
 
 /// Inserts the subordinate unit of `sub` for `principal` (no machine, no

@@ -188,6 +188,56 @@ fn unit_numbers_go_on_above_the_largest_removed_even_when_later_ones_remain() {
     );
 }
 
+/// Units added together are written with multi-row statements of 1, 2, 4,
+/// ... 64 rows: every count across those sizes gets consecutive names above
+/// the largest ever used, a new machine each with the next ids and the
+/// service's constraints, and a feed entry for each unit and machine.
+#[test]
+fn units_added_together_get_consecutive_names_a_machine_each_and_their_feed_entries() {
+    let e = env_with("mem=4G");
+    let first = e.deploy(WORDPRESS, "wordpress", 3);
+    e.st.destroy_units(&first[2..]).unwrap();
+    let mut next_unit = 3;
+    let mut next_machine = e.st.machines().unwrap().iter().map(|m| m.id).max().unwrap() + 1;
+    for n in [1, 2, 3, 64, 65, 127, 128] {
+        let (since, _) = e.st.resume_point(0).unwrap();
+        let names = e.st.add_units("wordpress", n, None).unwrap();
+        let expected: Vec<String> = (next_unit..next_unit + n as i64)
+            .map(|i| format!("wordpress/{i}"))
+            .collect();
+        assert_eq!(names, expected, "{n} units");
+        let changes = e.st.changes_since(since, usize::MAX).unwrap().changes;
+        for (i, name) in names.iter().enumerate() {
+            let u = e.st.unit(name).unwrap();
+            let m = next_machine + i as i64;
+            assert_eq!(u.machine_id, Some(m), "{name}");
+            assert_eq!(u.life, Life::Alive);
+            let machine = e.st.machine(m).unwrap();
+            assert_eq!(machine.constraints.to_string(), "mem=4G", "{m}");
+            assert_eq!(u.constraints, machine.constraints, "{name}");
+            assert!(machine.instance_id.is_none());
+            for (kind, id) in [
+                (crate::feed::ChangeKind::Unit, name.clone()),
+                (crate::feed::ChangeKind::Machine, m.to_string()),
+            ] {
+                assert!(
+                    changes.iter().any(|c| c.kind == kind && c.id == id),
+                    "no feed entry for {id}"
+                );
+            }
+        }
+        next_unit += n as i64;
+        next_machine += n as i64;
+    }
+    assert_eq!(
+        e.st.service("wordpress").unwrap().unit_count,
+        2 + (1 + 2 + 3 + 64 + 65 + 127 + 128)
+    );
+    // Machines added together likewise.
+    let ids = e.st.add_machines(67, None, None).unwrap();
+    assert_eq!(ids, (next_machine..next_machine + 67).collect::<Vec<_>>());
+}
+
 // ---- units -----------------------------------------------------------
 
 #[test]
