@@ -149,7 +149,7 @@ impl Store {
                 "SELECT revision, kind, id FROM changes WHERE revision > ?1 ORDER BY revision LIMIT ?2",
             )?;
             let changes = stmt
-                .query_map((since as i64, limit as i64), |r| {
+                .query_map((since as i64, i64::try_from(limit).unwrap_or(i64::MAX)), |r| {
                     Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get(2)?))
                 })?
                 .map(|row| {
