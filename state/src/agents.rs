@@ -647,9 +647,13 @@ impl Store {
                 "SELECT name, status_info FROM units WHERE status = ?1 AND resolved IS NULL
                      ORDER BY service, number LIMIT ?2",
             )?
-            .query_map((crate::model::agent_status::ERROR, limit as i64), |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })?
+            .query_map(
+                (
+                    crate::model::agent_status::ERROR,
+                    i64::try_from(limit).unwrap_or(i64::MAX),
+                ),
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?
             .collect::<crate::sql::Result<Vec<_>>>()?)
         })
     }
