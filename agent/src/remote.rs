@@ -143,6 +143,13 @@ fn unavailable(what: impl std::fmt::Display) -> ApiError {
 
 const UNREACHED: &str = "API server unavailable: ";
 
+fn unanswered(what: impl std::fmt::Display) -> ApiError {
+    ApiError::new(
+        ErrorCode::Unanswered,
+        format!("the connection to the controller was lost before it answered ({what})"),
+    )
+}
+
 /// Whether `e` says a controller answered that it cannot act now (its state
 /// database out of reach), rather than that none could be reached: the
 /// next call goes to the next controller at once.
@@ -245,7 +252,7 @@ impl Remote {
 
     async fn call<T: DeserializeOwned>(&self, call: Call) -> ApiResult<T> {
         let body = serde_json::to_vec(&call).expect("plain data");
-        let resp = self.inner.send(CALL_PATH, body).await?;
+        let resp = self.inner.send(CALL_PATH, body, true).await?;
         let bytes = read_limited(resp.into_body()).await?;
         match serde_json::from_slice::<Reply>(&bytes) {
             Ok(Reply::Ok(v)) => serde_json::from_value(v).map_err(|e| {
@@ -478,7 +485,17 @@ impl Inner {
     }
 
     /// Sends on the shared connection, reconnecting once if it broke.
-    async fn send(&self, path: &str, body: Vec<u8>) -> ApiResult<hyper::Response<Incoming>> {
+    ///
+    /// A request the connection may have carried before it broke (the
+    /// server may have done it) goes again only if `resend`; otherwise the
+    /// answer is [`ErrorCode::Unanswered`]. One it surely did not carry
+    /// (the connection was found closed first) always goes again.
+    async fn send(
+        &self,
+        path: &str,
+        body: Vec<u8>,
+        resend: bool,
+    ) -> ApiResult<hyper::Response<Incoming>> {
         let bearer = self.bearer().await?;
         for attempt in 0..2 {
             let mut sender = {
@@ -492,13 +509,18 @@ impl Inner {
                     }
                 }
             };
-            let sent = async {
-                sender.ready().await?;
-                sender
+            // `Err((e, carried))`: `carried` unless hyper says the request
+            // never left (its connection closed before it was written).
+            let sent = match sender.ready().await {
+                Err(e) => Err((e, false)),
+                Ok(()) => sender
                     .send_request(self.request(path, body.clone(), &bearer))
                     .await
-            }
-            .await;
+                    .map_err(|e| {
+                        let carried = !e.is_canceled();
+                        (e, carried)
+                    }),
+            };
             match sent {
                 Ok(resp) if resp.status() == hyper::StatusCode::SERVICE_UNAVAILABLE => {
                     // This controller cannot reach its state database (or
@@ -523,8 +545,11 @@ impl Inner {
                         .store(refused, std::sync::atomic::Ordering::Release);
                     return Ok(resp);
                 }
-                Err(e) => {
+                Err((e, carried)) => {
                     *self.conn.lock().await = None;
+                    if carried && !resend {
+                        return Err(unanswered(e));
+                    }
                     if attempt == 1 {
                         return Err(unavailable(e));
                     }
@@ -543,7 +568,11 @@ impl Inner {
             since,
         };
         let resp = self
-            .send(WATCH_PATH, serde_json::to_vec(&req).expect("plain data"))
+            .send(
+                WATCH_PATH,
+                serde_json::to_vec(&req).expect("plain data"),
+                true,
+            )
             .await?;
         if resp.status() == hyper::StatusCode::OK {
             let at = resp
@@ -920,11 +949,20 @@ impl UserClient {
         call: &jujube_wire::client::ClientCall,
     ) -> ApiResult<Result<Bytes, jujube_wire::client::ClientError>> {
         let body = serde_json::to_vec(call).expect("plain data");
+        let resend = call.resendable();
         let resp = self
             .inner
-            .send(jujube_wire::client::CLIENT_PATH, body)
+            .send(jujube_wire::client::CLIENT_PATH, body, resend)
             .await?;
-        client_answer(resp).await
+        // Done (the controller said so) and its answer lost on the way.
+        let done = resp.status() == hyper::StatusCode::OK;
+        client_answer(resp).await.map_err(|e| {
+            if done && !resend && e.code == ErrorCode::Unavailable {
+                unanswered(e.message)
+            } else {
+                e
+            }
+        })
     }
 
     /// Makes `call`, handing its answer's JSON to `sink` as it arrives
@@ -940,7 +978,7 @@ impl UserClient {
         let body = serde_json::to_vec(call).expect("plain data");
         let resp = self
             .inner
-            .send(jujube_wire::client::CLIENT_PATH, body)
+            .send(jujube_wire::client::CLIENT_PATH, body, call.resendable())
             .await?;
         if resp.status() != hyper::StatusCode::OK {
             return client_answer(resp).await.map(|r| r.map(|_| ()));
@@ -973,7 +1011,7 @@ impl UserClient {
         crate::charmdir::write_archive(root, &mut body)?;
         let resp = self
             .inner
-            .send(jujube_wire::client::CHARM_PATH, body)
+            .send(jujube_wire::client::CHARM_PATH, body, true)
             .await?;
         client_answer(resp).await
     }
@@ -987,7 +1025,7 @@ impl UserClient {
         let body = serde_json::to_vec(registration).expect("plain data");
         let resp = self
             .inner
-            .send(jujube_wire::client::REGISTER_PATH, body)
+            .send(jujube_wire::client::REGISTER_PATH, body, false)
             .await?;
         client_answer(resp).await
     }

@@ -757,7 +757,8 @@ fn status_of(e: &ApiError) -> StatusCode {
         ErrorCode::Unauthenticated => StatusCode::UNAUTHORIZED,
         ErrorCode::Refused => StatusCode::CONFLICT,
         ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-        ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        // Unanswered is the client's own finding; never the server's.
+        ErrorCode::Internal | ErrorCode::Unanswered => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 

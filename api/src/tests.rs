@@ -2002,3 +2002,82 @@ async fn a_hand_over_is_taken_once_with_the_token_within_its_bound_from_the_one_
         .is_err());
     assert!(tokio::net::TcpListener::bind(&addr).await.is_ok());
 }
+
+/// A server with the environment's certificate that takes each request
+/// and drops its connection without answering (a controller killed while
+/// the call ran); counts the requests it took.
+async fn unanswering_server(w: &World) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls::server_config(w.dir.path()).unwrap());
+    let taken = Arc::new(AtomicUsize::new(0));
+    let counter = taken.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let (acceptor, counter) = (acceptor.clone(), counter.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let gone = Arc::new(tokio::sync::Notify::new());
+                let signal = gone.clone();
+                let service = hyper::service::service_fn(move |_req| {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    signal.notify_one();
+                    // Never answers; the connection goes first.
+                    std::future::pending::<
+                        Result<hyper::Response<http_body_util::Full<bytes::Bytes>>, std::io::Error>,
+                    >()
+                });
+                let conn =
+                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(hyper_util::rt::TokioIo::new(tls), service);
+                tokio::select! {
+                    _ = conn => {}
+                    _ = gone.notified() => {}
+                }
+            });
+        }
+    });
+    (addr, taken)
+}
+
+/// A user's call whose connection is lost after the controller took it
+/// (it may have been done) is sent again only when doing it twice changes
+/// nothing more: an add-unit is answered "unanswered" after one request
+/// (sent again, a kept one would add twice); a status is asked again.
+#[tokio::test]
+async fn a_write_whose_answer_was_lost_is_not_sent_again_and_a_read_is() {
+    use jujube_agent::remote::UserClient;
+    use jujube_wire::client::ClientCall;
+    use std::sync::atomic::Ordering;
+    let w = World::new().await;
+    let (addr, taken) = unanswering_server(&w).await;
+    let ca = tls::ca_cert(w.dir.path()).unwrap();
+    let client = UserClient::new(&[addr], &ca, "admin", "pw").unwrap();
+
+    let add = ClientCall::AddUnits {
+        service: "wordpress".into(),
+        n: 1,
+        to: None,
+    };
+    let err = client.call(&add).await.unwrap_err();
+    assert_eq!(err.code, ErrorCode::Unanswered, "{err}");
+    assert_eq!(
+        taken.load(Ordering::SeqCst),
+        1,
+        "the add-unit was sent again"
+    );
+
+    let err = client.call(&ClientCall::Status).await.unwrap_err();
+    assert_eq!(err.code, ErrorCode::Unavailable, "{err}");
+    assert_eq!(
+        taken.load(Ordering::SeqCst),
+        3,
+        "a status is asked again on a new connection"
+    );
+}

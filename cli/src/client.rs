@@ -197,6 +197,13 @@ impl Client {
                         self.hint
                     ))
                 }
+                // Never asked again: it may have been done.
+                Err(e) if e.code == ErrorCode::Unanswered => {
+                    return Err(anyhow!(
+                        "{}: whether it was done is unknown; check with `jujube status` before asking again",
+                        e.message
+                    ))
+                }
                 Err(e) => return Err(anyhow!("{}", e.message)),
             }
         };

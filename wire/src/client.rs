@@ -355,6 +355,53 @@ impl fmt::Debug for ClientCall {
 }
 
 impl ClientCall {
+    /// Whether the call may be sent again when its connection was lost
+    /// before the answer (so that it may have been done): reads, and
+    /// writes whose second doing changes nothing more (setting a value,
+    /// destroying). Adding units or machines, deploying, relating,
+    /// resolving, upgrading and queueing runs or actions are not: done
+    /// twice they add, retry or run twice, or answer a refusal for what
+    /// the first did.
+    pub fn resendable(&self) -> bool {
+        use ClientCall::*;
+        match self {
+            Status
+            | Environment
+            | GetConstraints { .. }
+            | Get { .. }
+            | GetEnvironment
+            | Strays
+            | Task { .. }
+            | RunResult { .. }
+            | WaitState
+            | DebugLog { .. }
+            | Users => true,
+            SetConstraints { .. }
+            | Set { .. }
+            | SetEnvironment { .. }
+            | DestroyRelation { .. }
+            | DestroyUnits { .. }
+            | DestroyService { .. }
+            | DestroyMachines { .. }
+            | RetryProvisioning { .. }
+            | ForgetRun { .. }
+            | ChangeAccess { .. }
+            | SetPassword { .. } => true,
+            Deploy { .. }
+            | AddUnits { .. }
+            | AddMachines { .. }
+            | EnableHa { .. }
+            | AddRelation { .. }
+            | ResolveAll { .. }
+            | ResolveUnit { .. }
+            | ResolveMachine { .. }
+            | UpgradeCharm { .. }
+            | QueueRun { .. }
+            | QueueAction { .. }
+            | AddUser { .. } => false,
+        }
+    }
+
     /// The method's name, for logs (never its arguments: one carries a
     /// password).
     pub fn method(&self) -> String {

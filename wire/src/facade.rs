@@ -335,6 +335,11 @@ pub enum ErrorCode {
     Refused,
     /// Try again later (the store is busy, the connection dropped).
     Unavailable,
+    /// The call was sent and its connection lost before the answer: it may
+    /// have been done. Never sent again by itself (see
+    /// `ClientCall::resendable`): an add-unit done and sent again would add
+    /// twice.
+    Unanswered,
     Internal,
 }
 
