@@ -90,7 +90,8 @@ struct Inner {
     /// `Bearer SECRET`; `None` until a deferred credential is obtained.
     bearer: Mutex<Option<String>>,
     deferred: Option<Deferred>,
-    conn: Mutex<Option<SendRequest<Full<Bytes>>>>,
+    /// The connection, and the index in `addresses` it was made to.
+    conn: Mutex<Option<(SendRequest<Full<Bytes>>, usize)>>,
     /// The server refused this client's own credential on its last call
     /// (cleared by the next call it accepts).
     refused: std::sync::atomic::AtomicBool,
@@ -347,7 +348,7 @@ async fn post_once(
     doing: &str,
 ) -> ApiResult<Vec<u8>> {
     let client = Remote::new(probe)?;
-    let mut sender = client.inner.connect().await?;
+    let (mut sender, _) = client.inner.connect().await?;
     let mut req = hyper::Request::post(format!("https://{SERVER_NAME}{path}"))
         .header(hyper::header::CONTENT_TYPE, "application/json");
     if let Some(b) = bearer {
@@ -400,7 +401,18 @@ impl Inner {
         Ok(sender)
     }
 
-    async fn connect(&self) -> ApiResult<SendRequest<Full<Bytes>>> {
+    /// Drops the connection made to `addresses[at]`, unless another call
+    /// made a new one elsewhere meanwhile.
+    async fn forget(&self, at: usize) {
+        let mut conn = self.conn.lock().await;
+        if conn.as_ref().is_some_and(|(_, i)| *i == at) {
+            *conn = None;
+        }
+    }
+
+    /// A connection to the first address that takes one, from `start` on;
+    /// and that address's index.
+    async fn connect(&self) -> ApiResult<(SendRequest<Full<Bytes>>, usize)> {
         let mut last = unavailable("no API address configured");
         let addresses = self
             .addresses
@@ -436,7 +448,7 @@ impl Inner {
             match attempt {
                 Ok(s) => {
                     self.start.store(i, std::sync::atomic::Ordering::Release);
-                    return Ok(s);
+                    return Ok((s, i));
                 }
                 Err(e) => last = e,
             }
@@ -498,14 +510,14 @@ impl Inner {
     ) -> ApiResult<hyper::Response<Incoming>> {
         let bearer = self.bearer().await?;
         for attempt in 0..2 {
-            let mut sender = {
+            let (mut sender, at) = {
                 let mut conn = self.conn.lock().await;
                 match conn.as_ref() {
-                    Some(s) if !s.is_closed() => s.clone(),
+                    Some((s, at)) if !s.is_closed() => (s.clone(), *at),
                     _ => {
-                        let s = self.connect().await?;
-                        *conn = Some(s.clone());
-                        s
+                        let made = self.connect().await?;
+                        *conn = Some(made.clone());
+                        made
                     }
                 }
             };
@@ -527,8 +539,15 @@ impl Inner {
                     // is stopping): the next connection goes to the next
                     // controller. Nothing was decided; the caller's retry
                     // decides whether to ask again.
-                    *self.conn.lock().await = None;
-                    self.start.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                    // Calls that shared the connection move on once: the
+                    // first to see its 503 moves the start past it.
+                    self.forget(at).await;
+                    let _ = self.start.compare_exchange(
+                        at,
+                        at + 1,
+                        std::sync::atomic::Ordering::AcqRel,
+                        std::sync::atomic::Ordering::Acquire,
+                    );
                     return Ok(resp);
                 }
                 Ok(resp) => {
@@ -546,7 +565,7 @@ impl Inner {
                     return Ok(resp);
                 }
                 Err((e, carried)) => {
-                    *self.conn.lock().await = None;
+                    self.forget(at).await;
                     if carried && !resend {
                         return Err(unanswered(e));
                     }

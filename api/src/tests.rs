@@ -2003,11 +2003,24 @@ async fn a_hand_over_is_taken_once_with_the_token_within_its_bound_from_the_one_
     assert!(tokio::net::TcpListener::bind(&addr).await.is_ok());
 }
 
-/// A server with the environment's certificate that takes each request
-/// and drops its connection without answering (a controller killed while
-/// the call ran); counts the requests it took.
-async fn unanswering_server(w: &World) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+/// What a [`scripted_server`] does with each request it takes.
+#[derive(Clone, Copy)]
+enum Script {
+    /// Drops the connection without answering (a controller killed while
+    /// the call ran).
+    Drop,
+    /// Answers 503, "unavailable" (a controller cut off its database).
+    Unavailable,
+}
+
+/// A server with the environment's certificate that does `script` with
+/// each request; counts the requests it took.
+async fn scripted_server(
+    w: &World,
+    script: Script,
+) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
     use std::sync::atomic::{AtomicUsize, Ordering};
+    type Answer = Result<hyper::Response<http_body_util::Full<bytes::Bytes>>, std::io::Error>;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let acceptor = tokio_rustls::TlsAcceptor::from(tls::server_config(w.dir.path()).unwrap());
@@ -2027,11 +2040,27 @@ async fn unanswering_server(w: &World) -> (String, Arc<std::sync::atomic::Atomic
                 let signal = gone.clone();
                 let service = hyper::service::service_fn(move |_req| {
                     counter.fetch_add(1, Ordering::SeqCst);
-                    signal.notify_one();
-                    // Never answers; the connection goes first.
-                    std::future::pending::<
-                        Result<hyper::Response<http_body_util::Full<bytes::Bytes>>, std::io::Error>,
-                    >()
+                    let signal = signal.clone();
+                    async move {
+                        match script {
+                            Script::Drop => {
+                                signal.notify_one();
+                                std::future::pending::<Answer>().await
+                            }
+                            Script::Unavailable => {
+                                let body = serde_json::to_vec(&jujube_wire::client::ClientError {
+                                    message: "cannot reach the state database".into(),
+                                    usage: false,
+                                    unavailable: true,
+                                })
+                                .unwrap();
+                                Ok(hyper::Response::builder()
+                                    .status(hyper::StatusCode::SERVICE_UNAVAILABLE)
+                                    .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+                                    .unwrap())
+                            }
+                        }
+                    }
                 });
                 let conn =
                     hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
@@ -2046,6 +2075,48 @@ async fn unanswering_server(w: &World) -> (String, Arc<std::sync::atomic::Atomic
     (addr, taken)
 }
 
+/// Calls that shared a connection to a controller that answered 503 move
+/// on to the next controller together: the next connection goes to the
+/// one after it, not one further per call that saw the 503.
+#[tokio::test]
+async fn calls_refused_together_by_one_controller_move_to_the_next_one() {
+    use jujube_agent::remote::UserClient;
+    use jujube_wire::client::ClientCall;
+    use std::sync::atomic::Ordering;
+    let w = World::new().await;
+    let (cut_off, refused) = scripted_server(&w, Script::Unavailable).await;
+    let (next, to_next) = scripted_server(&w, Script::Drop).await;
+    let (after, to_after) = scripted_server(&w, Script::Drop).await;
+    let ca = tls::ca_cert(w.dir.path()).unwrap();
+    let client = UserClient::new(&[cut_off, next, after], &ca, "admin", "pw").unwrap();
+    let (a, b) = tokio::join!(
+        client.call(&ClientCall::Status),
+        client.call(&ClientCall::Users)
+    );
+    for r in [a, b] {
+        assert_eq!(r.unwrap_err().code, ErrorCode::Unavailable);
+    }
+    assert_eq!(refused.load(Ordering::SeqCst), 2, "both calls went to it");
+    // The next call's connection: to `next`, which drops it.
+    let err = client
+        .call(&ClientCall::AddUnits {
+            service: "wordpress".into(),
+            n: 1,
+            to: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::Unanswered, "{err}");
+    assert_eq!(
+        (
+            to_next.load(Ordering::SeqCst),
+            to_after.load(Ordering::SeqCst)
+        ),
+        (1, 0),
+        "the controller after the one that refused was skipped"
+    );
+}
+
 /// A user's call whose connection is lost after the controller took it
 /// (it may have been done) is sent again only when doing it twice changes
 /// nothing more: an add-unit is answered "unanswered" after one request
@@ -2056,7 +2127,7 @@ async fn a_write_whose_answer_was_lost_is_not_sent_again_and_a_read_is() {
     use jujube_wire::client::ClientCall;
     use std::sync::atomic::Ordering;
     let w = World::new().await;
-    let (addr, taken) = unanswering_server(&w).await;
+    let (addr, taken) = scripted_server(&w, Script::Drop).await;
     let ca = tls::ca_cert(w.dir.path()).unwrap();
     let client = UserClient::new(&[addr], &ca, "admin", "pw").unwrap();
 
