@@ -9,9 +9,7 @@
 //! agent resumes from its directories.
 
 use anyhow::{anyhow, Context, Result};
-use futures_util::StreamExt;
 use jujube_agent::api::Tag;
-use jujube_agent::api::{Facade, WatchTarget};
 use jujube_agent::machine::MachineAgent;
 use jujube_agent::remote::{Remote, RemoteConnector};
 use jujube_agent::wire::AgentConf;
@@ -62,14 +60,9 @@ pub async fn run(data_dir: &Path) -> Result<()> {
     std::fs::create_dir_all(&creds)
         .with_context(|| format!("cannot create `{}`", creds.display()))?;
     let api_check = api.clone();
-    let follower = tokio::spawn(follow_controllers(
-        api.clone(),
-        id,
-        path.clone(),
-        conf.clone(),
-    ));
+    let follower = follow_controllers(api.clone(), path.clone(), conf.clone());
     let connector = Arc::new(RemoteConnector::new(api.clone(), creds));
-    let agent = MachineAgent::new(api, connector, id, data_dir);
+    let agent = MachineAgent::new(api, connector, id, data_dir).observing(follower);
     let running = agent.spawn();
     info!(agent = %conf.tag, addresses = ?conf.api_addresses, "agent started");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -101,7 +94,6 @@ pub async fn run(data_dir: &Path) -> Result<()> {
             }
         }
     }
-    follower.abort();
     running.stop();
     running.finished().await;
     info!(agent = %conf.tag, "agent stopped");
@@ -109,36 +101,29 @@ pub async fn run(data_dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Keeps the agent's API addresses (and `agent.conf`'s, for its next start)
-/// those of every controller as controllers are added: a machine agent
-/// installed when machine 0's controller was the only one fails over to the
-/// others later (see `followed_addresses` for which agents follow). Its
-/// machine's watch tells it when they change; the unit agents it runs share
-/// its addresses.
-async fn follow_controllers(api: Arc<Remote>, id: i64, path: PathBuf, mut conf: AgentConf) {
-    let pause = std::time::Duration::from_secs(5);
-    loop {
-        let mut notices = match api.watch(WatchTarget::Machine(id)).await {
-            Ok(n) => n,
-            Err(_) => {
-                tokio::time::sleep(pause).await;
-                continue;
-            }
+/// Keeps the agent's API addresses (and `agent.conf`'s, for its next start,
+/// and its hooks' `JUJU_API_ADDRESSES`) those of every controller as
+/// controllers are added: a machine agent installed when machine 0's
+/// controller was the only one fails over to the others later (see
+/// `followed_addresses` for which agents follow). Each view of its machine
+/// the agent reads carries them (a change of them is a change of every
+/// machine); the unit agents it runs share its addresses.
+fn follow_controllers(
+    api: Arc<Remote>,
+    path: PathBuf,
+    conf: AgentConf,
+) -> jujube_agent::machine::Observer {
+    let conf = std::sync::Mutex::new(conf);
+    Arc::new(move |view: &jujube_agent::api::MachineView| {
+        let Some(next) = api.follow_controllers(&view.api_addresses) else {
+            return;
         };
-        loop {
-            if let Ok(view) = api.machine(id).await {
-                if let Some(next) = api.follow_controllers(&view.api_addresses) {
-                    info!(addresses = ?next, "the controllers serve elsewhere now; following them");
-                    jujube_agent::hooks::runner::follow_api_addresses(&next);
-                    conf.api_addresses = next;
-                    if let Err(e) = conf.write(&path) {
-                        warn!(error = %e, "cannot record the controllers' addresses in `{}`", path.display());
-                    }
-                }
-            }
-            if notices.next().await.is_none() {
-                break;
-            }
+        info!(addresses = ?next, "the controllers serve elsewhere now; following them");
+        jujube_agent::hooks::runner::follow_api_addresses(&next);
+        let mut conf = conf.lock().unwrap_or_else(|e| e.into_inner());
+        conf.api_addresses = next;
+        if let Err(e) = conf.write(&path) {
+            warn!(error = %e, "cannot record the controllers' addresses in `{}`", path.display());
         }
-    }
+    })
 }
