@@ -144,6 +144,7 @@ fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Answer> {
                 uuid: env.uuid,
                 provider: env.provider,
                 default_series: env.default_series,
+                controllers: store.controller_machines()?,
             })
         }
         ClientCall::GetConstraints { service } => json(

@@ -167,6 +167,11 @@ impl Store {
         })
     }
 
+    /// The Alive controller machines, in order.
+    pub fn controller_machines(&self) -> Result<Vec<i64>> {
+        self.read(controller_machines)
+    }
+
     /// Every controller that ever recorded itself, in machine order.
     pub fn controllers(&self) -> Result<Vec<Controller>> {
         self.read(controllers_in)

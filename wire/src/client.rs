@@ -253,6 +253,9 @@ pub struct EnvironmentInfo {
     pub uuid: String,
     pub provider: String,
     pub default_series: String,
+    /// The Alive controller machines, in order (`enable-ha` adds them).
+    #[serde(default)]
+    pub controllers: Vec<i64>,
 }
 
 /// `deploy`'s answer.
