@@ -23,8 +23,9 @@ pub struct MachineAgent {
     id: i64,
     reported: Option<AgentStatus>,
     /// Shown every view of the machine the agent reads (see
-    /// [`MachineAgent::observing`]).
-    observer: Option<Observer>,
+    /// [`MachineAgent::observing`]). Boxed: a pointer's width in each of
+    /// the controller's in-process agents, which have none.
+    observer: Option<Box<Observer>>,
 }
 
 /// What [`MachineAgent::observing`] is given.
@@ -53,7 +54,7 @@ impl MachineAgent {
     /// addresses among them): what else its process keeps from the view
     /// costs no watch of its own.
     pub fn observing(mut self, observer: Observer) -> MachineAgent {
-        self.observer = Some(observer);
+        self.observer = Some(Box::new(observer));
         self
     }
 

@@ -255,7 +255,7 @@ impl UnitAgent {
 
     fn save_hooks(&mut self) -> Result<()> {
         let dir = self.dir();
-        if let Some(h) = &self.hooks {
+        if let Some(h) = &mut self.hooks {
             h.save(&dir).map_err(|source| crate::Error::Io {
                 action: "write",
                 path: HookState::path(&dir),
@@ -711,9 +711,7 @@ impl UnitAgent {
             }
             if seen.is_none() {
                 // Joined, not yet changed: a retry starts at -changed.
-                self.relation_state(rel.id)
-                    .joined
-                    .insert(u.clone(), String::new());
+                self.hook_state().join(rel.id, u, String::new());
                 self.save_hooks()?;
             }
             if seen != Some(&settings) {
@@ -723,9 +721,7 @@ impl UnitAgent {
                 {
                     return Ok(false);
                 }
-                self.relation_state(rel.id)
-                    .joined
-                    .insert(u.clone(), settings);
+                self.hook_state().join(rel.id, u, settings);
                 self.save_hooks()?;
             }
         }
@@ -770,15 +766,11 @@ impl UnitAgent {
                 self.ran_config_changed = true;
             }
             (_, Some((rel, _)), Some(remote)) if kind == "joined" => {
-                self.relation_state(*rel)
-                    .joined
-                    .insert(remote.clone(), String::new());
+                self.hook_state().join(*rel, remote, String::new());
             }
             (_, Some((rel, _)), Some(remote)) if kind == "changed" => {
                 let settings = digest(&self.api.relation_settings(*rel, remote).await?);
-                self.relation_state(*rel)
-                    .joined
-                    .insert(remote.clone(), settings);
+                self.hook_state().join(*rel, remote, settings);
             }
             // A -changed about the remote application's settings.
             (_, Some((rel, _)), None) if kind == "changed" => {
@@ -788,7 +780,7 @@ impl UnitAgent {
                 }
             }
             (_, Some((rel, _)), Some(remote)) if kind == "departed" => {
-                self.relation_state(*rel).joined.remove(remote);
+                self.hook_state().depart(*rel, remote);
             }
             (_, Some((rel, _)), None) if kind == "broken" => {
                 self.hook_state().relations.remove(rel);
@@ -840,7 +832,7 @@ impl UnitAgent {
         {
             return Ok(false);
         }
-        self.relation_state(rel).joined.remove(gone);
+        self.hook_state().depart(rel, gone);
         self.save_hooks()?;
         Ok(true)
     }

@@ -299,10 +299,12 @@ fn an_agent_process_killed_and_restarted_resumes_without_redoing_its_work() {
     // Killed between hooks (a hook killed with its agent is a failed hook:
     // `hooks.rs` tests that): wordpress has its database settings and
     // nothing runs.
-    let hooks = unit_dir.join("hooks.json");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while !(unit_dir.join("charm/db.conf").is_file()
-        && std::fs::read_to_string(&hooks).is_ok_and(|h| h.contains("\"running\": null")))
+        && jujube_agent::hooks::state::HookState::read(&unit_dir).installed
+        && jujube_agent::hooks::state::HookState::read(&unit_dir)
+            .running
+            .is_none())
     {
         assert!(std::time::Instant::now() < deadline, "hooks never settled");
         std::thread::sleep(std::time::Duration::from_millis(20));

@@ -364,10 +364,8 @@ fn holds_on_failure(j: &Jujube, unit: &str) -> bool {
         .map(|e| e.path().join(format!("unit-{svc}-{n}")))
         .find(|d| d.exists());
     let Some(dir) = dir else { return false };
-    let h = std::fs::read_to_string(dir.join("hooks.json")).unwrap_or_default();
-    h.contains("\"running\": null")
-        && !h.contains("\"failed\": null")
-        && agent_status(j, unit).0 == "error"
+    let h = jujube_agent::hooks::state::HookState::read(&dir);
+    h.running.is_none() && h.failed.is_some() && agent_status(j, unit).0 == "error"
 }
 
 fn agent_status(j: &Jujube, unit: &str) -> (String, String) {

@@ -48,6 +48,64 @@ pub struct HookState {
     /// ran (a `u32`: every idle agent keeps this record).
     #[serde(default)]
     pub leader_settings: u32,
+    /// How the record is kept on disk (see [`HookState::save`]); not part
+    /// of the record.
+    #[serde(skip)]
+    journal: Journal,
+}
+
+/// `hooks.json` is the whole record as of one generation; `hooks.journal`
+/// the saves since, one JSON line each: the record without its `joined`
+/// maps (small), and what changed in those. A 1,000-unit peer relation's
+/// `joined` map is tens of kilobytes, and the record is saved around every
+/// hook: written whole each time, each unit wrote that map a few thousand
+/// times over (quadratic in the relation's size). A save costs a line now,
+/// and the whole record is written again once the journal outgrows it.
+#[derive(Debug, Clone, Default)]
+struct Journal {
+    /// The generation `hooks.json` holds; journal lines of another are
+    /// stale (left by a crash between writing a new `hooks.json` and
+    /// emptying the journal) and ignored.
+    generation: u32,
+    /// Bytes of `hooks.json` and of the journal, as written. (`u32`s:
+    /// every idle unit agent keeps this.)
+    base: u32,
+    lines: u32,
+    /// Changes to the `joined` maps since the last save, in order:
+    /// relation, remote unit, its settings' digest (`None`: departed).
+    pending: Vec<(i64, String, Option<String>)>,
+}
+
+impl PartialEq for Journal {
+    /// Bookkeeping, not part of the record.
+    fn eq(&self, _: &Journal) -> bool {
+        true
+    }
+}
+
+impl Eq for Journal {}
+
+/// The journal outgrows `hooks.json` at the larger of `hooks.json`'s size
+/// and this.
+const JOURNAL_MIN: u32 = 16 << 10;
+
+/// `hooks.json`: the record and its generation. (A record written whole
+/// by an earlier version, without one, is read as generation 0.)
+#[derive(Serialize, Deserialize)]
+struct Base<S> {
+    state: S,
+    generation: u32,
+}
+
+/// One line of `hooks.journal`.
+#[derive(Serialize, Deserialize)]
+struct Line<S> {
+    #[serde(rename = "g")]
+    generation: u32,
+    /// The record without its `joined` maps.
+    head: S,
+    #[serde(default)]
+    joined: Vec<(i64, String, Option<String>)>,
 }
 
 /// Which hook, as recorded.
@@ -75,14 +133,15 @@ impl HookState {
         unit_dir.join("hooks.json")
     }
 
+    fn journal_path(unit_dir: &Path) -> PathBuf {
+        unit_dir.join("hooks.journal")
+    }
+
     /// The record, or a fresh one. A hook that was running when the agent
     /// stopped (killed, crashed) is a failed hook now, and whatever of it
     /// still runs is killed first: the next hook must not run beside it.
     pub fn load(unit_dir: &Path) -> HookState {
-        let mut s: HookState = std::fs::read(Self::path(unit_dir))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default();
+        let mut s = Self::read(unit_dir);
         if let Some(h) = s.running.take() {
             let killed = super::runner::kill_leftovers(unit_dir);
             if killed > 0 {
@@ -93,12 +152,155 @@ impl HookState {
         s
     }
 
-    /// Written whole: a temporary file renamed into place.
-    pub fn save(&self, unit_dir: &Path) -> std::io::Result<()> {
-        let path = Self::path(unit_dir);
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, serde_json::to_vec_pretty(self).expect("plain data"))?;
-        std::fs::rename(&tmp, &path)
+    /// The record as saved, `hooks.json` with the journal's lines of its
+    /// generation replayed (a line cut short, a crash while it was
+    /// written, ends the replay); unlike [`HookState::load`], a hook
+    /// recorded running stays so and nothing is killed.
+    pub fn read(unit_dir: &Path) -> HookState {
+        let Ok(bytes) = std::fs::read(Self::path(unit_dir)) else {
+            return HookState::default();
+        };
+        let base = match serde_json::from_slice::<Base<HookState>>(&bytes) {
+            Ok(base) => base,
+            Err(_) => match serde_json::from_slice::<HookState>(&bytes) {
+                Ok(state) => Base {
+                    state,
+                    generation: 0,
+                },
+                Err(_) => return HookState::default(),
+            },
+        };
+        let mut s = base.state;
+        let mut journal = Journal {
+            generation: base.generation,
+            base: bytes.len() as u32,
+            ..Journal::default()
+        };
+        let lines = std::fs::read(Self::journal_path(unit_dir)).unwrap_or_default();
+        let mut whole = true;
+        for line in lines.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+            let line = match serde_json::from_slice::<Line<HookState>>(line) {
+                Ok(line) if line.generation == journal.generation => line,
+                _ => {
+                    whole = false;
+                    break;
+                }
+            };
+            let mut next = line.head;
+            for (id, rel) in next.relations.iter_mut() {
+                if let Some(old) = s.relations.get_mut(id) {
+                    rel.joined = std::mem::take(&mut old.joined);
+                }
+            }
+            for (id, unit, digest) in line.joined {
+                if let Some(rel) = next.relations.get_mut(&id) {
+                    match digest {
+                        Some(d) => rel.joined.insert(unit, d),
+                        None => rel.joined.remove(&unit),
+                    };
+                }
+            }
+            s = next;
+        }
+        journal.lines = lines.len() as u32;
+        if !whole {
+            // Lines appended after a stale or torn one would never be
+            // read: the next save starts a new generation.
+            journal.base = 0;
+        }
+        s.journal = journal;
+        s
+    }
+
+    /// Records that `unit`'s `-joined` ran in relation `rel` (with
+    /// `digest`, the settings its last `-changed` saw; empty before).
+    pub fn join(&mut self, rel: i64, unit: &str, digest: String) {
+        self.note(rel, unit, Some(digest.clone()));
+        self.relations
+            .entry(rel)
+            .or_default()
+            .joined
+            .insert(unit.to_string(), digest);
+    }
+
+    /// Records that `unit` departed relation `rel`.
+    pub fn depart(&mut self, rel: i64, unit: &str) {
+        if let Some(r) = self.relations.get_mut(&rel) {
+            if r.joined.remove(unit).is_some() {
+                self.note(rel, unit, None);
+            }
+        }
+    }
+
+    fn note(&mut self, rel: i64, unit: &str, digest: Option<String>) {
+        self.journal.pending.push((rel, unit.to_string(), digest));
+    }
+
+    /// Saves the record: a line on the journal, or, once the journal
+    /// outgrew `hooks.json` (or there is none yet), the whole record as a
+    /// new generation (a temporary file renamed into place; the journal
+    /// emptied after).
+    pub fn save(&mut self, unit_dir: &Path) -> std::io::Result<()> {
+        use std::io::Write;
+        let mut journal = std::mem::take(&mut self.journal);
+        let r = (|| {
+            if journal.base > 0 && journal.lines < journal.base.max(JOURNAL_MIN) {
+                // The head without the `joined` maps, put back after.
+                let taken: Vec<(i64, BTreeMap<String, String>)> = self
+                    .relations
+                    .iter_mut()
+                    .map(|(id, r)| (*id, std::mem::take(&mut r.joined)))
+                    .collect();
+                let line = serde_json::to_vec(&Line {
+                    generation: journal.generation,
+                    head: &*self,
+                    joined: std::mem::take(&mut journal.pending),
+                });
+                for (id, joined) in taken {
+                    if let Some(r) = self.relations.get_mut(&id) {
+                        r.joined = joined;
+                    }
+                }
+                let mut line = line.expect("plain data");
+                line.push(b'\n');
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(Self::journal_path(unit_dir))?
+                    .write_all(&line)?;
+                journal.lines += line.len() as u32;
+                return Ok(());
+            }
+            let path = Self::path(unit_dir);
+            let tmp = path.with_extension("tmp");
+            let generation = journal.generation.wrapping_add(1);
+            let bytes = serde_json::to_vec(&Base {
+                state: &*self,
+                generation,
+            })
+            .expect("plain data");
+            std::fs::write(&tmp, &bytes)?;
+            std::fs::rename(&tmp, &path)?;
+            // Lines of the old generation are ignored from here on.
+            match std::fs::remove_file(Self::journal_path(unit_dir)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+            journal = Journal {
+                generation,
+                base: bytes.len() as u32,
+                lines: 0,
+                pending: Vec::new(),
+            };
+            Ok(())
+        })();
+        if r.is_err() {
+            // What this save held may be lost, or half a line written:
+            // the next save writes the whole record as a new generation.
+            journal.base = 0;
+        }
+        self.journal = journal;
+        r
     }
 }
 
@@ -111,4 +313,124 @@ pub fn digest<T: Serialize>(v: &T) -> String {
         .take(12)
         .map(|b| format!("{b:02x}"))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unit(i: usize) -> String {
+        format!("peer/{i}")
+    }
+
+    /// A 2,000-unit peer relation joined one unit at a time, a save after
+    /// each `-joined` and `-changed` as the agent makes them: read back
+    /// the same at every step, across generations; and what the saves
+    /// write grows with what changed, not with the record (written whole
+    /// each time, about 2,000 times the whole record).
+    #[test]
+    fn saves_write_what_changed_and_read_back_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = HookState {
+            installed: true,
+            ..HookState::default()
+        };
+        s.relations.insert(
+            7,
+            RelationState {
+                name: "peer".into(),
+                ..RelationState::default()
+            },
+        );
+        let (mut written, mut generations) = (0u64, 0u64);
+        let mut save = |s: &mut HookState| {
+            let before = (s.journal.generation, s.journal.lines);
+            s.save(dir.path()).unwrap();
+            let j = &s.journal;
+            written += u64::from(match before {
+                (g, lines) if g == j.generation => j.lines - lines,
+                _ => {
+                    generations += 1;
+                    j.base
+                }
+            });
+        };
+        for i in 0..2000 {
+            s.join(7, &unit(i), String::new());
+            save(&mut s);
+            s.join(7, &unit(i), format!("{i:024x}"));
+            if i % 3 == 0 {
+                s.depart(7, &unit(i / 2));
+            }
+            save(&mut s);
+            if i % 97 == 0 {
+                assert_eq!(HookState::load(dir.path()), s, "after unit {i}");
+            }
+        }
+        assert_eq!(HookState::load(dir.path()), s);
+        assert!(s.relations[&7].joined.len() > 1000);
+        let whole = std::fs::metadata(HookState::path(dir.path()))
+            .unwrap()
+            .len();
+        assert!(
+            written < 100 * whole,
+            "4,000 saves wrote {written} bytes, {generations} whole records of up to {whole}"
+        );
+    }
+
+    #[test]
+    fn head_fields_and_relations_come_back_from_the_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = HookState::default();
+        s.join(1, "a/0", "d0".into());
+        s.join(2, "b/0", "d1".into());
+        s.save(dir.path()).unwrap();
+        s.started = true;
+        s.config = Some("c".into());
+        s.relations.get_mut(&1).unwrap().app_settings = Some("x".into());
+        s.relations.remove(&2);
+        s.join(3, "c/0", String::new());
+        s.failed = Some(Box::new(HookRecord {
+            name: "start".into(),
+            relation: None,
+            remote: None,
+        }));
+        s.save(dir.path()).unwrap();
+        assert!(std::fs::metadata(HookState::journal_path(dir.path())).is_ok());
+        assert_eq!(HookState::load(dir.path()), s);
+    }
+
+    /// A crash between writing a new `hooks.json` and emptying the journal
+    /// leaves lines of the old generation: they are not replayed over the
+    /// newer record. A line cut short ends the replay.
+    #[test]
+    fn stale_and_torn_journal_lines_are_not_replayed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = HookState::default();
+        s.join(1, "a/0", String::new());
+        s.save(dir.path()).unwrap();
+        s.join(1, "a/1", String::new());
+        s.save(dir.path()).unwrap();
+        let stale = std::fs::read(HookState::journal_path(dir.path())).unwrap();
+        // A new generation, the old journal put back as a crash leaves it.
+        s.depart(1, "a/1");
+        s.depart(1, "a/0");
+        s.journal.base = 0;
+        s.save(dir.path()).unwrap();
+        std::fs::write(HookState::journal_path(dir.path()), &stale).unwrap();
+        assert_eq!(HookState::load(dir.path()), s);
+        assert!(HookState::load(dir.path()).relations[&1].joined.is_empty());
+
+        // A line, then half of the next.
+        let mut s = HookState::load(dir.path());
+        s.join(1, "a/2", String::new());
+        s.save(dir.path()).unwrap();
+        let whole = s.clone();
+        s.join(1, "a/3", String::new());
+        s.save(dir.path()).unwrap();
+        let path = HookState::journal_path(dir.path());
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 20]).unwrap();
+        assert_eq!(HookState::load(dir.path()), whole);
+    }
 }
