@@ -73,7 +73,8 @@ struct Journal {
     lines: u32,
     /// Changes to the `joined` maps since the last save, in order:
     /// relation, remote unit, its settings' digest (`None`: departed).
-    pending: Vec<(i64, String, Option<String>)>,
+    /// (Boxed: empty between saves, and a pointer's width then.)
+    pending: Option<Box<Vec<(i64, String, Option<String>)>>>,
 }
 
 impl PartialEq for Journal {
@@ -233,7 +234,10 @@ impl HookState {
     }
 
     fn note(&mut self, rel: i64, unit: &str, digest: Option<String>) {
-        self.journal.pending.push((rel, unit.to_string(), digest));
+        self.journal
+            .pending
+            .get_or_insert_with(Default::default)
+            .push((rel, unit.to_string(), digest));
     }
 
     /// Saves the record: a line on the journal, or, once the journal
@@ -254,7 +258,7 @@ impl HookState {
                 let line = serde_json::to_vec(&Line {
                     generation: journal.generation,
                     head: &*self,
-                    joined: std::mem::take(&mut journal.pending),
+                    joined: journal.pending.take().map(|p| *p).unwrap_or_default(),
                 });
                 for (id, joined) in taken {
                     if let Some(r) = self.relations.get_mut(&id) {
@@ -290,7 +294,7 @@ impl HookState {
                 generation,
                 base: bytes.len() as u32,
                 lines: 0,
-                pending: Vec::new(),
+                pending: None,
             };
             Ok(())
         })();
