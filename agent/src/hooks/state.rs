@@ -74,7 +74,7 @@ struct Journal {
     /// Changes to the `joined` maps since the last save, in order:
     /// relation, remote unit, its settings' digest (`None`: departed).
     /// (Boxed: empty between saves, and a pointer's width then.)
-    pending: Option<Box<Vec<(i64, String, Option<String>)>>>,
+    pending: Option<Box<Vec<JoinedChange>>>,
 }
 
 impl PartialEq for Journal {
@@ -106,8 +106,11 @@ struct Line<S> {
     /// The record without its `joined` maps.
     head: S,
     #[serde(default)]
-    joined: Vec<(i64, String, Option<String>)>,
+    joined: Vec<JoinedChange>,
 }
+
+/// Relation, remote unit, its settings' digest (`None`: departed).
+type JoinedChange = (i64, String, Option<String>);
 
 /// Which hook, as recorded.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
