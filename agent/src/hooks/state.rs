@@ -74,6 +74,7 @@ struct Journal {
     /// Changes to the `joined` maps since the last save, in order:
     /// relation, remote unit, its settings' digest (`None`: departed).
     /// (Boxed: empty between saves, and a pointer's width then.)
+    #[allow(clippy::box_collection)] // for its width while empty
     pending: Option<Box<Vec<JoinedChange>>>,
 }
 
