@@ -17,4 +17,11 @@ pub trait Connector: Send + Sync + 'static {
     fn passes(&self) -> Option<std::sync::Arc<crate::Passes>> {
         None
     }
+
+    /// Shown each view of its machine a machine agent reads, as it reads
+    /// it (on every change of the machine, the controllers' addresses
+    /// among them): what else the agent's process keeps from the view
+    /// costs no watch of its own, and the agents nothing. Nothing by
+    /// default.
+    fn machine_view(&self, _view: &MachineView) {}
 }

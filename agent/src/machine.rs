@@ -7,7 +7,7 @@
 //! units are waited for and removed first — and stops for good. (Until this
 //! agent existed the controller set Dying machines Dead in its place.)
 
-use crate::api::{AgentStatus, Connector, ErrorCode, Facade, MachineView, WatchTarget};
+use crate::api::{AgentStatus, Connector, ErrorCode, Facade, WatchTarget};
 use crate::deployer::Deployer;
 use crate::{Agent, Result, Running, Step};
 use jujube_core::Life;
@@ -22,14 +22,7 @@ pub struct MachineAgent {
     opened: bool,
     id: i64,
     reported: Option<AgentStatus>,
-    /// Shown every view of the machine the agent reads (see
-    /// [`MachineAgent::observing`]). Boxed: a pointer's width in each of
-    /// the controller's in-process agents, which have none.
-    observer: Option<Box<Observer>>,
 }
-
-/// What [`MachineAgent::observing`] is given.
-pub type Observer = Arc<dyn Fn(&MachineView) + Send + Sync>;
 
 impl MachineAgent {
     /// The agent of machine `id`, deploying under `dir` (the machine's own
@@ -45,17 +38,7 @@ impl MachineAgent {
             opened: false,
             id,
             reported: None,
-            observer: None,
         }
-    }
-
-    /// Shows `observer` each view of the machine the agent reads, as it
-    /// reads it (on every change of the machine, the controllers'
-    /// addresses among them): what else its process keeps from the view
-    /// costs no watch of its own.
-    pub fn observing(mut self, observer: Observer) -> MachineAgent {
-        self.observer = Some(Box::new(observer));
-        self
     }
 
     /// Starts the agent on the current tokio runtime; it runs until the
@@ -96,9 +79,7 @@ impl Agent for MachineAgent {
             Err(e) if e.is_unauthorized() => return Ok(Step::Done),
             Err(e) => return Err(e.into()),
         };
-        if let Some(observer) = &self.observer {
-            observer(&view);
-        }
+        self.deployer.connector().machine_view(&view);
         match view.life {
             Life::Dead => return Ok(Step::Done),
             Life::Alive => self.report(AgentStatus::Started, "").await?,

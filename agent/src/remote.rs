@@ -907,11 +907,26 @@ impl Facade for Remote {
 pub struct RemoteConnector {
     deployer: Arc<Remote>,
     dir: PathBuf,
+    observer: Option<Observer>,
 }
+
+/// What [`RemoteConnector::observing`] is given.
+pub type Observer = Box<dyn Fn(&MachineView) + Send + Sync>;
 
 impl RemoteConnector {
     pub fn new(deployer: Arc<Remote>, dir: PathBuf) -> RemoteConnector {
-        RemoteConnector { deployer, dir }
+        RemoteConnector {
+            deployer,
+            dir,
+            observer: None,
+        }
+    }
+
+    /// Shows `observer` each view of its machine the machine agent reads
+    /// (see [`Connector::machine_view`]).
+    pub fn observing(mut self, observer: Observer) -> RemoteConnector {
+        self.observer = Some(observer);
+        self
     }
 }
 
@@ -922,6 +937,12 @@ impl Connector for RemoteConnector {
             tag.clone(),
             self.dir.join(format!("{tag}.conf")),
         ))
+    }
+
+    fn machine_view(&self, view: &MachineView) {
+        if let Some(observer) = &self.observer {
+            observer(view);
+        }
     }
 }
 

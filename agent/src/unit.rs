@@ -437,7 +437,7 @@ impl UnitAgent {
     fn charm_differs(&mut self, view: &UnitView) -> bool {
         if self.hook_state().charm.is_none() {
             let deployed = crate::deployer::deployed_charm(&self.dir());
-            self.hook_state().charm = deployed;
+            self.hook_state().charm = deployed.map(Into::into);
         }
         !view.charm_url.is_empty()
             && self.hook_state().charm.as_deref() != Some(view.charm_url.as_str())
@@ -622,7 +622,7 @@ impl UnitAgent {
             // Before its first upgrade: the charm it was deployed with
             // (read once, then kept in the record).
             let deployed = crate::deployer::deployed_charm(&self.dir());
-            self.hook_state().charm = deployed;
+            self.hook_state().charm = deployed.map(Into::into);
         }
         let have = self.hook_state().charm.clone();
         if !view.charm_url.is_empty() && have.as_deref() != Some(view.charm_url.as_str()) {
@@ -633,7 +633,7 @@ impl UnitAgent {
             {
                 return Ok(false);
             }
-            self.hook_state().charm = Some(view.charm_url.clone());
+            self.hook_state().charm = Some(view.charm_url.as_str().into());
             self.ran_config_changed = false;
             self.save_hooks()?;
         }
@@ -646,7 +646,7 @@ impl UnitAgent {
                 return Ok(false);
             }
             self.ran_config_changed = true;
-            self.hook_state().config = Some(config);
+            self.hook_state().config = Some(config.into());
             dirty = self.save_if_ran("config-changed")?;
         }
         if !self.hook_state().started {
@@ -755,12 +755,12 @@ impl UnitAgent {
                     (view.leader_settings_version as u32).wrapping_add(1);
             }
             ("upgrade-charm", None, _) => {
-                self.hook_state().charm = Some(view.charm_url.clone());
+                self.hook_state().charm = Some(view.charm_url.as_str().into());
                 self.ran_config_changed = false;
             }
             ("config-changed", None, _) => {
                 let config = digest(&self.api.service_config(&view.service).await?);
-                self.hook_state().config = Some(config);
+                self.hook_state().config = Some(config.into());
                 // Done for this run of the agent too: without this the
                 // once-per-start config-changed ran it again at once.
                 self.ran_config_changed = true;
@@ -970,7 +970,7 @@ impl Agent for UnitAgent {
                     // upgrade-charm hook (nor the config-changed after it),
                     // as the spec says of forced upgrades from an error.
                     self.lay_charm().await?;
-                    self.hook_state().charm = Some(view.charm_url.clone());
+                    self.hook_state().charm = Some(view.charm_url.as_str().into());
                     self.hook_state().failed = None;
                     self.save_hooks()?;
                     return Ok(Step::Again);

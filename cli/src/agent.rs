@@ -61,8 +61,8 @@ pub async fn run(data_dir: &Path) -> Result<()> {
         .with_context(|| format!("cannot create `{}`", creds.display()))?;
     let api_check = api.clone();
     let follower = follow_controllers(api.clone(), path.clone(), conf.clone());
-    let connector = Arc::new(RemoteConnector::new(api.clone(), creds));
-    let agent = MachineAgent::new(api, connector, id, data_dir).observing(follower);
+    let connector = Arc::new(RemoteConnector::new(api.clone(), creds).observing(follower));
+    let agent = MachineAgent::new(api, connector, id, data_dir);
     let running = agent.spawn();
     info!(agent = %conf.tag, addresses = ?conf.api_addresses, "agent started");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -107,14 +107,15 @@ pub async fn run(data_dir: &Path) -> Result<()> {
 /// controller was the only one fails over to the others later (see
 /// `followed_addresses` for which agents follow). Each view of its machine
 /// the agent reads carries them (a change of them is a change of every
-/// machine); the unit agents it runs share its addresses.
+/// machine; see `Connector::machine_view`); the unit agents it runs share
+/// its addresses.
 fn follow_controllers(
     api: Arc<Remote>,
     path: PathBuf,
     conf: AgentConf,
-) -> jujube_agent::machine::Observer {
+) -> jujube_agent::remote::Observer {
     let conf = std::sync::Mutex::new(conf);
-    Arc::new(move |view: &jujube_agent::api::MachineView| {
+    Box::new(move |view: &jujube_agent::api::MachineView| {
         let Some(next) = api.follow_controllers(&view.api_addresses) else {
             return;
         };

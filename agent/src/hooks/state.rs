@@ -27,7 +27,8 @@ pub struct HookState {
     pub started: bool,
     pub stopped: bool,
     /// Digest of the service settings the last `config-changed` saw.
-    pub config: Option<String>,
+    /// (`Box<str>`s here: every idle unit agent keeps this record.)
+    pub config: Option<Box<str>>,
     pub relations: BTreeMap<i64, RelationState>,
     /// The hook under way; still set when the agent comes back, it failed.
     /// (Both boxed: each idle unit agent keeps this record, and these are
@@ -38,7 +39,7 @@ pub struct HookState {
     /// The charm URL the charm directory holds, once upgraded (before the
     /// first upgrade: the one it was deployed with, in `agent.json`).
     #[serde(default)]
-    pub charm: Option<String>,
+    pub charm: Option<Box<str>>,
     /// `leader-elected` ran since the unit last became its service's
     /// leader.
     #[serde(default)]
@@ -63,16 +64,15 @@ pub struct HookState {
 /// and the whole record is written again once the journal outgrows it.
 #[derive(Debug, Clone, Default)]
 struct Journal {
-    /// The generation `hooks.json` holds; journal lines of another are
-    /// stale (left by a crash between writing a new `hooks.json` and
-    /// emptying the journal) and ignored.
+    /// The generation `hooks.json` holds (0: none yet, or written whole by
+    /// an earlier version); journal lines of another are stale (left by a
+    /// crash between writing a new `hooks.json` and emptying the journal)
+    /// and ignored. (`u32`s: every idle unit agent keeps this.)
     generation: u32,
-    /// Bytes of `hooks.json` and of the journal, as written. (`u32`s:
-    /// every idle unit agent keeps this.)
-    base: u32,
+    /// Bytes of the journal, as written; `u32::MAX` once it must not be
+    /// appended to (see [`HookState::read`]).
     lines: u32,
-    /// Changes to the `joined` maps since the last save, in order:
-    /// relation, remote unit, its settings' digest (`None`: departed).
+    /// Changes to the `joined` maps since the last save, in order.
     /// (Boxed: empty between saves, and a pointer's width then.)
     #[allow(clippy::box_collection)] // for its width while empty
     pending: Option<Box<Vec<JoinedChange>>>,
@@ -87,9 +87,10 @@ impl PartialEq for Journal {
 
 impl Eq for Journal {}
 
-/// The journal outgrows `hooks.json` at the larger of `hooks.json`'s size
-/// and this.
-const JOURNAL_MIN: u32 = 16 << 10;
+/// The journal's size at which the whole record is written again: saves
+/// of a record of any size cost a line each, and a whole record every
+/// this many bytes of lines.
+const JOURNAL_MAX: u32 = 64 << 10;
 
 /// `hooks.json`: the record and its generation. (A record written whole
 /// by an earlier version, without one, is read as generation 0.)
@@ -178,7 +179,6 @@ impl HookState {
         let mut s = base.state;
         let mut journal = Journal {
             generation: base.generation,
-            base: bytes.len() as u32,
             ..Journal::default()
         };
         let lines = std::fs::read(Self::journal_path(unit_dir)).unwrap_or_default();
@@ -207,11 +207,11 @@ impl HookState {
             }
             s = next;
         }
-        journal.lines = lines.len() as u32;
+        journal.lines = u32::try_from(lines.len()).unwrap_or(u32::MAX);
         if !whole {
             // Lines appended after a stale or torn one would never be
             // read: the next save starts a new generation.
-            journal.base = 0;
+            journal.lines = u32::MAX;
         }
         s.journal = journal;
         s
@@ -252,7 +252,7 @@ impl HookState {
         use std::io::Write;
         let mut journal = std::mem::take(&mut self.journal);
         let r = (|| {
-            if journal.base > 0 && journal.lines < journal.base.max(JOURNAL_MIN) {
+            if journal.generation > 0 && journal.lines < JOURNAL_MAX {
                 // The head without the `joined` maps, put back after.
                 let taken: Vec<(i64, BTreeMap<String, String>)> = self
                     .relations
@@ -276,12 +276,13 @@ impl HookState {
                     .append(true)
                     .open(Self::journal_path(unit_dir))?
                     .write_all(&line)?;
-                journal.lines += line.len() as u32;
+                journal.lines = journal.lines.saturating_add(line.len() as u32);
                 return Ok(());
             }
             let path = Self::path(unit_dir);
             let tmp = path.with_extension("tmp");
             let generation = journal.generation.wrapping_add(1);
+            let generation = generation.max(1);
             let bytes = serde_json::to_vec(&Base {
                 state: &*self,
                 generation,
@@ -295,8 +296,8 @@ impl HookState {
                 _ => {}
             }
             journal = Journal {
-                generation,
-                base: bytes.len() as u32,
+                // Never 0, which means "no generation yet".
+                generation: generation.max(1),
                 lines: 0,
                 pending: None,
             };
@@ -305,7 +306,7 @@ impl HookState {
         if r.is_err() {
             // What this save held may be lost, or half a line written:
             // the next save writes the whole record as a new generation.
-            journal.base = 0;
+            journal.lines = u32::MAX;
         }
         self.journal = journal;
         r
@@ -359,7 +360,9 @@ mod tests {
                 (g, lines) if g == j.generation => j.lines - lines,
                 _ => {
                     generations += 1;
-                    j.base
+                    std::fs::metadata(HookState::path(dir.path()))
+                        .unwrap()
+                        .len() as u32
                 }
             });
         };
@@ -423,7 +426,7 @@ mod tests {
         // A new generation, the old journal put back as a crash leaves it.
         s.depart(1, "a/1");
         s.depart(1, "a/0");
-        s.journal.base = 0;
+        s.journal.lines = u32::MAX;
         s.save(dir.path()).unwrap();
         std::fs::write(HookState::journal_path(dir.path()), &stale).unwrap();
         assert_eq!(HookState::load(dir.path()), s);
