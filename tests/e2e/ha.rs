@@ -163,6 +163,17 @@ fn controllers_home() -> (Jujube, Reaper) {
     (j, reaper)
 }
 
+/// Bootstraps environment `t` with its state at `url`, agents told down
+/// after 10 s without a word, and `config` (`key=value`) besides.
+fn bootstrap_at(j: &Jujube, url: &str, config: &[&str]) {
+    let state_url = format!("state-url={url}");
+    let mut args = vec!["bootstrap", "t", "--config", &state_url];
+    for c in config.iter().chain(&["agent-presence-lapse=10"]) {
+        args.extend(["--config", c]);
+    }
+    j.run(&args).ok();
+}
+
 /// Waits for `status` to tell controller machine `seat`'s controller
 /// `state`.
 fn seat_told(j: &Jujube, seat: i64, state: &str, limit: Duration) {
@@ -233,15 +244,7 @@ fn three_controllers_on_postgresql_outlive_the_lease_holder_and_a_database_resta
     );
     j.run(&["destroy-environment", "lite", "-y"]).ok();
 
-    j.run(&[
-        "bootstrap",
-        "t",
-        "--config",
-        &format!("state-url={}", pg.url),
-        "--config",
-        "agent-presence-lapse=10",
-    ])
-    .ok();
+    bootstrap_at(&j, &pg.url, &[]);
     let r = j.run(&["enable-ha", "-n", "2"]);
     assert_ne!(r.code, 0);
     assert!(r.stderr.contains("must be odd"), "{}", r.stderr);
@@ -419,17 +422,7 @@ fn three_controllers_on_postgresql_outlive_the_lease_holder_and_a_database_resta
 fn agents_follow_controllers_added_after_them_and_fail_over_to_them() {
     let pg = Cluster::start();
     let (j, _reaper) = controllers_home();
-    j.run(&[
-        "bootstrap",
-        "t",
-        "--config",
-        &format!("state-url={}", pg.url),
-        "--config",
-        "dummy-agents=process",
-        "--config",
-        "agent-presence-lapse=10",
-    ])
-    .ok();
+    bootstrap_at(&j, &pg.url, &["dummy-agents=process"]);
     j.run(&["deploy", &charm(&j), "-n", "2"]).ok();
     j.run(&["wait", "--timeout", "120s"]).ok();
     let agents = j.home.path().join("environments/t/agents");
@@ -646,15 +639,7 @@ fn a_controller_cut_off_from_the_database_stops_its_singleton_jobs() {
         .unwrap();
     let proxy = Proxy::start(port);
     let (j, _reaper) = controllers_home();
-    j.run(&[
-        "bootstrap",
-        "t",
-        "--config",
-        &format!("state-url={}", proxy.url(&pg.url)),
-        "--config",
-        "agent-presence-lapse=10",
-    ])
-    .ok();
+    bootstrap_at(&j, &proxy.url(&pg.url), &[]);
     j.run(&["enable-ha"]).ok();
     three_up(&j);
     j.run(&["deploy", &charm(&j), "-n", "30"]).ok();
