@@ -163,6 +163,19 @@ fn controllers_home() -> (Jujube, Reaper) {
     (j, reaper)
 }
 
+/// Waits (40 s: the lease's 15 s and then some) for another controller
+/// than `holder` to take the singletons lease, under a token above `token`.
+fn lease_taken_from(j: &Jujube, holder: &str, token: i64) {
+    within(
+        Duration::from_secs(40),
+        "another controller to take the lease",
+        || {
+            let (h, t) = lease(&j.status());
+            t > token && h != holder
+        },
+    );
+}
+
 /// Bootstraps environment `t` with its state at `url`, agents told down
 /// after 10 s without a word, and `config` (`key=value`) besides.
 fn bootstrap_at(j: &Jujube, url: &str, config: &[&str]) {
@@ -318,14 +331,7 @@ fn three_controllers_on_postgresql_outlive_the_lease_holder_and_a_database_resta
     }
     // Another takes over once the lease has expired (15 s), under a new
     // token; the client reaches a live controller meanwhile.
-    within(
-        Duration::from_secs(40),
-        "another controller to take the lease",
-        || {
-            let (h, t) = lease(&j.status());
-            t > token && h != holder
-        },
-    );
+    lease_taken_from(&j, &holder, token);
     let st = j.status();
     assert!(
         before < 1003 || started_before < 1000,
@@ -655,14 +661,7 @@ fn a_controller_cut_off_from_the_database_stops_its_singleton_jobs() {
     let logged_before = std::fs::read_to_string(&log).unwrap().len();
     proxy.cut(pid);
 
-    within(
-        Duration::from_secs(40),
-        "another controller to take the lease",
-        || {
-            let (h, t) = lease(&j.status());
-            t > token && h != holder
-        },
-    );
+    lease_taken_from(&j, &holder, token);
     within(
         Duration::from_secs(30),
         "the cut controller to stop its jobs",

@@ -61,7 +61,7 @@ pub struct HookState {
 /// `joined` map is tens of kilobytes, and the record is saved around every
 /// hook: written whole each time, each unit wrote that map a few thousand
 /// times over (quadratic in the relation's size). A save costs a line now,
-/// and the whole record is written again once the journal outgrows it.
+/// and the whole record is written again every [`JOURNAL_MAX`] bytes of lines.
 #[derive(Debug, Clone, Default)]
 struct Journal {
     /// The generation `hooks.json` holds (0: none yet, or written whole by
@@ -244,9 +244,9 @@ impl HookState {
             .push((rel, unit.to_string(), digest));
     }
 
-    /// Saves the record: a line on the journal, or, once the journal
-    /// outgrew `hooks.json` (or there is none yet), the whole record as a
-    /// new generation (a temporary file renamed into place; the journal
+    /// Saves the record: a line on the journal, or, once the journal holds
+    /// [`JOURNAL_MAX`] bytes (or there is no generation yet, or a line may
+    /// be lost), the whole record as a new generation (a temporary file renamed into place; the journal
     /// emptied after).
     pub fn save(&mut self, unit_dir: &Path) -> std::io::Result<()> {
         use std::io::Write;
