@@ -19,9 +19,8 @@
 
 use crate::db::Store;
 use crate::feed::ChangeKind;
-use crate::model::{finish_unit, unit_row, UNIT_COLS};
 use crate::sql::{Connection, OptionalExtension};
-use crate::units::destroy_unit_in;
+use crate::units::destroy_units_after;
 use crate::{Error, Result};
 
 /// Deletes the settings of a removed relation; the target is its id.
@@ -128,34 +127,20 @@ impl Store {
                     // may exist, but it is another one): done.
                     None => true,
                     Some(service) => {
-                        let units = tx
-                            .prepare_cached(&format!(
-                                "SELECT {UNIT_COLS} FROM units WHERE service = ?1 AND number > ?2
-                                 ORDER BY number LIMIT ?3"
-                            ))?
-                            .query_map((&service, cursor, UNITS_BATCH as i64), unit_row)?
-                            .map(|r| finish_unit(r?))
-                            .collect::<Result<Vec<_>>>()?;
-                        let before = tx.rows_written();
-                        let mut done = 0;
-                        for u in &units {
-                            // Re-read: destroying an earlier unit may have
-                            // removed this one's service or changed it.
-                            if let Ok(u) = crate::model::get_unit(tx, &u.name) {
-                                destroy_unit_in(tx, &u)?;
-                            }
-                            done += 1;
-                            if tx.rows_written() - before >= UNITS_STEP_ROWS {
-                                break;
-                            }
-                        }
-                        if let Some(last) = units[..done].last() {
+                        let step = destroy_units_after(
+                            tx,
+                            &service,
+                            cursor,
+                            UNITS_BATCH,
+                            UNITS_STEP_ROWS,
+                        )?;
+                        if let Some(last) = step.last {
                             tx.execute(
                                 "UPDATE cleanups SET cursor = ?1 WHERE id = ?2",
-                                (last.number, id),
+                                (last, id),
                             )?;
                         }
-                        done == units.len() && units.len() < UNITS_BATCH
+                        step.finished
                     }
                 },
                 // `known()` selects only the kinds above.

@@ -106,29 +106,48 @@ impl std::ops::Deref for Tx<'_> {
     }
 }
 
-/// Feed entries written by one statement at most: the statement texts
-/// for 1, 2, 4, ... up to this many rows are prepared once each.
+/// Feed entries written by one statement at most.
 const FEED_CHUNK: usize = 32;
 
-/// The statement that writes `n` feed entries (`n` a power of two up to
-/// [`FEED_CHUNK`]), made once per process: a commit only looks it up.
+/// Rows at most that a multi-row statement takes exactly as many as
+/// there are: the few rows most transactions write (an add-unit's three
+/// feed entries) go in one statement — on PostgreSQL, one round trip.
+const EXACT_ROWS: usize = 8;
+
+/// How many of `rows` rows the next multi-row statement writes, at most
+/// `max`: all of them up to [`EXACT_ROWS`], else the largest power of two
+/// that fits, so that few statement texts exist (1 to 8, 16, 32, ...).
+fn chunk_rows(rows: usize, max: usize) -> usize {
+    if rows <= EXACT_ROWS.min(max) {
+        return rows;
+    }
+    1 << (usize::BITS - 1 - rows.min(max).leading_zeros())
+}
+
+/// The statement that writes `n` feed entries (`n` a size
+/// [`chunk_rows`] gives, up to [`FEED_CHUNK`]), made once per process: a
+/// commit only looks it up.
 fn feed_insert(engine: Engine, n: usize) -> &'static str {
     static TEXTS: std::sync::OnceLock<[Vec<String>; 2]> = std::sync::OnceLock::new();
     let texts = TEXTS.get_or_init(|| {
+        // Indexed by the row count; sizes `chunk_rows` never gives stay
+        // empty.
         let sizes =
-            || std::iter::successors(Some(1usize), |n| (n * 2 <= FEED_CHUNK).then_some(n * 2));
+            || (0..=FEED_CHUNK).map(|n| (n > 0 && chunk_rows(n, FEED_CHUNK) == n).then_some(n));
         let rows = |n: usize, row: &dyn Fn(usize) -> String| {
             (0..n).map(row).collect::<Vec<_>>().join(", ")
         };
         [
             sizes()
                 .map(|n| {
+                    let Some(n) = n else { return String::new() };
                     let rows = rows(n, &|i| format!("(?{}, ?{})", 2 * i + 1, 2 * i + 2));
                     format!("INSERT INTO changes (kind, id) VALUES {rows}")
                 })
                 .collect(),
             sizes()
                 .map(|n| {
+                    let Some(n) = n else { return String::new() };
                     let rows = rows(n, &|i| {
                         format!("({}, ?{}, ?{})", i + 1, 2 * i + 1, 2 * i + 2)
                     });
@@ -148,16 +167,16 @@ fn feed_insert(engine: Engine, n: usize) -> &'static str {
         Engine::Sqlite => &texts[0],
         Engine::Postgres => &texts[1],
     };
-    &texts[n.trailing_zeros() as usize]
+    &texts[n]
 }
 
 /// Rows one multi-row `INSERT` of [`insert_rows`] writes at most.
 const ROWS_CHUNK: usize = 64;
 
 /// Inserts `values.len() / width` rows with `head` (`INSERT INTO t (a, b)`),
-/// `width` values a row, in multi-row statements of 1, 2, 4, ... up to
-/// [`ROWS_CHUNK`] rows: on PostgreSQL every statement is a round trip to
-/// the server, and a batch of units was one per row.
+/// `width` values a row, in multi-row statements of up to [`ROWS_CHUNK`]
+/// rows (sized by [`chunk_rows`]): on PostgreSQL every statement is a
+/// round trip to the server, and a batch of units was one per row.
 pub(crate) fn insert_rows(
     c: &Connection,
     head: &'static str,
@@ -167,9 +186,7 @@ pub(crate) fn insert_rows(
     debug_assert_eq!(values.len() % width, 0);
     let mut rest = values;
     while !rest.is_empty() {
-        let rows = rest.len() / width;
-        // The largest power of two that fits, so that few texts exist.
-        let n = 1 << (usize::BITS - 1 - rows.min(ROWS_CHUNK).leading_zeros());
+        let n = chunk_rows(rest.len() / width, ROWS_CHUNK);
         let (chunk, tail) = rest.split_at(n * width);
         rest = tail;
         c.prepare_cached(rows_insert(head, width, n))?
@@ -222,8 +239,7 @@ impl Tx<'_> {
         let pending = std::mem::take(&mut self.pending);
         let mut rest = &pending[..];
         while !rest.is_empty() {
-            // The largest power of two that fits, so that few texts exist.
-            let n = 1 << (usize::BITS - 1 - rest.len().min(FEED_CHUNK).leading_zeros());
+            let n = chunk_rows(rest.len(), FEED_CHUNK);
             let (chunk, tail) = rest.split_at(n);
             rest = tail;
             let values: Vec<&dyn crate::sql::ToSql> = chunk
@@ -928,4 +944,37 @@ fn private_files(path: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod chunks {
+    use super::{chunk_rows, EXACT_ROWS, FEED_CHUNK};
+
+    #[test]
+    fn a_few_rows_go_in_one_statement_and_many_in_few_sizes() {
+        // An add-unit's three feed entries: one statement.
+        assert_eq!(chunk_rows(3, FEED_CHUNK), 3);
+        let mut sizes = std::collections::BTreeSet::new();
+        for total in 1..=300 {
+            let (mut rest, mut statements) = (total, 0);
+            while rest > 0 {
+                let n = chunk_rows(rest, FEED_CHUNK);
+                assert!((1..=rest.min(FEED_CHUNK)).contains(&n), "{total}: {n}");
+                sizes.insert(n);
+                rest -= n;
+                statements += 1;
+            }
+            if total <= EXACT_ROWS {
+                assert_eq!(statements, 1, "{total}");
+            }
+            assert!(
+                statements <= total / FEED_CHUNK + 6,
+                "{total}: {statements}"
+            );
+        }
+        assert_eq!(
+            sizes.into_iter().collect::<Vec<_>>(),
+            [1, 2, 3, 4, 5, 6, 7, 8, 16, 32]
+        );
+    }
 }

@@ -16,16 +16,25 @@ use jujube_core::{series, Constraints, Life};
 /// two rows: the machine and its feed entry).
 pub const MACHINE_BATCH: usize = 256;
 
+/// [`next_machine_id`]'s expression, for a statement that reads it with
+/// more (one round trip on PostgreSQL, not two).
+macro_rules! next_machine_id_sql {
+    () => {
+        "(SELECT coalesce(max(n), 0) FROM (
+           SELECT max(id) + 1 AS n FROM machines
+           UNION ALL SELECT next FROM sequences WHERE name = 'machine') AS t)"
+    };
+}
+pub(crate) use next_machine_id_sql;
+
 /// The next machine id: one above the largest in use or ever removed
 /// (kept by the `machines_high_water` trigger), 0 for the first. Every
 /// smaller id was once used.
 pub(crate) fn next_machine_id(c: &Connection) -> Result<i64> {
-    Ok(c.prepare_cached(
-        "SELECT coalesce(max(n), 0) FROM (
-           SELECT max(id) + 1 AS n FROM machines
-           UNION ALL SELECT next FROM sequences WHERE name = 'machine') AS t",
-    )?
-    .query_row([], |r| r.get(0))?)
+    Ok(
+        c.prepare_cached(concat!("SELECT ", next_machine_id_sql!()))?
+            .query_row([], |r| r.get(0))?,
+    )
 }
 
 /// Inserts an Alive machine with the next id. Ids are never reused.
@@ -52,6 +61,19 @@ pub(crate) fn insert_machines(
     cons: &Constraints,
 ) -> Result<Vec<i64>> {
     let first = next_machine_id(tx)?;
+    insert_machines_from(tx, first, n, series, jobs, cons)
+}
+
+/// [`insert_machines`] from `first`, the [`next_machine_id`] the caller
+/// read in this transaction.
+pub(crate) fn insert_machines_from(
+    tx: &mut Tx<'_>,
+    first: i64,
+    n: std::num::NonZeroUsize,
+    series: &str,
+    jobs: &[&str],
+    cons: &Constraints,
+) -> Result<Vec<i64>> {
     let ids: Vec<i64> = (first..first + n.get() as i64).collect();
     let manage = jobs.contains(&crate::model::JOB_MANAGE_ENVIRON);
     let (jobs, cons) = (jobs.join(" "), cons.to_string());

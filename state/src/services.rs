@@ -163,13 +163,15 @@ fn add_units_in(tx: &mut Tx<'_>, service: &str, n: usize, to: Option<i64>) -> Re
     if let Some(m) = to {
         check_placement(tx, &svc, m)?;
     }
-    let env = get_environment(tx)?;
     let names_ = match (to, std::num::NonZeroUsize::new(n)) {
         (_, None) => Vec::new(),
-        (None, Some(n)) => insert_principals(tx, &svc, &env.constraints, n)?,
-        (Some(_), Some(_)) => (0..n)
-            .map(|_| insert_principal(tx, &svc, &env.constraints, to))
-            .collect::<Result<_>>()?,
+        (None, Some(n)) => insert_principals(tx, &svc, n)?,
+        (Some(_), Some(_)) => {
+            let env = get_environment(tx)?;
+            (0..n)
+                .map(|_| insert_principal(tx, &svc, &env.constraints, to))
+                .collect::<Result<_>>()?
+        }
     };
     tx.prepare_cached("UPDATE services SET unit_count = unit_count + ?1 WHERE name = ?2")?
         .execute((n as i64, &svc.name))?;

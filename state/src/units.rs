@@ -4,12 +4,12 @@
 
 use crate::db::{Store, Tx};
 use crate::feed::ChangeKind;
-use crate::machines::{insert_machine, insert_machines};
+use crate::machines::{insert_machine, insert_machines_from};
 use crate::model::{
-    finish_unit, get_machine, get_service, get_unit, quote_list, unit_row, Service, Unit,
-    JOB_HOST_UNITS, UNIT_COLS,
+    constraints, finish_unit, get_machine, get_service, get_unit, quote_list, unit_row, Service,
+    Unit, JOB_HOST_UNITS, UNIT_COLS,
 };
-use crate::sql::Connection;
+use crate::sql::{Connection, OptionalExtension};
 use crate::{require_alive, Entity, Error, Result};
 use jujube_core::{names, Constraints, Life};
 
@@ -34,16 +34,24 @@ pub(crate) fn check_placement(c: &Connection, svc: &Service, id: i64) -> Result<
     Ok(())
 }
 
+/// [`next_unit_number`]'s expression (the service's name is `?1`), for a
+/// statement that reads it with more.
+macro_rules! next_unit_number_sql {
+    () => {
+        "(SELECT coalesce(max(n), 0) FROM (
+           SELECT max(number) + 1 AS n FROM units WHERE service = ?1
+           UNION ALL SELECT next FROM sequences WHERE name = 'unit:' || ?1) AS t)"
+    };
+}
+
 /// The next unit number of the service named `service`: one above the
 /// largest in use or ever removed under that name (kept by the
 /// `units_high_water` trigger), 0 for the first.
 fn next_unit_number(c: &Connection, service: &str) -> Result<i64> {
-    Ok(c.prepare_cached(
-        "SELECT coalesce(max(n), 0) FROM (
-           SELECT max(number) + 1 AS n FROM units WHERE service = ?1
-           UNION ALL SELECT next FROM sequences WHERE name = 'unit:' || ?1) AS t",
-    )?
-    .query_row([service], |r| r.get(0))?)
+    Ok(
+        c.prepare_cached(concat!("SELECT ", next_unit_number_sql!()))?
+            .query_row([service], |r| r.get(0))?,
+    )
 }
 
 /// Inserts a principal unit of `svc`, capturing the environment and service
@@ -90,12 +98,25 @@ pub(crate) fn insert_principal(
 pub(crate) fn insert_principals(
     tx: &mut Tx<'_>,
     svc: &Service,
-    env_cons: &Constraints,
     n: std::num::NonZeroUsize,
 ) -> Result<Vec<String>> {
-    let first = next_unit_number(tx, &svc.name)?;
-    let cons = svc.constraints.with_fallbacks(env_cons);
-    let machines = insert_machines(tx, n, &svc.series, &[JOB_HOST_UNITS], &cons)?;
+    // The environment's constraints and the first unit number and machine
+    // id, read in one statement: one round trip on PostgreSQL, where an
+    // add-unit is a dozen.
+    let (env_cons, first, first_machine): (String, i64, i64) = tx
+        .prepare_cached(concat!(
+            "SELECT e.constraints, ",
+            next_unit_number_sql!(),
+            ", ",
+            crate::machines::next_machine_id_sql!(),
+            " FROM environment e WHERE e.id = 1"
+        ))?
+        .query_row([&svc.name], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()?
+        .ok_or_else(|| Error::not_found(Entity::Environment, "(uninitialised)"))?;
+    let cons = svc.constraints.with_fallbacks(&constraints(env_cons)?);
+    let machines =
+        insert_machines_from(tx, first_machine, n, &svc.series, &[JOB_HOST_UNITS], &cons)?;
     let cons = cons.to_string();
     let numbers: Vec<i64> = (first..first + n.get() as i64).collect();
     let names: Vec<String> = numbers
@@ -199,6 +220,115 @@ pub(crate) fn destroy_unit_in(tx: &mut Tx<'_>, unit: &Unit) -> Result<()> {
     set_unit_life(tx, &unit.name, Life::Dying)
 }
 
+/// What [`destroy_units_after`] did: the number of the last unit it
+/// handled (`None`: there was none) and whether no unit is left above it.
+pub(crate) struct UnitsStep {
+    pub last: Option<i64>,
+    pub finished: bool,
+}
+
+/// Destroys the units of `service` numbered above `after` — at most
+/// `batch` of them, stopping early once about `max_rows` rows are written —
+/// exactly as [`destroy_unit_in`] does one at a time: a unit nothing holds
+/// (agent never started, in no relation scope, no subordinates) is
+/// removed, any other Alive unit becomes Dying. Units with subordinates go
+/// one at a time through [`destroy_unit_in`] (their subordinates first);
+/// the rest in one `DELETE` and one `UPDATE` over their range, each
+/// stating the rule in its `WHERE`: a handful of statements a step where
+/// a statement per rule and unit made the cleanup of a 100,000-unit
+/// service some 600,000 round trips on PostgreSQL.
+pub(crate) fn destroy_units_after(
+    tx: &mut Tx<'_>,
+    service: &str,
+    after: i64,
+    batch: usize,
+    max_rows: u64,
+) -> Result<UnitsStep> {
+    // (number, name, whether it goes on its own: Alive with subordinates)
+    let units: Vec<(i64, String, bool)> = tx
+        .prepare_cached(
+            "SELECT u.number, u.name,
+                    u.life = 0 AND EXISTS (SELECT 1 FROM units s WHERE s.principal = u.name)
+             FROM units u WHERE u.service = ?1 AND u.number > ?2 ORDER BY u.number LIMIT ?3",
+        )?
+        .query_map((service, after, batch as i64), |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })?
+        .collect::<crate::sql::Result<_>>()?;
+    // What the set-wide statements below may write: a unit removed is its
+    // row and two feed entries, a unit made Dying fewer.
+    let plain = units.iter().filter(|u| !u.2).count() as u64;
+    let budget = max_rows.saturating_sub(3 * plain);
+    let before = tx.rows_written();
+    let mut done = units.len();
+    for (i, (_, name, alone)) in units.iter().enumerate() {
+        if !alone {
+            continue;
+        }
+        // Re-read: destroying an earlier unit may have changed this one.
+        if let Ok(u) = get_unit(tx, name) {
+            destroy_unit_in(tx, &u)?;
+        }
+        if tx.rows_written() - before >= budget {
+            done = i + 1;
+            break;
+        }
+    }
+    let Some(&(last, _, _)) = units[..done].last() else {
+        return Ok(UnitsStep {
+            last: None,
+            finished: true,
+        });
+    };
+    let removed: Vec<(String, Option<i64>)> = tx
+        .prepare_cached(
+            "DELETE FROM units WHERE service = ?1 AND number > ?2 AND number <= ?3
+               AND life = 0 AND NOT agent_started
+               AND NOT EXISTS (SELECT 1 FROM relation_scopes s WHERE s.unit = units.name)
+               AND NOT EXISTS (SELECT 1 FROM units s WHERE s.principal = units.name)
+             RETURNING name, machine_id",
+        )?
+        .query_map((service, after, last), |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<crate::sql::Result<_>>()?;
+    let dying: Vec<String> = tx
+        .prepare_cached(
+            "UPDATE units SET life = 1 WHERE service = ?1 AND number > ?2 AND number <= ?3
+               AND life = 0
+             RETURNING name",
+        )?
+        .query_map((service, after, last), |r| r.get(0))?
+        .collect::<crate::sql::Result<_>>()?;
+    for (name, machine) in &removed {
+        tx.changed(ChangeKind::Unit, name)?;
+        if let Some(m) = machine {
+            tx.changed(ChangeKind::Machine, m.to_string())?;
+        }
+    }
+    for name in &dying {
+        tx.changed(ChangeKind::Unit, name)?;
+    }
+    if !removed.is_empty() {
+        units_removed(tx, service, removed.len() as i64)?;
+    }
+    Ok(UnitsStep {
+        last: Some(last),
+        finished: done == units.len() && units.len() < batch,
+    })
+}
+
+/// Counts `n` units of `service` removed and, if they were the last thing
+/// holding it Dying, removes the service.
+fn units_removed(tx: &mut Tx<'_>, service: &str, n: i64) -> Result<()> {
+    let svc = get_service(tx, service)?;
+    if svc.life == Life::Alive || svc.unit_count > n || svc.relation_count > 0 {
+        tx.prepare_cached("UPDATE services SET unit_count = unit_count - ?1 WHERE name = ?2")?
+            .execute((n, &svc.name))?;
+        tx.changed(ChangeKind::Service, &svc.name)
+    } else {
+        remove_service_in(tx, &svc.name)
+    }
+}
+
 /// Deletes a unit (the caller has checked it may go) and, if it was the last
 /// thing holding a Dying service, the service too.
 pub(crate) fn remove_unit_in(tx: &mut Tx<'_>, unit: &Unit) -> Result<()> {
@@ -208,14 +338,7 @@ pub(crate) fn remove_unit_in(tx: &mut Tx<'_>, unit: &Unit) -> Result<()> {
     if let Some(m) = unit.machine_id {
         tx.changed(ChangeKind::Machine, m.to_string())?;
     }
-    let svc = get_service(tx, &unit.service)?;
-    if svc.life == Life::Alive || svc.unit_count >= 2 || svc.relation_count > 0 {
-        tx.prepare_cached("UPDATE services SET unit_count = unit_count - 1 WHERE name = ?1")?
-            .execute([&svc.name])?;
-        tx.changed(ChangeKind::Service, &svc.name)
-    } else {
-        remove_service_in(tx, &svc.name)
-    }
+    units_removed(tx, &unit.service, 1)
 }
 
 /// Deletes a service and its settings. The caller has established that

@@ -147,3 +147,126 @@ fn queued_cleanups_of_an_older_database_are_migrated_to_incarnations() {
     st.run_cleanups(100).unwrap();
     assert_eq!(st.unit("blog/3").unwrap().life, Life::Dying);
 }
+
+/// A destroyed service's units, a few of each kind among plain ones over
+/// more than one step: those of a started agent, in a relation's scope,
+/// with a subordinate, and those nothing holds.
+fn units_of_each_kind(e: &Env) -> Vec<String> {
+    let units = e.deploy(WORDPRESS, "wordpress", crate::cleanups::UNITS_BATCH + 60);
+    let m = e.deploy(MYSQL, "mysql", 1).remove(0);
+    e.deploy(LOGGING, "logging", 0);
+    let db = e.st.add_relation("wordpress", "mysql").unwrap();
+    let logs = e.st.add_relation("logging", "wordpress").unwrap();
+    e.st.enter_scope(db.id, &m).unwrap();
+    for u in units.iter().step_by(7) {
+        started(e, u);
+    }
+    for u in units.iter().skip(3).step_by(11) {
+        e.st.enter_scope(db.id, u).unwrap();
+    }
+    for u in units.iter().skip(5).step_by(13) {
+        e.st.enter_scope(logs.id, u).unwrap();
+        // A subordinate outside the scope: destroyed with its principal,
+        // both removed unless something else holds them.
+        let sub = e.st.subordinates(u).unwrap().remove(0);
+        if u.ends_with('5') {
+            e.st.enter_scope(logs.id, &sub).unwrap();
+        } else {
+            e.st.leave_scope(logs.id, u).unwrap();
+        }
+    }
+    units
+}
+
+/// Every unit's and subordinate's life (None: removed or never there),
+/// the service's life and unit count,
+/// and the feed's entries after `since` as a set.
+fn outcome(
+    e: &Env,
+    units: &[String],
+    since: u64,
+) -> (
+    Vec<Option<Life>>,
+    Option<(Life, i64)>,
+    std::collections::BTreeSet<String>,
+) {
+    // The subordinates' too (logging's units, all there were, in order).
+    let subs = (0..units.len()).map(|i| format!("logging/{i}"));
+    let lives = units
+        .iter()
+        .cloned()
+        .chain(subs)
+        .map(|u| e.st.unit(&u).ok().map(|u| u.life))
+        .collect();
+    let svc =
+        e.st.service("wordpress")
+            .ok()
+            .map(|s| (s.life, s.unit_count));
+    let feed =
+        e.st.changes_since(since, usize::MAX)
+            .unwrap()
+            .changes
+            .into_iter()
+            .map(|c| format!("{:?} {}", c.kind, c.id))
+            .collect();
+    (lives, svc, feed)
+}
+
+#[test]
+fn a_destroyed_services_cleanup_destroys_each_unit_as_destroy_unit_does() {
+    // The cleanup's steps against destroy-unit of every unit, one at a
+    // time, on the same service.
+    let (a, b) = (env(), env());
+    let (units, same) = (units_of_each_kind(&a), units_of_each_kind(&b));
+    assert_eq!(units, same);
+    let (ra, rb) = (a.st.head_revision().unwrap(), b.st.head_revision().unwrap());
+    a.st.destroy_service("wordpress").unwrap();
+    let steps = a.st.run_cleanups(usize::MAX).unwrap();
+    b.st.destroy_service("wordpress").unwrap();
+    for u in &same {
+        if b.st.unit(u).is_ok() {
+            b.st.destroy_units(std::slice::from_ref(u)).unwrap();
+        }
+    }
+    b.st.run_cleanups(usize::MAX).unwrap();
+    let (got, want) = (outcome(&a, &units, ra), outcome(&b, &same, rb));
+    assert_eq!(got.0, want.0);
+    assert_eq!(got.1, want.1);
+    assert_eq!(got.2, want.2);
+    // Some of each outcome, in two steps.
+    assert!(got.0.iter().any(|l| l.is_none()));
+    assert!(got.0.contains(&Some(Life::Dying)));
+    assert_eq!(got.1.unwrap().0, Life::Dying);
+    assert_eq!(steps, 2);
+    let stats = a.st.stats();
+    assert!(stats.max_transaction_rows <= 1000, "{stats:?}");
+}
+
+#[test]
+fn a_destroyed_services_last_units_removed_by_its_cleanup_remove_it() {
+    let e = env();
+    let units = e.deploy(MYSQL, "mysql", crate::cleanups::UNITS_BATCH + 1);
+    let machines: Vec<i64> = units
+        .iter()
+        .map(|u| e.st.unit(u).unwrap().machine_id.unwrap())
+        .collect();
+    let since = e.st.head_revision().unwrap();
+    e.st.destroy_service("mysql").unwrap();
+    assert_eq!(e.st.run_cleanups(usize::MAX).unwrap(), 2);
+    assert!(matches!(e.st.service("mysql"), Err(Error::NotFound { .. })));
+    let feed: Vec<String> =
+        e.st.changes_since(since, usize::MAX)
+            .unwrap()
+            .changes
+            .into_iter()
+            .map(|c| format!("{:?} {}", c.kind, c.id))
+            .collect();
+    for (u, m) in units.iter().zip(&machines) {
+        assert!(e.st.unit(u).is_err());
+        assert!(feed.contains(&format!("Unit {u}")), "{u}");
+        assert!(feed.contains(&format!("Machine {m}")), "{m}");
+    }
+    // A new unit of a new service of that name takes none of their numbers.
+    let again = e.deploy(MYSQL, "mysql", 1).remove(0);
+    assert_eq!(again, format!("mysql/{}", units.len()));
+}
