@@ -266,6 +266,32 @@ impl<A> Cell<A> {
     }
 }
 
+/// An agent's stop flag, as the pass it runs sees it.
+trait Stopping: Send + Sync {
+    fn is_stopped(&self) -> bool;
+}
+
+impl<A: Agent + 'static> Stopping for Cell<A> {
+    fn is_stopped(&self) -> bool {
+        Cell::is_stopped(self)
+    }
+}
+
+tokio::task_local! {
+    /// The agent whose pass this task is in.
+    static PASS_OF: Arc<dyn Stopping>;
+}
+
+/// Whether the agent whose pass calls this was asked to stop. A pass
+/// ends where it stands once it was: one pass may be thousands of hooks
+/// (a unit joining a big peer relation), and a controller, or an agent
+/// process, that waited for every such pass to finish did not stop for
+/// minutes. What the pass did is recorded as it goes (the hook record);
+/// the agent's next start goes on from there.
+pub(crate) fn stop_requested() -> bool {
+    PASS_OF.try_with(|a| a.is_stopped()).unwrap_or(false)
+}
+
 /// What a parked agent's wait came to.
 enum Next {
     /// Subscribe (first, or again after a failed try).
@@ -440,7 +466,7 @@ enum Pass {
     End,
 }
 
-impl<A: Agent> Looping<A> {
+impl<A: Agent + 'static> Looping<A> {
     fn retry_later(&mut self) -> Duration {
         let wait = Duration::from_millis(u64::from(self.retry_ms));
         self.wait = Wait::Retry(Box::pin(tokio::time::sleep(wait)));
@@ -482,7 +508,7 @@ impl<A: Agent> Looping<A> {
 
     /// One pass, holding `permit` while the agent steps; then the watch
     /// follows what the agent now wants to see.
-    async fn pass(&mut self, cell: &Cell<A>, permit: Option<PassPermit>) -> Pass {
+    async fn pass(&mut self, cell: &Arc<Cell<A>>, permit: Option<PassPermit>) -> Pass {
         if cell.is_stopped() {
             return Pass::End;
         }
@@ -492,7 +518,8 @@ impl<A: Agent> Looping<A> {
                 crate::startup::took(crate::startup::StartStep::FirstPass);
             }
         }
-        let failed = match Box::pin(self.agent.step()).await {
+        let of: Arc<dyn Stopping> = cell.clone();
+        let failed = match PASS_OF.scope(of, Box::pin(self.agent.step())).await {
             Ok(Step::Again) => {
                 self.wait = Wait::Pass;
                 return Pass::Again;

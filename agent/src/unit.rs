@@ -267,7 +267,9 @@ impl UnitAgent {
 
     /// Runs one hook (one at a time: the agent's pass awaits it). `Ok(true)`
     /// when it succeeded or the charm has no such hook; `Ok(false)` when it
-    /// failed: the unit is then in error and holds until resolved.
+    /// failed — the unit is then in error and holds until resolved — or was
+    /// not run because the agent is stopping: either way the pass goes no
+    /// further.
     async fn run_hook(&mut self, relations: &BTreeMap<i64, String>, hook: Hook) -> Result<bool> {
         if !self.has_charm() {
             return Ok(true);
@@ -285,6 +287,11 @@ impl UnitAgent {
         // clearing: at most a slot's worth of hooks can be found
         // interrupted when the process dies.
         let _slot = runner::hook_slot().await;
+        // Asked to stop (meanwhile, or during the hook before): this one
+        // waits for the agent's next start, as every later one of the pass.
+        if crate::run::stop_requested() {
+            return Ok(false);
+        }
         self.hook_state().running = Some(Box::new(HookRecord::from(&hook)));
         self.save_hooks()?;
         let (id, ctx, socket) = self.open_context(&hook, relations, None).await?;

@@ -530,3 +530,100 @@ async fn a_hook_that_cannot_run_says_so_in_the_units_log() {
     );
     host.shutdown().await;
 }
+
+/// The lines of a file a hook appends to (none yet: empty).
+fn lines(path: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Waits, bounded, until `cond` holds of what hooks wrote (files, which
+/// the feed does not tell of).
+async fn until_files(what: &str, cond: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A unit joining six remote units has twelve relation hooks to run in
+/// one pass. Stopped during the first, its agent runs no more of them:
+/// the stop does not wait for the whole pass. Started again, it runs the
+/// rest, none twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_agent_leaves_the_rest_of_its_pass_to_its_next_start() {
+    logs();
+    let w = World::new();
+    w.deploy(WORDPRESS, "wordpress", 1);
+    hook(
+        &w,
+        "wordpress",
+        "db-relation-joined",
+        "echo $JUJU_REMOTE_UNIT >> ../joined; sleep 0.3",
+    );
+    hook(
+        &w,
+        "wordpress",
+        "db-relation-changed",
+        "echo $JUJU_REMOTE_UNIT >> ../changed",
+    );
+    w.provision();
+    // mysql's units have no agent (their machines no instance): they are
+    // in the relation's scope, with settings, before wordpress/0 starts.
+    let remote = w.deploy(MYSQL, "mysql", 6);
+    w.store.add_relation("wordpress", "mysql").unwrap();
+    let db = w.relation_id("wordpress:db mysql:db");
+    for u in &remote {
+        w.apply(
+            Caller::Unit(u.clone()),
+            AgentOp::SetUnitStatus {
+                unit: u.clone(),
+                status: "started".into(),
+                info: String::new(),
+            },
+        );
+        w.apply(
+            Caller::Unit(u.clone()),
+            AgentOp::EnterScope {
+                relation: db,
+                unit: u.clone(),
+                settings: vec![("host".into(), u.clone())],
+            },
+        );
+    }
+    let agents_dir = w.dir.path().join("agents");
+    let unit = agents_dir.join("machine-1/unit-wordpress-0");
+    let (joined, changed) = (unit.join("joined"), unit.join("changed"));
+    let host = Host::start(w.store.clone(), agents_dir.clone()).unwrap();
+    until_files("the first -joined runs", || !lines(&joined).is_empty()).await;
+    host.shutdown().await;
+    let ran = lines(&joined).len() + lines(&changed).len();
+    // The hook running when the stop came (and, were the stop slow to
+    // arrive, the one after it); each takes 0.3 s.
+    assert!(
+        ran <= 2,
+        "{ran} of 12 hooks ran before the agent stopped: {:?}",
+        lines(&joined)
+    );
+
+    let host = Host::start(w.store.clone(), agents_dir.clone()).unwrap();
+    until_files("every remote unit joined and changed", || {
+        lines(&changed).len() >= remote.len()
+    })
+    .await;
+    host.shutdown().await;
+    let mut want = remote.clone();
+    want.sort();
+    for file in [&joined, &changed] {
+        let mut got = lines(file);
+        got.sort();
+        assert_eq!(got, want, "{}", file.display());
+    }
+}
