@@ -582,11 +582,11 @@ fn a_subordinate_sets_itself_dying_only_when_no_alive_container_relation_remains
 fn the_pending_shortcut_keys_on_the_agent_started_marker_not_the_status() {
     let w = World::new();
     w.deploy(MYSQL, "mysql", 2);
-    // A deployer reporting an error does not start the unit's agent.
+    // A deployer reporting a failed deploy does not start the unit's agent.
     let err = AgentOp::SetUnitStatus {
         unit: unit("mysql/0"),
-        status: "error".into(),
-        info: "cannot deploy".into(),
+        status: "failed".into(),
+        info: "cannot deploy: disk full".into(),
     };
     w.apply(Caller::Machine(1), err);
     assert!(!w.store.unit("mysql/0").unwrap().agent_started);

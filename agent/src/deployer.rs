@@ -451,7 +451,7 @@ impl Deployer {
                             .api
                             .set_unit_status(
                                 &u.name,
-                                crate::api::AgentStatus::Error,
+                                crate::api::AgentStatus::Failed,
                                 &format!("cannot deploy: {e}"),
                             )
                             .await;

@@ -118,7 +118,7 @@ impl Agent for MachineAgent {
         let _ = self
             .deployer
             .api()
-            .set_machine_status(self.id, AgentStatus::Error, message)
+            .set_machine_status(self.id, AgentStatus::Failed, message)
             .await;
     }
 

@@ -320,7 +320,12 @@ impl UnitAgent {
                     debug!(unit = %self.name(), hook = %hook.name, "hook ran");
                 }
                 self.hook_state().running = None;
-                self.save_hooks()?;
+                // A failed save fails the pass only once the caller has
+                // recorded the hook as run (and saves again): the pass's
+                // retry then saves first and never runs the hook again.
+                if let Err(e) = self.save_hooks() {
+                    debug!(unit = %self.name(), hook = %hook.name, error = %e, "hook ran; its record is not saved yet");
+                }
                 Ok(true)
             }
             Outcome::Failed(message) => {
@@ -936,6 +941,11 @@ impl Agent for UnitAgent {
     }
 
     async fn step(&mut self) -> Result<Step> {
+        // A record a failed pass could not save (a hook ran since): saved
+        // before anything else is done, or this pass fails too.
+        if self.hooks.as_ref().is_some_and(|h| h.unsaved()) {
+            self.save_hooks()?;
+        }
         let view = match self.api.unit(self.name()).await {
             Ok(v) => v,
             // Removed (or never ours): nothing left to do.
@@ -1087,7 +1097,7 @@ impl Agent for UnitAgent {
     }
 
     async fn failed(&mut self, message: &str) {
-        let _ = self.report(AgentStatus::Error, message).await;
+        let _ = self.report(AgentStatus::Failed, message).await;
     }
 
     async fn finish(&mut self) {

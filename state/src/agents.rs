@@ -1055,15 +1055,15 @@ impl Store {
             };
             each(
                 "SELECT u.name FROM units u JOIN machines m ON m.id = u.machine_id
-                 WHERE u.life = 0 AND NOT u.agent_started AND u.status != 'error'
-                   AND m.instance_id IS NOT NULL AND m.agent_status != 'error'
+                 WHERE u.life = 0 AND NOT u.agent_started AND u.status NOT IN ('error', 'failed')
+                   AND m.instance_id IS NOT NULL AND m.agent_status NOT IN ('error', 'failed')
                  ORDER BY u.service, u.number LIMIT ?1",
                 &|r| Ok(format!("unit `{}` waits for its agent to start", r.get::<_, String>(0)?)),
             )?;
             each(
                 "SELECT s.name FROM units s JOIN units p ON p.name = s.principal
-                 WHERE s.life = 0 AND NOT s.agent_started AND s.status != 'error'
-                   AND p.agent_started AND p.status != 'error'
+                 WHERE s.life = 0 AND NOT s.agent_started AND s.status NOT IN ('error', 'failed')
+                   AND p.agent_started AND p.status NOT IN ('error', 'failed')
                  ORDER BY s.service, s.number LIMIT ?1",
                 &|r| Ok(format!("unit `{}` waits for its agent to start", r.get::<_, String>(0)?)),
             )?;
@@ -1071,18 +1071,33 @@ impl Store {
                 "SELECT u.name, u.life FROM units u
                  JOIN machines m ON m.id = coalesce(u.machine_id,
                      (SELECT p.machine_id FROM units p WHERE p.name = u.principal))
-                 WHERE u.life != 0 AND u.status != 'error' AND m.instance_id IS NOT NULL
+                 WHERE u.life != 0 AND u.status NOT IN ('error', 'failed') AND m.instance_id IS NOT NULL
                  ORDER BY u.service, u.number LIMIT ?1",
                 &|r| {
                     let life = crate::model::life(r.get(1)?).unwrap_or(Life::Dying);
                     Ok(format!("unit `{}` is {life} and waits for its agents", r.get::<_, String>(0)?))
                 },
             )?;
+            // Failed passes, which their agents retry by themselves: what
+            // failed, so that a wait says why it goes on.
+            each(
+                "SELECT 'unit `' || name || '`', status_info FROM units
+                 WHERE status = 'failed' AND life != 2
+                 UNION ALL
+                 SELECT 'machine ' || id, agent_status_info FROM machines
+                 WHERE agent_status = 'failed' AND life != 2
+                 ORDER BY 1 LIMIT ?1",
+                &|r| Ok(format!(
+                    "the agent of {} failed and tries again: {}",
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?
+                )),
+            )?;
             each(
                 "SELECT u.name, r.key FROM units u
                  JOIN relation_endpoints e ON e.service = u.service
                  JOIN relations r ON r.id = e.relation_id AND r.life = 0
-                 WHERE u.life = 0 AND u.agent_started AND u.status != 'error'
+                 WHERE u.life = 0 AND u.agent_started AND u.status NOT IN ('error', 'failed')
                    AND NOT EXISTS (SELECT 1 FROM relation_scopes x WHERE x.relation_id = r.id AND x.unit = u.name)
                    AND (r.scope = 'global' OR u.principal IS NULL OR EXISTS (
                         SELECT 1 FROM relation_endpoints o JOIN units p ON p.name = u.principal

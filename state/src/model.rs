@@ -20,9 +20,13 @@ pub mod agent_status {
     pub const STARTED: &str = "started";
     /// The agent is carrying out its entity's Dying duties.
     pub const DYING: &str = "dying";
-    /// The agent failed; `agent-status-info` says why.
+    /// A hook failed and holds the unit until resolved;
+    /// `agent-status-info` says which.
     pub const ERROR: &str = "error";
-    pub const ALL: [&str; 4] = [PENDING, STARTED, DYING, ERROR];
+    /// The agent's last pass failed otherwise; it retries by itself, and
+    /// `agent-status-info` says why.
+    pub const FAILED: &str = "failed";
+    pub const ALL: [&str; 5] = [PENDING, STARTED, DYING, ERROR, FAILED];
 }
 
 /// Machine statuses. `error` carries the reason in `status_info`.

@@ -91,8 +91,14 @@ pub enum AgentStatus {
     Started,
     /// Carrying out its entity's Dying duties.
     Dying,
-    /// Failed; the info says why.
+    /// Held by a failed hook until `jujube resolved`; the info says which.
     Error,
+    /// Its last pass failed for something other than a hook (the API out
+    /// of reach, a deploy or a write on its machine failing); it retries
+    /// by itself, and the info says why. Juju's agent status `failed`: not
+    /// `error`, which `wait` reports as needing a user and `resolved`
+    /// acts on.
+    Failed,
 }
 
 impl AgentStatus {
@@ -101,6 +107,7 @@ impl AgentStatus {
             AgentStatus::Started => "started",
             AgentStatus::Dying => "dying",
             AgentStatus::Error => "error",
+            AgentStatus::Failed => "failed",
         }
     }
 }

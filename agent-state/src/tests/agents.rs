@@ -627,3 +627,55 @@ async fn a_stopped_agent_leaves_the_rest_of_its_pass_to_its_next_start() {
         assert_eq!(got, want, "{}", file.display());
     }
 }
+
+/// A pass that fails for something other than a hook (here the unit's
+/// hook journal cannot be written) is not a failed hook: the unit is
+/// `failed`, not `error` — nothing for `resolved`, and `wait` names it as
+/// retrying, with why — and its agent goes on by itself once the cause is
+/// gone, without running the hook again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_pass_is_retried_and_never_taken_for_a_failed_hook() {
+    logs();
+    let w = World::new();
+    w.deploy(MYSQL, "mysql", 1);
+    hook(
+        &w,
+        "mysql",
+        "install",
+        "echo ran >> ../install.runs; mkdir ../hooks.journal",
+    );
+    w.provision();
+    let agents_dir = w.dir.path().join("agents");
+    let unit = agents_dir.join("machine-1/unit-mysql-0");
+    let host = Host::start(w.store.clone(), agents_dir.clone()).unwrap();
+    until(&w.store, "the unit's pass failed", |s| {
+        ["failed", "error"].contains(&status(s, "mysql/0").as_str())
+    })
+    .await;
+    let u = w.store.unit("mysql/0").unwrap();
+    assert_eq!(u.status, "failed", "{}", u.status_info);
+    assert!(
+        u.status_info.contains("Is a directory"),
+        "{}",
+        u.status_info
+    );
+    assert!(w.store.units_in_error(10).unwrap().is_empty());
+    assert!(w.store.resolve_unit("mysql/0", true).is_err());
+    let awaited = w.store.awaiting_agents(10).unwrap();
+    assert!(
+        awaited
+            .iter()
+            .any(|a| a.starts_with("the agent of unit `mysql/0` failed and tries again: ")),
+        "{awaited:?}"
+    );
+    std::fs::remove_dir(unit.join("hooks.journal")).unwrap();
+    until(&w.store, "the unit started", |s| {
+        status(s, "mysql/0") == "started"
+    })
+    .await;
+    assert_eq!(
+        std::fs::read_to_string(unit.join("install.runs")).unwrap(),
+        "ran\n"
+    );
+    host.shutdown().await;
+}

@@ -158,6 +158,12 @@ impl HookState {
         s
     }
 
+    /// Whether the last save failed (or what was read must be written
+    /// again whole): what is held here is ahead of the files.
+    pub fn unsaved(&self) -> bool {
+        self.journal.lines == u32::MAX
+    }
+
     /// The record as saved, `hooks.json` with the journal's lines of its
     /// generation replayed (a line cut short, a crash while it was
     /// written, ends the replay); unlike [`HookState::load`], a hook

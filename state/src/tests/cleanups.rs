@@ -178,18 +178,18 @@ fn units_of_each_kind(e: &Env) -> Vec<String> {
     units
 }
 
-/// Every unit's and subordinate's life (None: removed or never there),
-/// the service's life and unit count,
-/// and the feed's entries after `since` as a set.
-fn outcome(
-    e: &Env,
-    units: &[String],
-    since: u64,
-) -> (
+/// Every unit's and subordinate's life, the service's life and unit
+/// count, and the feed's entries, as [`outcome`] reads them.
+type Outcome = (
     Vec<Option<Life>>,
     Option<(Life, i64)>,
     std::collections::BTreeSet<String>,
-) {
+);
+
+/// Every unit's and subordinate's life (None: removed or never there),
+/// the service's life and unit count, and the feed's entries after
+/// `since` as a set.
+fn outcome(e: &Env, units: &[String], since: u64) -> Outcome {
     // The subordinates' too (logging's units, all there were, in order).
     let subs = (0..units.len()).map(|i| format!("logging/{i}"));
     let lives = units

@@ -1378,6 +1378,57 @@ fn dying_relations_and_services_name_what_holds_them() {
     );
 }
 
+/// An agent whose pass failed other than in a hook (`failed`) tries again
+/// by itself: what `wait` waits for names it and why, nothing lists it as
+/// held by a failed hook, and `resolved` refuses it.
+#[test]
+fn agents_whose_pass_failed_are_waited_for_with_why_not_held() {
+    use crate::agents::{AgentOp, Caller};
+    let e = env();
+    let units = e.deploy(MYSQL, "mysql", 2);
+    let m = e.st.unit(&units[1]).unwrap().machine_id.unwrap();
+    let failed = [
+        (
+            Caller::Unit(units[0].clone()),
+            AgentOp::SetUnitStatus {
+                unit: units[0].clone(),
+                status: "failed".into(),
+                info: "cannot write `hooks.json`: disk full".into(),
+            },
+        ),
+        (
+            Caller::Machine(m),
+            AgentOp::SetMachineAgentStatus {
+                machine: m,
+                status: "failed".into(),
+                info: "the controller cannot be reached".into(),
+            },
+        ),
+    ];
+    for r in e.st.apply_batch(&failed).unwrap() {
+        r.unwrap();
+    }
+    let waits = e.st.awaiting_agents(10).unwrap().join("\n");
+    assert!(
+        waits.contains(&format!(
+            "the agent of unit `{}` failed and tries again: cannot write `hooks.json`: disk full",
+            units[0]
+        )),
+        "{waits}"
+    );
+    assert!(
+        waits.contains(&format!(
+            "the agent of machine {m} failed and tries again: the controller cannot be reached"
+        )),
+        "{waits}"
+    );
+    assert!(e.st.units_in_error(10).unwrap().is_empty());
+    assert!(matches!(
+        e.st.resolve_unit(&units[0], true),
+        Err(Error::UnitNotInError(_))
+    ));
+}
+
 #[test]
 fn a_units_credential_is_set_by_its_deployer_or_its_principals_machine_only() {
     use crate::Caller;
