@@ -178,6 +178,16 @@ fn units_of_each_kind(e: &Env) -> Vec<String> {
     units
 }
 
+/// The feed's entries after `since`, as `KIND ID`.
+fn feed_after(e: &Env, since: u64) -> Vec<String> {
+    e.st.changes_since(since, usize::MAX)
+        .unwrap()
+        .changes
+        .into_iter()
+        .map(|c| format!("{:?} {}", c.kind, c.id))
+        .collect()
+}
+
 /// Every unit's and subordinate's life, the service's life and unit
 /// count, and the feed's entries, as [`outcome`] reads them.
 type Outcome = (
@@ -202,14 +212,7 @@ fn outcome(e: &Env, units: &[String], since: u64) -> Outcome {
         e.st.service("wordpress")
             .ok()
             .map(|s| (s.life, s.unit_count));
-    let feed =
-        e.st.changes_since(since, usize::MAX)
-            .unwrap()
-            .changes
-            .into_iter()
-            .map(|c| format!("{:?} {}", c.kind, c.id))
-            .collect();
-    (lives, svc, feed)
+    (lives, svc, feed_after(e, since).into_iter().collect())
 }
 
 #[test]
@@ -254,13 +257,7 @@ fn a_destroyed_services_last_units_removed_by_its_cleanup_remove_it() {
     e.st.destroy_service("mysql").unwrap();
     assert_eq!(e.st.run_cleanups(usize::MAX).unwrap(), 2);
     assert!(matches!(e.st.service("mysql"), Err(Error::NotFound { .. })));
-    let feed: Vec<String> =
-        e.st.changes_since(since, usize::MAX)
-            .unwrap()
-            .changes
-            .into_iter()
-            .map(|c| format!("{:?} {}", c.kind, c.id))
-            .collect();
+    let feed = feed_after(&e, since);
     for (u, m) in units.iter().zip(&machines) {
         assert!(e.st.unit(u).is_err());
         assert!(feed.contains(&format!("Unit {u}")), "{u}");
