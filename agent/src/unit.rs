@@ -32,7 +32,7 @@ use jujube_core::Life;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tracing::debug;
+use tracing::{debug, warn};
 
 /// The most calls one shipping of a unit's log makes (the rest goes after
 /// the next hook).
@@ -293,12 +293,20 @@ impl UnitAgent {
             return Ok(false);
         }
         self.hook_state().running = Some(Box::new(HookRecord::from(&hook)));
-        self.save_hooks()?;
+        if let Err(e) = self.save_hooks() {
+            // Not run: nothing may say it runs (the next save would write it).
+            self.hook_state().running = None;
+            return Err(e);
+        }
         let (id, ctx, socket) = self.open_context(&hook, relations, None).await?;
         let log = self.log_path();
         let outcome = runner::run(&dir, &log, self.name(), &id, &socket, &hook).await;
         self.close_context().await;
-        self.ship_log().await?;
+        // Shipped again after the next hook if this fails: failing the pass
+        // here would run the hook again.
+        if let Err(e) = self.ship_log().await {
+            debug!(unit = %self.name(), error = %e, "cannot ship the unit's log yet");
+        }
         // What the hook set is written now; the store refusing it (a bound
         // the tool did not see coming) fails the hook, it is no agent error.
         let outcome = match outcome {
@@ -1057,9 +1065,12 @@ impl Agent for UnitAgent {
                 // `dying` is worth a write only if the unit stays Dying a
                 // while: it is in a scope, has subordinates or a stop hook
                 // to run. Otherwise it is Dead within this pass.
+                // (Also when its last report was a failed pass: this one
+                // went through, and `failed` would outlive it.)
                 let lingers = view.relations.iter().any(|r| r.in_scope)
                     || !view.subordinates.is_empty()
-                    || self.stop_hook_due();
+                    || self.stop_hook_due()
+                    || matches!(self.reported, Some((AgentStatus::Failed, _)));
                 if lingers {
                     self.report(AgentStatus::Dying, "").await?;
                 }
@@ -1101,6 +1112,14 @@ impl Agent for UnitAgent {
     }
 
     async fn finish(&mut self) {
+        // A record a failed save left behind: once more before the agent
+        // ends (a hook recorded running would count as failed at its next
+        // start, though it completed).
+        if self.hooks.as_ref().is_some_and(|h| h.unsaved()) {
+            if let Err(e) = self.save_hooks() {
+                warn!(unit = %self.name(), error = %e, "the hook record is not saved");
+            }
+        }
         if let Some(d) = self.deployer.as_mut() {
             d.stop().await;
         }

@@ -1071,7 +1071,8 @@ impl Store {
                 "SELECT u.name, u.life FROM units u
                  JOIN machines m ON m.id = coalesce(u.machine_id,
                      (SELECT p.machine_id FROM units p WHERE p.name = u.principal))
-                 WHERE u.life != 0 AND u.status NOT IN ('error', 'failed') AND m.instance_id IS NOT NULL
+                 WHERE u.life != 0 AND u.status != 'error' AND (u.status != 'failed' OR u.life = 2)
+                   AND m.instance_id IS NOT NULL
                  ORDER BY u.service, u.number LIMIT ?1",
                 &|r| {
                     let life = crate::model::life(r.get(1)?).unwrap_or(Life::Dying);

@@ -183,7 +183,7 @@ pub(crate) fn insert_rows(
     width: usize,
     values: &[&dyn crate::sql::ToSql],
 ) -> Result<()> {
-    debug_assert_eq!(values.len() % width, 0);
+    assert_eq!(values.len() % width, 0, "whole rows");
     let mut rest = values;
     while !rest.is_empty() {
         let n = chunk_rows(rest.len() / width, ROWS_CHUNK);

@@ -256,9 +256,11 @@ pub(crate) fn destroy_units_after(
         })?
         .collect::<crate::sql::Result<_>>()?;
     // What the set-wide statements below may write: a unit removed is its
-    // row and two feed entries, a unit made Dying fewer.
+    // row, its number's high-water row (SQLite counts the trigger's) and
+    // two feed entries, a unit made Dying fewer; then the service's row
+    // and entry, and the cursor.
     let plain = units.iter().filter(|u| !u.2).count() as u64;
-    let budget = max_rows.saturating_sub(3 * plain);
+    let budget = max_rows.saturating_sub(4 * plain + 3);
     let before = tx.rows_written();
     let mut done = units.len();
     for (i, (_, name, alone)) in units.iter().enumerate() {

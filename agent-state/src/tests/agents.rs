@@ -679,3 +679,37 @@ async fn a_failed_pass_is_retried_and_never_taken_for_a_failed_hook() {
     );
     host.shutdown().await;
 }
+
+/// A hook that ran is never run again because its output could not be
+/// marked shipped (`log.shipped` cannot be written): shipping is tried
+/// again after the next hook, and the unit goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_that_cannot_be_marked_shipped_runs_no_hook_twice() {
+    logs();
+    let w = World::new();
+    w.deploy(MYSQL, "mysql", 1);
+    hook(
+        &w,
+        "mysql",
+        "install",
+        "echo installing; echo ran >> ../install.runs; mkdir ../log.shipped",
+    );
+    w.provision();
+    let agents_dir = w.dir.path().join("agents");
+    let unit = agents_dir.join("machine-1/unit-mysql-0");
+    let facades = crate::Facades::new(w.store.clone()).unwrap();
+    let logs_dir = w.dir.path().join("logs");
+    std::fs::create_dir_all(&logs_dir).unwrap();
+    facades.keep_logs(Arc::new(crate::logsink::LogSink::open(&logs_dir).unwrap()));
+    let host = Host::on(&facades, agents_dir.clone(), crate::Mode::InProcess);
+    until(&w.store, "the unit started, or its pass failed", |s| {
+        ["started", "failed"].contains(&status(s, "mysql/0").as_str())
+    })
+    .await;
+    host.shutdown().await;
+    assert_eq!(status(&w.store, "mysql/0"), "started");
+    assert_eq!(
+        std::fs::read_to_string(unit.join("install.runs")).unwrap(),
+        "ran\n"
+    );
+}

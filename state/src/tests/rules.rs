@@ -1387,6 +1387,10 @@ fn agents_whose_pass_failed_are_waited_for_with_why_not_held() {
     let e = env();
     let units = e.deploy(MYSQL, "mysql", 2);
     let m = e.st.unit(&units[1]).unwrap().machine_id.unwrap();
+    let ms: Vec<i64> = e.st.machines().unwrap().iter().map(|m| m.id).collect();
+    let prepared = e.st.prepare_provisioning(&ms, "6f1e0f4c").unwrap();
+    e.st.record_instances(&started_as_prepared(&prepared))
+        .unwrap();
     let failed = [
         (
             Caller::Unit(units[0].clone()),
@@ -1427,6 +1431,18 @@ fn agents_whose_pass_failed_are_waited_for_with_why_not_held() {
         e.st.resolve_unit(&units[0], true),
         Err(Error::UnitNotInError(_))
     ));
+    // Dead, it waits for its deployer, whatever its agent said last.
+    e.st.destroy_units(&units[..1]).unwrap();
+    e.st.ensure_dead_unit(&units[0]).unwrap();
+    let waits = e.st.awaiting_agents(10).unwrap().join("\n");
+    assert!(
+        waits.contains(&format!(
+            "unit `{}` is dead and waits for its agents",
+            units[0]
+        )),
+        "{waits}"
+    );
+    assert!(!waits.contains("disk full"), "{waits}");
 }
 
 #[test]
