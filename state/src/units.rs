@@ -35,14 +35,21 @@ pub(crate) fn check_placement(c: &Connection, svc: &Service, id: i64) -> Result<
 }
 
 /// [`next_unit_number`]'s expression (the service's name is `?1`), for a
-/// statement that reads it with more.
+/// statement that reads it with more. The service's last unit is read as
+/// the first of its units in descending order, not as their `max`:
+/// PostgreSQL planned `max(number) ... WHERE service = $1` as a scan of
+/// every unit of the service whenever its statistics were older than the
+/// table (the plan is kept with the prepared statement), and each add-unit
+/// took longer than the last.
 macro_rules! next_unit_number_sql {
     () => {
         "(SELECT coalesce(max(n), 0) FROM (
-           SELECT max(number) + 1 AS n FROM units WHERE service = ?1
+           SELECT n FROM (SELECT number + 1 AS n FROM units WHERE service = ?1
+                          ORDER BY number DESC LIMIT 1) AS last
            UNION ALL SELECT next FROM sequences WHERE name = 'unit:' || ?1) AS t)"
     };
 }
+pub(crate) use next_unit_number_sql;
 
 /// The next unit number of the service named `service`: one above the
 /// largest in use or ever removed under that name (kept by the
