@@ -49,6 +49,7 @@ macro_rules! next_unit_number_sql {
            UNION ALL SELECT next FROM sequences WHERE name = 'unit:' || ?1) AS t)"
     };
 }
+#[cfg(test)] // the tests read its plan
 pub(crate) use next_unit_number_sql;
 
 /// The next unit number of the service named `service`: one above the
