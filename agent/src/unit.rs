@@ -256,9 +256,9 @@ impl UnitAgent {
     fn save_hooks(&mut self) -> Result<()> {
         let dir = self.dir();
         if let Some(h) = &mut self.hooks {
-            h.save(&dir).map_err(|source| crate::Error::Io {
+            h.save(&dir).map_err(|(path, source)| crate::Error::Io {
                 action: "write",
-                path: HookState::path(&dir),
+                path,
                 source,
             })?;
         }

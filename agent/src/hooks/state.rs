@@ -254,8 +254,13 @@ impl HookState {
     /// [`JOURNAL_MAX`] bytes (or there is no generation yet, or a line may
     /// be lost), the whole record as a new generation (a temporary file renamed into place; the journal
     /// emptied after).
-    pub fn save(&mut self, unit_dir: &Path) -> std::io::Result<()> {
+    /// A failure names the file it was about.
+    pub fn save(&mut self, unit_dir: &Path) -> Result<(), (PathBuf, std::io::Error)> {
         use std::io::Write;
+        let at = |p: &Path| {
+            let p = p.to_path_buf();
+            move |e| (p, e)
+        };
         let mut journal = std::mem::take(&mut self.journal);
         let r = (|| {
             if journal.generation > 0 && journal.lines < JOURNAL_MAX {
@@ -277,11 +282,13 @@ impl HookState {
                 }
                 let mut line = line.expect("plain data");
                 line.push(b'\n');
+                let journal_path = Self::journal_path(unit_dir);
                 std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
-                    .open(Self::journal_path(unit_dir))?
-                    .write_all(&line)?;
+                    .open(&journal_path)
+                    .and_then(|mut f| f.write_all(&line))
+                    .map_err(at(&journal_path))?;
                 journal.lines = journal.lines.saturating_add(line.len() as u32);
                 return Ok(());
             }
@@ -294,11 +301,14 @@ impl HookState {
                 generation,
             })
             .expect("plain data");
-            std::fs::write(&tmp, &bytes)?;
-            std::fs::rename(&tmp, &path)?;
+            std::fs::write(&tmp, &bytes).map_err(at(&tmp))?;
+            std::fs::rename(&tmp, &path).map_err(at(&path))?;
             // Lines of the old generation are ignored from here on.
-            match std::fs::remove_file(Self::journal_path(unit_dir)) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            let journal_path = Self::journal_path(unit_dir);
+            match std::fs::remove_file(&journal_path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(at(&journal_path)(e))
+                }
                 _ => {}
             }
             journal = Journal {
