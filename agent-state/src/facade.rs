@@ -12,6 +12,14 @@
 //! them ([`Store::apply_batch`]): each op stays its own atomic, checked unit,
 //! but a hundred share one fsync. Reads run on the caller's task (they use
 //! the store's reader connection, which never waits for the writer).
+//!
+//! Each write carries the store handle of the facade it came from, so that
+//! agents a controller runs under its singletons lease write through the
+//! lease's fenced handle ([`Store::fenced`]), and the API's agents beside
+//! them do not: a controller that lost its lease cannot write its agents'
+//! last reports over what the agents of the controller that took over
+//! report, however late its writes reach the database. The writer commits
+//! the ops of each handle together.
 
 use crate::hub::{Hub, Key};
 use async_trait::async_trait;
@@ -36,7 +44,8 @@ pub const WRITE_BATCH: usize = 64;
 /// pass that runs a long hook holds its permit meanwhile.
 pub const PASSES: usize = 512;
 
-type WriteRequest = (Caller, AgentOp, oneshot::Sender<ApiResult<()>>);
+/// An op, the handle it is written through (fenced or not) and who waits.
+type WriteRequest = (Store, Caller, AgentOp, oneshot::Sender<ApiResult<()>>);
 
 /// What every facade of one store shares.
 pub(crate) struct Shared {
@@ -45,15 +54,15 @@ pub(crate) struct Shared {
     writes: mpsc::Sender<WriteRequest>,
     /// Agents in a pass at once (see `jujube_agent::Running`).
     passes: Arc<jujube_agent::Passes>,
-    /// Where shipped logs go (none: shipped logs are refused).
-    pub(crate) sink: std::sync::OnceLock<Arc<crate::logsink::LogSink>>,
+    /// Where shipped logs go (none: shipped logs are refused); shared
+    /// with the fenced views ([`Shared::through`]).
+    pub(crate) sink: Arc<std::sync::OnceLock<Arc<crate::logsink::LogSink>>>,
 }
 
 impl Shared {
     /// Starts the writer thread (it ends when the last facade is dropped).
     pub(crate) fn new(store: Store, hub: Arc<Hub>, passes: usize) -> Arc<Shared> {
         let (writes, mut rx) = mpsc::channel::<WriteRequest>(4 * WRITE_BATCH);
-        let writer = store.clone();
         std::thread::Builder::new()
             .name("agent-writes".into())
             .spawn(move || {
@@ -66,30 +75,17 @@ impl Shared {
                             Err(_) => break,
                         }
                     }
-                    let ops: Vec<(Caller, AgentOp)> = batch
-                        .iter()
-                        .map(|(c, o, _)| (c.clone(), o.clone()))
-                        .collect();
-                    match writer.apply_batch(&ops) {
-                        Ok(results) => {
-                            for ((caller, _, reply), r) in batch.drain(..).zip(results) {
-                                let _ = reply.send(r.map_err(|e| api_error(&caller, e)));
-                            }
-                        }
-                        Err(e) => {
-                            warn!(error = %e, "agent write batch failed");
-                            let err = ApiError::new(
-                                if matches!(e, jujube_state::Error::Busy { .. }) {
-                                    ErrorCode::Unavailable
-                                } else {
-                                    ErrorCode::Internal
-                                },
-                                e.to_string(),
-                            );
-                            for (_, _, reply) in batch.drain(..) {
-                                let _ = reply.send(Err(err.clone()));
-                            }
-                        }
+                    // One transaction per fence (in practice one or two: the
+                    // API's agents and the lease holder's); each agent's ops
+                    // keep their order, as one agent writes through one
+                    // handle.
+                    while !batch.is_empty() {
+                        let fence = batch[0].0.fence().cloned();
+                        let (group, rest): (Vec<WriteRequest>, Vec<WriteRequest>) = batch
+                            .drain(..)
+                            .partition(|(s, ..)| s.fence() == fence.as_ref());
+                        commit(group);
+                        batch = rest;
                     }
                 }
             })
@@ -99,8 +95,53 @@ impl Shared {
             hub,
             writes,
             passes: jujube_agent::Passes::new(passes),
-            sink: std::sync::OnceLock::new(),
+            sink: Default::default(),
         })
+    }
+
+    /// The same router, writer, pass gate and log sink, with the facades'
+    /// writes (and direct writes such as a leadership claim) going through
+    /// `store`, a handle on the same database: a controller's lease-fenced
+    /// one.
+    pub(crate) fn through(&self, store: Store) -> Arc<Shared> {
+        Arc::new(Shared {
+            store,
+            hub: self.hub.clone(),
+            writes: self.writes.clone(),
+            passes: self.passes.clone(),
+            sink: self.sink.clone(),
+        })
+    }
+}
+
+/// Commits `group`, written through one handle, and answers each op.
+fn commit(mut group: Vec<WriteRequest>) {
+    let ops: Vec<(Caller, AgentOp)> = group
+        .iter()
+        .map(|(_, c, o, _)| (c.clone(), o.clone()))
+        .collect();
+    match group[0].0.apply_batch(&ops) {
+        Ok(results) => {
+            for ((_, caller, _, reply), r) in group.drain(..).zip(results) {
+                let _ = reply.send(r.map_err(|e| api_error(&caller, e)));
+            }
+        }
+        Err(e) => {
+            warn!(error = %e, "agent write batch failed");
+            // The batch's own failure: a lease lost is a refusal (the
+            // fenced agents stop); the store's unavailability is retried.
+            let code = if e.is_unavailable() {
+                ErrorCode::Unavailable
+            } else if e.is_refusal() {
+                ErrorCode::Refused
+            } else {
+                ErrorCode::Internal
+            };
+            let err = ApiError::new(code, e.to_string());
+            for (.., reply) in group.drain(..) {
+                let _ = reply.send(Err(err.clone()));
+            }
+        }
     }
 }
 
@@ -250,7 +291,7 @@ impl InProcess {
         let unavailable = || ApiError::new(ErrorCode::Unavailable, "the agent writer has stopped");
         self.shared
             .writes
-            .send((caller_of(&self.tag), op, tx))
+            .send((self.shared.store.clone(), caller_of(&self.tag), op, tx))
             .await
             .map_err(|_| unavailable())?;
         rx.await.map_err(|_| unavailable())?

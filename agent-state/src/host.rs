@@ -114,9 +114,13 @@ impl Host {
 
     /// As [`Host::start_bounded`], on the change router and writer of
     /// `facades` (the API server's): a controller then keeps one copy of
-    /// what routing needs, not two, and routes each change once.
-    pub fn on(facades: &crate::Facades, agents_dir: PathBuf, mode: Mode) -> Host {
-        let shared = facades.shared.clone();
+    /// what routing needs, not two, and routes each change once. The
+    /// agents write through `store`, a handle on `facades`' database: the
+    /// controller gives its lease-fenced one, so that once another
+    /// controller holds the lease nothing these agents still had in flight
+    /// is written.
+    pub fn on(facades: &crate::Facades, store: Store, agents_dir: PathBuf, mode: Mode) -> Host {
+        let shared = facades.shared.through(store);
         Host::spawn(shared, agents_dir, mode, watch::channel(false), None)
     }
 

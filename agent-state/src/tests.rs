@@ -1062,3 +1062,60 @@ fn a_database_out_of_reach_is_unavailable_not_a_refusal() {
         ErrorCode::Unavailable
     );
 }
+
+/// The agents a controller runs under its singletons lease write through
+/// the lease's fenced handle: once another controller holds the lease,
+/// whatever they still send is refused and changes nothing (a controller
+/// cut off from the database wrote its agents' "cannot reach the state
+/// database" over what the new holder's agents reported), while the API's
+/// agents, writing beside them in the same batches, are not fenced.
+#[tokio::test]
+async fn agents_run_under_a_lease_cannot_write_once_it_is_lost() {
+    use jujube_state::leases::{Claim, SINGLETONS};
+    let (w, _, _) = scoped_world();
+    let ttl = std::time::Duration::from_secs(1);
+    let Claim::Held(fence) = w.store.claim_lease(SINGLETONS, "a", 0, ttl).unwrap() else {
+        panic!("a free lease was not taken");
+    };
+    let f = Facades::new(w.store.clone()).unwrap();
+    let held = f.shared.through(w.store.fenced(fence));
+    let fenced = |tag: Tag| crate::facade::InProcess::new(held.clone(), tag);
+    let (m1, wp0) = (fenced(Tag::Machine(1)), fenced(Tag::unit("wordpress/0")));
+    let mysql = f.for_agent(Tag::unit("mysql/0"));
+    // Held: fenced writes go through, direct ones (a leadership claim) too.
+    m1.set_machine_status(1, AgentStatus::Started, "").await.unwrap();
+    assert!(wp0.is_leader("wordpress/0").await.unwrap());
+    assert_eq!(w.store.machine(1).unwrap().agent_status, "started");
+
+    // Another controller takes the lease after it expired.
+    let Claim::Held(b) = w.store.claim_lease(SINGLETONS, "b", 5_000, ttl).unwrap() else {
+        panic!("an expired lease was not taken");
+    };
+    assert_eq!(b.token, 2);
+    let before = w.digest();
+    let (lost, api) = tokio::join!(
+        m1.set_machine_status(1, AgentStatus::Failed, "cannot reach the state database"),
+        wp0.set_unit_status("wordpress/0", AgentStatus::Failed, "cannot reach the state database"),
+    );
+    for e in [lost.unwrap_err(), api.unwrap_err()] {
+        assert_eq!(e.code, ErrorCode::Refused, "{e}");
+        assert!(e.message.contains("singletons"), "{e}");
+    }
+    // A leadership claim that would write (logging has no leader yet).
+    let logging0 = fenced(Tag::unit("logging/0"));
+    let e = logging0.is_leader("logging/0").await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::Refused, "{e}");
+    assert_eq!(before, w.digest(), "a lost lease's agent wrote");
+
+    // The API's agents write as before, in the writer's batches beside
+    // refused ones.
+    let (refused, written) = tokio::join!(
+        m1.set_machine_status(1, AgentStatus::Failed, "late"),
+        mysql.set_unit_status("mysql/0", AgentStatus::Error, "hook failed: \"install\""),
+    );
+    assert_eq!(refused.unwrap_err().code, ErrorCode::Refused);
+    written.unwrap();
+    assert_eq!(w.store.unit("mysql/0").unwrap().status, "error");
+    assert_eq!(w.store.machine(1).unwrap().agent_status, "started");
+    assert_eq!(w.store.unit("wordpress/0").unwrap().status, "started");
+}

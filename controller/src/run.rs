@@ -828,10 +828,12 @@ pub async fn run(home: &Home, env_name: &str, machine: i64) -> Result<()> {
     let placement = placement(home, env_name, machine, &store, &api, provider.clone())?;
 
     // The provisioner, the cleaner and the machine agents run from this
-    // host: while this controller holds the singletons lease, the first
-    // two on a store fenced by its token. (The agents are not fenced: they
-    // stop with the lease, so that two controllers never run one
-    // machine's agent.)
+    // host while this controller holds the singletons lease, all on a store
+    // fenced by its token: they stop with the lease, so that two
+    // controllers never run one machine's agent, and what they still had
+    // in flight when it moved (a cut-off controller's agents reporting
+    // that the database is unreachable) is refused, not written over what
+    // the new holder's agents report.
     let singletons = {
         let installer = placement.installer;
         let host_mode = placement.host;
@@ -863,7 +865,12 @@ pub async fn run(home: &Home, env_name: &str, machine: i64) -> Result<()> {
             // with an instance, deploying under the environment's data
             // dir, unless they run on the instances themselves.
             if let Some(mode) = &host_mode {
-                let host = jujube_agent_state::Host::on(&facades, agents_dir.clone(), mode.clone());
+                let host = jujube_agent_state::Host::on(
+                    &facades,
+                    store.clone(),
+                    agents_dir.clone(),
+                    mode.clone(),
+                );
                 let mut stop = stop.clone();
                 jobs.push(tokio::spawn(async move {
                     let _ = stop.wait_for(|s| *s).await;

@@ -1079,15 +1079,14 @@ impl Store {
                     Ok(format!("unit `{}` is {life} and waits for its agents", r.get::<_, String>(0)?))
                 },
             )?;
-            // Units whose passes failed, which their agents retry by
-            // themselves: what failed, so that a wait says why it goes on.
-            // (Not machine agents' yet: a controller cut off from the
-            // database reports its in-process machine agents' failures
-            // once it is back, over what the agents of the controller that
-            // took over reported, and nothing corrects them.)
+            // Failed passes, which their agents retry by themselves: what
+            // failed, so that a wait says why it goes on.
             each(
                 "SELECT 'unit `' || name || '`', status_info FROM units
                  WHERE status = 'failed' AND life != 2
+                 UNION ALL
+                 SELECT 'machine ' || id, agent_status_info FROM machines
+                 WHERE agent_status = 'failed' AND life != 2
                  ORDER BY 1 LIMIT ?1",
                 &|r| Ok(format!(
                     "the agent of {} failed and tries again: {}",

@@ -684,6 +684,12 @@ fn a_controller_cut_off_from_the_database_stops_its_singleton_jobs() {
     assert_eq!(units.len(), 30);
     for (name, u) in units {
         assert_eq!(u["agent-status"], "started", "{name}: {u}");
+        // What the cut controller's machine agents still had to report
+        // once it was healed is refused (their lease was lost), not
+        // written over what the new holder's agents reported.
+        let m = u["machine"].as_str().unwrap();
+        let machine = &st["machines"][m];
+        assert_eq!(machine["agent-status"], "started", "machine {m}: {machine}");
     }
     // The lease moved once, at the cut: the healed controller waits.
     let (h, t) = lease(&st);

@@ -1378,9 +1378,9 @@ fn dying_relations_and_services_name_what_holds_them() {
     );
 }
 
-/// A unit agent whose pass failed other than in a hook (`failed`) tries
-/// again by itself: what `wait` waits for names it and why, nothing lists
-/// it as held by a failed hook, and `resolved` refuses it.
+/// An agent whose pass failed other than in a hook (`failed`) tries again
+/// by itself: what `wait` waits for names it and why, nothing lists it as
+/// held by a failed hook, and `resolved` refuses it.
 #[test]
 fn agents_whose_pass_failed_are_waited_for_with_why_not_held() {
     use crate::agents::{AgentOp, Caller};
@@ -1420,8 +1420,12 @@ fn agents_whose_pass_failed_are_waited_for_with_why_not_held() {
         )),
         "{waits}"
     );
-    // Machine agents' failures are not waited for (see awaiting_agents).
-    assert!(!waits.contains("cannot be reached"), "{waits}");
+    assert!(
+        waits.contains(&format!(
+            "the agent of machine {m} failed and tries again: the controller cannot be reached"
+        )),
+        "{waits}"
+    );
     assert!(e.st.units_in_error(10).unwrap().is_empty());
     assert!(matches!(
         e.st.resolve_unit(&units[0], true),
