@@ -1083,7 +1083,9 @@ async fn agents_run_under_a_lease_cannot_write_once_it_is_lost() {
     let (m1, wp0) = (fenced(Tag::Machine(1)), fenced(Tag::unit("wordpress/0")));
     let mysql = f.for_agent(Tag::unit("mysql/0"));
     // Held: fenced writes go through, direct ones (a leadership claim) too.
-    m1.set_machine_status(1, AgentStatus::Started, "").await.unwrap();
+    m1.set_machine_status(1, AgentStatus::Started, "")
+        .await
+        .unwrap();
     assert!(wp0.is_leader("wordpress/0").await.unwrap());
     assert_eq!(w.store.machine(1).unwrap().agent_status, "started");
 
@@ -1095,7 +1097,11 @@ async fn agents_run_under_a_lease_cannot_write_once_it_is_lost() {
     let before = w.digest();
     let (lost, api) = tokio::join!(
         m1.set_machine_status(1, AgentStatus::Failed, "cannot reach the state database"),
-        wp0.set_unit_status("wordpress/0", AgentStatus::Failed, "cannot reach the state database"),
+        wp0.set_unit_status(
+            "wordpress/0",
+            AgentStatus::Failed,
+            "cannot reach the state database"
+        ),
     );
     for e in [lost.unwrap_err(), api.unwrap_err()] {
         assert_eq!(e.code, ErrorCode::Refused, "{e}");

@@ -51,12 +51,19 @@ const MAX_PASSWORD_FILE: u64 = 4096;
 impl StatePlace {
     /// The database, with its password read now.
     pub fn target(&self) -> Result<jujube_state::PgTarget> {
-        let password = match (std::env::var(STATE_PASSWORD_ENV), &self.password_file) {
-            (Ok(p), _) if !p.is_empty() => Some(p),
-            (_, Some(file)) => Some(read_password(file)?),
-            _ => None,
-        };
-        Ok(jujube_state::PgTarget::new(&self.url, password)?)
+        Ok(jujube_state::PgTarget::new(&self.url, self.password()?)?)
+    }
+
+    /// The password, read now: `JUJUBE_STATE_PASSWORD`, else the password
+    /// file, else none.
+    pub(crate) fn password(&self) -> Result<Option<String>> {
+        Ok(
+            match (std::env::var(STATE_PASSWORD_ENV), &self.password_file) {
+                (Ok(p), _) if !p.is_empty() => Some(p),
+                (_, Some(file)) => Some(read_password(file)?),
+                _ => None,
+            },
+        )
     }
 }
 
@@ -80,7 +87,7 @@ fn read_password(file: &std::path::Path) -> Result<String> {
     Ok(text.trim_end_matches(['\n', '\r']).to_string())
 }
 
-const STATE_URL: &str = "state-url.json";
+pub(crate) const STATE_URL: &str = "state-url.json";
 
 const CONTROLLERS: &str = "controllers.json";
 const ACCOUNTS: &str = "accounts.json";
@@ -129,13 +136,21 @@ impl Home {
     /// Where environment `name`'s state is: its PostgreSQL database, or its
     /// SQLite file.
     pub fn state_location(&self, name: &str) -> Result<jujube_state::Location> {
+        Ok(match self.state_place(name)? {
+            Some(place) => jujube_state::Location::Postgres(place.target()?),
+            None => jujube_state::Location::File(self.state_path(name)),
+        })
+    }
+
+    /// Where environment `name`'s state is when it is in PostgreSQL.
+    pub fn state_place(&self, name: &str) -> Result<Option<StatePlace>> {
         let path = self.state_url_path(name);
         let Ok(text) = std::fs::read(&path) else {
-            return Ok(jujube_state::Location::File(self.state_path(name)));
+            return Ok(None);
         };
-        let place: StatePlace = serde_json::from_slice(&text)
-            .with_context(|| format!("cannot read `{}`", path.display()))?;
-        Ok(jujube_state::Location::Postgres(place.target()?))
+        Ok(Some(serde_json::from_slice(&text).with_context(|| {
+            format!("cannot read `{}`", path.display())
+        })?))
     }
 
     pub fn exists(&self, name: &str) -> bool {

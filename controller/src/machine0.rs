@@ -42,6 +42,10 @@ pub struct Machine0 {
     pub lxd: BTreeMap<String, String>,
     /// Where the API is proxied to on the daemon's host.
     pub api_address: String,
+    /// Where the state is when it is in PostgreSQL (`state-url`), as this
+    /// host reaches it: `destroy-environment` erases it from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<crate::home::StatePlace>,
 }
 
 fn lxd() -> String {
@@ -89,6 +93,141 @@ fn api_addresses(config: &BTreeMap<String, String>) -> Result<(String, String)> 
             ))
         }
     }
+}
+
+/// The address of a `postgres://` URL's server, `HOST:PORT` (5432 when
+/// it names no port), with whether it is a loopback one.
+fn db_address(url: &str) -> Option<(String, bool)> {
+    let rest = url.split_once("://")?.1;
+    let authority = rest.split(['/', '?']).next()?;
+    let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let (host, port) = match hostport.strip_prefix('[') {
+        Some(r) => {
+            let (h, after) = r.split_once(']')?;
+            (h, after.strip_prefix(':'))
+        }
+        None => match hostport.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (hostport, None),
+        },
+    };
+    let port: u16 = match port {
+        Some(p) => p.parse().ok()?,
+        None => 5432,
+    };
+    let ip: std::net::IpAddr = match host {
+        "localhost" => std::net::Ipv4Addr::LOCALHOST.into(),
+        h => match h.parse() {
+            Ok(ip) => ip,
+            Err(_) => return Some((format!("{h}:{port}"), false)),
+        },
+    };
+    Some((
+        std::net::SocketAddr::new(ip, port).to_string(),
+        ip.is_loopback(),
+    ))
+}
+
+/// Refuses a `state-url` machine 0's container could not reach: containers
+/// have no network, so the controller reaches the database through a
+/// proxy from the daemon's host, at the address it dials (which the
+/// server's certificate names): a loopback address of this host, served
+/// by a local daemon.
+pub(crate) fn check_state_reachable(url: &str, config: &BTreeMap<String, String>) -> Result<()> {
+    let Some((address, loopback)) = db_address(url) else {
+        bail!("cannot read the server's address in `state-url` `{url}`; give it as `postgres://USER@HOST:PORT/DB`");
+    };
+    if !loopback {
+        bail!("machine 0's container reaches the state database through a proxy on this host, so `state-url` must name this host's loopback (`127.0.0.1`), not `{address}`: serve the database there (or forward a loopback port to it), or bootstrap with `--manual-controller`");
+    }
+    if config.contains_key("lxd-url") {
+        bail!("`state-url` names this host's loopback, which a remote LXD daemon's host cannot reach for machine 0: bootstrap with the local daemon, or with `--manual-controller`");
+    }
+    Ok(())
+}
+
+/// `url` with its `sslrootcert` file (unless `system`) named `path`
+/// instead, and the file it named.
+fn with_root_at(url: &str, path: &str) -> (String, Option<std::path::PathBuf>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_string(), None);
+    };
+    let mut old = None;
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some(("sslrootcert", v)) if v != "system" => {
+                old = Some(std::path::PathBuf::from(percent_decoded(v)));
+                format!("sslrootcert={path}")
+            }
+            _ => pair.to_string(),
+        })
+        .collect();
+    (format!("{base}?{}", pairs.join("&")), old)
+}
+
+fn percent_decoded(v: &str) -> String {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (
+            b[i],
+            b.get(i + 1).and_then(|&c| hex(c)),
+            b.get(i + 2).and_then(|&c| hex(c)),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, ..) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// What machine 0's controller needs of a state in PostgreSQL: the proxy
+/// to the database (see [`check_state_reachable`]), and its own
+/// `state-url.json`, naming the authority and the password as files in
+/// the container (the password in a file only root reads there, as a
+/// `state-password-file` is on a host). Returns those files.
+async fn state_into(
+    provider: &LxdProvider,
+    container: &str,
+    name: &str,
+    place: &crate::home::StatePlace,
+) -> Result<Vec<(String, Vec<u8>, u32)>> {
+    let (address, _) = db_address(&place.url).context("cannot read `state-url`")?;
+    provider
+        .reach_from_controller(container, "state-db", &address)
+        .await
+        .context("cannot let machine 0 reach the state database")?;
+    let dir = format!("{CONTROLLER_HOME}/environments/{name}");
+    let (url, root) = with_root_at(&place.url, &format!("{dir}/state-ca.pem"));
+    let mut files = Vec::new();
+    if let Some(root) = root {
+        let pem = std::fs::read(&root)
+            .with_context(|| format!("cannot read `{}` (`sslrootcert`)", root.display()))?;
+        files.push((format!("{dir}/state-ca.pem"), pem, 0o600));
+    }
+    let password_file = match place.password()? {
+        Some(p) => {
+            files.push((format!("{dir}/state-password"), p.into_bytes(), 0o600));
+            Some(format!("{dir}/state-password").into())
+        }
+        None => None,
+    };
+    let theirs = crate::home::StatePlace { url, password_file };
+    files.push((
+        format!("{dir}/{}", crate::home::STATE_URL),
+        serde_json::to_vec_pretty(&theirs)?,
+        0o600,
+    ));
+    Ok(files)
 }
 
 /// Waits until the controller at `address`, proven by the environment's CA
@@ -191,6 +330,7 @@ pub async fn move_in(
     let config = store.environment_config()?;
     let provider = LxdProvider::new(&env.uuid, &config)?;
     let container = provider.container_name("0");
+    let state = home.state_place(name)?;
     let result = async {
         let (listen, address) = api_addresses(&config)?;
         let (cert, key) = jujube_api::tls::client_identity(&format!(
@@ -221,13 +361,18 @@ pub async fn move_in(
         store.set_environment_config(&set)?;
         drop(store);
 
+        let mut files = access.files;
+        if let Some(place) = &state {
+            let theirs = state_into(&provider, &container, name, place).await?;
+            files.extend(theirs.into_iter().map(|(p, b, m)| (p, b.into(), m)));
+        }
         let dir = home.env_dir(name);
         let mut rels = Vec::new();
         files_under(&dir, Path::new(""), &mut rels)?;
-        let mut files = access.files;
         for rel in rels {
-            // SQLite's shared-memory index is rebuilt from the WAL.
-            if rel.to_string_lossy().ends_with("-shm") {
+            // SQLite's shared-memory index is rebuilt from the WAL; the
+            // host's `state-url.json` is replaced by the container's.
+            if rel.to_string_lossy().ends_with("-shm") || rel == Path::new(crate::home::STATE_URL) {
                 continue;
             }
             let bytes = std::fs::read(dir.join(&rel))
@@ -289,6 +434,7 @@ pub async fn move_in(
             container: container.clone(),
             lxd: config.clone(),
             api_address: address.clone(),
+            state: state.clone(),
         };
         hand_over_home(home, name, &marker)?;
         Ok(())
@@ -329,12 +475,73 @@ pub async fn destroy(home: &Home, name: &str, m0: Machine0, out: &mut impl Write
     )?;
     provider.destroy_environment().await?;
     provider.forget_controller().await?;
+    if let Some(place) = &m0.state {
+        // Machine 0 is stopped: nothing writes the state any more.
+        let store = Store::open_at(
+            &jujube_state::Location::Postgres(place.target()?),
+            jujube_state::Durability::Full,
+        )?;
+        store.erase()?;
+        writeln!(out, "erased the environment's state in `{}`", place.url)?;
+    }
     crate::run::forget_environment(home, name, out)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::api_addresses;
+    use super::{api_addresses, check_state_reachable, db_address, with_root_at};
+
+    #[test]
+    fn a_state_url_is_reached_from_machine_0_only_on_this_hosts_loopback() {
+        for (url, address, loopback) in [
+            ("postgres://j@127.0.0.1:5433/env", "127.0.0.1:5433", true),
+            (
+                "postgresql://j@localhost/env?sslmode=require",
+                "127.0.0.1:5432",
+                true,
+            ),
+            ("postgres://[::1]:6000/env", "[::1]:6000", true),
+            ("postgres://j@10.1.2.3:5432/env", "10.1.2.3:5432", false),
+            ("postgres://j@db.example:5432/env", "db.example:5432", false),
+        ] {
+            assert_eq!(
+                db_address(url),
+                Some((address.to_string(), loopback)),
+                "{url}"
+            );
+        }
+        assert_eq!(db_address("postgres://j@127.0.0.1:x/env"), None);
+        let local = Default::default();
+        check_state_reachable("postgres://j@127.0.0.1:5433/env", &local).unwrap();
+        let e = check_state_reachable("postgres://j@10.1.2.3/env", &local).unwrap_err();
+        assert!(e.to_string().contains("`10.1.2.3:5432`"), "{e}");
+        let remote = [(
+            "lxd-url".to_string(),
+            "https://lxd.example:8443".to_string(),
+        )]
+        .into();
+        let e = check_state_reachable("postgres://j@127.0.0.1:5433/env", &remote).unwrap_err();
+        assert!(e.to_string().contains("remote LXD daemon"), "{e}");
+    }
+
+    #[test]
+    fn machine_0s_state_url_names_its_own_copy_of_the_authority() {
+        let (url, old) = with_root_at(
+            "postgres://j@127.0.0.1:5433/env?sslmode=verify-full&sslrootcert=%2Ftmp%2Fca%20x.crt&application_name=a",
+            "/var/lib/jujube/ca.pem",
+        );
+        assert_eq!(
+            url,
+            "postgres://j@127.0.0.1:5433/env?sslmode=verify-full&sslrootcert=/var/lib/jujube/ca.pem&application_name=a"
+        );
+        assert_eq!(old, Some("/tmp/ca x.crt".into()));
+        for kept in [
+            "postgres://j@127.0.0.1/env",
+            "postgres://j@127.0.0.1/env?sslmode=verify-full&sslrootcert=system",
+        ] {
+            assert_eq!(with_root_at(kept, "/x"), (kept.to_string(), None));
+        }
+    }
 
     #[test]
     fn a_remote_daemons_host_carries_the_api_on_its_usual_port() {

@@ -628,6 +628,7 @@ async fn steps(
             container: instance,
             lxd: config.clone(),
             api_address: dial,
+            state: None,
         },
     )
 }

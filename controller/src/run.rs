@@ -1237,7 +1237,11 @@ pub fn bootstrap(
         constraints,
         config: args.config,
     };
-    let state_place = state_place(&spec.config, args.in_machine_0 && spec.provider != "dummy")?;
+    let in_container = args.in_machine_0 && spec.provider == "lxd";
+    let state_place = state_place(&spec.config, args.in_machine_0 && spec.provider == "ec2")?;
+    if let (Some(place), true) = (&state_place, in_container) {
+        crate::machine0::check_state_reachable(&place.url, &spec.config)?;
+    }
     let dir = home.create_env_dir(name)?;
     let result = (|| {
         if let Some(place) = &state_place {
@@ -1297,7 +1301,7 @@ pub fn bootstrap(
 /// cannot be reached, leaves nothing behind.
 fn state_place(
     config: &BTreeMap<String, String>,
-    controller_elsewhere: bool,
+    on_ec2_machine_0: bool,
 ) -> Result<Option<crate::home::StatePlace>> {
     let Some(url) = config.get("state-url") else {
         if config.contains_key("state-password-file") {
@@ -1305,8 +1309,8 @@ fn state_place(
         }
         return Ok(None);
     };
-    if controller_elsewhere {
-        bail!("`state-url` is supported with a controller on this host so far: bootstrap with `--manual-controller`, or without `state-url`");
+    if on_ec2_machine_0 {
+        bail!("`state-url` is supported with the controller on this host or in an LXD machine 0 so far, not on an EC2 machine 0: bootstrap with `--manual-controller`, or without `state-url`");
     }
     let place = crate::home::StatePlace {
         url: url.clone(),

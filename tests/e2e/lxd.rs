@@ -1386,6 +1386,121 @@ async fn machine_0s_container_runs_the_controller_and_holds_the_state() {
     assert_eq!(j.run(&["environments"]).ok().stdout, "");
 }
 
+/// `bootstrap --provider lxd --config state-url=...`: machine 0's
+/// controller keeps the state in PostgreSQL on this host, reached through a
+/// proxy at the address the URL names (the server's certificate checked
+/// against its own copy of the authority), with the password in a file
+/// only root reads in machine 0; nothing of the state is in the container
+/// or on the host, and `destroy-environment` leaves nothing in the
+/// database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machine_0s_controller_keeps_the_state_in_postgresql() {
+    let Some(c) = lxd() else { return };
+    // The blocking client on a thread of its own: it runs a runtime.
+    let (pg, schema, url) = std::thread::spawn(crate::postgres::fresh_schema)
+        .join()
+        .unwrap();
+    let pg = std::sync::Mutex::new(Some(pg));
+    let tables = || {
+        std::thread::scope(|s| {
+            s.spawn(|| crate::postgres::tables(pg.lock().unwrap().as_mut().unwrap(), &schema))
+                .join()
+                .unwrap()
+        })
+    };
+    let mut j = Jujube::new();
+    j.auto_controller = true;
+    j.start_controllers = false;
+    let password = j.home.path().join("state-password");
+    std::fs::write(&password, "not-needed-by-trust\n").unwrap();
+    j.run(&[
+        "bootstrap",
+        "lxp",
+        "--provider",
+        "lxd",
+        "--config",
+        "image-alias=jujube-agent",
+        "--config",
+        &format!("state-url={url}"),
+        "--config",
+        &format!("state-password-file={}", password.display()),
+    ])
+    .ok();
+    let st = j.status();
+    let uuid = st["environment"]["uuid"].as_str().unwrap().to_string();
+    let _sweep = Sweep {
+        uuids: vec![uuid.clone()],
+        names: vec![],
+    };
+    let m0 = format!("jujube-{}-0", short(&uuid));
+    assert_eq!(st["machines"]["0"]["agent-status"], "started");
+    assert!(tables() > 0);
+
+    // What machine 0 holds of the state: where it is, never the state.
+    let home = jujube_providers::lxd::controller::CONTROLLER_HOME;
+    let env = format!("{home}/environments/lxp");
+    assert!(c
+        .read_file(&m0, &format!("{env}/state.db"))
+        .await
+        .unwrap()
+        .is_none());
+    let theirs: Value =
+        serde_json::from_str(&file_in(&c, &m0, &format!("{env}/state-url.json")).await).unwrap();
+    let theirs_url = theirs["url"].as_str().unwrap();
+    assert!(
+        theirs_url.contains(&format!("sslrootcert={env}/state-ca.pem")),
+        "{theirs}"
+    );
+    assert_eq!(
+        theirs_url.replace(&format!("{env}/state-ca.pem"), ""),
+        url.replace(&std::env::var("JUJUBE_TEST_STATE_CA").unwrap(), ""),
+    );
+    assert_eq!(
+        theirs["password_file"],
+        json!(format!("{env}/state-password"))
+    );
+    assert_eq!(
+        file_in(&c, &m0, &format!("{env}/state-password")).await,
+        "not-needed-by-trust"
+    );
+    let mode = exec_in(
+        &c,
+        &m0,
+        &[
+            "sh",
+            "-c",
+            &format!("test \"$(stat -c %a {env}/state-password)\" = 600"),
+        ],
+    )
+    .await;
+    assert_eq!(mode, 0, "the password file is not root's alone");
+    let left: Vec<String> = std::fs::read_dir(j.home.path().join("environments/lxp"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, vec!["machine-0.json".to_string()]);
+
+    j.run(&["deploy", &j.charm("mysql")]).ok();
+    j.run(&["wait", "--timeout", "180s"]).ok();
+    let st = j.status();
+    assert_eq!(
+        st["services"]["mysql"]["units"]["mysql/0"]["agent-status"],
+        "started"
+    );
+
+    let r = j.run(&["destroy-environment", "lxp", "-y"]).ok();
+    assert!(
+        r.stdout.contains("erased the environment's state"),
+        "{}",
+        r.stdout
+    );
+    assert!(tagged(&c, &uuid).await.is_empty(), "containers left");
+    assert_eq!(tables(), 0);
+    assert!(!j.home.path().join("environments/lxp").exists());
+    let pg = pg.lock().unwrap().take();
+    std::thread::spawn(move || drop(pg)).join().unwrap();
+}
+
 /// `bootstrap --provider ec2` as a user runs it: the tools go to the
 /// environment's control bucket, machine 0's instance is launched with user
 /// data that fetches them by a presigned URL and takes up the controller's

@@ -7,7 +7,7 @@
 use crate::Jujube;
 
 /// A schema of its own on the test cluster, and the state URL that uses it.
-fn fresh_schema() -> (postgres::Client, String, String) {
+pub(crate) fn fresh_schema() -> (postgres::Client, String, String) {
     let admin = std::env::var("JUJUBE_TEST_STATE_URL")
         .expect("JUJUBE_TEST_STATE_URL must name a PostgreSQL server (scripts/test starts one)");
     let mut c = postgres::Client::connect(&admin, postgres::NoTls)
@@ -23,7 +23,7 @@ fn fresh_schema() -> (postgres::Client, String, String) {
     (c, schema, url)
 }
 
-fn tables(c: &mut postgres::Client, schema: &str) -> i64 {
+pub(crate) fn tables(c: &mut postgres::Client, schema: &str) -> i64 {
     c.query_one(
         "SELECT count(*) FROM pg_tables WHERE schemaname = $1",
         &[&schema],

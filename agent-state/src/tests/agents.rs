@@ -704,7 +704,12 @@ async fn a_log_that_cannot_be_marked_shipped_runs_no_hook_twice() {
     let logs_dir = w.dir.path().join("logs");
     std::fs::create_dir_all(&logs_dir).unwrap();
     facades.keep_logs(Arc::new(crate::logsink::LogSink::open(&logs_dir).unwrap()));
-    let host = Host::on(&facades, w.store.clone(), agents_dir.clone(), crate::Mode::InProcess);
+    let host = Host::on(
+        &facades,
+        w.store.clone(),
+        agents_dir.clone(),
+        crate::Mode::InProcess,
+    );
     until(&w.store, "the unit started, or its pass failed", |s| {
         ["started", "failed"].contains(&status(s, "mysql/0").as_str())
     })

@@ -202,6 +202,32 @@ impl LxdProvider {
         .await
     }
 
+    /// Lets the controller in container `name` reach `address` (`IP:PORT`
+    /// on the daemon's host; containers have no network) at the same
+    /// address inside the container, through a proxy device named
+    /// `jujube-<device>`: the state database on a local daemon's host's
+    /// loopback, whose certificate then still names the address the
+    /// controller dials.
+    pub async fn reach_from_controller(
+        &self,
+        name: &str,
+        device: &str,
+        address: &str,
+    ) -> Result<()> {
+        self.add_devices(
+            name,
+            json!({
+                format!("jujube-{device}"): {
+                    "type": "proxy",
+                    "bind": "container",
+                    "listen": format!("tcp:{address}"),
+                    "connect": format!("tcp:{address}"),
+                }
+            }),
+        )
+        .await
+    }
+
     /// Writes files into one of our containers (root's, with their modes),
     /// making their directories (0755) on the way.
     pub async fn push_files(&self, name: &str, files: &[(String, Bytes, u32)]) -> Result<()> {
