@@ -75,15 +75,18 @@ impl Shared {
                             Err(_) => break,
                         }
                     }
-                    // One transaction per fence (in practice one or two: the
+                    // One transaction per handle (in practice one or two: the
                     // API's agents and the lease holder's); each agent's ops
                     // keep their order, as one agent writes through one
                     // handle.
                     while !batch.is_empty() {
-                        let fence = batch[0].0.fence().cloned();
-                        let (group, rest): (Vec<WriteRequest>, Vec<WriteRequest>) = batch
-                            .drain(..)
-                            .partition(|(s, ..)| s.fence() == fence.as_ref());
+                        let first = &batch[0].0;
+                        let (fence, user) =
+                            (first.fence().cloned(), first.user().map(str::to_string));
+                        let (group, rest): (Vec<WriteRequest>, Vec<WriteRequest>) =
+                            batch.drain(..).partition(|(s, ..)| {
+                                s.fence() == fence.as_ref() && s.user() == user.as_deref()
+                            });
                         commit(group);
                         batch = rest;
                     }
@@ -128,16 +131,9 @@ fn commit(mut group: Vec<WriteRequest>) {
         }
         Err(e) => {
             warn!(error = %e, "agent write batch failed");
-            // The batch's own failure: a lease lost is a refusal (the
-            // fenced agents stop); the store's unavailability is retried.
-            let code = if e.is_unavailable() {
-                ErrorCode::Unavailable
-            } else if e.is_refusal() {
-                ErrorCode::Refused
-            } else {
-                ErrorCode::Internal
-            };
-            let err = ApiError::new(code, e.to_string());
+            // The batch's own failure: the database out of reach, or the
+            // lease its agents ran under lost (see `code_of`).
+            let err = ApiError::new(code_of(&e), e.to_string());
             for (.., reply) in group.drain(..) {
                 let _ = reply.send(Err(err.clone()));
             }
@@ -162,13 +158,24 @@ fn tag_of(caller: &Caller) -> Option<Tag> {
 
 /// A store error as the facade reports it. Not found is "not found or not
 /// yours", like any out-of-scope call.
+/// What an error the store answered a whole write with is to an agent.
+/// A lost lease is no refusal of what the agent asked (an agent takes a
+/// refused hook commit for a failed hook): its controller gave up the
+/// agents it ran, which stop, and another runs them.
+fn code_of(e: &jujube_state::Error) -> ErrorCode {
+    match e {
+        jujube_state::Error::LeaseLost { .. } => ErrorCode::Unavailable,
+        e if e.is_unavailable() => ErrorCode::Unavailable,
+        e if e.is_refusal() => ErrorCode::Refused,
+        _ => ErrorCode::Internal,
+    }
+}
+
 pub(crate) fn api_error(caller: &Caller, e: jujube_state::Error) -> ApiError {
     use jujube_state::Error as E;
     let code = match &e {
         E::NotFound { .. } | E::Unauthorized { .. } => ErrorCode::Unauthorized,
-        e if e.is_unavailable() => ErrorCode::Unavailable,
-        e if e.is_refusal() => ErrorCode::Refused,
-        _ => ErrorCode::Internal,
+        e => code_of(e),
     };
     let message = match (&e, code) {
         (_, ErrorCode::Unauthorized) => match tag_of(caller) {

@@ -1103,14 +1103,16 @@ async fn agents_run_under_a_lease_cannot_write_once_it_is_lost() {
             "cannot reach the state database"
         ),
     );
+    // Unavailable, not refused: an agent takes a refused hook commit for
+    // a failed hook, and these agents are stopped, to run elsewhere.
     for e in [lost.unwrap_err(), api.unwrap_err()] {
-        assert_eq!(e.code, ErrorCode::Refused, "{e}");
+        assert_eq!(e.code, ErrorCode::Unavailable, "{e}");
         assert!(e.message.contains("singletons"), "{e}");
     }
     // A leadership claim that would write (logging has no leader yet).
     let logging0 = fenced(Tag::unit("logging/0"));
     let e = logging0.is_leader("logging/0").await.unwrap_err();
-    assert_eq!(e.code, ErrorCode::Refused, "{e}");
+    assert_eq!(e.code, ErrorCode::Unavailable, "{e}");
     assert_eq!(before, w.digest(), "a lost lease's agent wrote");
 
     // The API's agents write as before, in the writer's batches beside
@@ -1119,7 +1121,7 @@ async fn agents_run_under_a_lease_cannot_write_once_it_is_lost() {
         m1.set_machine_status(1, AgentStatus::Failed, "late"),
         mysql.set_unit_status("mysql/0", AgentStatus::Error, "hook failed: \"install\""),
     );
-    assert_eq!(refused.unwrap_err().code, ErrorCode::Refused);
+    assert_eq!(refused.unwrap_err().code, ErrorCode::Unavailable);
     written.unwrap();
     assert_eq!(w.store.unit("mysql/0").unwrap().status, "error");
     assert_eq!(w.store.machine(1).unwrap().agent_status, "started");

@@ -9,7 +9,7 @@
 use crate::home::Home;
 use crate::{bail, Context, Result};
 use jujube_providers::lxd::controller::{
-    CONTROLLER_API_PORT, CONTROLLER_ENV_FILE, CONTROLLER_HOME,
+    CONTROLLER_API_PORT, CONTROLLER_ENV_FILE, CONTROLLER_HOME, CONTROLLER_LXD_LISTEN,
 };
 use jujube_providers::lxd::{LxdProvider, AGENT_BINARY};
 use jujube_providers::Provider;
@@ -112,11 +112,11 @@ fn db_address(url: &str) -> Option<(String, bool)> {
         },
     };
     let port: u16 = match port {
-        Some(p) => p.parse().ok()?,
-        None => 5432,
+        Some(p) if !p.is_empty() => p.parse().ok()?,
+        _ => 5432,
     };
     let ip: std::net::IpAddr = match host {
-        "localhost" => std::net::Ipv4Addr::LOCALHOST.into(),
+        h if h.eq_ignore_ascii_case("localhost") => std::net::Ipv4Addr::LOCALHOST.into(),
         h => match h.parse() {
             Ok(ip) => ip,
             Err(_) => return Some((format!("{h}:{port}"), false)),
@@ -134,6 +134,21 @@ fn db_address(url: &str) -> Option<(String, bool)> {
 /// server's certificate names): a loopback address of this host, served
 /// by a local daemon.
 pub(crate) fn check_state_reachable(url: &str, config: &BTreeMap<String, String>) -> Result<()> {
+    // The server is the URL's one host, not one the query names.
+    let query = url.split_once('?').map_or("", |(_, q)| q);
+    let named = query
+        .split('&')
+        .filter_map(|p| p.split_once('=').map(|(k, _)| k))
+        .find(|k| matches!(*k, "host" | "hostaddr" | "port"));
+    if let Some(key) = named {
+        bail!("machine 0 reaches the state database at the host and port of `state-url` itself, not one a `{key}=` option names; give them as `postgres://USER@HOST:PORT/DB`");
+    }
+    let authority = url
+        .split_once("://")
+        .map_or("", |(_, r)| r.split(['/', '?']).next().unwrap_or(""));
+    if authority.contains(',') {
+        bail!("machine 0 reaches one state database server, and `state-url` names several; give one `HOST:PORT`");
+    }
     let Some((address, loopback)) = db_address(url) else {
         bail!("cannot read the server's address in `state-url` `{url}`; give it as `postgres://USER@HOST:PORT/DB`");
     };
@@ -143,12 +158,19 @@ pub(crate) fn check_state_reachable(url: &str, config: &BTreeMap<String, String>
     if config.contains_key("lxd-url") {
         bail!("`state-url` names this host's loopback, which a remote LXD daemon's host cannot reach for machine 0: bootstrap with the local daemon, or with `--manual-controller`");
     }
+    // Machine 0's own loopback ports: the daemon's proxy and the API.
+    let lxd_port = CONTROLLER_LXD_LISTEN.rsplit_once(':').map(|(_, p)| p);
+    let api_port = CONTROLLER_API_PORT.to_string();
+    let port = address.rsplit_once(':').map(|(_, p)| p);
+    if port == lxd_port || port == Some(api_port.as_str()) {
+        bail!("machine 0 uses port {} of its loopback itself, so the state database cannot be reached there: serve it on another port", port.unwrap_or_default());
+    }
     Ok(())
 }
 
 /// `url` with its `sslrootcert` file (unless `system`) named `path`
 /// instead, and the file it named.
-fn with_root_at(url: &str, path: &str) -> (String, Option<std::path::PathBuf>) {
+pub(crate) fn with_root_at(url: &str, path: &str) -> (String, Option<std::path::PathBuf>) {
     let Some((base, query)) = url.split_once('?') else {
         return (url.to_string(), None);
     };
@@ -156,14 +178,26 @@ fn with_root_at(url: &str, path: &str) -> (String, Option<std::path::PathBuf>) {
     let pairs: Vec<String> = query
         .split('&')
         .map(|pair| match pair.split_once('=') {
-            Some(("sslrootcert", v)) if v != "system" => {
+            Some(("sslrootcert", v)) if percent_decoded(v) != "system" => {
                 old = Some(std::path::PathBuf::from(percent_decoded(v)));
-                format!("sslrootcert={path}")
+                format!("sslrootcert={}", percent_encoded(path))
             }
             _ => pair.to_string(),
         })
         .collect();
     (format!("{base}?{}", pairs.join("&")), old)
+}
+
+/// A path as a query value: what is not unreserved (or `/`) escaped.
+fn percent_encoded(v: &str) -> String {
+    v.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => {
+                (b as char).to_string()
+            }
+            b => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 fn percent_decoded(v: &str) -> String {
@@ -477,11 +511,16 @@ pub async fn destroy(home: &Home, name: &str, m0: Machine0, out: &mut impl Write
     provider.forget_controller().await?;
     if let Some(place) = &m0.state {
         // Machine 0 is stopped: nothing writes the state any more.
-        let store = Store::open_at(
-            &jujube_state::Location::Postgres(place.target()?),
-            jujube_state::Durability::Full,
-        )?;
-        store.erase()?;
+        let erased = place.target().and_then(|t| {
+            Ok(Store::open_at(
+                &jujube_state::Location::Postgres(t),
+                jujube_state::Durability::Full,
+            )?
+            .erase()?)
+        });
+        if let Err(e) = erased {
+            bail!("every instance of environment `{name}` is stopped, but its state in `{}` could not be erased: {e}; run `jujube destroy-environment {name}` again once the database answers", place.url);
+        }
         writeln!(out, "erased the environment's state in `{}`", place.url)?;
     }
     crate::run::forget_environment(home, name, out)
@@ -511,10 +550,30 @@ mod tests {
             );
         }
         assert_eq!(db_address("postgres://j@127.0.0.1:x/env"), None);
+        assert_eq!(
+            db_address("postgres://j@LocalHost:/env"),
+            Some(("127.0.0.1:5432".to_string(), true))
+        );
         let local = Default::default();
         check_state_reachable("postgres://j@127.0.0.1:5433/env", &local).unwrap();
         let e = check_state_reachable("postgres://j@10.1.2.3/env", &local).unwrap_err();
         assert!(e.to_string().contains("`10.1.2.3:5432`"), "{e}");
+        for (url, why) in [
+            (
+                "postgres://j@127.0.0.1/env?hostaddr=10.0.0.5",
+                "`hostaddr=`",
+            ),
+            ("postgres://j@/env?host=127.0.0.1", "`host=`"),
+            (
+                "postgres://j@127.0.0.1:5432,127.0.0.2:5432/env",
+                "names several",
+            ),
+            ("postgres://j@127.0.0.1:17070/env", "port 17070"),
+            ("postgres://j@127.0.0.1:8443/env", "port 8443"),
+        ] {
+            let e = check_state_reachable(url, &local).unwrap_err();
+            assert!(e.to_string().contains(why), "{url}: {e}");
+        }
         let remote = [(
             "lxd-url".to_string(),
             "https://lxd.example:8443".to_string(),
@@ -535,9 +594,12 @@ mod tests {
             "postgres://j@127.0.0.1:5433/env?sslmode=verify-full&sslrootcert=/var/lib/jujube/ca.pem&application_name=a"
         );
         assert_eq!(old, Some("/tmp/ca x.crt".into()));
+        let (url, _) = with_root_at("postgres://h/d?sslrootcert=ca.pem", "/a b&c/ca.pem");
+        assert_eq!(url, "postgres://h/d?sslrootcert=/a%20b%26c/ca.pem");
         for kept in [
             "postgres://j@127.0.0.1/env",
             "postgres://j@127.0.0.1/env?sslmode=verify-full&sslrootcert=system",
+            "postgres://j@127.0.0.1/env?sslmode=verify-full&sslrootcert=syst%65m",
         ] {
             assert_eq!(with_root_at(kept, "/x"), (kept.to_string(), None));
         }

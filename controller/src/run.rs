@@ -1282,9 +1282,16 @@ pub fn bootstrap(
         home.set_current(name)
     })();
     if let Err(e) = result {
-        // A database elsewhere is left as it was found.
-        if state_place.is_some() {
-            if let Ok(store) = home.open(name) {
+        // A database elsewhere is left as it was found (reached through
+        // the place itself: machine 0's hand-over may have removed this
+        // home's `state-url.json` already).
+        if let Some(place) = &state_place {
+            if let Ok(store) = place.target().and_then(|t| {
+                Ok(Store::open_at(
+                    &jujube_state::Location::Postgres(t),
+                    jujube_state::Durability::Full,
+                )?)
+            }) {
                 let _ = store.erase();
             }
         }
@@ -1312,6 +1319,15 @@ fn state_place(
     if on_ec2_machine_0 {
         bail!("`state-url` is supported with the controller on this host or in an LXD machine 0 so far, not on an EC2 machine 0: bootstrap with `--manual-controller`, or without `state-url`");
     }
+    // A relative `sslrootcert` is this directory's: kept absolute, as the
+    // password file is, so that later commands find it from anywhere.
+    let url = match crate::machine0::with_root_at(url, "").1 {
+        Some(root) if root.is_relative() => {
+            let root = std::path::absolute(&root)?;
+            crate::machine0::with_root_at(url, &root.to_string_lossy()).0
+        }
+        _ => url.clone(),
+    };
     let place = crate::home::StatePlace {
         url: url.clone(),
         password_file: config
