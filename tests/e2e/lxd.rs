@@ -5,7 +5,7 @@
 //! never see each other's containers.
 
 use crate::hooks::{in_order, MYSQL_ORDER, WORDPRESS_ORDER};
-use crate::lxd_direct::{delete_directly, launch_directly, ALIAS};
+use crate::lxd_direct::{create_directly, delete_directly, launch_directly, ALIAS};
 use crate::Jujube;
 use jujube_core::Constraints;
 use jujube_providers::conformance::{run_all, Subject};
@@ -275,7 +275,9 @@ async fn lxd_end_to_end_through_the_binary() {
         json!({"user.jujube-env-uuid": env_uuid, "user.jujube-machine-id": "98"}),
     )
     .await;
-    launch_directly(
+    // Created, not started: the harvest may reap it as soon as it exists
+    // (a start would race its deletion).
+    create_directly(
         &c,
         &stray,
         json!({"user.jujube-env-uuid": env_uuid, "user.jujube-machine-id": "77"}),

@@ -20,6 +20,20 @@ pub async fn launch_directly(c: &Client, name: &str, config: Value) {
     launch_body(c, name, &body).await;
 }
 
+/// Creates container `name` (stopped), tagged with `config`.
+pub async fn create_directly(c: &Client, name: &str, config: Value) {
+    let body = json!({
+        "name": name,
+        "type": "container",
+        "source": {"type": "image", "alias": ALIAS},
+        "config": config,
+    });
+    c.run(Method::POST, "/1.0/instances", Some(&body))
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("create {name}: {e:?}"));
+}
+
 /// Creates container `name` as `body` describes it, then starts it.
 pub async fn launch_body(c: &Client, name: &str, body: &Value) {
     c.run(Method::POST, "/1.0/instances", Some(body))
