@@ -222,6 +222,28 @@ impl Tx<'_> {
     /// statement where a rule made several (a unit, its machine and its
     /// service's count), which on PostgreSQL is one round trip instead of
     /// three.
+    /// Commits, with the feed entries [`Tx::write_changes`] left (one
+    /// statement's, on PostgreSQL) sent together with the `COMMIT`: the
+    /// last revision, if the transaction wrote any.
+    fn commit(self) -> Result<Option<u64>> {
+        if self.pending.is_empty() {
+            self.tx.commit()?;
+            return Ok(self.last_revision);
+        }
+        let n = self.pending.len();
+        let values: Vec<&dyn crate::sql::ToSql> = self
+            .pending
+            .iter()
+            .flat_map(|(k, id)| [k as &dyn crate::sql::ToSql, id as &dyn crate::sql::ToSql])
+            .collect();
+        let revisions =
+            self.tx
+                .query_and_commit(feed_insert(Engine::Postgres, n), &values[..], |r| {
+                    r.get::<_, i64>(0)
+                })?;
+        Ok(revisions.into_iter().max().map(|r| r as u64))
+    }
+
     pub(crate) fn changed(&mut self, kind: ChangeKind, id: impl AsRef<str>) -> Result<()> {
         self.pending.push((kind.as_str(), id.as_ref().to_string()));
         Ok(())
@@ -234,13 +256,18 @@ impl Tx<'_> {
     }
 
     /// Writes the recorded feed entries, in the order they were recorded,
-    /// and notes the last revision.
+    /// and notes the last revision; on PostgreSQL all but the last
+    /// statement's, which [`Tx::commit`] sends with the `COMMIT`.
     fn write_changes(&mut self) -> Result<()> {
         let pending = std::mem::take(&mut self.pending);
         let mut rest = &pending[..];
         while !rest.is_empty() {
             let n = chunk_rows(rest.len(), FEED_CHUNK);
             let (chunk, tail) = rest.split_at(n);
+            if tail.is_empty() && self.engine() == Engine::Postgres {
+                self.pending = chunk.to_vec();
+                break;
+            }
             rest = tail;
             let values: Vec<&dyn crate::sql::ToSql> = chunk
                 .iter()
@@ -665,9 +692,11 @@ impl Store {
                 if let Some(e) = tx.failed() {
                     return Err(e.into());
                 }
-                let revision = tx.last_revision;
+                // (On PostgreSQL the last feed entries go with the COMMIT,
+                // in one round trip: a connection lost then is as lost
+                // during the COMMIT.)
                 committing.set(true);
-                tx.tx.commit()?;
+                let revision = tx.commit()?;
                 Ok((value, revision))
             })();
             match run {

@@ -533,7 +533,8 @@ impl<'c> Statement<'c> {
             Prepared::Cached(s) => Ok(Source::Sqlite(s.query(sqlite_binds(&binds).as_slice())?)),
             Prepared::Once(s) => Ok(Source::Sqlite(s.query(sqlite_binds(&binds).as_slice())?)),
             Prepared::Pg(pg, stmt) => {
-                let rows = pg.run(|c| block_on(c.query(&*stmt, &pg_binds(&binds))))?;
+                let binds = pg_binds(&binds);
+                let rows = pg.run(pg.client.query(&*stmt, &binds))?;
                 Ok(Source::Pg(rows.into_iter(), None))
             }
         }
@@ -547,7 +548,8 @@ impl<'c> Statement<'c> {
             Prepared::Cached(s) => Ok(s.execute(sqlite_binds(&binds).as_slice())?),
             Prepared::Once(s) => Ok(s.execute(sqlite_binds(&binds).as_slice())?),
             Prepared::Pg(pg, stmt) => {
-                let n = pg.run(|c| block_on(c.execute(&*stmt, &pg_binds(&binds))))?;
+                let binds = pg_binds(&binds);
+                let n = pg.run(pg.client.execute(&*stmt, &binds))?;
                 pg.changes.set(pg.changes.get() + n);
                 Ok(n as usize)
             }
@@ -775,15 +777,79 @@ struct Pg {
     failed: RefCell<Option<(String, String)>>,
     /// Its session found lost ([`Connection::mark_closed`]).
     lost: Cell<bool>,
+    /// The `BEGIN` of the open transaction while it is not sent yet: it
+    /// goes with the transaction's first statement, pipelined (both sent,
+    /// then both answers read), so that it costs no round trip of its own
+    /// (see [`Pg::run`]).
+    begin: Cell<Option<&'static str>>,
 }
 
 impl Pg {
-    /// Runs one call on the client, noting a failure inside a transaction.
+    /// Runs one call on the client (waiting for it), noting a failure
+    /// inside a transaction. The first call of a transaction sends its
+    /// `BEGIN` first, in the same write: the client sends requests in the
+    /// order they are first polled, and the server answers in order, so
+    /// the call runs inside the transaction. (A `BEGIN` fails only with
+    /// its session, and then so does the call.)
     fn run<T>(
         &self,
-        f: impl FnOnce(&tokio_postgres::Client) -> std::result::Result<T, tokio_postgres::Error>,
+        call: impl std::future::Future<Output = std::result::Result<T, tokio_postgres::Error>>,
     ) -> Result<T> {
-        let r = f(&self.client);
+        self.run_between(call, false)
+    }
+
+    /// [`Pg::run`], and with `commit` the transaction's `COMMIT` sent right
+    /// after the call, before either is answered: one round trip for both.
+    /// A call that fails aborts the transaction, which the server then
+    /// answers `COMMIT` by rolling back: its failure is the answer.
+    fn run_between<T>(
+        &self,
+        call: impl std::future::Future<Output = std::result::Result<T, tokio_postgres::Error>>,
+        commit: bool,
+    ) -> Result<T> {
+        use std::future::Future;
+        use std::task::Poll;
+        let begin = self.begin.take();
+        let r = if begin.is_none() && !commit {
+            block_on(call)
+        } else {
+            // Polled in order, each until it answers: the client sends
+            // requests in the order they are first polled.
+            let mut before = begin.map(|b| Box::pin(self.client.batch_execute(b)));
+            let mut after = commit.then(|| Box::pin(self.client.batch_execute("COMMIT")));
+            let mut call = std::pin::pin!(call);
+            let (mut b, mut r, mut a) = (
+                before.is_none().then_some(Ok(())),
+                None,
+                after.is_none().then_some(Ok(())),
+            );
+            block_on(std::future::poll_fn(|cx| {
+                if let (None, Some(f)) = (&b, before.as_mut()) {
+                    if let Poll::Ready(v) = f.as_mut().poll(cx) {
+                        b = Some(v);
+                    }
+                }
+                if r.is_none() {
+                    if let Poll::Ready(v) = call.as_mut().poll(cx) {
+                        r = Some(v);
+                    }
+                }
+                if let (None, Some(f)) = (&a, after.as_mut()) {
+                    if let Poll::Ready(v) = f.as_mut().poll(cx) {
+                        a = Some(v);
+                    }
+                }
+                if b.is_some() && r.is_some() && a.is_some() {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            }));
+            match (b, r, a) {
+                (Some(b), Some(r), Some(a)) => b.and(r).and_then(|v| a.map(|()| v)),
+                _ => unreachable!("every request answered"),
+            }
+        };
         r.map_err(|e| {
             if self.in_tx.get() && self.failed.borrow().is_none() {
                 let code = e.code().map_or("", |c| c.code()).to_string();
@@ -797,7 +863,8 @@ impl Pg {
         if let Some(s) = self.statements.borrow().get(sql) {
             return Ok(s.clone());
         }
-        let stmt = self.run(|c| block_on(c.prepare(&pg_text(sql))))?;
+        let text = pg_text(sql);
+        let stmt = self.run(self.client.prepare(&text))?;
         if cache {
             let mut statements = self.statements.borrow_mut();
             if statements.len() >= PG_STATEMENTS {
@@ -923,6 +990,7 @@ impl Connection {
                 in_tx: Cell::new(false),
                 failed: RefCell::new(None),
                 lost: Cell::new(false),
+                begin: Cell::new(None),
             }),
         })
     }
@@ -1009,7 +1077,7 @@ impl Connection {
     pub fn execute_batch(&self, sql: &str) -> Result<()> {
         match &self.conn {
             Conn::Sqlite(c) => Ok(c.execute_batch(sql)?),
-            Conn::Pg(pg) => pg.run(|c| block_on(c.batch_execute(sql))),
+            Conn::Pg(pg) => pg.run(pg.client.batch_execute(sql)),
         }
     }
 
@@ -1037,13 +1105,12 @@ impl Connection {
                 *pg.failed.borrow_mut() = None;
                 // Reads take one snapshot (REPEATABLE READ); they decide
                 // nothing, every rule reads what it decides on inside its
-                // own SERIALIZABLE write transaction.
-                pg.run(|c| {
-                    block_on(c.batch_execute(match how {
-                        Begin::Write => "BEGIN ISOLATION LEVEL SERIALIZABLE",
-                        Begin::Read => "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY",
-                    }))
-                })?;
+                // own SERIALIZABLE write transaction. Sent with the first
+                // statement (see `Pg::run`).
+                pg.begin.set(Some(match how {
+                    Begin::Write => "BEGIN ISOLATION LEVEL SERIALIZABLE",
+                    Begin::Read => "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY",
+                }));
                 pg.in_tx.set(true);
                 Ok(())
             }
@@ -1057,11 +1124,58 @@ impl Connection {
                 if let Some((code, message)) = pg.failed.borrow_mut().take() {
                     return Err(Error::Aborted { code, message });
                 }
-                let r = pg.run(|c| block_on(c.batch_execute("COMMIT")));
+                // A transaction that ran nothing was never begun.
+                if pg.begin.take().is_some() {
+                    pg.in_tx.set(false);
+                    return Ok(());
+                }
+                let r = pg.run(pg.client.batch_execute("COMMIT"));
                 if r.is_ok() {
                     pg.in_tx.set(false);
                 }
                 r
+            }
+        }
+    }
+
+    /// Runs `sql`, reading its rows with `f`, then commits the open
+    /// transaction: on PostgreSQL the statement and the `COMMIT` are sent
+    /// together, one round trip for both (a transaction's last statement,
+    /// whose rows are not needed before it commits). Fails, having kept
+    /// nothing, if the statement fails.
+    pub(crate) fn query_and_commit<T, P: Params, F: FnMut(&Row<'_>) -> Result<T>>(
+        &self,
+        sql: &str,
+        params: P,
+        mut f: F,
+    ) -> Result<Vec<T>> {
+        match &self.conn {
+            Conn::Sqlite(_) => {
+                let rows = self
+                    .prepare_cached(sql)?
+                    .query_map(params, &mut f)?
+                    .collect::<Result<Vec<T>>>()?;
+                self.commit()?;
+                Ok(rows)
+            }
+            Conn::Pg(pg) => {
+                if let Some((code, message)) = pg.failed.borrow_mut().take() {
+                    return Err(Error::Aborted { code, message });
+                }
+                let stmt = pg.prepare(sql, true)?;
+                let values = params.values();
+                let binds: Vec<Bind<'_>> = values.iter().map(|v| Bind(*v)).collect();
+                let binds = pg_binds(&binds);
+                let rows = pg.run_between(pg.client.query(&stmt, &binds), true)?;
+                pg.in_tx.set(false);
+                pg.changes.set(pg.changes.get() + rows.len() as u64);
+                rows.iter()
+                    .map(|r| {
+                        f(&Row {
+                            inner: RowOf::Pg(r),
+                        })
+                    })
+                    .collect()
             }
         }
     }
@@ -1075,7 +1189,8 @@ impl Connection {
                 }
             }
             Conn::Pg(pg) => {
-                if pg.in_tx.replace(false) {
+                // Nothing to roll back of a `BEGIN` not sent.
+                if pg.in_tx.replace(false) && pg.begin.take().is_none() {
                     let _ = block_on(pg.client.batch_execute("ROLLBACK"));
                 }
                 *pg.failed.borrow_mut() = None;
@@ -1133,6 +1248,21 @@ impl<'c> Open<'c> {
     pub(crate) fn commit(mut self) -> Result<()> {
         self.done = true;
         let r = self.conn.commit();
+        if r.is_err() {
+            self.conn.rollback();
+        }
+        r
+    }
+
+    /// [`Connection::query_and_commit`]: the last statement and the commit.
+    pub(crate) fn query_and_commit<T, P: Params, F: FnMut(&Row<'_>) -> Result<T>>(
+        mut self,
+        sql: &str,
+        params: P,
+        f: F,
+    ) -> Result<Vec<T>> {
+        self.done = true;
+        let r = self.conn.query_and_commit(sql, params, f);
         if r.is_err() {
             self.conn.rollback();
         }
