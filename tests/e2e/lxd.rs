@@ -1218,6 +1218,32 @@ fn processes_for(home: &std::path::Path) -> Vec<String> {
 
 /// Machines with their instances, units with their machines, relations:
 /// what a restart of the controller must not lose.
+/// A bootstrapped environment's status and UUID, what sweeps its
+/// containers, and machine 0's container, whose agent has started.
+fn machine_0(j: &Jujube) -> (Value, String, Sweep, String) {
+    let st = j.status();
+    let uuid = st["environment"]["uuid"].as_str().unwrap().to_string();
+    let sweep = Sweep {
+        uuids: vec![uuid.clone()],
+        names: vec![],
+    };
+    let m0 = format!("jujube-{}-0", short(&uuid));
+    assert_eq!(st["machines"]["0"]["agent-status"], "started");
+    (st, uuid, sweep, m0)
+}
+
+/// `wait`, and then `unit`'s agent has started.
+#[track_caller]
+fn waited_until_started(j: &Jujube, unit: &str) {
+    j.run(&["wait", "--timeout", "180s"]).ok();
+    let service = unit.split('/').next().unwrap();
+    let st = j.status();
+    assert_eq!(
+        st["services"][service]["units"][unit]["agent-status"], "started",
+        "{st}"
+    );
+}
+
 fn model_of(st: &Value) -> Value {
     let machines: BTreeMap<String, Value> = st["machines"]
         .as_object()
@@ -1258,15 +1284,8 @@ async fn machine_0s_container_runs_the_controller_and_holds_the_state() {
         "{}",
         r.stdout
     );
-    let st = j.status();
-    let uuid = st["environment"]["uuid"].as_str().unwrap().to_string();
-    let _sweep = Sweep {
-        uuids: vec![uuid.clone()],
-        names: vec![],
-    };
-    let m0 = format!("jujube-{}-0", short(&uuid));
+    let (st, uuid, _sweep, m0) = machine_0(&j);
     assert_eq!(st["machines"]["0"]["instance-id"], json!(m0));
-    assert_eq!(st["machines"]["0"]["agent-status"], "started");
 
     // The host holds no state and runs nothing of the environment: the
     // store is in machine 0's container, and so is the controller.
@@ -1353,12 +1372,7 @@ async fn machine_0s_container_runs_the_controller_and_holds_the_state() {
     .unwrap();
     assert_eq!(model_of(&j.status()), model, "the model after a restart");
     j.run(&["add-unit", "wordpress"]).ok();
-    j.run(&["wait", "--timeout", "180s"]).ok();
-    let st = j.status();
-    assert_eq!(
-        st["services"]["wordpress"]["units"]["wordpress/1"]["agent-status"],
-        "started"
-    );
+    waited_until_started(&j, "wordpress/1");
 
     // destroy-environment: every instance, then machine 0; the daemon no
     // longer trusts machine 0's certificate; the host forgets it all.
@@ -1428,14 +1442,7 @@ async fn machine_0s_controller_keeps_the_state_in_postgresql() {
         &format!("state-password-file={}", password.display()),
     ])
     .ok();
-    let st = j.status();
-    let uuid = st["environment"]["uuid"].as_str().unwrap().to_string();
-    let _sweep = Sweep {
-        uuids: vec![uuid.clone()],
-        names: vec![],
-    };
-    let m0 = format!("jujube-{}-0", short(&uuid));
-    assert_eq!(st["machines"]["0"]["agent-status"], "started");
+    let (_, uuid, _sweep, m0) = machine_0(&j);
     assert!(tables() > 0);
 
     // What machine 0 holds of the state: where it is, never the state.
@@ -1483,12 +1490,7 @@ async fn machine_0s_controller_keeps_the_state_in_postgresql() {
     assert_eq!(left, vec!["machine-0.json".to_string()]);
 
     j.run(&["deploy", &j.charm("mysql")]).ok();
-    j.run(&["wait", "--timeout", "180s"]).ok();
-    let st = j.status();
-    assert_eq!(
-        st["services"]["mysql"]["units"]["mysql/0"]["agent-status"],
-        "started"
-    );
+    waited_until_started(&j, "mysql/0");
 
     let r = j.run(&["destroy-environment", "lxp", "-y"]).ok();
     assert!(

@@ -8,27 +8,29 @@ use serde_json::{json, Value};
 /// The image `scripts/lxd-setup` imports.
 pub const ALIAS: &str = "jujube-test";
 
+/// What creates container `name` from [`ALIAS`] with `config`.
+fn from_alias(name: &str, config: Value) -> Value {
+    json!({
+        "name": name,
+        "type": "container",
+        "source": {"type": "image", "alias": ALIAS},
+        "config": config,
+    })
+}
+
 /// Creates a container from [`ALIAS`] with the given config and starts it:
 /// what any client must do (create, wait, start, wait).
 pub async fn launch_directly(c: &Client, name: &str, config: Value) {
-    let body = json!({
-        "name": name,
-        "type": "container",
-        "source": {"type": "image", "alias": ALIAS},
-        "config": config,
-    });
-    launch_body(c, name, &body).await;
+    launch_body(c, name, &from_alias(name, config)).await;
 }
 
-/// Creates container `name` (stopped), tagged with `config`.
+/// Creates container `name` (stopped) from [`ALIAS`], tagged with `config`.
 pub async fn create_directly(c: &Client, name: &str, config: Value) {
-    let body = json!({
-        "name": name,
-        "type": "container",
-        "source": {"type": "image", "alias": ALIAS},
-        "config": config,
-    });
-    c.run(Method::POST, "/1.0/instances", Some(&body))
+    create_body(c, name, &from_alias(name, config)).await;
+}
+
+async fn create_body(c: &Client, name: &str, body: &Value) {
+    c.run(Method::POST, "/1.0/instances", Some(body))
         .await
         .unwrap()
         .unwrap_or_else(|e| panic!("create {name}: {e:?}"));
@@ -36,10 +38,7 @@ pub async fn create_directly(c: &Client, name: &str, config: Value) {
 
 /// Creates container `name` as `body` describes it, then starts it.
 pub async fn launch_body(c: &Client, name: &str, body: &Value) {
-    c.run(Method::POST, "/1.0/instances", Some(body))
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("create {name}: {e:?}"));
+    create_body(c, name, body).await;
     c.run(
         Method::PUT,
         &format!("/1.0/instances/{name}/state"),
