@@ -152,7 +152,18 @@ fn write_settings(
 /// Adds up to `n` principal units of an Alive, principal service in the
 /// current transaction.
 fn add_units_in(tx: &mut Tx<'_>, service: &str, n: usize, to: Option<i64>) -> Result<Vec<String>> {
-    let svc = get_service(tx, service)?;
+    // The service read and its unit count raised in one statement (one
+    // round trip on PostgreSQL, where an add-unit is a handful): a check
+    // below that refuses rolls the count back with the rest.
+    let svc = tx
+        .prepare_cached(&format!(
+            "UPDATE services SET unit_count = unit_count + ?2 WHERE name = ?1 RETURNING {SERVICE_COLS}"
+        ))?
+        .query_row((service, n as i64), service_row)
+        .optional()?
+        .map(finish_service)
+        .transpose()?
+        .ok_or_else(|| Error::not_found(Entity::Service, service))?;
     require_alive(Entity::Service, &svc.name, svc.life, "get new units")?;
     if svc.subordinate {
         return Err(Error::Subordinate {
@@ -173,8 +184,6 @@ fn add_units_in(tx: &mut Tx<'_>, service: &str, n: usize, to: Option<i64>) -> Re
                 .collect::<Result<_>>()?
         }
     };
-    tx.prepare_cached("UPDATE services SET unit_count = unit_count + ?1 WHERE name = ?2")?
-        .execute((n as i64, &svc.name))?;
     tx.changed(ChangeKind::Service, &svc.name)?;
     Ok(names_)
 }
