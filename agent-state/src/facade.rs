@@ -156,8 +156,6 @@ fn tag_of(caller: &Caller) -> Option<Tag> {
     }
 }
 
-/// A store error as the facade reports it. Not found is "not found or not
-/// yours", like any out-of-scope call.
 /// What an error the store answered a whole write with is to an agent.
 /// A lost lease is no refusal of what the agent asked (an agent takes a
 /// refused hook commit for a failed hook): its controller gave up the
@@ -171,6 +169,8 @@ fn code_of(e: &jujube_state::Error) -> ErrorCode {
     }
 }
 
+/// A store error as the facade reports it. Not found is "not found or not
+/// yours", like any out-of-scope call.
 pub(crate) fn api_error(caller: &Caller, e: jujube_state::Error) -> ApiError {
     use jujube_state::Error as E;
     let code = match &e {

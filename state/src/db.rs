@@ -215,6 +215,14 @@ fn rows_insert(head: &'static str, width: usize, n: usize) -> &'static str {
     })
 }
 
+/// Feed entries as a feed insert's parameters, two a row.
+fn feed_values<'a>(entries: &'a [(&'static str, String)]) -> Vec<&'a dyn crate::sql::ToSql> {
+    entries
+        .iter()
+        .flat_map(|(k, id)| [k as &dyn crate::sql::ToSql, id as &dyn crate::sql::ToSql])
+        .collect()
+}
+
 impl Tx<'_> {
     /// Records a change in the feed; the revision becomes visible to
     /// watchers when the transaction commits. The entries are written
@@ -222,28 +230,6 @@ impl Tx<'_> {
     /// statement where a rule made several (a unit, its machine and its
     /// service's count), which on PostgreSQL is one round trip instead of
     /// three.
-    /// Commits, with the feed entries [`Tx::write_changes`] left (one
-    /// statement's, on PostgreSQL) sent together with the `COMMIT`: the
-    /// last revision, if the transaction wrote any.
-    fn commit(self) -> Result<Option<u64>> {
-        if self.pending.is_empty() {
-            self.tx.commit()?;
-            return Ok(self.last_revision);
-        }
-        let n = self.pending.len();
-        let values: Vec<&dyn crate::sql::ToSql> = self
-            .pending
-            .iter()
-            .flat_map(|(k, id)| [k as &dyn crate::sql::ToSql, id as &dyn crate::sql::ToSql])
-            .collect();
-        let revisions =
-            self.tx
-                .query_and_commit(feed_insert(Engine::Postgres, n), &values[..], |r| {
-                    r.get::<_, i64>(0)
-                })?;
-        Ok(revisions.into_iter().max().map(|r| r as u64))
-    }
-
     pub(crate) fn changed(&mut self, kind: ChangeKind, id: impl AsRef<str>) -> Result<()> {
         self.pending.push((kind.as_str(), id.as_ref().to_string()));
         Ok(())
@@ -269,10 +255,7 @@ impl Tx<'_> {
                 break;
             }
             rest = tail;
-            let values: Vec<&dyn crate::sql::ToSql> = chunk
-                .iter()
-                .flat_map(|(k, id)| [k as &dyn crate::sql::ToSql, id as &dyn crate::sql::ToSql])
-                .collect();
+            let values = feed_values(chunk);
             let revision: i64 = match self.engine() {
                 // The rowid is the largest revision plus one: SQLite's
                 // single writer commits revisions in order.
@@ -296,6 +279,24 @@ impl Tx<'_> {
             self.last_revision = Some(revision as u64);
         }
         Ok(())
+    }
+
+    /// Commits, with the feed entries [`Tx::write_changes`] left (one
+    /// statement's, on PostgreSQL) sent together with the `COMMIT`: the
+    /// last revision, if the transaction wrote any.
+    fn commit(self) -> Result<Option<u64>> {
+        if self.pending.is_empty() {
+            self.tx.commit()?;
+            return Ok(self.last_revision);
+        }
+        let n = self.pending.len();
+        let values = feed_values(&self.pending);
+        let revisions =
+            self.tx
+                .query_and_commit(feed_insert(Engine::Postgres, n), &values[..], |r| {
+                    r.get::<_, i64>(0)
+                })?;
+        Ok(revisions.into_iter().max().map(|r| r as u64))
     }
 
     /// Runs `f` inside a savepoint of this transaction: if `f` fails, what it
