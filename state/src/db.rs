@@ -176,7 +176,10 @@ const ROWS_CHUNK: usize = 64;
 /// Inserts `values.len() / width` rows with `head` (`INSERT INTO t (a, b)`),
 /// `width` values a row, in multi-row statements of up to [`ROWS_CHUNK`]
 /// rows (sized by [`chunk_rows`]): on PostgreSQL every statement is a
-/// round trip to the server, and a batch of units was one per row.
+/// round trip to the server, and a batch of units was one per row. The
+/// statements go with the transaction's next request
+/// ([`Connection::insert_later`]): no rule reads an insert's result, and
+/// its failure (a key taken by a concurrent writer) fails the transaction.
 pub(crate) fn insert_rows(
     c: &Connection,
     head: &'static str,
@@ -189,8 +192,7 @@ pub(crate) fn insert_rows(
         let n = chunk_rows(rest.len() / width, ROWS_CHUNK);
         let (chunk, tail) = rest.split_at(n * width);
         rest = tail;
-        c.prepare_cached(rows_insert(head, width, n))?
-            .execute(chunk)?;
+        c.insert_later(rows_insert(head, width, n), chunk, n as u64)?;
     }
     Ok(())
 }

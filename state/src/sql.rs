@@ -19,7 +19,12 @@
 //! - a transaction PostgreSQL aborted (a statement failed and the rule
 //!   went on) is never committed: PostgreSQL would answer `COMMIT` with a
 //!   silent rollback, so the seam remembers the first failure and refuses
-//!   the commit with it.
+//!   the commit with it;
+//! - round trips: on PostgreSQL every statement is one, where SQLite runs
+//!   it in-process. A transaction's `BEGIN` goes with its first statement,
+//!   its last with its `COMMIT`, and the inserts a rule never reads back
+//!   ([`Connection::insert_later`]) with whatever goes next: requests are
+//!   pipelined, sent together and answered in order.
 //!
 //! # Layout
 //!
@@ -248,7 +253,8 @@ impl<T: ToSql + ?Sized + Send> ToSql for std::sync::Arc<T> {
 }
 
 /// Any stored value, owned: what a test reads when it does not know a
-/// column's type.
+/// column's type, and the parameters of an insert kept to be sent later
+/// ([`Connection::insert_later`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {
     Null,
@@ -335,6 +341,18 @@ macro_rules! sql_params {
     };
 }
 pub use crate::sql_params as params;
+
+impl ToSql for Value {
+    fn to_value(&self) -> Result<ValueRef<'_>> {
+        Ok(match self {
+            Value::Null => ValueRef::Null,
+            Value::Integer(i) => ValueRef::Integer(*i),
+            Value::Real(f) => ValueRef::Real(*f),
+            Value::Text(s) => ValueRef::Text(s),
+            Value::Blob(b) => ValueRef::Blob(b),
+        })
+    }
+}
 
 /// A parameter as an engine binds it.
 struct Bind<'a>(&'a dyn ToSql);
@@ -782,7 +800,26 @@ struct Pg {
     /// then both answers read), so that it costs no round trip of its own
     /// (see [`Pg::run`]).
     begin: Cell<Option<&'static str>>,
+    /// Inserts of the open transaction not sent yet
+    /// ([`Connection::insert_later`]): they go, in order, before the next
+    /// request, in the same write.
+    later: RefCell<Vec<Later>>,
 }
+
+/// An insert kept to be sent with the next request.
+struct Later {
+    statement: tokio_postgres::Statement,
+    values: Vec<Value>,
+}
+
+/// The most inserts kept unsent: past it they are sent together, answered
+/// before the rule goes on (a deploy of many units holds a bounded number
+/// of requests, not one per statement).
+const LATER_MAX: usize = 32;
+
+type PgFuture<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = std::result::Result<(), tokio_postgres::Error>> + 'a>,
+>;
 
 impl Pg {
     /// Runs one call on the client (waiting for it), noting a failure
@@ -800,8 +837,10 @@ impl Pg {
 
     /// [`Pg::run`], and with `commit` the transaction's `COMMIT` sent right
     /// after the call, before either is answered: one round trip for both.
-    /// A call that fails aborts the transaction, which the server then
-    /// answers `COMMIT` by rolling back: its failure is the answer.
+    /// The inserts kept for later go between the `BEGIN` and the call.
+    /// Every request's failure is the first one's: a request that fails
+    /// aborts the transaction, whose later statements then fail for it,
+    /// and the server answers `COMMIT` by rolling back.
     fn run_between<T>(
         &self,
         call: impl std::future::Future<Output = std::result::Result<T, tokio_postgres::Error>>,
@@ -810,23 +849,32 @@ impl Pg {
         use std::future::Future;
         use std::task::Poll;
         let begin = self.begin.take();
-        let r = if begin.is_none() && !commit {
+        let later = std::mem::take(&mut *self.later.borrow_mut());
+        let r = if begin.is_none() && later.is_empty() && !commit {
             block_on(call)
         } else {
+            let binds: Vec<Vec<Bind<'_>>> = later
+                .iter()
+                .map(|l| l.values.iter().map(|v| Bind(v)).collect())
+                .collect();
+            let binds: Vec<_> = binds.iter().map(|b| pg_binds(b)).collect();
             // Polled in order, each until it answers: the client sends
             // requests in the order they are first polled.
-            let mut before = begin.map(|b| Box::pin(self.client.batch_execute(b)));
+            let mut before: Vec<(PgFuture<'_>, Option<_>)> = begin
+                .map(|b| -> PgFuture<'_> { Box::pin(self.client.batch_execute(b)) })
+                .into_iter()
+                .chain(later.iter().zip(&binds).map(|(l, b)| -> PgFuture<'_> {
+                    Box::pin(async move { self.client.execute(&l.statement, b).await.map(drop) })
+                }))
+                .map(|f| (f, None))
+                .collect();
             let mut after = commit.then(|| Box::pin(self.client.batch_execute("COMMIT")));
             let mut call = std::pin::pin!(call);
-            let (mut b, mut r, mut a) = (
-                before.is_none().then_some(Ok(())),
-                None,
-                after.is_none().then_some(Ok(())),
-            );
+            let (mut r, mut a) = (None, after.is_none().then_some(Ok(())));
             block_on(std::future::poll_fn(|cx| {
-                if let (None, Some(f)) = (&b, before.as_mut()) {
+                for (f, done) in before.iter_mut().filter(|(_, done)| done.is_none()) {
                     if let Poll::Ready(v) = f.as_mut().poll(cx) {
-                        b = Some(v);
+                        *done = Some(v);
                     }
                 }
                 if r.is_none() {
@@ -839,14 +887,18 @@ impl Pg {
                         a = Some(v);
                     }
                 }
-                if b.is_some() && r.is_some() && a.is_some() {
+                if before.iter().all(|(_, done)| done.is_some()) && r.is_some() && a.is_some() {
                     Poll::Ready(())
                 } else {
                     Poll::Pending
                 }
             }));
-            match (b, r, a) {
-                (Some(b), Some(r), Some(a)) => b.and(r).and_then(|v| a.map(|()| v)),
+            let first = before
+                .into_iter()
+                .map(|(_, done)| done.expect("every request answered"))
+                .collect::<std::result::Result<Vec<()>, _>>();
+            match (r, a) {
+                (Some(r), Some(a)) => first.and(r).and_then(|v| a.map(|()| v)),
                 _ => unreachable!("every request answered"),
             }
         };
@@ -991,6 +1043,7 @@ impl Connection {
                 failed: RefCell::new(None),
                 lost: Cell::new(false),
                 begin: Cell::new(None),
+                later: RefCell::new(Vec::new()),
             }),
         })
     }
@@ -1046,6 +1099,39 @@ impl Connection {
                 Conn::Pg(pg) => Prepared::Pg(pg, pg.prepare(sql, false)?),
             },
         })
+    }
+
+    /// Runs an `INSERT` of exactly `rows` rows (no `ON CONFLICT`, no
+    /// `RETURNING`) whose result the rule does not read: on PostgreSQL it
+    /// is sent with the transaction's next request, a round trip saved
+    /// (at most [`LATER_MAX`] wait). Its failure fails the transaction as
+    /// any statement's does, but is returned by that next request: only
+    /// for inserts whose failure no rule handles (nothing catches a
+    /// violation of them, and none runs inside a savepoint that may be
+    /// rolled back for it). On SQLite it runs now.
+    pub(crate) fn insert_later(&self, sql: &str, params: &[&dyn ToSql], rows: u64) -> Result<()> {
+        match &self.conn {
+            Conn::Sqlite(_) => {
+                let n = self.prepare_cached(sql)?.execute(params)?;
+                debug_assert_eq!(n as u64, rows, "{sql}");
+                Ok(())
+            }
+            Conn::Pg(pg) => {
+                let statement = pg.prepare(sql, true)?;
+                let values = params
+                    .iter()
+                    .map(|p| p.to_value().and_then(Value::column_result))
+                    .collect::<Result<Vec<_>>>()?;
+                pg.later.borrow_mut().push(Later { statement, values });
+                // An INSERT without ON CONFLICT writes every row or fails
+                // the transaction: its count is known now.
+                pg.changes.set(pg.changes.get() + rows);
+                if pg.later.borrow().len() >= LATER_MAX {
+                    pg.run(std::future::ready(Ok(())))?;
+                }
+                Ok(())
+            }
+        }
     }
 
     /// A statement run once: rows changed.
@@ -1125,7 +1211,7 @@ impl Connection {
                     return Err(Error::Aborted { code, message });
                 }
                 // A transaction that ran nothing was never begun.
-                if pg.begin.take().is_some() {
+                if pg.later.borrow().is_empty() && pg.begin.take().is_some() {
                     pg.in_tx.set(false);
                     return Ok(());
                 }
@@ -1190,6 +1276,7 @@ impl Connection {
             }
             Conn::Pg(pg) => {
                 // Nothing to roll back of a `BEGIN` not sent.
+                pg.later.borrow_mut().clear();
                 if pg.in_tx.replace(false) && pg.begin.take().is_none() {
                     let _ = block_on(pg.client.batch_execute("ROLLBACK"));
                 }

@@ -14,6 +14,7 @@ mod charms;
 mod cleanups;
 mod controllers;
 mod feed;
+mod later;
 mod leases;
 mod limits;
 mod prop;

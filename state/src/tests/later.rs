@@ -1,0 +1,79 @@
+//! Inserts a rule never reads back go with the transaction's next request
+//! on PostgreSQL (`Connection::insert_later`, through `db::insert_rows`):
+//! what the rule reads next sees them, their rows are counted, and one
+//! that fails fails its whole transaction, whichever request carried it.
+//! (On SQLite they run at once: the same checks hold.)
+
+use super::env;
+use crate::sql::params;
+
+fn machines(e: &super::Env) -> i64 {
+    e.st.read(|c| Ok(c.query_row("SELECT count(*) FROM machines", [], |r| r.get(0))?))
+        .unwrap()
+}
+
+fn insert_machine(tx: &crate::sql::Connection, id: i64) -> crate::Result<()> {
+    crate::db::insert_rows(
+        tx,
+        "INSERT INTO machines (id, series, jobs, manage_environ, constraints)",
+        5,
+        params![id, "jammy", "host-units", false, ""],
+    )
+}
+
+#[test]
+fn inserts_sent_later_are_read_and_counted_by_the_rest_of_their_transaction() {
+    let e = env();
+    let before = machines(&e);
+    let (seen, written) =
+        e.st.write(|tx| {
+            let start = tx.rows_written();
+            // More than are ever kept unsent at once.
+            for id in 100..170 {
+                insert_machine(tx, id)?;
+            }
+            let written = tx.rows_written() - start;
+            let seen: i64 = tx.query_row(
+                "SELECT count(*) FROM machines WHERE id >= 100",
+                [],
+                |r| r.get(0),
+            )?;
+            Ok((seen, written))
+        })
+        .unwrap();
+    assert_eq!((seen, written), (70, 70));
+    assert_eq!(machines(&e), before + 70);
+}
+
+#[test]
+fn an_insert_sent_later_that_fails_fails_its_transaction_and_keeps_nothing() {
+    let e = env();
+    let before = machines(&e);
+    let head = e.st.head_revision().unwrap();
+    let mut taken = None;
+    let r = e.st.write(|tx| {
+        insert_machine(tx, 200)?;
+        // A unit of no service: refused by its foreign key, on PostgreSQL
+        // only when the next request carries it (here the feed's, with
+        // the COMMIT).
+        let unit = crate::db::insert_rows(
+            tx,
+            "INSERT INTO units (name, service, number, series, machine_id, constraints)",
+            6,
+            params!["nope/0", "nope", 0i64, "jammy", 200i64, ""],
+        );
+        taken = Some(unit.is_ok());
+        unit?;
+        tx.changed(crate::feed::ChangeKind::Machine, "200")?;
+        Ok(())
+    });
+    let postgres = matches!(e.st.location(), crate::Location::Postgres(_));
+    assert_eq!(taken, Some(postgres), "sent at once");
+    let err = r.unwrap_err();
+    assert!(err.to_string().to_lowercase().contains("foreign key"), "{err}");
+    assert_eq!(machines(&e), before, "the machine inserted with it was kept");
+    assert_eq!(e.st.head_revision().unwrap(), head, "its feed entry was written");
+    // The store goes on: the connection's transaction ended.
+    e.st.write(|tx| insert_machine(tx, 201)).unwrap();
+    assert_eq!(machines(&e), before + 1);
+}
