@@ -29,7 +29,7 @@ use jujube_agent::api::{
     WatchTarget,
 };
 use jujube_state::agents::deployer_of;
-use jujube_state::{AgentOp, Caller, Relation, Store, Unit};
+use jujube_state::{AgentOp, Caller, Relation, Stamp, Store, Unit};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
@@ -44,8 +44,15 @@ pub const WRITE_BATCH: usize = 64;
 /// pass that runs a long hook holds its permit meanwhile.
 pub const PASSES: usize = 512;
 
-/// An op, the handle it is written through (fenced or not) and who waits.
-type WriteRequest = (Store, Caller, AgentOp, oneshot::Sender<ApiResult<()>>);
+/// An op, the handle it is written through (fenced or not), the stamp its
+/// agent sent it with (if it came through the API) and who waits.
+type WriteRequest = (
+    Store,
+    Caller,
+    Option<Stamp>,
+    AgentOp,
+    oneshot::Sender<ApiResult<()>>,
+);
 
 /// What every facade of one store shares.
 pub(crate) struct Shared {
@@ -119,13 +126,13 @@ impl Shared {
 
 /// Commits `group`, written through one handle, and answers each op.
 fn commit(mut group: Vec<WriteRequest>) {
-    let ops: Vec<(Caller, AgentOp)> = group
+    let ops: Vec<(Caller, Option<Stamp>, AgentOp)> = group
         .iter()
-        .map(|(_, c, o, _)| (c.clone(), o.clone()))
+        .map(|(_, c, s, o, _)| (c.clone(), *s, o.clone()))
         .collect();
-    match group[0].0.apply_batch(&ops) {
+    match group[0].0.apply_stamped(&ops) {
         Ok(results) => {
-            for ((_, caller, _, reply), r) in group.drain(..).zip(results) {
+            for ((_, caller, _, _, reply), r) in group.drain(..).zip(results) {
                 let _ = reply.send(r.map_err(|e| api_error(&caller, e)));
             }
         }
@@ -163,6 +170,7 @@ fn tag_of(caller: &Caller) -> Option<Tag> {
 fn code_of(e: &jujube_state::Error) -> ErrorCode {
     match e {
         jujube_state::Error::LeaseLost { .. } => ErrorCode::Unavailable,
+        jujube_state::Error::Superseded { .. } => ErrorCode::Superseded,
         e if e.is_unavailable() => ErrorCode::Unavailable,
         e if e.is_refusal() => ErrorCode::Refused,
         _ => ErrorCode::Internal,
@@ -212,6 +220,9 @@ fn charm_files(root: &std::path::Path) -> ApiResult<Vec<CharmFile>> {
 pub struct InProcess {
     tag: Tag,
     shared: Arc<Shared>,
+    /// The stamp the agent sent this facade's call with (a facade made for
+    /// one call of the API server); `None` for agents in this process.
+    stamp: Option<Stamp>,
 }
 
 /// Makes in-process facades for the agents deployers start.
@@ -236,7 +247,20 @@ fn unit_ref(u: &Unit) -> UnitRef {
 
 impl InProcess {
     pub(crate) fn new(shared: Arc<Shared>, tag: Tag) -> InProcess {
-        InProcess { tag, shared }
+        InProcess {
+            tag,
+            shared,
+            stamp: None,
+        }
+    }
+
+    /// The facade for one call an agent sent with `stamp`.
+    pub(crate) fn stamped(shared: Arc<Shared>, tag: Tag, stamp: Stamp) -> InProcess {
+        InProcess {
+            tag,
+            shared,
+            stamp: Some(stamp),
+        }
     }
 
     fn store(&self) -> &Store {
@@ -298,7 +322,13 @@ impl InProcess {
         let unavailable = || ApiError::new(ErrorCode::Unavailable, "the agent writer has stopped");
         self.shared
             .writes
-            .send((self.shared.store.clone(), caller_of(&self.tag), op, tx))
+            .send((
+                self.shared.store.clone(),
+                caller_of(&self.tag),
+                self.stamp,
+                op,
+                tx,
+            ))
             .await
             .map_err(|_| unavailable())?;
         rx.await.map_err(|_| unavailable())?

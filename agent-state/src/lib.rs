@@ -62,6 +62,16 @@ impl Facades {
         Arc::new(facade::InProcess::new(self.shared.clone(), tag))
     }
 
+    /// The facade scoped to `tag` for one call it sent with `stamp` (see
+    /// `jujube_wire::calls::STAMP_HEADER`).
+    pub fn for_agent_stamped(
+        &self,
+        tag: jujube_agent::api::Tag,
+        stamp: jujube_state::Stamp,
+    ) -> Arc<dyn jujube_agent::api::Facade> {
+        Arc::new(facade::InProcess::stamped(self.shared.clone(), tag, stamp))
+    }
+
     pub fn connector(&self) -> Arc<dyn jujube_agent::api::Connector> {
         Arc::new(facade::InProcessConnector(self.shared.clone()))
     }

@@ -99,6 +99,10 @@ struct Inner {
     /// that answered it cannot reach its state database, else where the
     /// last one was made.
     start: std::sync::atomic::AtomicUsize,
+    /// The incarnation this agent took and its last write's number (see
+    /// [`STAMP_HEADER`](crate::wire::STAMP_HEADER)); held through
+    /// each write, so that an agent's writes go one at a time, in order.
+    stamp: Mutex<Option<(i64, i64)>>,
 }
 
 /// A unit agent's credential, obtained on its first call: read from its
@@ -172,6 +176,7 @@ impl Remote {
                 conn: Mutex::new(None),
                 refused: std::sync::atomic::AtomicBool::new(false),
                 start: Default::default(),
+                stamp: Mutex::new(None),
             }),
         })
     }
@@ -234,6 +239,7 @@ impl Remote {
                 }),
                 refused: std::sync::atomic::AtomicBool::new(false),
                 start: Default::default(),
+                stamp: Mutex::new(None),
                 conn: Mutex::new(None),
             }),
         }
@@ -251,9 +257,41 @@ impl Remote {
         Ok(secret)
     }
 
+    /// Makes `call`. A write is stamped with this agent's incarnation
+    /// (taken on its first write) and its next number, kept when it goes
+    /// again after a lost answer: a write held up in a controller that
+    /// lost its database, while this agent went on through another, is
+    /// refused when it arrives instead of undoing what came after it.
     async fn call<T: DeserializeOwned>(&self, call: Call) -> ApiResult<T> {
-        let body = serde_json::to_vec(&call).expect("plain data");
-        let resp = self.inner.send(CALL_PATH, body, true).await?;
+        if call.is_read() || call == Call::StartAgent {
+            return self.exchange(&call, None).await;
+        }
+        let mut stamp = self.inner.stamp.lock().await;
+        let (incarnation, seq) = match *stamp {
+            Some((incarnation, seq)) => (incarnation, seq + 1),
+            None => (self.exchange::<i64>(&Call::StartAgent, None).await?, 1),
+        };
+        *stamp = Some((incarnation, seq));
+        let r = self.exchange(&call, Some((incarnation, seq))).await;
+        if matches!(&r, Err(e) if e.code == ErrorCode::Superseded) {
+            // Another start of this agent took a later incarnation: the
+            // next write takes a new one (this one failed; its caller's
+            // retry sends it again).
+            *stamp = None;
+        }
+        r
+    }
+
+    async fn exchange<T: DeserializeOwned>(
+        &self,
+        call: &Call,
+        stamp: Option<(i64, i64)>,
+    ) -> ApiResult<T> {
+        let body = serde_json::to_vec(call).expect("plain data");
+        let resp = self
+            .inner
+            .send_stamped(CALL_PATH, body, true, stamp)
+            .await?;
         let bytes = read_limited(resp.into_body()).await?;
         match serde_json::from_slice::<Reply>(&bytes) {
             Ok(Reply::Ok(v)) => serde_json::from_value(v).map_err(|e| {
@@ -487,12 +525,21 @@ impl Inner {
         Ok(b)
     }
 
-    fn request(&self, path: &str, body: Vec<u8>, bearer: &str) -> hyper::Request<Full<Bytes>> {
-        hyper::Request::post(format!("https://{SERVER_NAME}{path}"))
+    fn request(
+        &self,
+        path: &str,
+        body: Vec<u8>,
+        bearer: &str,
+        stamp: Option<(i64, i64)>,
+    ) -> hyper::Request<Full<Bytes>> {
+        let mut req = hyper::Request::post(format!("https://{SERVER_NAME}{path}"))
             .header(self.who.0, &self.who.1)
             .header(hyper::header::AUTHORIZATION, bearer)
-            .header(hyper::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(body)))
+            .header(hyper::header::CONTENT_TYPE, "application/json");
+        if let Some((incarnation, seq)) = stamp {
+            req = req.header(crate::wire::STAMP_HEADER, format!("{incarnation}.{seq}"));
+        }
+        req.body(Full::new(Bytes::from(body)))
             .expect("a valid request")
     }
 
@@ -507,6 +554,17 @@ impl Inner {
         path: &str,
         body: Vec<u8>,
         resend: bool,
+    ) -> ApiResult<hyper::Response<Incoming>> {
+        self.send_stamped(path, body, resend, None).await
+    }
+
+    /// [`Inner::send`], with an agent's write stamp (sent again with it).
+    async fn send_stamped(
+        &self,
+        path: &str,
+        body: Vec<u8>,
+        resend: bool,
+        stamp: Option<(i64, i64)>,
     ) -> ApiResult<hyper::Response<Incoming>> {
         let bearer = self.bearer().await?;
         for attempt in 0..2 {
@@ -526,7 +584,7 @@ impl Inner {
             let sent = match sender.ready().await {
                 Err(e) => Err((e, false)),
                 Ok(()) => sender
-                    .send_request(self.request(path, body.clone(), &bearer))
+                    .send_request(self.request(path, body.clone(), &bearer, stamp))
                     .await
                     .map_err(|e| {
                         let carried = !e.is_canceled();
@@ -978,6 +1036,7 @@ impl UserClient {
                 conn: Mutex::new(None),
                 refused: std::sync::atomic::AtomicBool::new(false),
                 start: Default::default(),
+                stamp: Mutex::new(None),
             },
         })
     }

@@ -755,7 +755,7 @@ fn status_of(e: &ApiError) -> StatusCode {
     match e.code {
         ErrorCode::Unauthorized => StatusCode::FORBIDDEN,
         ErrorCode::Unauthenticated => StatusCode::UNAUTHORIZED,
-        ErrorCode::Refused => StatusCode::CONFLICT,
+        ErrorCode::Refused | ErrorCode::Superseded => StatusCode::CONFLICT,
         ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         // Unanswered is the client's own finding; never the server's.
         ErrorCode::Internal | ErrorCode::Unanswered => StatusCode::INTERNAL_SERVER_ERROR,
@@ -982,11 +982,29 @@ async fn handle(
         Err(resp) => return resp,
     };
     let watch = req.uri().path() == WATCH_PATH;
+    let stamp = match req.headers().get(wire::STAMP_HEADER) {
+        None => None,
+        Some(v) => match wire::parse_stamp(v.as_bytes()) {
+            Some((incarnation, seq)) => Some(jujube_state::Stamp { incarnation, seq }),
+            None => {
+                return refuse(ApiError::new(
+                    ErrorCode::Refused,
+                    format!(
+                        "malformed `{}` header: send `INCARNATION.SEQ`, two non-negative integers",
+                        wire::STAMP_HEADER
+                    ),
+                ))
+            }
+        },
+    };
     let body = match read_body(&shared, req.into_body()).await {
         Ok(b) => b,
         Err(resp) => return resp,
     };
-    let facade = shared.facades.for_agent(tag.clone());
+    let facade = match stamp {
+        Some(stamp) => shared.facades.for_agent_stamped(tag.clone(), stamp),
+        None => shared.facades.for_agent(tag.clone()),
+    };
     if watch {
         let Ok(w) = serde_json::from_slice::<WatchRequest>(&body) else {
             return refuse(ApiError::new(ErrorCode::Refused, "malformed watch request"));
@@ -1017,6 +1035,7 @@ async fn handle(
         Call::SetUnitCredential { unit, secret } => {
             set_unit_credential(&shared, &tag, unit, secret).await
         }
+        Call::StartAgent => start_agent(&shared, &tag).await,
         // Reads answer from the store's reader connections on a blocking
         // thread: a read (and its wait for a reader) never holds up the
         // runtime's workers, which serve every other connection; writes
@@ -1357,6 +1376,27 @@ async fn set_unit_credential(
         Err(e) => return Err(ApiError::new(ErrorCode::Unavailable, e.to_string())),
     }
     Ok(serde_json::Value::Null)
+}
+
+/// An agent, as it starts, takes a new incarnation for its writes'
+/// stamps (see `wire::STAMP_HEADER`): its own, no other's.
+async fn start_agent(shared: &Shared, caller: &Tag) -> Result<serde_json::Value, ApiError> {
+    let by = match caller {
+        Tag::Machine(m) => jujube_state::Caller::Machine(*m),
+        Tag::Unit(u) => jujube_state::Caller::Unit(u.clone()),
+    };
+    let store = shared.store.clone();
+    let taken = tokio::task::spawn_blocking(move || store.start_agent(&by))
+        .await
+        .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+    match taken {
+        Ok(incarnation) => Ok(serde_json::Value::from(incarnation)),
+        Err(jujube_state::Error::NotFound { .. }) => {
+            Err(ApiError::unauthorized(caller, "take a write incarnation"))
+        }
+        Err(e) if e.is_unavailable() => Err(ApiError::new(ErrorCode::Unavailable, e.to_string())),
+        Err(e) => Err(ApiError::new(ErrorCode::Internal, e.to_string())),
+    }
 }
 
 async fn open_watch(

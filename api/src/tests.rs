@@ -2152,3 +2152,87 @@ async fn a_write_whose_answer_was_lost_is_not_sent_again_and_a_read_is() {
         "a status is asked again on a new connection"
     );
 }
+
+/// An agent's writes carry a stamp (its incarnation, the write's number):
+/// a write that reaches the store after a later one of the same agent
+/// (held up in a controller cut off from its database while the agent
+/// went on through another) is refused and changes nothing; a write sent
+/// again after a lost answer is applied once; an agent started again
+/// refuses the previous process's writes, and that process, refused,
+/// takes a new incarnation for its next write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_write_arriving_after_its_later_one_is_refused_and_changes_nothing() {
+    use jujube_agent::wire::{Call, STAMP_HEADER};
+    let w = World::new().await;
+    let m1 = w.machine_of("wordpress/0");
+    let conf = w.machine_conf(m1);
+    let status = |w: &World| w.store.machine(m1).unwrap().agent_status;
+    let agent = w.remote(&conf);
+    // Its first write takes incarnation 1 and is number 1 in it.
+    agent
+        .set_machine_status(m1, AgentStatus::Started, "")
+        .await
+        .unwrap();
+    assert_eq!(status(&w), "started");
+    let mut sender = h2(&w, &conf, 65_535).await;
+    let mut send = |stamp: &str, to: AgentStatus| {
+        let mut req = call_request(
+            &conf,
+            &Call::SetMachineStatus {
+                id: m1,
+                status: to,
+                info: String::new(),
+            },
+        );
+        req.headers_mut()
+            .insert(STAMP_HEADER, stamp.parse().unwrap());
+        sender.send_request(req)
+    };
+    // Write 1 again (its answer lost): done, and not applied twice.
+    let before = w.store.head_revision().unwrap();
+    let again = send("1.1", AgentStatus::Error).await.unwrap();
+    assert_eq!(again.status(), hyper::StatusCode::OK);
+    assert_eq!(status(&w), "started");
+    assert_eq!(w.store.head_revision().unwrap(), before, "a resend wrote");
+    // A write numbered before it arrives late: refused, nothing written.
+    let late = send("1.0", AgentStatus::Error).await.unwrap();
+    assert_eq!(late.status(), hyper::StatusCode::CONFLICT);
+    let body = http_body_util::BodyExt::collect(late.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let reply: jujube_agent::wire::Reply = serde_json::from_slice(&body).unwrap();
+    assert!(
+        matches!(&reply, jujube_agent::wire::Reply::Error(e) if e.code == ErrorCode::Superseded),
+        "{reply:?}"
+    );
+    assert_eq!(status(&w), "started");
+    assert_eq!(
+        w.store.head_revision().unwrap(),
+        before,
+        "a late write wrote"
+    );
+    // A malformed stamp is refused before anything is done.
+    let bad = send("1.x", AgentStatus::Error).await.unwrap();
+    assert_eq!(bad.status(), hyper::StatusCode::CONFLICT);
+    assert_eq!(status(&w), "started");
+    // The agent started again (a new process): the old one's next write
+    // is refused, and its write after that goes through on a new
+    // incarnation.
+    let restarted = w.remote(&conf);
+    restarted
+        .set_machine_status(m1, AgentStatus::Error, "restarted")
+        .await
+        .unwrap();
+    let err = agent
+        .set_machine_status(m1, AgentStatus::Started, "old")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::Superseded, "{err}");
+    assert_eq!(status(&w), "error");
+    agent
+        .set_machine_status(m1, AgentStatus::Started, "old, again")
+        .await
+        .unwrap();
+    assert_eq!(status(&w), "started");
+}

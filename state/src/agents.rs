@@ -33,13 +33,79 @@ use crate::model::{
     unit_row, Machine, Relation, Service, Unit, UNIT_COLS,
 };
 use crate::relations::relations_of;
-use crate::sql::Connection;
+use crate::sql::{Connection, OptionalExtension};
 use crate::units::destroy_unit_in;
 use crate::{Error, Result};
 use jujube_core::charm::Scope;
 use jujube_core::Life;
 use std::collections::BTreeMap;
 use std::fmt;
+
+/// What an agent's write carries so that it is applied at most once and
+/// never after a later one of the same agent.
+///
+/// Agents that reach the store through a controller's API may have a write
+/// held up there (the controller cut off from the database, its writer
+/// retrying) while they give up on that controller and report again
+/// through another. Without a stamp the held write could commit last and
+/// undo what the agent reported since. Each agent takes an incarnation as
+/// it starts ([`Store::start_agent`]) and numbers its writes from 1 within
+/// it, sending a write again (after a lost answer) under the same number.
+/// Its row (`units` or `machines`) keeps the incarnation and the number of
+/// its last write applied, changed in the write's own transaction, so
+/// that:
+/// - the next number is applied, and recorded;
+/// - the last number applied is a resend: answered as done, applied once;
+/// - anything else (an earlier number, an earlier incarnation) is
+///   [`Error::Superseded`], changing nothing.
+///
+/// The agents a controller runs in its own process under the singletons
+/// lease send no stamp: the lease fences them (see `crate::leases`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    pub incarnation: i64,
+    pub seq: i64,
+}
+
+/// The row that keeps `agent`'s stamp: its table, key column and key.
+fn stamp_row(agent: &Caller) -> Option<(&'static str, &'static str, &dyn crate::sql::ToSql)> {
+    match agent {
+        Caller::Unit(u) => Some(("units", "name", u)),
+        Caller::Machine(m) => Some(("machines", "id", m)),
+        Caller::Controller => None,
+    }
+}
+
+/// Checks and records `stamp` for `agent`'s op in the op's transaction
+/// (see [`Stamp`]): whether to apply the op (false: applied already).
+/// An agent whose row is gone has its op checked by the op's own rule.
+fn stamp_in(tx: &mut Tx<'_>, agent: &Caller, stamp: &Stamp) -> Result<bool> {
+    let Some((table, key, id)) = stamp_row(agent) else {
+        return Ok(true);
+    };
+    let next = tx
+        .prepare_cached(&format!(
+            "UPDATE {table} SET agent_seq = ?3
+             WHERE {key} = ?1 AND agent_incarnation = ?2 AND agent_seq < ?3"
+        ))?
+        .execute(crate::sql::params![*id, stamp.incarnation, stamp.seq])?;
+    if next == 1 {
+        return Ok(true);
+    }
+    let kept: Option<(i64, i64)> = tx
+        .prepare_cached(&format!(
+            "SELECT agent_incarnation, agent_seq FROM {table} WHERE {key} = ?1"
+        ))?
+        .query_row(crate::sql::params![*id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    match kept {
+        None => Ok(true),
+        Some(kept) if kept == (stamp.incarnation, stamp.seq) => Ok(false),
+        Some(_) => Err(Error::Superseded {
+            agent: agent.to_string(),
+        }),
+    }
+}
 
 /// Who makes an agent-side write.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -692,6 +758,53 @@ impl Store {
                 .iter()
                 .map(|(by, op)| tx.savepoint(|tx| apply_in(tx, by, op)))
                 .collect())
+        })
+    }
+
+    /// [`Store::apply_batch`], each op with the stamp its agent sent it
+    /// with, if any: a stamped op is applied only if it is its agent's
+    /// next ([`Stamp`]), answered `Ok` without being applied again if it
+    /// is the one applied last (a resend), and refused
+    /// ([`Error::Superseded`]) otherwise.
+    pub fn apply_stamped(
+        &self,
+        ops: &[(Caller, Option<Stamp>, AgentOp)],
+    ) -> Result<Vec<Result<()>>> {
+        self.write(|tx| {
+            Ok(ops
+                .iter()
+                .map(|(by, stamp, op)| {
+                    tx.savepoint(|tx| match stamp {
+                        Some(stamp) if !stamp_in(tx, by, stamp)? => Ok(()),
+                        _ => apply_in(tx, by, op),
+                    })
+                })
+                .collect())
+        })
+    }
+
+    /// A new incarnation for `agent`'s writes, which it takes as it starts
+    /// (its sequence starts again at 0): every write stamped with an earlier
+    /// one is refused from now on.
+    pub fn start_agent(&self, agent: &Caller) -> Result<i64> {
+        let Some((table, key, id)) = stamp_row(agent) else {
+            return Err(Error::Unauthorized {
+                caller: agent.to_string(),
+                action: "take a write incarnation".into(),
+            });
+        };
+        self.write(|tx| {
+            tx.prepare_cached(&format!(
+                "UPDATE {table} SET agent_incarnation = agent_incarnation + 1, agent_seq = 0
+                 WHERE {key} = ?1 RETURNING agent_incarnation"
+            ))?
+            .query_row(crate::sql::params![*id], |r| r.get(0))
+            .optional()?
+            .ok_or_else(|| match agent {
+                Caller::Machine(m) => Error::not_found(crate::Entity::Machine, m),
+                Caller::Unit(u) => Error::not_found(crate::Entity::Unit, u),
+                Caller::Controller => unreachable!("no stamp row"),
+            })
         })
     }
 

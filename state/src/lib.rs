@@ -49,7 +49,7 @@ pub mod users;
 #[cfg(test)]
 mod tests;
 
-pub use agents::{AgentOp, Caller};
+pub use agents::{AgentOp, Caller, Stamp};
 pub use db::{pages_written, Durability, Location, Store, StoreStats};
 pub use feed::{Change, ChangeKind, Changes, Watcher};
 pub use model::*;
@@ -179,6 +179,11 @@ pub enum Error {
     BadController(String),
     #[error("this controller no longer holds lease `{lease}` (its token {token} was replaced): another controller runs its jobs now; nothing was written")]
     LeaseLost { lease: String, token: i64 },
+    /// An agent's write sent before one of its later writes (or its
+    /// restart) was applied: it is refused, changing nothing, however late
+    /// it reaches the store (see [`agents::Stamp`]).
+    #[error("a later write of {agent} was applied before this one, sent earlier (or the agent started again since): it is refused, changing nothing")]
+    Superseded { agent: String },
     #[error("state database error: {0}")]
     Database(#[from] crate::sql::Error),
     /// The session to PostgreSQL was lost while its COMMIT was in flight:

@@ -468,6 +468,16 @@ CREATE TABLE controllers (
     // 26 (several controllers): commits notified to other controllers;
     // PostgreSQL only (on SQLite other processes' commits are polled).
     "SELECT 1;",
+    // 27 (several controllers): each agent's write stamp, the incarnation
+    // it took at its start and the sequence number of its last write
+    // applied (see `crate::agents::Stamp`); in the agent's own row, which
+    // most of its writes change anyway.
+    r#"
+ALTER TABLE units ADD COLUMN agent_incarnation INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE units ADD COLUMN agent_seq INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE machines ADD COLUMN agent_incarnation INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE machines ADD COLUMN agent_seq INTEGER NOT NULL DEFAULT 0;
+"#,
 ];
 
 /// The PostgreSQL schema. PostgreSQL does not replay SQLite's history
@@ -714,6 +724,13 @@ BEGIN
 END $$;
 CREATE TRIGGER changes_notify AFTER INSERT ON changes
     FOR EACH STATEMENT EXECUTE FUNCTION changes_notify();
+"#,
+    // 27
+    r#"
+ALTER TABLE units ADD COLUMN agent_incarnation BIGINT NOT NULL DEFAULT 0,
+    ADD COLUMN agent_seq BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE machines ADD COLUMN agent_incarnation BIGINT NOT NULL DEFAULT 0,
+    ADD COLUMN agent_seq BIGINT NOT NULL DEFAULT 0;
 "#,
 ];
 

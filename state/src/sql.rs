@@ -775,7 +775,7 @@ pub enum Engine {
 
 enum Conn {
     Sqlite(rusqlite::Connection),
-    Pg(Pg),
+    Pg(Box<Pg>),
 }
 
 /// The most statements a PostgreSQL connection keeps prepared (as
@@ -1035,7 +1035,7 @@ impl Connection {
             .recv()
             .map_err(|_| Error::Conversion("the client's thread ended".into()))??;
         Ok(Connection {
-            conn: Conn::Pg(Pg {
+            conn: Conn::Pg(Box::new(Pg {
                 client,
                 statements: RefCell::new(HashMap::new()),
                 changes: Cell::new(0),
@@ -1044,7 +1044,7 @@ impl Connection {
                 lost: Cell::new(false),
                 begin: Cell::new(None),
                 later: RefCell::new(Vec::new()),
-            }),
+            })),
         })
     }
 

@@ -25,6 +25,8 @@ pub async fn launch_directly(c: &Client, name: &str, config: Value) {
 }
 
 /// Creates container `name` (stopped) from [`ALIAS`], tagged with `config`.
+// Used by the e2e tests, not by the LXD bench that includes this file too.
+#[allow(dead_code)]
 pub async fn create_directly(c: &Client, name: &str, config: Value) {
     create_body(c, name, &from_alias(name, config)).await;
 }

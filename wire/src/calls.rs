@@ -13,7 +13,7 @@
 //!   [`Notice`](crate::facade::Notice)s, one JSON object per line, for as long as the client reads,
 //!   with [`REVISION_HEADER`] saying where the subscription starts;
 //! - every request carries [`TAG_HEADER`] (who) and `authorization: Bearer
-//!   SECRET` (proof).
+//!   SECRET` (proof); an agent's writes carry [`STAMP_HEADER`] too.
 
 use crate::facade::{
     AgentStatus, ApiError, ApiResult, Bag, ErrorCode, Facade, RunResult, Tag, WatchTarget,
@@ -46,6 +46,27 @@ pub struct EnrollRequest {
 /// `GET` — the agent binary, for instances installing their agent.
 pub const TOOLS_PATH: &str = "/v1/tools/jujube";
 pub const TAG_HEADER: &str = "x-jujube-tag";
+/// On an agent's write: `INCARNATION.SEQ`, the incarnation the agent took
+/// with [`Call::StartAgent`] as it started and the write's number within
+/// it (from 1, the same when the write is sent again). The store applies a
+/// write only if no later one of the agent's was (a write held up in a
+/// controller cut off from the database, while the agent went on through
+/// another, is refused with [`ErrorCode::Superseded`] when it arrives),
+/// and a write sent again once. Without it (agents in a controller's own
+/// process) writes are applied as they come.
+pub const STAMP_HEADER: &str = "x-jujube-stamp";
+
+/// [`STAMP_HEADER`]'s value: two non-negative integers (at most 41 bytes).
+pub fn parse_stamp(value: &[u8]) -> Option<(i64, i64)> {
+    let text = std::str::from_utf8(value).ok()?;
+    let (incarnation, seq) = text.split_once('.')?;
+    let number = |s: &str| {
+        (!s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| s.parse::<i64>().ok())
+            .flatten()
+    };
+    Some((number(incarnation)?, number(seq)?))
+}
 /// On a watch's answer: the head revision when the subscription was made.
 /// A client resumes from it (or from a later notice's revision).
 pub const REVISION_HEADER: &str = "x-jujube-revision";
@@ -170,6 +191,10 @@ pub enum Call {
         bag: Bag,
         changes: Vec<(String, Option<String>)>,
     },
+    /// Not a facade method: the agent, as it starts, takes a new
+    /// incarnation for its writes' stamps (see [`STAMP_HEADER`]); answers
+    /// it (`i64`).
+    StartAgent,
     /// Not a facade method: a deployer (the machine agent for its
     /// principals, a unit agent for its subordinates) sets the credential
     /// the unit's agent will log in with. The server stores only its hash.
@@ -237,6 +262,7 @@ impl Call {
             Call::ShipLog { .. } => "ship-log",
             Call::UpdateBag { .. } => "update-bag",
             Call::SetUnitCredential { .. } => "set-unit-credential",
+            Call::StartAgent => "start-agent",
         }
     }
 }
@@ -267,8 +293,8 @@ fn encode<T: Serialize>(v: T) -> ApiResult<serde_json::Value> {
 /// Runs `call` on `facade`, answering plain JSON. Authorisation is the
 /// facade's: it is scoped to the caller, so an out-of-scope call is refused
 /// there, the same way in process and over the wire.
-/// [`Call::SetUnitCredential`] is the server's own business and is refused
-/// here.
+/// [`Call::SetUnitCredential`] and [`Call::StartAgent`] are the server's
+/// own business and are refused here.
 pub async fn dispatch(facade: &dyn Facade, call: Call) -> ApiResult<serde_json::Value> {
     match call {
         Call::Machine { id } => encode(facade.machine(id).await?),
@@ -334,9 +360,12 @@ pub async fn dispatch(facade: &dyn Facade, call: Call) -> ApiResult<serde_json::
         Call::UpdateBag { unit, bag, changes } => {
             encode(facade.update_bag(&unit, bag, changes).await?)
         }
-        Call::SetUnitCredential { .. } => Err(ApiError::new(
+        Call::SetUnitCredential { .. } | Call::StartAgent => Err(ApiError::new(
             ErrorCode::Internal,
-            "set-unit-credential is answered by the API server, not a facade",
+            format!(
+                "{} is answered by the API server, not a facade",
+                call.method()
+            ),
         )),
     }
 }
@@ -548,5 +577,27 @@ mod tests {
             env_uuid: String::new(),
         };
         assert!(!format!("{conf:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn a_stamp_is_two_non_negative_integers_and_nothing_else() {
+        assert_eq!(parse_stamp(b"1.7"), Some((1, 7)));
+        assert_eq!(parse_stamp(b"9223372036854775807.0"), Some((i64::MAX, 0)));
+        for bad in [
+            &b""[..],
+            b"1",
+            b"1.",
+            b".1",
+            b"1.2.3",
+            b"-1.2",
+            b"1.+2",
+            b" 1.2",
+            b"1.x",
+            b"9223372036854775808.1",
+            b"000000000000000000001.1",
+            b"\xff.1",
+        ] {
+            assert_eq!(parse_stamp(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
     }
 }

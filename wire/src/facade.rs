@@ -347,6 +347,10 @@ pub enum ErrorCode {
     /// `ClientCall::resendable`): an add-unit done and sent again would add
     /// twice.
     Unanswered,
+    /// A write sent before a later one of the same agent was applied (or
+    /// the agent took a new incarnation since): refused, changing nothing
+    /// (see [`STAMP_HEADER`](crate::calls::STAMP_HEADER)).
+    Superseded,
     Internal,
 }
 

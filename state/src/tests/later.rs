@@ -33,11 +33,10 @@ fn inserts_sent_later_are_read_and_counted_by_the_rest_of_their_transaction() {
                 insert_machine(tx, id)?;
             }
             let written = tx.rows_written() - start;
-            let seen: i64 = tx.query_row(
-                "SELECT count(*) FROM machines WHERE id >= 100",
-                [],
-                |r| r.get(0),
-            )?;
+            let seen: i64 =
+                tx.query_row("SELECT count(*) FROM machines WHERE id >= 100", [], |r| {
+                    r.get(0)
+                })?;
             Ok((seen, written))
         })
         .unwrap();
@@ -70,9 +69,20 @@ fn an_insert_sent_later_that_fails_fails_its_transaction_and_keeps_nothing() {
     let postgres = matches!(e.st.location(), crate::Location::Postgres(_));
     assert_eq!(taken, Some(postgres), "sent at once");
     let err = r.unwrap_err();
-    assert!(err.to_string().to_lowercase().contains("foreign key"), "{err}");
-    assert_eq!(machines(&e), before, "the machine inserted with it was kept");
-    assert_eq!(e.st.head_revision().unwrap(), head, "its feed entry was written");
+    assert!(
+        err.to_string().to_lowercase().contains("foreign key"),
+        "{err}"
+    );
+    assert_eq!(
+        machines(&e),
+        before,
+        "the machine inserted with it was kept"
+    );
+    assert_eq!(
+        e.st.head_revision().unwrap(),
+        head,
+        "its feed entry was written"
+    );
     // The store goes on: the connection's transaction ended.
     e.st.write(|tx| insert_machine(tx, 201)).unwrap();
     assert_eq!(machines(&e), before + 1);

@@ -20,6 +20,7 @@ mod limits;
 mod prop;
 mod reconnect;
 mod rules;
+mod stamps;
 mod tls;
 mod users;
 
