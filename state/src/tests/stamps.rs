@@ -20,16 +20,19 @@ fn stamped(st: &crate::Store, by: &Caller, stamp: Stamp, op: AgentOp) -> crate::
         .remove(0)
 }
 
+/// A unit whose agent took its first incarnation: its name, the agent,
+/// and the stamp of its write numbered `seq`.
+fn started_unit(e: &super::Env) -> (String, Caller, impl Fn(i64) -> Stamp) {
+    let unit = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
+    let by = Caller::Unit(unit.clone());
+    let incarnation = e.st.start_agent(&by).unwrap();
+    (unit, by, move |seq| Stamp { incarnation, seq })
+}
+
 #[test]
 fn an_agents_write_sent_before_its_later_one_is_refused_however_late_it_arrives() {
     let e = env();
-    let unit = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
-    let by = Caller::Unit(unit.clone());
-    let inc = e.st.start_agent(&by).unwrap();
-    let at = |seq| Stamp {
-        incarnation: inc,
-        seq,
-    };
+    let (unit, by, at) = started_unit(&e);
     stamped(&e.st, &by, at(2), status(&unit, "started")).unwrap();
     // Write 1 was held up; it arrives after write 2.
     let err = e.refused(|st| stamped(st, &by, at(1), status(&unit, "error")));
@@ -140,13 +143,7 @@ fn an_agent_that_starts_again_refuses_its_previous_incarnations_writes() {
 #[test]
 fn a_refused_stamped_write_records_nothing() {
     let e = env();
-    let unit = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
-    let by = Caller::Unit(unit.clone());
-    let inc = e.st.start_agent(&by).unwrap();
-    let at = |seq| Stamp {
-        incarnation: inc,
-        seq,
-    };
+    let (unit, by, at) = started_unit(&e);
     let err = e.refused(|st| stamped(st, &by, at(1), status(&unit, "sleeping")));
     assert!(matches!(err, Error::InvalidStatus(_)), "{err:?}");
     stamped(&e.st, &by, at(1), status(&unit, "started")).unwrap();
