@@ -263,23 +263,42 @@ impl Remote {
     /// lost its database, while this agent went on through another, is
     /// refused when it arrives instead of undoing what came after it.
     async fn call<T: DeserializeOwned>(&self, call: Call) -> ApiResult<T> {
-        if call.is_read() || call == Call::StartAgent {
+        if !call.is_stamped() {
             return self.exchange(&call, None).await;
         }
         let mut stamp = self.inner.stamp.lock().await;
-        let (incarnation, seq) = match *stamp {
-            Some((incarnation, seq)) => (incarnation, seq + 1),
-            None => (self.exchange::<i64>(&Call::StartAgent, None).await?, 1),
-        };
-        *stamp = Some((incarnation, seq));
-        let r = self.exchange(&call, Some((incarnation, seq))).await;
-        if matches!(&r, Err(e) if e.code == ErrorCode::Superseded) {
-            // Another start of this agent took a later incarnation: the
-            // next write takes a new one (this one failed; its caller's
-            // retry sends it again).
-            *stamp = None;
+        let mut tries = 0;
+        loop {
+            let (incarnation, seq) = match *stamp {
+                Some((incarnation, seq)) => (incarnation, seq + 1),
+                None => match self.exchange::<i64>(&Call::StartAgent, None).await {
+                    Ok(incarnation) => (incarnation, 1),
+                    // A controller older than stamps knows no
+                    // `start-agent`: its writes go unstamped, as before.
+                    Err(e) if e.code == ErrorCode::Refused => {
+                        return self.exchange(&call, None).await
+                    }
+                    Err(e) => return Err(e),
+                },
+            };
+            *stamp = Some((incarnation, seq));
+            let r = self.exchange(&call, Some((incarnation, seq))).await;
+            match r {
+                // A later incarnation was taken since (another start of
+                // this agent, or a `start-agent` of this one held up and
+                // committed late): this write changed nothing, and goes
+                // once more under a new one.
+                Err(e) if e.code == ErrorCode::Superseded && tries == 0 => {
+                    *stamp = None;
+                    tries += 1;
+                }
+                Err(e) if e.code == ErrorCode::Superseded => {
+                    *stamp = None;
+                    return Err(e);
+                }
+                r => return r,
+            }
         }
-        r
     }
 
     async fn exchange<T: DeserializeOwned>(

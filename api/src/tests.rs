@@ -2158,8 +2158,8 @@ async fn a_write_whose_answer_was_lost_is_not_sent_again_and_a_read_is() {
 /// (held up in a controller cut off from its database while the agent
 /// went on through another) is refused and changes nothing; a write sent
 /// again after a lost answer is applied once; an agent started again
-/// refuses the previous process's writes, and that process, refused,
-/// takes a new incarnation for its next write.
+/// refuses the previous process's writes under its old incarnation, and
+/// that process sends a write so refused once more under a new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agents_write_arriving_after_its_later_one_is_refused_and_changes_nothing() {
     use jujube_agent::wire::{Call, STAMP_HEADER};
@@ -2168,9 +2168,14 @@ async fn an_agents_write_arriving_after_its_later_one_is_refused_and_changes_not
     let conf = w.machine_conf(m1);
     let status = |w: &World| w.store.machine(m1).unwrap().agent_status;
     let agent = w.remote(&conf);
-    // Its first write takes incarnation 1 and is number 1 in it.
+    // Its first write takes incarnation 1 and is number 1 in it; the
+    // next is number 2.
     agent
         .set_machine_status(m1, AgentStatus::Started, "")
+        .await
+        .unwrap();
+    agent
+        .set_machine_status(m1, AgentStatus::Started, "up")
         .await
         .unwrap();
     assert_eq!(status(&w), "started");
@@ -2188,14 +2193,14 @@ async fn an_agents_write_arriving_after_its_later_one_is_refused_and_changes_not
             .insert(STAMP_HEADER, stamp.parse().unwrap());
         sender.send_request(req)
     };
-    // Write 1 again (its answer lost): done, and not applied twice.
+    // Write 2 again (its answer lost): done, and not applied twice.
     let before = w.store.head_revision().unwrap();
-    let again = send("1.1", AgentStatus::Error).await.unwrap();
+    let again = send("1.2", AgentStatus::Error).await.unwrap();
     assert_eq!(again.status(), hyper::StatusCode::OK);
     assert_eq!(status(&w), "started");
     assert_eq!(w.store.head_revision().unwrap(), before, "a resend wrote");
     // A write numbered before it arrives late: refused, nothing written.
-    let late = send("1.0", AgentStatus::Error).await.unwrap();
+    let late = send("1.1", AgentStatus::Error).await.unwrap();
     assert_eq!(late.status(), hyper::StatusCode::CONFLICT);
     let body = http_body_util::BodyExt::collect(late.into_body())
         .await
@@ -2212,10 +2217,13 @@ async fn an_agents_write_arriving_after_its_later_one_is_refused_and_changes_not
         before,
         "a late write wrote"
     );
-    // A malformed stamp is refused before anything is done.
-    let bad = send("1.x", AgentStatus::Error).await.unwrap();
-    assert_eq!(bad.status(), hyper::StatusCode::CONFLICT);
-    assert_eq!(status(&w), "started");
+    // A malformed stamp is refused before anything is done; so is number
+    // 0, what a fresh incarnation has applied.
+    for bad in ["1.x", "1.0"] {
+        let bad = send(bad, AgentStatus::Error).await.unwrap();
+        assert_eq!(bad.status(), hyper::StatusCode::CONFLICT);
+        assert_eq!(status(&w), "started");
+    }
     // The agent started again (a new process): the old one's next write
     // is refused, and its write after that goes through on a new
     // incarnation.
@@ -2224,15 +2232,18 @@ async fn an_agents_write_arriving_after_its_later_one_is_refused_and_changes_not
         .set_machine_status(m1, AgentStatus::Error, "restarted")
         .await
         .unwrap();
-    let err = agent
-        .set_machine_status(m1, AgentStatus::Started, "old")
-        .await
-        .unwrap_err();
-    assert_eq!(err.code, ErrorCode::Superseded, "{err}");
     assert_eq!(status(&w), "error");
+    // The old process's next write is refused under its incarnation, and
+    // goes once more under a new one, which the restarted process's next
+    // write then finds taken: it too goes again under a newer one.
     agent
-        .set_machine_status(m1, AgentStatus::Started, "old, again")
+        .set_machine_status(m1, AgentStatus::Started, "old")
         .await
         .unwrap();
     assert_eq!(status(&w), "started");
+    restarted
+        .set_machine_status(m1, AgentStatus::Error, "restarted, again")
+        .await
+        .unwrap();
+    assert_eq!(status(&w), "error");
 }

@@ -83,6 +83,12 @@ fn stamp_in(tx: &mut Tx<'_>, agent: &Caller, stamp: &Stamp) -> Result<bool> {
     let Some((table, key, id)) = stamp_row(agent) else {
         return Ok(true);
     };
+    // 0 is what a fresh incarnation has applied: no write is numbered so.
+    if stamp.seq < 1 {
+        return Err(Error::Superseded {
+            agent: agent.to_string(),
+        });
+    }
     let next = tx
         .prepare_cached(&format!(
             "UPDATE {table} SET agent_seq = ?3

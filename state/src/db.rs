@@ -312,7 +312,8 @@ impl Tx<'_> {
         let pending = self.pending.len();
         let doomed = self.failed().is_some();
         self.execute_batch("SAVEPOINT op")?;
-        match f(self) {
+        // What the op kept to send later fails the op, not the release.
+        match f(self).and_then(|v| Ok(self.send_kept().map(|()| v)?)) {
             Ok(v) => {
                 self.execute_batch("RELEASE op")?;
                 Ok(v)

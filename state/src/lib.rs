@@ -182,7 +182,7 @@ pub enum Error {
     /// An agent's write sent before one of its later writes (or its
     /// restart) was applied: it is refused, changing nothing, however late
     /// it reaches the store (see [`agents::Stamp`]).
-    #[error("a later write of {agent} was applied before this one, sent earlier (or the agent started again since): it is refused, changing nothing")]
+    #[error("a later write of {agent} was applied before this one, sent earlier (or the agent started again since): it is refused, changing nothing; nothing to do, the agent goes on from what it sent later")]
     Superseded { agent: String },
     #[error("state database error: {0}")]
     Database(#[from] crate::sql::Error),

@@ -1107,8 +1107,8 @@ impl Connection {
     /// (at most [`LATER_MAX`] wait). Its failure fails the transaction as
     /// any statement's does, but is returned by that next request: only
     /// for inserts whose failure no rule handles (nothing catches a
-    /// violation of them, and none runs inside a savepoint that may be
-    /// rolled back for it). On SQLite it runs now.
+    /// violation of them; a savepoint sends what its op kept before it
+    /// ends, [`Connection::send_kept`]). On SQLite it runs now.
     pub(crate) fn insert_later(&self, sql: &str, params: &[&dyn ToSql], rows: u64) -> Result<()> {
         match &self.conn {
             Conn::Sqlite(_) => {
@@ -1122,6 +1122,25 @@ impl Connection {
                     .iter()
                     .map(|p| p.to_value().and_then(Value::column_result))
                     .collect::<Result<Vec<_>>>()?;
+                // Bound now, to fail now: a value the client cannot bind
+                // is never sent, so the server would not abort the
+                // transaction for it, and a `COMMIT` sent with it would
+                // commit without its rows.
+                let types = statement.params();
+                if types.len() != values.len() {
+                    return Err(Error::Conversion(format!(
+                        "{} values for the {} parameters of `{sql}`",
+                        values.len(),
+                        types.len()
+                    )));
+                }
+                let mut scratch = bytes::BytesMut::new();
+                for (v, ty) in values.iter().zip(types) {
+                    scratch.clear();
+                    tokio_postgres::types::ToSql::to_sql(&Bind(v), ty, &mut scratch).map_err(
+                        |e| Error::Conversion(format!("cannot bind {v:?} as {ty}: {e}")),
+                    )?;
+                }
                 pg.later.borrow_mut().push(Later { statement, values });
                 // An INSERT without ON CONFLICT writes every row or fails
                 // the transaction: its count is known now.
@@ -1131,6 +1150,15 @@ impl Connection {
                 }
                 Ok(())
             }
+        }
+    }
+
+    /// Sends the inserts kept for later ([`Connection::insert_later`]) and
+    /// waits for their answers: a savepoint's op answers for its own.
+    pub(crate) fn send_kept(&self) -> Result<()> {
+        match &self.conn {
+            Conn::Pg(pg) if !pg.later.borrow().is_empty() => pg.run(std::future::ready(Ok(()))),
+            _ => Ok(()),
         }
     }
 
@@ -1228,7 +1256,9 @@ impl Connection {
     /// transaction: on PostgreSQL the statement and the `COMMIT` are sent
     /// together, one round trip for both (a transaction's last statement,
     /// whose rows are not needed before it commits). Fails, having kept
-    /// nothing, if the statement fails.
+    /// nothing, if the statement fails on the server; its values must be
+    /// ones the client binds (a value that fails to bind is never sent, and
+    /// the `COMMIT` is: the feed's texts, as `insert_later` checks its own).
     pub(crate) fn query_and_commit<T, P: Params, F: FnMut(&Row<'_>) -> Result<T>>(
         &self,
         sql: &str,

@@ -56,7 +56,9 @@ pub const TAG_HEADER: &str = "x-jujube-tag";
 /// process) writes are applied as they come.
 pub const STAMP_HEADER: &str = "x-jujube-stamp";
 
-/// [`STAMP_HEADER`]'s value: two non-negative integers (at most 41 bytes).
+/// [`STAMP_HEADER`]'s value: two positive integers, `INCARNATION.SEQ`
+/// (at most 41 bytes). Numbers may skip (a write refused by a rule
+/// records nothing); 0 is what a fresh incarnation has applied.
 pub fn parse_stamp(value: &[u8]) -> Option<(i64, i64)> {
     let text = std::str::from_utf8(value).ok()?;
     let (incarnation, seq) = text.split_once('.')?;
@@ -64,6 +66,7 @@ pub fn parse_stamp(value: &[u8]) -> Option<(i64, i64)> {
         (!s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit()))
             .then(|| s.parse::<i64>().ok())
             .flatten()
+            .filter(|&n| n >= 1)
     };
     Some((number(incarnation)?, number(seq)?))
 }
@@ -211,6 +214,24 @@ impl std::fmt::Debug for Call {
 }
 
 impl Call {
+    /// Whether the call is a write the store applies as the agent's op,
+    /// in the order the agent sent it: sent with a [`STAMP_HEADER`], one at
+    /// a time. Not the reads, nor the writes the server makes itself
+    /// (`set-unit-credential`, `start-agent`), a leadership claim
+    /// (`is-leader`: whoever asks while the leader is lost takes it) or a
+    /// shipped log.
+    pub fn is_stamped(&self) -> bool {
+        !self.is_read()
+            && !matches!(
+                self,
+                Call::CharmFiles { .. }
+                    | Call::IsLeader { .. }
+                    | Call::ShipLog { .. }
+                    | Call::SetUnitCredential { .. }
+                    | Call::StartAgent
+            )
+    }
+
     /// Whether the call only reads: the server may answer it on any
     /// thread, beside others.
     pub fn is_read(&self) -> bool {
@@ -363,7 +384,7 @@ pub async fn dispatch(facade: &dyn Facade, call: Call) -> ApiResult<serde_json::
         Call::SetUnitCredential { .. } | Call::StartAgent => Err(ApiError::new(
             ErrorCode::Internal,
             format!(
-                "{} is answered by the API server, not a facade",
+                "`{}` is answered by the API server, not a facade",
                 call.method()
             ),
         )),
@@ -580,9 +601,12 @@ mod tests {
     }
 
     #[test]
-    fn a_stamp_is_two_non_negative_integers_and_nothing_else() {
+    fn a_stamp_is_two_positive_integers_and_nothing_else() {
         assert_eq!(parse_stamp(b"1.7"), Some((1, 7)));
-        assert_eq!(parse_stamp(b"9223372036854775807.0"), Some((i64::MAX, 0)));
+        // What a fresh incarnation has applied, and no incarnation at all.
+        assert_eq!(parse_stamp(b"1.0"), None);
+        assert_eq!(parse_stamp(b"0.1"), None);
+        assert_eq!(parse_stamp(b"9223372036854775807.1"), Some((i64::MAX, 1)));
         for bad in [
             &b""[..],
             b"1",

@@ -87,3 +87,71 @@ fn an_insert_sent_later_that_fails_fails_its_transaction_and_keeps_nothing() {
     e.st.write(|tx| insert_machine(tx, 201)).unwrap();
     assert_eq!(machines(&e), before + 1);
 }
+
+/// An op in a savepoint answers for the inserts it kept: one refused fails
+/// that op alone, and the transaction goes on without it.
+#[test]
+fn an_insert_kept_in_a_savepoint_fails_its_op_alone() {
+    let e = env();
+    let before = machines(&e);
+    let failed =
+        e.st.write(|tx| {
+            let op = tx.savepoint(|tx| {
+                insert_machine(tx, 300)?;
+                crate::db::insert_rows(
+                    tx,
+                    "INSERT INTO units (name, service, number, series, machine_id, constraints)",
+                    6,
+                    params!["nope/0", "nope", 0i64, "jammy", 300i64, ""],
+                )
+            });
+            insert_machine(tx, 301)?;
+            tx.changed(crate::feed::ChangeKind::Machine, "301")?;
+            Ok(op.is_err())
+        })
+        .unwrap();
+    assert!(failed, "the op with a refused insert succeeded");
+    let ids: Vec<i64> =
+        e.st.read(|c| {
+            Ok(c.prepare("SELECT id FROM machines WHERE id >= 300")?
+                .query_map([], |r| r.get(0))?
+                .collect::<crate::sql::Result<_>>()?)
+        })
+        .unwrap();
+    assert_eq!(ids, [301]);
+    assert_eq!(machines(&e), before + 1);
+}
+
+/// A value the client cannot bind is refused as the insert is kept: never
+/// sent, it would not abort the transaction on the server, and the
+/// `COMMIT` sent with it would keep the rest.
+#[test]
+fn an_insert_whose_values_cannot_be_bound_fails_before_anything_is_sent() {
+    let e = env();
+    // A write like it first, so that its feed statement is prepared and
+    // the insert goes with the `COMMIT`, not before a `PREPARE`.
+    e.st.write(|tx| {
+        insert_machine(tx, 399)?;
+        tx.changed(crate::feed::ChangeKind::Machine, "399")
+    })
+    .unwrap();
+    let head = e.st.head_revision().unwrap();
+    let before = machines(&e);
+    let r = e.st.write(|tx| {
+        insert_machine(tx, 400)?;
+        tx.changed(crate::feed::ChangeKind::Machine, "400")?;
+        crate::db::insert_rows(
+            tx,
+            "INSERT INTO machines (id, series, jobs, manage_environ, constraints)",
+            5,
+            params!["four hundred and one", "jammy", "host-units", false, ""],
+        )
+    });
+    assert!(r.is_err(), "a machine id of text was taken");
+    assert_eq!(machines(&e), before);
+    assert_eq!(
+        e.st.head_revision().unwrap(),
+        head,
+        "its feed entry was kept"
+    );
+}
