@@ -148,7 +148,8 @@ fn commit(mut group: Vec<WriteRequest>) {
     }
 }
 
-fn caller_of(tag: &Tag) -> Caller {
+/// Who the store takes an agent with `tag` for.
+pub fn caller_of(tag: &Tag) -> Caller {
     match tag {
         Tag::Machine(id) => Caller::Machine(*id),
         Tag::Unit(u) => Caller::Unit(u.clone()),

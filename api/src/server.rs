@@ -1353,10 +1353,7 @@ async fn set_unit_credential(
             "an agent secret must be at least 32 characters (use 32 random bytes)",
         ));
     }
-    let by = match caller {
-        Tag::Machine(m) => jujube_state::Caller::Machine(*m),
-        Tag::Unit(u) => jujube_state::Caller::Unit(u.clone()),
-    };
+    let by = jujube_agent_state::facade::caller_of(caller);
     let store = shared.store.clone();
     let hash = wire::secret_hash(&secret);
     let tag = Tag::Unit(unit.clone()).to_string();
@@ -1381,10 +1378,7 @@ async fn set_unit_credential(
 /// An agent, as it starts, takes a new incarnation for its writes'
 /// stamps (see `wire::STAMP_HEADER`): its own, no other's.
 async fn start_agent(shared: &Shared, caller: &Tag) -> Result<serde_json::Value, ApiError> {
-    let by = match caller {
-        Tag::Machine(m) => jujube_state::Caller::Machine(*m),
-        Tag::Unit(u) => jujube_state::Caller::Unit(u.clone()),
-    };
+    let by = jujube_agent_state::facade::caller_of(caller);
     let store = shared.store.clone();
     let taken = tokio::task::spawn_blocking(move || store.start_agent(&by))
         .await

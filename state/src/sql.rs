@@ -1146,7 +1146,7 @@ impl Connection {
                 // the transaction: its count is known now.
                 pg.changes.set(pg.changes.get() + rows);
                 if pg.later.borrow().len() >= LATER_MAX {
-                    pg.run(std::future::ready(Ok(())))?;
+                    self.send_kept()?;
                 }
                 Ok(())
             }
