@@ -1033,7 +1033,7 @@ async fn handle(
     };
     let result = match call {
         Call::SetUnitCredential { unit, secret } => {
-            set_unit_credential(&shared, &tag, unit, secret).await
+            set_unit_credential(&shared, &tag, stamp, unit, secret).await
         }
         Call::StartAgent => start_agent(&shared, &tag).await,
         // Reads answer from the store's reader connections on a blocking
@@ -1344,6 +1344,7 @@ async fn enroll(shared: &Shared, peer: &str, req: Request<Incoming>) -> Response
 async fn set_unit_credential(
     shared: &Shared,
     caller: &Tag,
+    stamp: Option<jujube_state::Stamp>,
     unit: String,
     secret: String,
 ) -> Result<serde_json::Value, ApiError> {
@@ -1359,7 +1360,9 @@ async fn set_unit_credential(
     let tag = Tag::Unit(unit.clone()).to_string();
     let unit_ = unit.clone();
     let done =
-        tokio::task::spawn_blocking(move || store.set_unit_credential_as(&by, &unit_, &tag, &hash))
+        tokio::task::spawn_blocking(move || {
+            store.set_unit_credential_as(&by, stamp.as_ref(), &unit_, &tag, &hash)
+        })
             .await
             .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
     match done {
@@ -1369,6 +1372,9 @@ async fn set_unit_credential(
                 caller,
                 format_args!("set the credential of unit `{unit}`"),
             ))
+        }
+        Err(e @ jujube_state::Error::Superseded { .. }) => {
+            return Err(ApiError::new(ErrorCode::Superseded, e.to_string()))
         }
         Err(e) => return Err(ApiError::new(ErrorCode::Unavailable, e.to_string())),
     }

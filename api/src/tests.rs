@@ -2279,3 +2279,58 @@ async fn an_agents_write_arriving_after_its_later_one_is_refused_and_changes_not
         .unwrap();
     assert_eq!(status(&w), "error");
 }
+
+/// A deployer's credential for its unit is one of its writes, in order: a
+/// credential held up in a controller that lost its database, while the
+/// deployer went on through another and set a newer one, would lock the
+/// unit's agent out when it landed.
+#[tokio::test]
+async fn a_unit_credential_arriving_after_a_later_one_is_refused_and_changes_nothing() {
+    use jujube_agent::wire::{Call, STAMP_HEADER};
+    let w = World::new().await;
+    let m1 = w.machine_of("wordpress/0");
+    let conf = w.machine_conf(m1);
+    let stored = |w: &World| w.store.agent_credential("unit-wordpress-0").unwrap();
+    let deployer = w.remote(&conf);
+    // Write 1 of incarnation 1, then the credential: write 2.
+    deployer
+        .set_machine_status(m1, AgentStatus::Started, "")
+        .await
+        .unwrap();
+    let newer = deployer.new_unit_credential("wordpress/0").await.unwrap();
+    assert_eq!(stored(&w), Some(secret_hash(&newer)));
+    let mut sender = h2(&w, &conf, 65_535).await;
+    let mut send = |stamp: &str, secret: &str| {
+        let mut req = call_request(
+            &conf,
+            &Call::SetUnitCredential {
+                unit: "wordpress/0".into(),
+                secret: secret.into(),
+            },
+        );
+        req.headers_mut()
+            .insert(STAMP_HEADER, stamp.parse().unwrap());
+        sender.send_request(req)
+    };
+    // The credential sent as write 1 arrives late: refused, the newer kept.
+    let older = new_secret();
+    let late = send("1.1", &older).await.unwrap();
+    assert_eq!(late.status(), hyper::StatusCode::CONFLICT);
+    let body = http_body_util::BodyExt::collect(late.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let reply: jujube_agent::wire::Reply = serde_json::from_slice(&body).unwrap();
+    assert!(
+        matches!(&reply, jujube_agent::wire::Reply::Error(e) if e.code == ErrorCode::Superseded),
+        "{reply:?}"
+    );
+    assert_eq!(stored(&w), Some(secret_hash(&newer)), "a late credential was kept");
+    // Write 2 again (its answer lost): done, the credential unchanged.
+    let again = send("1.2", &newer).await.unwrap();
+    assert_eq!(again.status(), hyper::StatusCode::OK);
+    assert_eq!(stored(&w), Some(secret_hash(&newer)));
+    // The deployer's next credential goes on as write 3.
+    let next = deployer.new_unit_credential("wordpress/0").await.unwrap();
+    assert_eq!(stored(&w), Some(secret_hash(&next)));
+}

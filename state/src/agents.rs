@@ -79,7 +79,7 @@ fn stamp_row(agent: &Caller) -> Option<(&'static str, &'static str, &dyn crate::
 /// Checks and records `stamp` for `agent`'s op in the op's transaction
 /// (see [`Stamp`]): whether to apply the op (false: applied already).
 /// An agent whose row is gone has its op checked by the op's own rule.
-fn stamp_in(tx: &mut Tx<'_>, agent: &Caller, stamp: &Stamp) -> Result<bool> {
+pub(crate) fn stamp_in(tx: &mut Tx<'_>, agent: &Caller, stamp: &Stamp) -> Result<bool> {
     let Some((table, key, id)) = stamp_row(agent) else {
         return Ok(true);
     };

@@ -57,9 +57,13 @@ impl Store {
     /// of the machine its principal runs on — checked in the same
     /// transaction as the write, so a unit moved or removed meanwhile is
     /// refused. Refused alike whether the unit exists or not.
+    /// With `stamp`, it is one of `by`'s writes in order (see
+    /// [`crate::agents::Stamp`]): [`Error::Superseded`] when a later one
+    /// was applied, done without writing when it was this one.
     pub fn set_unit_credential_as(
         &self,
         by: &crate::Caller,
+        stamp: Option<&crate::agents::Stamp>,
         name: &str,
         tag: &str,
         hash: &str,
@@ -81,6 +85,11 @@ impl Store {
                 };
             if !allowed {
                 return Err(denied());
+            }
+            if let Some(stamp) = stamp {
+                if !crate::agents::stamp_in(tx, by, stamp)? {
+                    return Ok(());
+                }
             }
             insert_unit_credential(tx, name, tag, hash)
         });

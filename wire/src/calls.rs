@@ -216,10 +216,12 @@ impl std::fmt::Debug for Call {
 impl Call {
     /// Whether the call is a write the store applies as the agent's op,
     /// in the order the agent sent it: sent with a [`STAMP_HEADER`], one at
-    /// a time. Not the reads, nor the writes the server makes itself
-    /// (`set-unit-credential`, `start-agent`), a leadership claim
-    /// (`is-leader`: whoever asks while the leader is lost takes it) or a
-    /// shipped log.
+    /// a time. A deployer's `set-unit-credential` is one: a credential
+    /// landing after a newer one would lock the unit's agent out. Not the
+    /// reads, `start-agent` (what takes the incarnation), a leadership
+    /// claim (`is-leader`: whoever asks while the leader is lost takes it,
+    /// and a late claim meets the holder's lease) or a shipped log (lines
+    /// carry their own times).
     pub fn is_stamped(&self) -> bool {
         !self.is_read()
             && !matches!(
@@ -227,7 +229,6 @@ impl Call {
                 Call::CharmFiles { .. }
                     | Call::IsLeader { .. }
                     | Call::ShipLog { .. }
-                    | Call::SetUnitCredential { .. }
                     | Call::StartAgent
             )
     }

@@ -149,3 +149,35 @@ fn a_refused_stamped_write_records_nothing() {
     stamped(&e.st, &by, at(1), status(&unit, "started")).unwrap();
     assert_eq!(e.st.unit(&unit).unwrap().status, "started");
 }
+
+/// A deployer's unit credential is one of its writes in order: one sent
+/// before a later write of the deployer's is refused and keeps nothing.
+#[test]
+fn a_unit_credential_sent_before_its_deployers_later_write_is_refused() {
+    let e = env();
+    let unit = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
+    let machine = e.st.unit(&unit).unwrap().machine_id.unwrap();
+    let by = Caller::Machine(machine);
+    let incarnation = e.st.start_agent(&by).unwrap();
+    let at = |seq| Stamp { incarnation, seq };
+    let tag = format!("unit-{}", unit.replace('/', "-"));
+    let set = |st: &crate::Store, by: &Caller, seq, hash: &str| {
+        st.set_unit_credential_as(by, Some(&at(seq)), &unit, &tag, hash)
+    };
+    set(&e.st, &by, 2, "newer").unwrap();
+    let err = e.refused(|st| set(st, &by, 1, "older"));
+    assert!(matches!(err, Error::Superseded { .. }), "{err:?}");
+    assert_eq!(e.st.agent_credential(&tag).unwrap().as_deref(), Some("newer"));
+    // Sent again: done, not written again.
+    let before = e.digest();
+    set(&e.st, &by, 2, "newer").unwrap();
+    assert_eq!(e.digest(), before);
+    // Another machine's agent is refused, whatever its stamp.
+    let other = Caller::Machine(machine + 100);
+    assert!(matches!(
+        e.refused(|st| set(st, &other, 3, "theirs")),
+        Error::Unauthorized { .. }
+    ));
+    set(&e.st, &by, 3, "next").unwrap();
+    assert_eq!(e.st.agent_credential(&tag).unwrap().as_deref(), Some("next"));
+}
