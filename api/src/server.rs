@@ -1359,12 +1359,11 @@ async fn set_unit_credential(
     let hash = wire::secret_hash(&secret);
     let tag = Tag::Unit(unit.clone()).to_string();
     let unit_ = unit.clone();
-    let done =
-        tokio::task::spawn_blocking(move || {
-            store.set_unit_credential_as(&by, stamp.as_ref(), &unit_, &tag, &hash)
-        })
-            .await
-            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+    let done = tokio::task::spawn_blocking(move || {
+        store.set_unit_credential_as(&by, stamp.as_ref(), &unit_, &tag, &hash)
+    })
+    .await
+    .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
     match done {
         Ok(()) => {}
         Err(jujube_state::Error::Unauthorized { .. }) => {

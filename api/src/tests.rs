@@ -2325,7 +2325,11 @@ async fn a_unit_credential_arriving_after_a_later_one_is_refused_and_changes_not
         matches!(&reply, jujube_agent::wire::Reply::Error(e) if e.code == ErrorCode::Superseded),
         "{reply:?}"
     );
-    assert_eq!(stored(&w), Some(secret_hash(&newer)), "a late credential was kept");
+    assert_eq!(
+        stored(&w),
+        Some(secret_hash(&newer)),
+        "a late credential was kept"
+    );
     // Write 2 again (its answer lost): done, the credential unchanged.
     let again = send("1.2", &newer).await.unwrap();
     assert_eq!(again.status(), hyper::StatusCode::OK);

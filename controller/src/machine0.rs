@@ -97,7 +97,7 @@ fn api_addresses(config: &BTreeMap<String, String>) -> Result<(String, String)> 
 
 /// The address of a `postgres://` URL's server, `HOST:PORT` (5432 when
 /// it names no port), with whether it is a loopback one.
-fn db_address(url: &str) -> Option<(String, bool)> {
+pub(crate) fn db_address(url: &str) -> Option<(String, bool)> {
     let rest = url.split_once("://")?.1;
     let authority = rest.split(['/', '?']).next()?;
     let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
@@ -225,10 +225,9 @@ fn percent_decoded(v: &str) -> String {
 }
 
 /// What machine 0's controller needs of a state in PostgreSQL: the proxy
-/// to the database (see [`check_state_reachable`]), and its own
-/// `state-url.json`, naming the authority and the password as files in
-/// the container (the password in a file only root reads there, as a
-/// `state-password-file` is on a host). Returns those files.
+/// to the database (see [`check_state_reachable`]), and its own copy of
+/// the state's place ([`state_files`]). Returns those files, by their
+/// paths in the container.
 async fn state_into(
     provider: &LxdProvider,
     container: &str,
@@ -241,27 +240,61 @@ async fn state_into(
         .await
         .context("cannot let machine 0 reach the state database")?;
     let dir = format!("{CONTROLLER_HOME}/environments/{name}");
-    let (url, root) = with_root_at(&place.url, &format!("{dir}/state-ca.pem"));
+    Ok(state_files(place, &dir)?
+        .into_iter()
+        .map(|(file, bytes)| (format!("{dir}/{file}"), bytes, 0o600))
+        .collect())
+}
+
+/// Machine 0's own `state-url.json` for a state at `place`, when its
+/// environment's directory is `dir` there: the URL's authority
+/// (`sslrootcert`) and the password as files beside it (the password in a
+/// file only root reads, as a `state-password-file` is on a host). The
+/// files by their names in `dir`, with their contents.
+pub(crate) fn state_files(
+    place: &crate::home::StatePlace,
+    dir: &str,
+) -> Result<Vec<(&'static str, Vec<u8>)>> {
+    const CA: &str = "state-ca.pem";
+    const PASSWORD: &str = "state-password";
+    let (url, root) = with_root_at(&place.url, &format!("{dir}/{CA}"));
     let mut files = Vec::new();
     if let Some(root) = root {
         let pem = std::fs::read(&root)
             .with_context(|| format!("cannot read `{}` (`sslrootcert`)", root.display()))?;
-        files.push((format!("{dir}/state-ca.pem"), pem, 0o600));
+        files.push((CA, pem));
     }
     let password_file = match place.password()? {
         Some(p) => {
-            files.push((format!("{dir}/state-password"), p.into_bytes(), 0o600));
-            Some(format!("{dir}/state-password").into())
+            files.push((PASSWORD, p.into_bytes()));
+            Some(format!("{dir}/{PASSWORD}").into())
         }
         None => None,
     };
     let theirs = crate::home::StatePlace { url, password_file };
-    files.push((
-        format!("{dir}/{}", crate::home::STATE_URL),
-        serde_json::to_vec_pretty(&theirs)?,
-        0o600,
-    ));
+    files.push((crate::home::STATE_URL, serde_json::to_vec_pretty(&theirs)?));
     Ok(files)
+}
+
+/// Erases environment `name`'s state at `place` once machine 0 is stopped
+/// (nothing writes it any more), saying so on `out`.
+pub(crate) fn erase_state(
+    name: &str,
+    place: &crate::home::StatePlace,
+    out: &mut impl Write,
+) -> Result<()> {
+    let erased = place.target().and_then(|t| {
+        Ok(Store::open_at(
+            &jujube_state::Location::Postgres(t),
+            jujube_state::Durability::Full,
+        )?
+        .erase()?)
+    });
+    if let Err(e) = erased {
+        bail!("every instance of environment `{name}` is stopped, but its state in `{}` could not be erased: {e}; run `jujube destroy-environment {name}` again once the database answers", place.url);
+    }
+    writeln!(out, "erased the environment's state in `{}`", place.url)?;
+    Ok(())
 }
 
 /// Waits until the controller at `address`, proven by the environment's CA
@@ -510,18 +543,7 @@ pub async fn destroy(home: &Home, name: &str, m0: Machine0, out: &mut impl Write
     provider.destroy_environment().await?;
     provider.forget_controller().await?;
     if let Some(place) = &m0.state {
-        // Machine 0 is stopped: nothing writes the state any more.
-        let erased = place.target().and_then(|t| {
-            Ok(Store::open_at(
-                &jujube_state::Location::Postgres(t),
-                jujube_state::Durability::Full,
-            )?
-            .erase()?)
-        });
-        if let Err(e) = erased {
-            bail!("every instance of environment `{name}` is stopped, but its state in `{}` could not be erased: {e}; run `jujube destroy-environment {name}` again once the database answers", place.url);
-        }
-        writeln!(out, "erased the environment's state in `{}`", place.url)?;
+        erase_state(name, place, out)?;
     }
     crate::run::forget_environment(home, name, out)
 }

@@ -106,17 +106,35 @@ fn b64() -> base64::engine::GeneralPurpose {
 
 /// The environment directory's files (the store closed first), SQLite's
 /// shared-memory index aside (rebuilt from the WAL), and `credentials`.
-fn bundle(dir: &Path, credentials: Option<HandedCredentials>) -> Result<Vec<u8>> {
+/// A state in PostgreSQL (`state`, its place as this home reaches it, and
+/// the environment's directory on machine 0) goes as machine 0's own
+/// `state-url.json`, its authority and its password beside it
+/// (`machine0::state_files`), instead of this home's.
+fn bundle(
+    dir: &Path,
+    credentials: Option<HandedCredentials>,
+    state: Option<(&crate::home::StatePlace, &str)>,
+) -> Result<Vec<u8>> {
     use base64::Engine;
     let mut rels = Vec::new();
     files_under(dir, Path::new(""), &mut rels)?;
     let mut files = Vec::new();
+    if let Some((place, theirs)) = state {
+        for (path, bytes) in crate::machine0::state_files(place, theirs)? {
+            files.push(BundleFile {
+                path: path.to_string(),
+                mode: 0o600,
+                data: b64().encode(bytes),
+            });
+        }
+    }
     for rel in rels {
         let name = rel.to_string_lossy().to_string();
         if name.ends_with("-shm")
             || name == "lock"
             || name.ends_with(".log")
             || name == CLOUD_CREDENTIALS
+            || name == crate::home::STATE_URL
         {
             continue;
         }
@@ -166,6 +184,24 @@ fn unbundle(bytes: &[u8], dir: &Path) -> Result<()> {
         }
         jujube_agent::wire::write_private(&path, &data)
             .with_context(|| format!("cannot write `{}`", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Refuses a `state-url` machine 0's instance could not reach: one on this
+/// host's loopback, unless the cloud itself is (an emulator on this host,
+/// whose instances are this host's too).
+pub(crate) fn check_state_reachable(url: &str, config: &BTreeMap<String, String>) -> Result<()> {
+    let Some((address, loopback)) = crate::machine0::db_address(url) else {
+        bail!("cannot read the server's address in `state-url` `{url}`; give it as `postgres://USER@HOST:PORT/DB`");
+    };
+    let cloud_here = config
+        .get("endpoint")
+        .and_then(|e| e.split_once("://").map(|(_, r)| r))
+        .and_then(|r| crate::machine0::db_address(&format!("x://{r}")))
+        .is_some_and(|(_, loopback)| loopback);
+    if loopback && !cloud_here {
+        bail!("`state-url` names this host's loopback (`{address}`), which machine 0's instance cannot reach: give the address of a database server the instance reaches in the cloud's network (a managed PostgreSQL, say), or bootstrap with `--manual-controller`");
     }
     Ok(())
 }
@@ -548,6 +584,9 @@ async fn steps(
     store.set_environment_config(&set)?;
     drop(store);
     let dir = home.env_dir(name);
+    let state = home.state_place(name)?;
+    let theirs_dir = format!("{CONTROLLER_HOME}/environments/{name}");
+    let theirs = state.as_ref().map(|p| (p, theirs_dir.as_str()));
 
     *step = Step::TakeUp;
     let what = Step::TakeUp.doing();
@@ -567,7 +606,7 @@ async fn steps(
                 )
             ));
         }
-        let bundle = bundle(&dir, Some(credentials))?;
+        let bundle = bundle(&dir, Some(credentials), theirs)?;
         let env_ca = jujube_api::tls::ca_cert(&dir)?;
         loop {
             if Instant::now() > deadline {
@@ -605,7 +644,9 @@ async fn steps(
         let _ = bucket.delete(&key).await;
         progress.line("machine 0: tools fetched, state and credentials handed over");
     } else {
-        bucket.put_private(&key, bundle(&dir, None)?).await?;
+        bucket
+            .put_private(&key, bundle(&dir, None, theirs)?)
+            .await?;
         while bucket.exists(&key).await? {
             if Instant::now() > deadline {
                 return Err(late());
@@ -628,7 +669,7 @@ async fn steps(
             container: instance,
             lxd: config.clone(),
             api_address: dial,
-            state: None,
+            state,
         },
     )
 }
@@ -672,12 +713,93 @@ pub async fn destroy(home: &Home, name: &str, m0: Machine0, out: &mut impl Write
     } else {
         writeln!(out, "removed {}", removed.join(", "))?;
     }
+    if let Some(place) = &m0.state {
+        crate::machine0::erase_state(name, place, out)?;
+    }
     crate::run::forget_environment(home, name, out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A state in PostgreSQL goes to machine 0 as its own place: this
+    /// home's `state-url.json` stays here, the authority and the password
+    /// travel as files of machine 0's environment directory, which its URL
+    /// and password file name.
+    #[test]
+    fn a_bundle_carries_machine_0s_own_state_place() {
+        let from = tempfile::tempdir().unwrap();
+        let ca = from.path().join("ca.crt");
+        std::fs::write(&ca, b"authority").unwrap();
+        let password = from.path().join("password");
+        std::fs::write(&password, b"s3cret\n").unwrap();
+        let env = from.path().join("env");
+        std::fs::create_dir_all(&env).unwrap();
+        let place = crate::home::StatePlace {
+            url: format!(
+                "postgres://jujube@db.internal:5432/jujube?sslmode=verify-full&sslrootcert={}",
+                ca.display()
+            ),
+            password_file: Some(password),
+        };
+        std::fs::write(
+            env.join(crate::home::STATE_URL),
+            serde_json::to_vec(&place).unwrap(),
+        )
+        .unwrap();
+        let theirs = "/var/lib/jujube/home/environments/aws";
+        let bytes = bundle(&env, None, Some((&place, theirs))).unwrap();
+        let to = tempfile::tempdir().unwrap();
+        let dir = to.path().join("env");
+        unbundle(&bytes, &dir).unwrap();
+        let laid: crate::home::StatePlace =
+            serde_json::from_slice(&std::fs::read(dir.join(crate::home::STATE_URL)).unwrap())
+                .unwrap();
+        assert_eq!(
+            laid.url,
+            format!("postgres://jujube@db.internal:5432/jujube?sslmode=verify-full&sslrootcert={theirs}/state-ca.pem")
+        );
+        assert_eq!(
+            laid.password_file,
+            Some(format!("{theirs}/state-password").into())
+        );
+        assert_eq!(
+            std::fs::read(dir.join("state-ca.pem")).unwrap(),
+            b"authority"
+        );
+        assert_eq!(
+            std::fs::read(dir.join("state-password")).unwrap(),
+            b"s3cret"
+        );
+    }
+
+    #[test]
+    fn a_state_url_on_this_hosts_loopback_is_refused_unless_the_cloud_is_here_too() {
+        let config = |endpoint: Option<&str>| -> BTreeMap<String, String> {
+            endpoint
+                .map(|e| ("endpoint".to_string(), e.to_string()))
+                .into_iter()
+                .collect()
+        };
+        let here = "postgres://jujube@127.0.0.1:5432/jujube";
+        let err = check_state_reachable(here, &config(None))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("machine 0's instance cannot reach"), "{err}");
+        assert!(
+            check_state_reachable(here, &config(Some("https://ec2.eu-west-1.amazonaws.com")))
+                .is_err()
+        );
+        assert!(
+            check_state_reachable("postgres://jujube@localhost/jujube", &config(None)).is_err()
+        );
+        // An emulated cloud on this host: its instances are this host's.
+        check_state_reachable(here, &config(Some("http://127.0.0.1:4566"))).unwrap();
+        check_state_reachable("postgres://jujube@db.internal:5432/jujube", &config(None)).unwrap();
+        check_state_reachable("postgres://jujube@10.0.1.5/jujube", &config(None)).unwrap();
+        assert!(check_state_reachable("mysql:nothing", &config(None)).is_err());
+    }
 
     #[test]
     fn a_bundle_lays_out_what_it_took_and_nothing_outside() {
@@ -694,7 +816,7 @@ mod tests {
             session_token: None,
             expires: None,
         };
-        let bytes = bundle(from.path(), Some(handed.clone())).unwrap();
+        let bytes = bundle(from.path(), Some(handed.clone()), None).unwrap();
         let to = tempfile::tempdir().unwrap();
         let dir = to.path().join("env");
         unbundle(&bytes, &dir).unwrap();

@@ -1317,7 +1317,7 @@ fn state_place(
         return Ok(None);
     };
     if on_ec2_machine_0 {
-        bail!("`state-url` is supported with the controller on this host or in an LXD machine 0 so far, not on an EC2 machine 0: bootstrap with `--manual-controller`, or without `state-url`");
+        crate::machine0_ec2::check_state_reachable(url, config)?;
     }
     // A relative `sslrootcert` is this directory's: kept absolute, as the
     // password file is, so that later commands find it from anywhere.

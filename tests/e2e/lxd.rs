@@ -1526,7 +1526,12 @@ async fn bootstrap_on_ec2_puts_the_controller_on_machine_0() {
 /// hands it this home's credentials over TLS once it answers, authenticated
 /// by a one-time token only bootstrap knows (machine 0 is told its hash),
 /// to a one-shot identity machine 0 published in the bucket; its metadata
-/// service serves no credentials.
+/// service serves no credentials. This environment keeps its state in
+/// PostgreSQL (`state-url`, the test cluster reached from machine 0 as the
+/// cloud's network would carry it, through a proxy): the hand-over carries
+/// machine 0's own place of it (the URL naming its own copy of the
+/// authority, the password in a file only root reads), no state is on
+/// machine 0 or left on this host, and `destroy-environment` erases it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bootstrap_on_ec2_can_hand_machine_0_the_users_credentials() {
     bootstrap_on_ec2(true).await;
@@ -1541,6 +1546,36 @@ async fn bootstrap_on_ec2(hand_over: bool) {
     j.auto_controller = true;
     j.start_controllers = false;
     let api = format!("127.0.0.1:{}", unclaimed_port());
+    // The hand-over's environment keeps its state in PostgreSQL. (The
+    // blocking client on a thread of its own: it runs a runtime.)
+    let (pg, schema, state_url) = match hand_over {
+        true => {
+            let (pg, schema, url) = std::thread::spawn(crate::postgres::fresh_schema)
+                .join()
+                .unwrap();
+            (Some(pg), schema, Some(url))
+        }
+        false => (None, String::new(), None),
+    };
+    let pg = std::sync::Mutex::new(pg);
+    let tables = || {
+        std::thread::scope(|s| {
+            s.spawn(|| crate::postgres::tables(pg.lock().unwrap().as_mut().unwrap(), &schema))
+                .join()
+                .unwrap()
+        })
+    };
+    let state_password = j.home.path().join("state-password");
+    std::fs::write(&state_password, "not-needed-by-trust\n").unwrap();
+    let state_config: Vec<String> = match &state_url {
+        Some(url) => vec![
+            "--config".into(),
+            format!("state-url={url}"),
+            "--config".into(),
+            format!("state-password-file={}", state_password.display()),
+        ],
+        None => vec![],
+    };
 
     // Bootstrap waits for machine 0: run it beside.
     let args: Vec<String> = [
@@ -1565,6 +1600,7 @@ async fn bootstrap_on_ec2(hand_over: bool) {
     ]
     .iter()
     .map(|s| s.to_string())
+    .chain(state_config)
     .collect();
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_jujube"));
     cmd.args(&args)
@@ -1660,6 +1696,22 @@ async fn bootstrap_on_ec2(hand_over: bool) {
             },
         },
     });
+    let mut body = body;
+    if let Some(url) = &state_url {
+        // The database, where the URL names it.
+        let db = url
+            .split_once("://")
+            .and_then(|(_, r)| r.split(['/', '?']).next())
+            .and_then(|a| a.rsplit_once('@').map(|(_, h)| h))
+            .unwrap()
+            .to_string();
+        body["devices"]["state-db"] = json!({
+            "type": "proxy",
+            "bind": "container",
+            "listen": format!("tcp:{db}"),
+            "connect": format!("tcp:{db}"),
+        });
+    }
     crate::lxd_direct::launch_body(&c, &name, &body).await;
     // What every cloud image has and the test image lacks: root
     // certificates (the AWS SDK will not start without them).
@@ -1730,6 +1782,49 @@ async fn bootstrap_on_ec2(hand_over: bool) {
     )
     .await;
     assert_eq!(kept == 0, hand_over, "cloud-credentials kept: {kept}");
+    // Machine 0's place of a state in PostgreSQL: its own authority and
+    // password file; never the state itself.
+    let m0_env = "/var/lib/jujube/home/environments/aws";
+    let theirs = c
+        .read_file(&name, &format!("{m0_env}/state-url.json"))
+        .await
+        .unwrap();
+    assert_eq!(theirs.is_some(), hand_over);
+    if let (Some(theirs), Some(url)) = (theirs, &state_url) {
+        let theirs: Value = serde_json::from_slice(&theirs).unwrap();
+        let theirs_url = theirs["url"].as_str().unwrap();
+        assert_eq!(
+            theirs_url.replace(&format!("{m0_env}/state-ca.pem"), ""),
+            url.replace(&std::env::var("JUJUBE_TEST_STATE_CA").unwrap(), ""),
+        );
+        assert_eq!(
+            theirs["password_file"],
+            json!(format!("{m0_env}/state-password"))
+        );
+        assert_eq!(
+            file_in(&c, &name, &format!("{m0_env}/state-password")).await,
+            "not-needed-by-trust"
+        );
+        let mode = exec_in(
+            &c,
+            &name,
+            &[
+                "sh",
+                "-c",
+                &format!("test \"$(stat -c %a {m0_env}/state-password)\" = 600"),
+            ],
+        )
+        .await;
+        assert_eq!(mode, 0, "the password file is not root's alone");
+        assert!(c
+            .read_file(&name, &format!("{m0_env}/state.db"))
+            .await
+            .unwrap()
+            .is_none());
+    }
+    if hand_over {
+        assert!(tables() > 0, "no state in PostgreSQL");
+    }
     // This home holds no state of the environment now, and the hand-over
     // is gone from the bucket.
     let env_dir = j.home.path().join("environments/aws");
@@ -1762,6 +1857,17 @@ async fn bootstrap_on_ec2(hand_over: bool) {
     let r = j.run(&["destroy-environment", "aws", "-y"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(r.stdout.contains("stopped machine 0"), "{}", r.stdout);
+    assert_eq!(
+        r.stdout.contains("erased the environment's state"),
+        hand_over,
+        "{}",
+        r.stdout
+    );
+    if hand_over {
+        assert_eq!(tables(), 0, "state left in PostgreSQL");
+    }
+    let pg = pg.lock().unwrap().take();
+    std::thread::spawn(move || drop(pg)).join().unwrap();
     assert!(r.stdout.contains("the S3 bucket `jujube-"), "{}", r.stdout);
     let live: Vec<String> = crate::ec2::live_instances(&acct)
         .await

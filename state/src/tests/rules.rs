@@ -1456,7 +1456,13 @@ fn a_units_credential_is_set_by_its_deployer_or_its_principals_machine_only() {
     let m0 = e.st.unit(&ws[0]).unwrap().machine_id.unwrap();
     let m1 = e.st.unit(&ws[1]).unwrap().machine_id.unwrap();
     let set = |by: &Caller, unit: &str| {
-        e.st.set_unit_credential_as(by, None, unit, &format!("unit-{}", unit.replace('/', "-")), "h")
+        e.st.set_unit_credential_as(
+            by,
+            None,
+            unit,
+            &format!("unit-{}", unit.replace('/', "-")),
+            "h",
+        )
     };
     // Its deployers may.
     set(&Caller::Machine(m0), &ws[0]).unwrap();

@@ -167,7 +167,10 @@ fn a_unit_credential_sent_before_its_deployers_later_write_is_refused() {
     set(&e.st, &by, 2, "newer").unwrap();
     let err = e.refused(|st| set(st, &by, 1, "older"));
     assert!(matches!(err, Error::Superseded { .. }), "{err:?}");
-    assert_eq!(e.st.agent_credential(&tag).unwrap().as_deref(), Some("newer"));
+    assert_eq!(
+        e.st.agent_credential(&tag).unwrap().as_deref(),
+        Some("newer")
+    );
     // Sent again: done, not written again.
     let before = e.digest();
     set(&e.st, &by, 2, "newer").unwrap();
@@ -179,5 +182,8 @@ fn a_unit_credential_sent_before_its_deployers_later_write_is_refused() {
         Error::Unauthorized { .. }
     ));
     set(&e.st, &by, 3, "next").unwrap();
-    assert_eq!(e.st.agent_credential(&tag).unwrap().as_deref(), Some("next"));
+    assert_eq!(
+        e.st.agent_credential(&tag).unwrap().as_deref(),
+        Some("next")
+    );
 }
