@@ -2233,16 +2233,7 @@ async fn an_agents_write_arriving_after_its_later_one_is_refused_and_changes_not
     assert_eq!(w.store.head_revision().unwrap(), before, "a resend wrote");
     // A write numbered before it arrives late: refused, nothing written.
     let late = send("1.1", AgentStatus::Error).await.unwrap();
-    assert_eq!(late.status(), hyper::StatusCode::CONFLICT);
-    let body = http_body_util::BodyExt::collect(late.into_body())
-        .await
-        .unwrap()
-        .to_bytes();
-    let reply: jujube_agent::wire::Reply = serde_json::from_slice(&body).unwrap();
-    assert!(
-        matches!(&reply, jujube_agent::wire::Reply::Error(e) if e.code == ErrorCode::Superseded),
-        "{reply:?}"
-    );
+    assert_superseded(late).await;
     assert_eq!(status(&w), "started");
     assert_eq!(
         w.store.head_revision().unwrap(),
@@ -2280,6 +2271,20 @@ async fn an_agents_write_arriving_after_its_later_one_is_refused_and_changes_not
     assert_eq!(status(&w), "error");
 }
 
+/// An answer refusing a write as superseded (409, `superseded`).
+async fn assert_superseded(resp: hyper::Response<hyper::body::Incoming>) {
+    assert_eq!(resp.status(), hyper::StatusCode::CONFLICT);
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let reply: jujube_agent::wire::Reply = serde_json::from_slice(&body).unwrap();
+    assert!(
+        matches!(&reply, jujube_agent::wire::Reply::Error(e) if e.code == ErrorCode::Superseded),
+        "{reply:?}"
+    );
+}
+
 /// A deployer's credential for its unit is one of its writes, in order: a
 /// credential held up in a controller that lost its database, while the
 /// deployer went on through another and set a newer one, would lock the
@@ -2315,16 +2320,7 @@ async fn a_unit_credential_arriving_after_a_later_one_is_refused_and_changes_not
     // The credential sent as write 1 arrives late: refused, the newer kept.
     let older = new_secret();
     let late = send("1.1", &older).await.unwrap();
-    assert_eq!(late.status(), hyper::StatusCode::CONFLICT);
-    let body = http_body_util::BodyExt::collect(late.into_body())
-        .await
-        .unwrap()
-        .to_bytes();
-    let reply: jujube_agent::wire::Reply = serde_json::from_slice(&body).unwrap();
-    assert!(
-        matches!(&reply, jujube_agent::wire::Reply::Error(e) if e.code == ErrorCode::Superseded),
-        "{reply:?}"
-    );
+    assert_superseded(late).await;
     assert_eq!(
         stored(&w),
         Some(secret_hash(&newer)),

@@ -1453,36 +1453,7 @@ async fn machine_0s_controller_keeps_the_state_in_postgresql() {
         .await
         .unwrap()
         .is_none());
-    let theirs: Value =
-        serde_json::from_str(&file_in(&c, &m0, &format!("{env}/state-url.json")).await).unwrap();
-    let theirs_url = theirs["url"].as_str().unwrap();
-    assert!(
-        theirs_url.contains(&format!("sslrootcert={env}/state-ca.pem")),
-        "{theirs}"
-    );
-    assert_eq!(
-        theirs_url.replace(&format!("{env}/state-ca.pem"), ""),
-        url.replace(&std::env::var("JUJUBE_TEST_STATE_CA").unwrap(), ""),
-    );
-    assert_eq!(
-        theirs["password_file"],
-        json!(format!("{env}/state-password"))
-    );
-    assert_eq!(
-        file_in(&c, &m0, &format!("{env}/state-password")).await,
-        "not-needed-by-trust"
-    );
-    let mode = exec_in(
-        &c,
-        &m0,
-        &[
-            "sh",
-            "-c",
-            &format!("test \"$(stat -c %a {env}/state-password)\" = 600"),
-        ],
-    )
-    .await;
-    assert_eq!(mode, 0, "the password file is not root's alone");
+    assert_machine_0s_own_state_place(&c, &m0, &env, &url).await;
     let left: Vec<String> = std::fs::read_dir(j.home.path().join("environments/lxp"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -1503,6 +1474,42 @@ async fn machine_0s_controller_keeps_the_state_in_postgresql() {
     assert!(!j.home.path().join("environments/lxp").exists());
     let pg = pg.lock().unwrap().take();
     std::thread::spawn(move || drop(pg)).join().unwrap();
+}
+
+/// Machine 0's (`m0`) own place of a state in PostgreSQL at `url`, in its
+/// environment's directory `env`: its URL names its own copy of the
+/// authority, its password is in a file only root reads.
+async fn assert_machine_0s_own_state_place(c: &Client, m0: &str, env: &str, url: &str) {
+    let theirs: Value =
+        serde_json::from_str(&file_in(c, m0, &format!("{env}/state-url.json")).await).unwrap();
+    let theirs_url = theirs["url"].as_str().unwrap();
+    assert!(
+        theirs_url.contains(&format!("sslrootcert={env}/state-ca.pem")),
+        "{theirs}"
+    );
+    assert_eq!(
+        theirs_url.replace(&format!("{env}/state-ca.pem"), ""),
+        url.replace(&std::env::var("JUJUBE_TEST_STATE_CA").unwrap(), ""),
+    );
+    assert_eq!(
+        theirs["password_file"],
+        json!(format!("{env}/state-password"))
+    );
+    assert_eq!(
+        file_in(c, m0, &format!("{env}/state-password")).await,
+        "not-needed-by-trust"
+    );
+    let mode = exec_in(
+        c,
+        m0,
+        &[
+            "sh",
+            "-c",
+            &format!("test \"$(stat -c %a {env}/state-password)\" = 600"),
+        ],
+    )
+    .await;
+    assert_eq!(mode, 0, "the password file is not root's alone");
 }
 
 /// `bootstrap --provider ec2` as a user runs it: the tools go to the
@@ -1790,32 +1797,8 @@ async fn bootstrap_on_ec2(hand_over: bool) {
         .await
         .unwrap();
     assert_eq!(theirs.is_some(), hand_over);
-    if let (Some(theirs), Some(url)) = (theirs, &state_url) {
-        let theirs: Value = serde_json::from_slice(&theirs).unwrap();
-        let theirs_url = theirs["url"].as_str().unwrap();
-        assert_eq!(
-            theirs_url.replace(&format!("{m0_env}/state-ca.pem"), ""),
-            url.replace(&std::env::var("JUJUBE_TEST_STATE_CA").unwrap(), ""),
-        );
-        assert_eq!(
-            theirs["password_file"],
-            json!(format!("{m0_env}/state-password"))
-        );
-        assert_eq!(
-            file_in(&c, &name, &format!("{m0_env}/state-password")).await,
-            "not-needed-by-trust"
-        );
-        let mode = exec_in(
-            &c,
-            &name,
-            &[
-                "sh",
-                "-c",
-                &format!("test \"$(stat -c %a {m0_env}/state-password)\" = 600"),
-            ],
-        )
-        .await;
-        assert_eq!(mode, 0, "the password file is not root's alone");
+    if let Some(url) = &state_url {
+        assert_machine_0s_own_state_place(&c, &name, m0_env, url).await;
         assert!(c
             .read_file(&name, &format!("{m0_env}/state.db"))
             .await
