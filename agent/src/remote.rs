@@ -531,7 +531,21 @@ impl Inner {
                         "only unit credentials are made by a deployer",
                     ));
                 };
-                let secret = Box::pin(d.deployer.new_unit_credential(unit)).await?;
+                // The deployer's own writes' order is not this unit's: a
+                // `superseded` there (after its own retry) must not make
+                // this agent give up its incarnation.
+                let secret = Box::pin(d.deployer.new_unit_credential(unit))
+                    .await
+                    .map_err(|e| match e.code {
+                        ErrorCode::Superseded => ApiError::new(
+                            ErrorCode::Unavailable,
+                            format!(
+                                "the deployer could not make this unit's credential: {}",
+                                e.message
+                            ),
+                        ),
+                        _ => e,
+                    })?;
                 let mut conf = d.conf.clone();
                 conf.secret = secret.clone();
                 conf.write(&d.path)

@@ -134,6 +134,28 @@ pub(crate) fn db_address(url: &str) -> Option<(String, bool)> {
 /// server's certificate names): a loopback address of this host, served
 /// by a local daemon.
 pub(crate) fn check_state_reachable(url: &str, config: &BTreeMap<String, String>) -> Result<()> {
+    let (address, loopback) = one_server(url)?;
+    if !loopback {
+        bail!("machine 0's container reaches the state database through a proxy on this host, so `state-url` must name this host's loopback (`127.0.0.1`), not `{address}`: serve the database there (or forward a loopback port to it), or bootstrap with `--manual-controller`");
+    }
+    if config.contains_key("lxd-url") {
+        bail!("`state-url` names this host's loopback, which a remote LXD daemon's host cannot reach for machine 0: bootstrap with the local daemon, or with `--manual-controller`");
+    }
+    // Machine 0's own loopback ports: the daemon's proxy and the API.
+    let lxd_port = CONTROLLER_LXD_LISTEN.rsplit_once(':').map(|(_, p)| p);
+    let api_port = CONTROLLER_API_PORT.to_string();
+    let port = address.rsplit_once(':').map(|(_, p)| p);
+    if port == lxd_port || port == Some(api_port.as_str()) {
+        bail!("machine 0 uses port {} of its loopback itself, so the state database cannot be reached there: serve it on another port", port.unwrap_or_default());
+    }
+    Ok(())
+}
+
+/// The one server a machine 0 reaches the state at, `HOST:PORT`, and
+/// whether it is on this host's loopback: refused unless `state-url` names
+/// exactly one TCP server in its authority (not a local socket, several
+/// hosts, or a host the query names).
+pub(crate) fn one_server(url: &str) -> Result<(String, bool)> {
     // The server is the URL's one host, not one the query names.
     let query = url.split_once('?').map_or("", |(_, q)| q);
     let named = query
@@ -149,23 +171,15 @@ pub(crate) fn check_state_reachable(url: &str, config: &BTreeMap<String, String>
     if authority.contains(',') {
         bail!("machine 0 reaches one state database server, and `state-url` names several; give one `HOST:PORT`");
     }
-    let Some((address, loopback)) = db_address(url) else {
-        bail!("cannot read the server's address in `state-url` `{url}`; give it as `postgres://USER@HOST:PORT/DB`");
-    };
-    if !loopback {
-        bail!("machine 0's container reaches the state database through a proxy on this host, so `state-url` must name this host's loopback (`127.0.0.1`), not `{address}`: serve the database there (or forward a loopback port to it), or bootstrap with `--manual-controller`");
+    match db_address(url) {
+        Some((address, _)) if address.starts_with(':') => {
+            bail!("`state-url` names no server host (a local socket), which machine 0 cannot reach: give it as `postgres://USER@HOST:PORT/DB`")
+        }
+        Some(server) => Ok(server),
+        None => {
+            bail!("cannot read the server's address in `state-url`; give it as `postgres://USER@HOST:PORT/DB`")
+        }
     }
-    if config.contains_key("lxd-url") {
-        bail!("`state-url` names this host's loopback, which a remote LXD daemon's host cannot reach for machine 0: bootstrap with the local daemon, or with `--manual-controller`");
-    }
-    // Machine 0's own loopback ports: the daemon's proxy and the API.
-    let lxd_port = CONTROLLER_LXD_LISTEN.rsplit_once(':').map(|(_, p)| p);
-    let api_port = CONTROLLER_API_PORT.to_string();
-    let port = address.rsplit_once(':').map(|(_, p)| p);
-    if port == lxd_port || port == Some(api_port.as_str()) {
-        bail!("machine 0 uses port {} of its loopback itself, so the state database cannot be reached there: serve it on another port", port.unwrap_or_default());
-    }
-    Ok(())
 }
 
 /// `url` with its `sslrootcert` file (unless `system`) named `path`
@@ -291,7 +305,7 @@ pub(crate) fn erase_state(
         .erase()?)
     });
     if let Err(e) = erased {
-        bail!("every instance of environment `{name}` is stopped, but its state in `{}` could not be erased: {e}; run `jujube destroy-environment {name}` again once the database answers", place.url);
+        bail!("every instance of environment `{name}` is stopped, but its state in `{}` could not be erased: {e}; run `jujube destroy-environment {name}` again once the database answers (with its password in `state-password-file`'s file or `JUJUBE_STATE_PASSWORD`)", place.url);
     }
     writeln!(out, "erased the environment's state in `{}`", place.url)?;
     Ok(())

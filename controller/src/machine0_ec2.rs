@@ -192,16 +192,14 @@ fn unbundle(bytes: &[u8], dir: &Path) -> Result<()> {
 /// host's loopback, unless the cloud itself is (an emulator on this host,
 /// whose instances are this host's too).
 pub(crate) fn check_state_reachable(url: &str, config: &BTreeMap<String, String>) -> Result<()> {
-    let Some((address, loopback)) = crate::machine0::db_address(url) else {
-        bail!("cannot read the server's address in `state-url` `{url}`; give it as `postgres://USER@HOST:PORT/DB`");
-    };
+    let (address, loopback) = crate::machine0::one_server(url)?;
     let cloud_here = config
         .get("endpoint")
         .and_then(|e| e.split_once("://").map(|(_, r)| r))
         .and_then(|r| crate::machine0::db_address(&format!("x://{r}")))
         .is_some_and(|(_, loopback)| loopback);
     if loopback && !cloud_here {
-        bail!("`state-url` names this host's loopback (`{address}`), which machine 0's instance cannot reach: give the address of a database server the instance reaches in the cloud's network (a managed PostgreSQL, say), or bootstrap with `--manual-controller`");
+        bail!("`state-url` names this host's loopback (`{address}`), which machine 0's instance cannot reach: give the address of a database server the instance reaches in the cloud's network (a managed PostgreSQL, say), or bootstrap with `--manual-controller` (an `endpoint` on this host's loopback, an emulator's, lets its instances reach this host's)");
     }
     Ok(())
 }
@@ -440,6 +438,11 @@ pub async fn bootstrap(
             .collect();
         if !ours.is_empty() && ec2.stop_instances(&ours).await.is_ok() {
             removed.push(format!("instance(s) {}", ours.join(", ")));
+            // A state in PostgreSQL is erased after this: not while a
+            // controller that took it up may still write it.
+            if home.state_place(name).ok().flatten().is_some() {
+                let _ = wait_terminated(&ec2, &ours, TERMINATION_WAIT).await;
+            }
         }
         match ec2.remove_environment_resources().await {
             Ok(gone) => removed.extend(gone),
@@ -674,6 +677,30 @@ async fn steps(
     )
 }
 
+/// How long `destroy-environment` waits for machine 0's instance to
+/// terminate before it erases a state in PostgreSQL.
+const TERMINATION_WAIT: Duration = Duration::from_secs(300);
+
+/// Waits until instances `ids` have terminated (shut down, not only
+/// stopping), up to `within`.
+async fn wait_terminated(ec2: &Ec2Provider, ids: &[String], within: Duration) -> Result<()> {
+    let deadline = Instant::now() + within;
+    loop {
+        let left = ec2.not_terminated(ids).await?;
+        if left.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "instance(s) {} had not terminated after {}s",
+                left.join(", "),
+                within.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
 /// Whether the environment's controller answers this home's admin at `dial`,
 /// proven by the environment's CA `ca`: once, no waiting.
 async fn controller_answers(dial: &str, ca: &str, password: &str) -> bool {
@@ -714,6 +741,16 @@ pub async fn destroy(home: &Home, name: &str, m0: Machine0, out: &mut impl Write
         writeln!(out, "removed {}", removed.join(", "))?;
     }
     if let Some(place) = &m0.state {
+        // Machine 0's controller may write the state until its instance
+        // has terminated: erased only then.
+        wait_terminated(&ec2, machine0, TERMINATION_WAIT)
+            .await
+            .map_err(|e| {
+                crate::Error::Refused(format!(
+                    "{e}, so the environment's state in `{}` is kept: run `jujube destroy-environment {name}` again",
+                    place.url
+                ))
+            })?;
         crate::machine0::erase_state(name, place, out)?;
     }
     crate::run::forget_environment(home, name, out)
@@ -799,6 +836,22 @@ mod tests {
         check_state_reachable("postgres://jujube@db.internal:5432/jujube", &config(None)).unwrap();
         check_state_reachable("postgres://jujube@10.0.1.5/jujube", &config(None)).unwrap();
         assert!(check_state_reachable("mysql:nothing", &config(None)).is_err());
+        // A host that is not the URL's authority's one: refused as on LXD.
+        for sneaky in [
+            "postgres://jujube@/jujube?host=/run/postgresql",
+            "postgres://jujube@db.internal/jujube?host=127.0.0.1",
+            "postgres://jujube@db.internal/jujube?hostaddr=127.0.0.1",
+            "postgres://jujube@db.internal:5432,127.0.0.1:5433/jujube",
+        ] {
+            assert!(
+                check_state_reachable(sneaky, &config(None)).is_err(),
+                "{sneaky}"
+            );
+        }
+        for here in ["http://localhost:4566", "http://[::1]:4566"] {
+            check_state_reachable("postgres://jujube@127.0.0.1/jujube", &config(Some(here)))
+                .unwrap();
+        }
     }
 
     #[test]

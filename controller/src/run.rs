@@ -1316,9 +1316,6 @@ fn state_place(
         }
         return Ok(None);
     };
-    if on_ec2_machine_0 {
-        crate::machine0_ec2::check_state_reachable(url, config)?;
-    }
     // A relative `sslrootcert` is this directory's: kept absolute, as the
     // password file is, so that later commands find it from anywhere.
     let url = match crate::machine0::with_root_at(url, "").1 {
@@ -1336,6 +1333,9 @@ fn state_place(
             .transpose()?,
     };
     let target = place.target()?;
+    if on_ec2_machine_0 {
+        crate::machine0_ec2::check_state_reachable(&url, config)?;
+    }
     // Refused here, before the environment exists: a database that is not
     // empty of jujube's state (another environment's).
     let store = Store::open_at(

@@ -474,6 +474,26 @@ impl Ec2Provider {
         })
     }
 
+    /// Of `ids`, this environment's instances that have not terminated
+    /// yet: live ones and those still shutting down (whose processes may
+    /// still run), which [`Provider::instances_by_id`] leaves out.
+    pub async fn not_terminated(&self, ids: &[String]) -> Result<Vec<String>> {
+        if ids.is_empty() {
+            return Ok(vec![]);
+        }
+        let states = LIVE_STATES.iter().copied().chain(["shutting-down"]);
+        let filters = vec![
+            filter("instance-id", ids.to_vec()),
+            filter("instance-state-name", states),
+        ];
+        Ok(self
+            .describe_raw(filters, false)
+            .await?
+            .into_iter()
+            .map(|(_, _, i)| i.id)
+            .collect())
+    }
+
     pub fn region(&self) -> &str {
         &self.region
     }

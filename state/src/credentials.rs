@@ -88,7 +88,18 @@ impl Store {
             }
             if let Some(stamp) = stamp {
                 if !crate::agents::stamp_in(tx, by, stamp)? {
-                    return Ok(());
+                    // A resend: done if it is the credential that number
+                    // set; another under the same number is refused.
+                    let kept: Option<String> = tx
+                        .prepare_cached("SELECT hash FROM agent_credentials WHERE tag = ?1")?
+                        .query_row([tag], |r| r.get(0))
+                        .optional()?;
+                    return match kept {
+                        Some(kept) if kept == hash => Ok(()),
+                        _ => Err(Error::Superseded {
+                            agent: by.to_string(),
+                        }),
+                    };
                 }
             }
             insert_unit_credential(tx, name, tag, hash)

@@ -171,10 +171,13 @@ fn a_unit_credential_sent_before_its_deployers_later_write_is_refused() {
         e.st.agent_credential(&tag).unwrap().as_deref(),
         Some("newer")
     );
-    // Sent again: done, not written again.
+    // Sent again: done, not written again; another credential under the
+    // same number is refused.
     let before = e.digest();
     set(&e.st, &by, 2, "newer").unwrap();
     assert_eq!(e.digest(), before);
+    let err = e.refused(|st| set(st, &by, 2, "other"));
+    assert!(matches!(err, Error::Superseded { .. }), "{err:?}");
     // Another machine's agent is refused, whatever its stamp.
     let other = Caller::Machine(machine + 100);
     assert!(matches!(
