@@ -732,6 +732,16 @@ ALTER TABLE units ADD COLUMN agent_incarnation BIGINT NOT NULL DEFAULT 0,
 ALTER TABLE machines ADD COLUMN agent_incarnation BIGINT NOT NULL DEFAULT 0,
     ADD COLUMN agent_seq BIGINT NOT NULL DEFAULT 0;
 "#,
+    // 28: the notification leaves the transaction: the store sends it
+    // right after the COMMIT of a transaction that wrote feed entries
+    // (see `sql::Connection::query_and_commit`). A NOTIFY inside a
+    // transaction takes the database's notify lock from before its commit
+    // until after it, flush included, so the commits of every controller's
+    // writers could not share a flush.
+    r#"
+DROP TRIGGER changes_notify ON changes;
+DROP FUNCTION changes_notify();
+"#,
 ];
 
 /// Every table and function [`PG_MIGRATIONS`] creates, for
@@ -763,8 +773,7 @@ pub(crate) const PG_TABLES: &[&str] = &[
     "controllers",
     "schema_version",
 ];
-pub(crate) const PG_FUNCTIONS: &[&str] =
-    &["machines_high_water", "units_high_water", "changes_notify"];
+pub(crate) const PG_FUNCTIONS: &[&str] = &["machines_high_water", "units_high_water"];
 
 /// The SQLite schema version [`PG_MIGRATIONS`]' first entry equals.
 pub(crate) const PG_BASELINE: usize = 24;

@@ -1,8 +1,8 @@
 //! Commits by other controllers, heard at once: each store on PostgreSQL
-//! keeps one session that `LISTEN`s on [`CHANNEL`], where a trigger on the
-//! feed's table notifies every commit that wrote feed entries (its payload
-//! is the schema, so environments sharing a database do not wake each
-//! other). A notification only wakes this process's watchers sooner: they
+//! keeps one session that `LISTEN`s on [`CHANNEL`], which every store
+//! notifies right after each commit that wrote feed entries, in the same
+//! round trip (its payload is the schema, so environments sharing a
+//! database do not wake each other; see `sql::NOTIFY`). A notification only wakes this process's watchers sooner: they
 //! still read the feed from the last revision they saw, and still poll, so
 //! a notification lost (the session cut, the server restarted) costs at
 //! most one poll interval, never a change.
@@ -16,7 +16,7 @@ use tokio_postgres::AsyncMessage;
 
 use super::PgTarget;
 
-/// The channel the feed's trigger notifies.
+/// The channel commits that wrote feed entries notify.
 pub(crate) const CHANNEL: &str = "jujube_changes";
 
 /// How long a lost listening session waits before it tries again.
