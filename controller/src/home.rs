@@ -54,6 +54,14 @@ impl StatePlace {
         Ok(jujube_state::PgTarget::new(&self.url, self.password()?)?)
     }
 
+    /// The store at this place, opened with full durability.
+    pub fn open(&self) -> Result<jujube_state::Store> {
+        Ok(jujube_state::Store::open_at(
+            &jujube_state::Location::Postgres(self.target()?),
+            jujube_state::Durability::Full,
+        )?)
+    }
+
     /// The password, read now: `JUJUBE_STATE_PASSWORD`, else the password
     /// file, else none.
     pub(crate) fn password(&self) -> Result<Option<String>> {

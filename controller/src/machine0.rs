@@ -297,13 +297,7 @@ pub(crate) fn erase_state(
     place: &crate::home::StatePlace,
     out: &mut impl Write,
 ) -> Result<()> {
-    let erased = place.target().and_then(|t| {
-        Ok(Store::open_at(
-            &jujube_state::Location::Postgres(t),
-            jujube_state::Durability::Full,
-        )?
-        .erase()?)
-    });
+    let erased = place.open().and_then(|st| Ok(st.erase()?));
     if let Err(e) = erased {
         bail!("every instance of environment `{name}` is stopped, but its state in `{}` could not be erased: {e}; run `jujube destroy-environment {name}` again once the database answers (with its password in `state-password-file`'s file or `JUJUBE_STATE_PASSWORD`)", place.url);
     }

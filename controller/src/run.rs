@@ -1286,12 +1286,7 @@ pub fn bootstrap(
         // the place itself: machine 0's hand-over may have removed this
         // home's `state-url.json` already).
         if let Some(place) = &state_place {
-            if let Ok(store) = place.target().and_then(|t| {
-                Ok(Store::open_at(
-                    &jujube_state::Location::Postgres(t),
-                    jujube_state::Durability::Full,
-                )?)
-            }) {
+            if let Ok(store) = place.open() {
                 let _ = store.erase();
             }
         }

@@ -806,15 +806,6 @@ struct Pg {
     later: RefCell<Vec<Later>>,
 }
 
-/// What wakes other controllers' watchers after a commit that wrote feed
-/// entries (`pg::listen`): the channel, and the environment's schema, so
-/// that environments sharing a database do not wake each other.
-const NOTIFY: &str = "SELECT pg_notify('jujube_changes', current_schema()::text)";
-const _: () = assert!(matches!(
-    crate::pg::listen::CHANNEL.as_bytes(),
-    b"jujube_changes"
-));
-
 /// An insert kept to be sent with the next request.
 struct Later {
     statement: tokio_postgres::Statement,
@@ -883,8 +874,8 @@ impl Pg {
             // the same round trip. A failed COMMIT makes it a spurious
             // wake, and its own failure fails nothing: a notification only
             // wakes other controllers sooner.
-            let mut notify = commit.then(|| Box::pin(self.client.batch_execute(NOTIFY)));
-            let mut notified = notify.is_none();
+            let mut notify =
+                commit.then(|| Box::pin(self.client.batch_execute(crate::pg::listen::NOTIFY)));
             let mut call = std::pin::pin!(call);
             let (mut r, mut a) = (None, after.is_none().then_some(Ok(())));
             block_on(std::future::poll_fn(|cx| {
@@ -903,18 +894,18 @@ impl Pg {
                         a = Some(v);
                     }
                 }
-                if let (false, Some(f)) = (notified, notify.as_mut()) {
+                if let Some(f) = notify.as_mut() {
                     if let Poll::Ready(v) = f.as_mut().poll(cx) {
                         if let Err(e) = v {
                             tracing::debug!(error = %e, "the feed's notification was not sent");
                         }
-                        notified = true;
+                        notify = None;
                     }
                 }
                 if before.iter().all(|(_, done)| done.is_some())
                     && r.is_some()
                     && a.is_some()
-                    && notified
+                    && notify.is_none()
                 {
                     Poll::Ready(())
                 } else {

@@ -2,7 +2,7 @@
 //! keeps one session that `LISTEN`s on [`CHANNEL`], which every store
 //! notifies right after each commit that wrote feed entries, in the same
 //! round trip (its payload is the schema, so environments sharing a
-//! database do not wake each other; see `sql::NOTIFY`). A notification only wakes this process's watchers sooner: they
+//! database do not wake each other; see [`NOTIFY`]). A notification only wakes this process's watchers sooner: they
 //! still read the feed from the last revision they saw, and still poll, so
 //! a notification lost (the session cut, the server restarted) costs at
 //! most one poll interval, never a change.
@@ -16,8 +16,23 @@ use tokio_postgres::AsyncMessage;
 
 use super::PgTarget;
 
+macro_rules! channel {
+    () => {
+        "jujube_changes"
+    };
+}
+
 /// The channel commits that wrote feed entries notify.
-pub(crate) const CHANNEL: &str = "jujube_changes";
+pub(crate) const CHANNEL: &str = channel!();
+
+/// What a store sends right after a commit that wrote feed entries: the
+/// channel, and the environment's schema, so that environments sharing a
+/// database do not wake each other.
+pub(crate) const NOTIFY: &str = concat!(
+    "SELECT pg_notify('",
+    channel!(),
+    "', current_schema()::text)"
+);
 
 /// How long a lost listening session waits before it tries again.
 const RETRY: Duration = Duration::from_secs(1);
