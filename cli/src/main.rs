@@ -289,7 +289,7 @@ enum Command {
     Controller {
         /// The controller machine whose controller this is (`enable-ha`
         /// adds them).
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = 0, env = jujube_controller::machine0::MACHINE_ENV)]
         machine: i64,
     },
     /// Run `jujube controller`, starting it again when it dies (what
@@ -1154,6 +1154,9 @@ fn enable_ha_here(home: &Home, client: &Client, out: &mut impl Write) -> Result<
     // Not `status`: that grows with the model.
     let env: jujube_wire::client::EnvironmentInfo = client.call(ClientCall::Environment)?;
     let machines = env.controllers;
+    if jujube_controller::machine0::hosted(home, name)?.is_some() {
+        return controllers_in_containers(home, client, machines.len(), out);
+    }
     if env.provider != "dummy" || !home.has_store(name) {
         return Ok(());
     }
@@ -1173,6 +1176,69 @@ fn enable_ha_here(home: &Home, client: &Client, out: &mut impl Write) -> Result<
         let config: BTreeMap<String, String> = client.call(ClientCall::GetEnvironment)?;
         entry.addresses = controller::api_addresses(home, name, &config, &machines);
         home.set_controller(name, entry)?;
+    }
+    Ok(())
+}
+
+/// How long `enable-ha` waits for the controllers the provisioner installs
+/// in their containers to answer.
+const CONTROLLERS_UP: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// After `enable-ha` of an environment whose controllers run in containers
+/// (LXD): waits until each of the `count` controllers is up (the
+/// provisioner starts its container and installs it there), then gives
+/// this home's controller entry every one's address, machine 0's first.
+fn controllers_in_containers(
+    home: &Home,
+    client: &Client,
+    count: usize,
+    out: &mut impl Write,
+) -> Result<()> {
+    let name = client.name();
+    let deadline = std::time::Instant::now() + CONTROLLERS_UP;
+    let mut said = BTreeMap::new();
+    let up = loop {
+        let env: jujube_wire::client::EnvironmentInfo = client.call(ClientCall::Environment)?;
+        let st = env.controller_status;
+        let waiting: Vec<&jujube_wire::view::ControllerStatus> = st
+            .iter()
+            .filter(|c| c.state != "up" || c.addresses.is_empty())
+            .collect();
+        if waiting.is_empty() && st.len() >= count {
+            break st;
+        }
+        for c in &waiting {
+            if said.insert(c.machine.clone(), c.state.clone()).as_ref() != Some(&c.state) {
+                writeln!(
+                    out,
+                    "waiting for machine {}'s controller ({})",
+                    c.machine, c.state
+                )?;
+            }
+        }
+        if std::time::Instant::now() >= deadline {
+            let which: Vec<String> = waiting.iter().map(|c| format!("`{}`", c.machine)).collect();
+            bail!("the controllers of machines {} are not up after {}s; see `jujube status` (a machine's status says why its container did not start), then run `jujube enable-ha` again to wait for them", which.join(", "), CONTROLLERS_UP.as_secs());
+        }
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    };
+    let mut addresses: Vec<String> = Vec::new();
+    for a in up.iter().flat_map(|c| c.addresses.iter()) {
+        if !addresses.contains(a) {
+            addresses.push(a.clone());
+        }
+    }
+    if let Some(mut entry) = home.controller(name)? {
+        entry.addresses = addresses;
+        home.set_controller(name, entry)?;
+    }
+    for c in &up {
+        writeln!(
+            out,
+            "machine {}'s controller is up at {}",
+            c.machine,
+            c.addresses.join(", ")
+        )?;
     }
     Ok(())
 }

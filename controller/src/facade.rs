@@ -88,7 +88,7 @@ fn controllers_run(st: &mut jujube_wire::view::Status) {
             "its jobs run in a controller left running in the background (restarted if it dies)"
         }
         Ok("init") => {
-            "its jobs run in the controller in machine 0's container (restarted by its init if it dies)"
+            "its jobs run in the controller in its container (restarted by its init if it dies)"
         }
         _ => "its jobs run in the controller",
     };
@@ -145,6 +145,7 @@ fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Answer> {
                 provider: env.provider,
                 default_series: env.default_series,
                 controllers: store.controller_machines()?,
+                controller_status: store.controllers_status()?,
             })
         }
         ClientCall::GetConstraints { service } => json(
@@ -247,8 +248,14 @@ fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Answer> {
                 bail!("`enable-ha` needs the environment's state in PostgreSQL: its SQLite file lives on machine 0 alone and would go with it; bootstrap an environment with `--config state-url=postgres://USER@HOST:PORT/DB`");
             }
             let provider = store.environment()?.provider;
-            if provider != "dummy" {
-                bail!("`enable-ha` runs controller machines on the dummy provider only so far, not on `{provider}`");
+            let in_container = std::env::var(crate::machine0::API_ADVERTISE).is_ok();
+            match provider.as_str() {
+                "dummy" => {}
+                // The provisioner installs each one from this controller's
+                // container (`machine0::ControllerSeed`).
+                "lxd" if in_container => {}
+                "lxd" => bail!("`enable-ha` on LXD needs the controller in machine 0's container, which gives the others theirs; this one runs on the host that bootstrapped the environment (`--manual-controller`)"),
+                _ => bail!("`enable-ha` runs controller machines on the dummy and LXD providers only so far, not on `{provider}`"),
             }
             json(store.enable_ha(n)?)
         }

@@ -27,6 +27,24 @@ pub const MARKER: &str = "machine-0.json";
 /// How long `bootstrap` waits for machine 0's controller to answer.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// Set in a controller container's [`CONTROLLER_ENV_FILE`]: where the
+/// daemon's host exposes its API (`HOST:PORT`, what the CLI dials). The
+/// controller records that address for clients, not the container's own.
+pub const API_ADVERTISE: &str = "JUJUBE_API_ADVERTISE";
+/// Set in another controller machine's [`CONTROLLER_ENV_FILE`]
+/// (`enable-ha`): its machine id (`jujube controller --machine`).
+pub const MACHINE_ENV: &str = "JUJUBE_MACHINE";
+
+/// The daemon's host ports other controllers' APIs are exposed at, one
+/// drawn at random for each start attempt (a port taken makes the start
+/// fail, and the next attempt draws again). Below Linux's ephemeral range.
+const CONTROLLER_PORTS: std::ops::RangeInclusive<u16> = 17071..=17999;
+
+/// The files a state in PostgreSQL adds to a controller's environment
+/// directory ([`state_files`]): the URL's authority, the password.
+const STATE_CA: &str = "state-ca.pem";
+const STATE_PASSWORD: &str = "state-password";
+
 /// Where an environment's controller runs, as the host that bootstrapped it
 /// knows it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -269,8 +287,8 @@ pub(crate) fn state_files(
     place: &crate::home::StatePlace,
     dir: &str,
 ) -> Result<Vec<(&'static str, Vec<u8>)>> {
-    const CA: &str = "state-ca.pem";
-    const PASSWORD: &str = "state-password";
+    const CA: &str = STATE_CA;
+    const PASSWORD: &str = STATE_PASSWORD;
     let (url, root) = with_root_at(&place.url, &format!("{dir}/{CA}"));
     let mut files = Vec::new();
     if let Some(root) = root {
@@ -470,11 +488,7 @@ pub async fn move_in(
         // Last: what makes the image's init start the controller.
         files.push((
             CONTROLLER_ENV_FILE.to_string(),
-            format!(
-                "JUJUBE_HOME={CONTROLLER_HOME}\nJUJUBE_ENV={name}\n{}=init\n",
-                crate::facade::KEPT_BY
-            )
-            .into(),
+            controller_env(name, 0, &address).into(),
             0o600,
         ));
         progress.update(
@@ -524,6 +538,122 @@ pub async fn move_in(
     result
 }
 
+/// What the image's init reads to run controller machine `machine`'s
+/// controller in its container, whose API the daemon's host exposes at
+/// `advertise`.
+fn controller_env(name: &str, machine: i64, advertise: &str) -> String {
+    let mut env = format!(
+        "JUJUBE_HOME={CONTROLLER_HOME}\nJUJUBE_ENV={name}\n{}=init\n{API_ADVERTISE}={advertise}\n",
+        crate::facade::KEPT_BY
+    );
+    if machine != 0 {
+        env.push_str(&format!("{MACHINE_ENV}={machine}\n"));
+    }
+    env
+}
+
+/// What a controller in an LXD container gives the containers of the
+/// controller machines it provisions (`enable-ha`): a copy of its own
+/// environment's certificates, client identity for the daemon and place of
+/// the state, and its binary; each one's API exposed on the daemon's host
+/// beside its own.
+pub(crate) struct ControllerSeed {
+    name: String,
+    dir: std::path::PathBuf,
+    /// This controller's [`API_ADVERTISE`]: the others are on its host.
+    advertise_host: String,
+    /// Where the daemon's host binds them: its loopback when this one's
+    /// is there, else every address.
+    listen_ip: &'static str,
+    state_db: Option<String>,
+    lxd_files: Vec<String>,
+}
+
+impl ControllerSeed {
+    /// The seed of the controller running here, when it runs in an LXD
+    /// container (its init gave it [`API_ADVERTISE`]).
+    pub(crate) fn here(
+        home: &Home,
+        name: &str,
+        config: &BTreeMap<String, String>,
+    ) -> Result<Option<ControllerSeed>> {
+        let Ok(advertise) = std::env::var(API_ADVERTISE) else {
+            return Ok(None);
+        };
+        let Some((host, _)) = advertise.rsplit_once(':') else {
+            bail!("`{API_ADVERTISE}={advertise}` is not `HOST:PORT`; fix `{CONTROLLER_ENV_FILE}`");
+        };
+        let loopback = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+        let state_db = match home.state_place(name)? {
+            Some(place) => Some(db_address(&place.url).context("cannot read `state-url`")?.0),
+            None => None,
+        };
+        let lxd_files = ["lxd-client-cert", "lxd-client-key", "lxd-server-cert"]
+            .iter()
+            .filter_map(|k| config.get(*k).cloned())
+            .collect();
+        Ok(Some(ControllerSeed {
+            name: name.to_string(),
+            dir: home.env_dir(name),
+            advertise_host: host.to_string(),
+            listen_ip: if loopback { "127.0.0.1" } else { "0.0.0.0" },
+            state_db,
+            lxd_files,
+        }))
+    }
+
+    /// Controller machine `machine`'s controller, exposed at a port drawn
+    /// for this attempt.
+    pub(crate) fn install(&self, machine: i64) -> Result<jujube_providers::ControllerInstall> {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_i64(machine);
+        let span = u64::from(CONTROLLER_PORTS.end() - CONTROLLER_PORTS.start()) + 1;
+        let port = CONTROLLER_PORTS.start() + (h.finish() % span) as u16;
+        let advertise = format!("{}:{port}", self.advertise_host);
+        let read = |path: &Path| {
+            std::fs::read(path).with_context(|| format!("cannot read `{}`", path.display()))
+        };
+        let mut files = Vec::new();
+        let tls = jujube_api::tls::dir(&self.dir);
+        let mut rels = Vec::new();
+        files_under(&tls, Path::new(""), &mut rels)?;
+        for rel in rels {
+            let path = tls.join(rel);
+            files.push((path.display().to_string(), read(&path)?, 0o600));
+        }
+        for f in [crate::home::STATE_URL, STATE_CA, STATE_PASSWORD] {
+            let path = self.dir.join(f);
+            if path.exists() {
+                files.push((path.display().to_string(), read(&path)?, 0o600));
+            }
+        }
+        for f in &self.lxd_files {
+            files.push((f.clone(), read(Path::new(f))?, 0o600));
+        }
+        files.push((
+            format!("{CONTROLLER_HOME}/current-environment"),
+            format!("{}\n", self.name).into(),
+            0o600,
+        ));
+        // Last: what makes the image's init start the controller.
+        files.push((
+            CONTROLLER_ENV_FILE.to_string(),
+            controller_env(&self.name, machine, &advertise).into(),
+            0o600,
+        ));
+        Ok(jujube_providers::ControllerInstall {
+            files,
+            api_listen: format!("{}:{port}", self.listen_ip),
+            state_db: self.state_db.clone(),
+        })
+    }
+}
+
 /// `destroy-environment` of an environment whose controller runs in
 /// machine 0's container: machine 0 is frozen (its controller acts no
 /// more), every other instance of the environment is stopped, then machine
@@ -534,11 +664,29 @@ pub async fn destroy(home: &Home, name: &str, m0: Machine0, out: &mut impl Write
     }
     let provider = LxdProvider::new(&m0.uuid, &m0.lxd)?;
     let machine0 = std::slice::from_ref(&m0.container);
-    if !provider.instances_by_id(machine0).await?.is_empty() {
-        if let Err(e) = provider.freeze(&m0.container).await {
-            // A daemon that cannot freeze: machine 0 stops first instead.
-            tracing::warn!(error = %e, "cannot freeze machine 0; stopping it first");
-            provider.stop_instances(machine0).await?;
+    // Every controller first (`enable-ha` adds them): none provisions
+    // again what is being stopped.
+    let controllers: Vec<String> = provider
+        .instances()
+        .await?
+        .into_iter()
+        .filter(|i| i.tags.get(jujube_providers::TAG_CONTROLLER) == Some("true"))
+        .map(|i| i.id)
+        .filter(|id| *id != m0.container)
+        .chain(std::iter::once(m0.container.clone()))
+        .collect();
+    for c in &controllers {
+        if provider
+            .instances_by_id(std::slice::from_ref(c))
+            .await?
+            .is_empty()
+        {
+            continue;
+        }
+        if let Err(e) = provider.freeze(c).await {
+            // A daemon that cannot freeze: the controller stops first instead.
+            tracing::warn!(error = %e, container = %c, "cannot freeze a controller; stopping it first");
+            provider.stop_instances(std::slice::from_ref(c)).await?;
         }
     }
     crate::run::stop_every_instance(&provider, Vec::new(), Some(&m0.container), out).await?;

@@ -276,8 +276,11 @@ pub async fn start_api(
     let config = store.environment_config()?;
     // Where it listens: `api-listen-address` where that differs from the
     // address agents dial (machine 0 on EC2 listens on every interface).
-    // Machine 0's: the other controllers on this host take free ports.
-    let address = if machine == 0 {
+    // Machine 0's, and any controller's in a container of its own (its
+    // init named where the daemon's host exposes it); other controllers
+    // on one host take free ports.
+    let own_host = machine == 0 || std::env::var(crate::machine0::API_ADVERTISE).is_ok();
+    let address = if own_host {
         config
             .get("api-listen-address")
             .or(config.get("api-address"))
@@ -418,10 +421,11 @@ fn placement(
                      api_connect: String| {
         Some(Arc::new(Installer {
             store: store.clone(),
-            agents,
+            agents: Some(agents),
             api_connect,
             enroll,
             tokens: Mutex::new(HashMap::new()),
+            controllers: None,
         }))
     };
     let in_process = Placement {
@@ -441,7 +445,25 @@ fn placement(
                 host: Some(jujube_agent_state::Mode::Process(a)),
             })
         }
-        ("lxd", _) if lxd_agents_in_containers(&config) => {
+        ("lxd", _) => {
+            // A controller in a container installs the others (`enable-ha`).
+            let controllers =
+                crate::machine0::ControllerSeed::here(home, env_name, &config)?.map(Arc::new);
+            if !lxd_agents_in_containers(&config) {
+                return Ok(Placement {
+                    installer: controllers.map(|seed| {
+                        Arc::new(Installer {
+                            store: store.clone(),
+                            agents: None,
+                            api_connect: String::new(),
+                            enroll: None,
+                            tokens: Mutex::new(HashMap::new()),
+                            controllers: Some(seed),
+                        })
+                    }),
+                    ..in_process
+                });
+            }
             // Where the daemon's host finds the API for the agents'
             // containers: the address it proxies to machine 0's container
             // when the controller runs there, else this host's socket.
@@ -454,14 +476,17 @@ fn placement(
             };
             Ok(Placement {
                 host: None,
-                installer: installer(
-                    agents(vec![format!(
+                installer: Some(Arc::new(Installer {
+                    store: store.clone(),
+                    agents: Some(agents(vec![format!(
                         "unix:{}",
                         jujube_providers::lxd::AGENT_API_SOCKET
-                    )])?,
-                    None,
+                    )])?),
                     api_connect,
-                ),
+                    enroll: None,
+                    tokens: Mutex::new(HashMap::new()),
+                    controllers,
+                })),
             })
         }
         // Instances reach the API at `api-address`; without one, agents
@@ -648,7 +673,9 @@ fn lxd_agents_in_containers(config: &BTreeMap<String, String>) -> bool {
 /// holding it, for the provider to put on the instance.
 struct Installer {
     store: Store,
-    agents: jujube_agent_state::process::ProcessAgents,
+    /// `None`: machine agents are not installed on instances (they run in
+    /// the controller).
+    agents: Option<jujube_agent_state::process::ProcessAgents>,
     /// Where the API is on the provider's host (LXD's proxy `connect`).
     api_connect: String,
     /// For instances enrolling from shared user data: the API address they
@@ -658,6 +685,9 @@ struct Installer {
     /// batch is launched once; its instances keep the token they booted
     /// with, whose hash the store keeps until it expires).
     tokens: Mutex<HashMap<String, String>>,
+    /// Where controller machines get their controller from (`enable-ha` on
+    /// LXD); `None`: they get none on their instance.
+    controllers: Option<Arc<crate::machine0::ControllerSeed>>,
 }
 
 impl jujube_provisioner::AgentInstaller for Installer {
@@ -667,9 +697,23 @@ impl jujube_provisioner::AgentInstaller for Installer {
         nonce: &str,
     ) -> std::result::Result<Option<jujube_providers::AgentInstall>, String> {
         let m = self.store.machine(machine).map_err(|e| e.to_string())?;
-        if !m.hosts_units() {
-            return Ok(None);
+        if m.manages_environ() && !m.hosts_units() {
+            let Some(seed) = &self.controllers else {
+                return Ok(None);
+            };
+            let exe = std::env::current_exe()
+                .map_err(|e| format!("cannot find the `jujube` binary: {e}"))?;
+            return Ok(Some(jujube_providers::AgentInstall {
+                conf: Vec::new(),
+                binary: exe,
+                api_connect: String::new(),
+                enrollment: None,
+                controller: Some(seed.install(machine).map_err(|e| e.to_string())?),
+            }));
         }
+        let Some(agents) = self.agents.as_ref().filter(|_| m.hosts_units()) else {
+            return Ok(None);
+        };
         if let Some((api_address, sha)) = &self.enroll {
             let batch = jujube_providers::launch_batch(nonce).map_or(nonce, |(b, _)| b);
             let mut tokens = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
@@ -692,14 +736,15 @@ impl jujube_provisioner::AgentInstaller for Installer {
             };
             return Ok(Some(jujube_providers::AgentInstall {
                 conf: Vec::new(),
-                binary: self.agents.exe.clone(),
+                binary: agents.exe.clone(),
                 api_connect: String::new(),
                 enrollment: Some(jujube_providers::Enrollment {
                     token,
                     api_address: api_address.clone(),
-                    ca_cert: self.agents.ca_cert.clone(),
+                    ca_cert: agents.ca_cert.clone(),
                     binary_sha256: sha.clone(),
                 }),
+                controller: None,
             }));
         }
         let tag = jujube_agent::api::Tag::Machine(machine);
@@ -712,12 +757,13 @@ impl jujube_provisioner::AgentInstaller for Installer {
             )
             .map_err(|e| e.to_string())?;
         let conf =
-            serde_json::to_vec_pretty(&self.agents.conf(tag, secret)).map_err(|e| e.to_string())?;
+            serde_json::to_vec_pretty(&agents.conf(tag, secret)).map_err(|e| e.to_string())?;
         Ok(Some(jujube_providers::AgentInstall {
             conf,
-            binary: self.agents.exe.clone(),
+            binary: agents.exe.clone(),
             api_connect: self.api_connect.clone(),
             enrollment: None,
+            controller: None,
         }))
     }
 }
@@ -792,7 +838,12 @@ pub async fn run(home: &Home, env_name: &str, machine: i64) -> Result<()> {
     let holder = format!("machine-{machine}/{}", host.trim());
     // Recorded before anything else happens, so that `status`, agents and
     // the other controllers know where it serves; then every few seconds.
-    let addresses = api.addresses();
+    // In a container, where the daemon's host exposes it: its own
+    // addresses are the container's.
+    let addresses = match std::env::var(crate::machine0::API_ADVERTISE) {
+        Ok(a) if !a.is_empty() => vec![a],
+        _ => api.addresses(),
+    };
     store.controller_seen(machine, &holder, &addresses, wall_ms())?;
     // Leases and these records on connections of their own: neither waits
     // behind the agents' writes (see `singletons::Claimer`).

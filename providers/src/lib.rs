@@ -101,6 +101,42 @@ pub struct AgentInstall {
     /// (EC2): no secret, but what their boot script needs to fetch the
     /// binary and enroll (`conf` is then empty).
     pub enrollment: Option<Enrollment>,
+    /// For a controller machine (`enable-ha`) on a provider that installs
+    /// controllers (LXD): what makes the instance a controller (`conf` is
+    /// then empty, and no agent runs there).
+    pub controller: Option<ControllerInstall>,
+}
+
+/// What makes an instance one of the environment's controllers, made by
+/// the controller that provisions it from its own home: the same CA,
+/// certificates, client identity for the cloud and place of the state,
+/// and where the instance's API is exposed (LXD: containers have no
+/// network, so a proxy device on the daemon's host).
+#[derive(Clone, PartialEq)]
+pub struct ControllerInstall {
+    /// `(path on the instance, contents, mode)`: secrets among them.
+    pub files: Vec<(String, Vec<u8>, u32)>,
+    /// Where the controller's API is exposed on the provider's host
+    /// (`IP:PORT`): what the CLI and agents' proxies connect to.
+    pub api_listen: String,
+    /// The state database's server on the provider's host (`IP:PORT`),
+    /// reached from inside the instance at the same address (its
+    /// certificate names the address the controller dials).
+    pub state_db: Option<String>,
+}
+
+impl std::fmt::Debug for ControllerInstall {
+    /// Never the files' contents: secrets are among them.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControllerInstall")
+            .field(
+                "files",
+                &self.files.iter().map(|(p, _, _)| p).collect::<Vec<_>>(),
+            )
+            .field("api_listen", &self.api_listen)
+            .field("state_db", &self.state_db)
+            .finish()
+    }
 }
 
 /// What an instance's boot script needs to install its agent: see
@@ -333,6 +369,7 @@ impl std::fmt::Debug for AgentInstall {
             .field("binary", &self.binary)
             .field("api_connect", &self.api_connect)
             .field("enrollment", &self.enrollment.as_ref().map(|_| "<hidden>"))
+            .field("controller", &self.controller)
             .finish_non_exhaustive()
     }
 }

@@ -42,6 +42,17 @@ impl Store {
         })
     }
 
+    /// Each Alive controller machine's controller, as `status` shows them:
+    /// what grows with the controllers alone.
+    pub fn controllers_status(&self) -> Result<Vec<jujube_wire::view::ControllerStatus>> {
+        let now = crate::unix_now();
+        self.read(|c| {
+            let lapse = crate::credentials::presence_lapse(c)?;
+            let lease = crate::leases::lease_in(c, crate::leases::SINGLETONS)?;
+            controllers_status(c, lease.as_ref(), now, lapse)
+        })
+    }
+
     pub fn status(&self) -> Result<Status> {
         let now = crate::unix_now();
         self.read(|c| {

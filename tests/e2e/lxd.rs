@@ -1413,17 +1413,8 @@ async fn machine_0s_container_runs_the_controller_and_holds_the_state() {
 async fn machine_0s_controller_keeps_the_state_in_postgresql() {
     let Some(c) = lxd() else { return };
     // The blocking client on a thread of its own: it runs a runtime.
-    let (pg, schema, url) = std::thread::spawn(crate::postgres::fresh_schema)
-        .join()
-        .unwrap();
-    let pg = std::sync::Mutex::new(Some(pg));
-    let tables = || {
-        std::thread::scope(|s| {
-            s.spawn(|| crate::postgres::tables(pg.lock().unwrap().as_mut().unwrap(), &schema))
-                .join()
-                .unwrap()
-        })
-    };
+    let mut db = crate::postgres::AsyncSchema::new();
+    let url = db.url.clone();
     let mut j = Jujube::new();
     j.auto_controller = true;
     j.start_controllers = false;
@@ -1443,7 +1434,7 @@ async fn machine_0s_controller_keeps_the_state_in_postgresql() {
     ])
     .ok();
     let (_, uuid, _sweep, m0) = machine_0(&j);
-    assert!(tables() > 0);
+    assert!(db.tables() > 0);
 
     // What machine 0 holds of the state: where it is, never the state.
     let home = jujube_providers::lxd::controller::CONTROLLER_HOME;
@@ -1470,10 +1461,165 @@ async fn machine_0s_controller_keeps_the_state_in_postgresql() {
         r.stdout
     );
     assert!(tagged(&c, &uuid).await.is_empty(), "containers left");
-    assert_eq!(tables(), 0);
+    assert_eq!(db.tables(), 0);
     assert!(!j.home.path().join("environments/lxp").exists());
-    let pg = pg.lock().unwrap().take();
-    std::thread::spawn(move || drop(pg)).join().unwrap();
+}
+
+/// `enable-ha -n 3` with the controller in machine 0's container and the
+/// state in PostgreSQL: the provisioner makes machines 1 and 2's containers
+/// controllers (the same certificates, identity for the daemon and place of
+/// the state; each API on a port of its own on this host) and runs no agent
+/// there; the CLI waits for them and keeps every one's address. With
+/// machine 0's container stopped, another controller takes the singletons
+/// lease and the CLI fails over to it: a machine added then is provisioned.
+/// `destroy-environment` stops every controller and erases the state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enable_ha_makes_controllers_of_containers_that_take_over_from_machine_0() {
+    let Some(c) = lxd() else { return };
+    let mut db = crate::postgres::AsyncSchema::new();
+    let url = db.url.clone();
+    let mut j = Jujube::new();
+    j.auto_controller = true;
+    j.start_controllers = false;
+    let password = j.home.path().join("state-password");
+    std::fs::write(&password, "not-needed-by-trust\n").unwrap();
+    j.run(&[
+        "bootstrap",
+        "lxha",
+        "--provider",
+        "lxd",
+        "--config",
+        "image-alias=jujube-agent",
+        "--config",
+        &format!("state-url={url}"),
+        "--config",
+        &format!("state-password-file={}", password.display()),
+    ])
+    .ok();
+    let (_, uuid, _sweep, m0) = machine_0(&j);
+
+    let r = j.run(&["enable-ha", "-n", "3"]).ok();
+    for m in ["1", "2"] {
+        assert!(
+            r.stdout
+                .contains(&format!("added controller machine `{m}`")),
+            "{}",
+            r.stdout
+        );
+        assert!(
+            r.stdout
+                .contains(&format!("machine {m}'s controller is up at 127.0.0.1:")),
+            "{}",
+            r.stdout
+        );
+    }
+    let controllers: Value =
+        serde_json::from_slice(&std::fs::read(j.home.path().join("controllers.json")).unwrap())
+            .unwrap();
+    let addresses = controllers["lxha"]["addresses"].as_array().unwrap().clone();
+    assert_eq!(addresses.len(), 3, "{controllers}");
+    let st = j.status();
+    let shown: Vec<(String, String, Value)> = st["controllers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["machine"].as_str().unwrap().to_string(),
+                c["state"].as_str().unwrap().to_string(),
+                c["addresses"][0].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        (0..3)
+            .map(|m| (m.to_string(), "up".to_string(), addresses[m].clone()))
+            .collect::<Vec<_>>(),
+        "{st}"
+    );
+    // Each new controller runs in its own container, as machine 1 or 2,
+    // from its own copy of the place of the state; no agent there.
+    let home = jujube_providers::lxd::controller::CONTROLLER_HOME;
+    let env = format!("{home}/environments/lxha");
+    for m in [1, 2] {
+        let name = format!("jujube-{}-{m}", short(&uuid));
+        let conf = file_in(
+            &c,
+            &name,
+            jujube_providers::lxd::controller::CONTROLLER_ENV_FILE,
+        )
+        .await;
+        assert!(conf.contains(&format!("JUJUBE_MACHINE={m}")), "{conf}");
+        assert!(conf.contains("JUJUBE_API_ADVERTISE=127.0.0.1:"), "{conf}");
+        assert_machine_0s_own_state_place(&c, &name, &env, &url).await;
+        assert_eq!(
+            exec_in(
+                &c,
+                &name,
+                &["test", "-e", "/var/lib/jujube/agent/agent.conf"]
+            )
+            .await,
+            1,
+            "machine {m} has an agent"
+        );
+    }
+
+    // Machine 0 goes away: another controller takes the lease, and the
+    // CLI reaches it.
+    c.run(
+        Method::PUT,
+        &format!("/1.0/instances/{m0}/state"),
+        Some(&json!({"action": "stop", "force": true})),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let holder = loop {
+        let st = j.status();
+        let holder = st["controllers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["runs-singletons"] == json!(true))
+            .map(|c| c["machine"].as_str().unwrap().to_string());
+        match holder {
+            Some(h) if h != "0" => break h,
+            _ => {}
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no other controller took over: {st}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    assert!(holder == "1" || holder == "2", "{holder}");
+    j.run(&["add-machine"]).ok();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let st = j.status();
+        if st["machines"]["3"]["instance-id"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("jujube-"))
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "machine 3 was not provisioned: {st}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+
+    let r = j.run(&["destroy-environment", "lxha", "-y"]).ok();
+    assert!(
+        r.stdout.contains("erased the environment's state"),
+        "{}",
+        r.stdout
+    );
+    assert!(tagged(&c, &uuid).await.is_empty(), "containers left");
+    assert_eq!(db.tables(), 0);
 }
 
 /// Machine 0's (`m0`) own place of a state in PostgreSQL at `url`, in its
@@ -1553,25 +1699,9 @@ async fn bootstrap_on_ec2(hand_over: bool) {
     j.auto_controller = true;
     j.start_controllers = false;
     let api = format!("127.0.0.1:{}", unclaimed_port());
-    // The hand-over's environment keeps its state in PostgreSQL. (The
-    // blocking client on a thread of its own: it runs a runtime.)
-    let (pg, schema, state_url) = match hand_over {
-        true => {
-            let (pg, schema, url) = std::thread::spawn(crate::postgres::fresh_schema)
-                .join()
-                .unwrap();
-            (Some(pg), schema, Some(url))
-        }
-        false => (None, String::new(), None),
-    };
-    let pg = std::sync::Mutex::new(pg);
-    let tables = || {
-        std::thread::scope(|s| {
-            s.spawn(|| crate::postgres::tables(pg.lock().unwrap().as_mut().unwrap(), &schema))
-                .join()
-                .unwrap()
-        })
-    };
+    // The hand-over's environment keeps its state in PostgreSQL.
+    let mut db = hand_over.then(crate::postgres::AsyncSchema::new);
+    let state_url = db.as_ref().map(|d| d.url.clone());
     let state_password = j.home.path().join("state-password");
     std::fs::write(&state_password, "not-needed-by-trust\n").unwrap();
     let state_config: Vec<String> = match &state_url {
@@ -1805,8 +1935,8 @@ async fn bootstrap_on_ec2(hand_over: bool) {
             .unwrap()
             .is_none());
     }
-    if hand_over {
-        assert!(tables() > 0, "no state in PostgreSQL");
+    if let Some(db) = &mut db {
+        assert!(db.tables() > 0, "no state in PostgreSQL");
     }
     // This home holds no state of the environment now, and the hand-over
     // is gone from the bucket.
@@ -1846,11 +1976,9 @@ async fn bootstrap_on_ec2(hand_over: bool) {
         "{}",
         r.stdout
     );
-    if hand_over {
-        assert_eq!(tables(), 0, "state left in PostgreSQL");
+    if let Some(db) = &mut db {
+        assert_eq!(db.tables(), 0, "state left in PostgreSQL");
     }
-    let pg = pg.lock().unwrap().take();
-    std::thread::spawn(move || drop(pg)).join().unwrap();
     assert!(r.stdout.contains("the S3 bucket `jujube-"), "{}", r.stdout);
     let live: Vec<String> = crate::ec2::live_instances(&acct)
         .await

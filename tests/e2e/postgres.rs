@@ -23,6 +23,40 @@ pub(crate) fn fresh_schema() -> (postgres::Client, String, String) {
     (c, schema, url)
 }
 
+/// [`fresh_schema`] for async tests: the blocking client runs a runtime of
+/// its own, so it is made, used and dropped (a failed assertion included)
+/// on threads of its own.
+pub(crate) struct AsyncSchema {
+    client: Option<postgres::Client>,
+    pub schema: String,
+    pub url: String,
+}
+
+impl AsyncSchema {
+    pub fn new() -> AsyncSchema {
+        let (c, schema, url) = std::thread::spawn(fresh_schema).join().unwrap();
+        AsyncSchema {
+            client: Some(c),
+            schema,
+            url,
+        }
+    }
+
+    /// How many tables the schema holds.
+    pub fn tables(&mut self) -> i64 {
+        let (c, schema) = (self.client.as_mut().unwrap(), &self.schema);
+        std::thread::scope(|s| s.spawn(|| tables(c, schema)).join().unwrap())
+    }
+}
+
+impl Drop for AsyncSchema {
+    fn drop(&mut self) {
+        if let Some(c) = self.client.take() {
+            let _ = std::thread::spawn(move || drop(c)).join();
+        }
+    }
+}
+
 pub(crate) fn tables(c: &mut postgres::Client, schema: &str) -> i64 {
     c.query_one(
         "SELECT count(*) FROM pg_tables WHERE schemaname = $1",

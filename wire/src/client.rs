@@ -256,6 +256,10 @@ pub struct EnvironmentInfo {
     /// The Alive controller machines, in order (`enable-ha` adds them).
     #[serde(default)]
     pub controllers: Vec<i64>,
+    /// Each one's controller as `status` shows it: whether it is up and
+    /// where clients reach it.
+    #[serde(default)]
+    pub controller_status: Vec<crate::view::ControllerStatus>,
 }
 
 /// `deploy`'s answer.

@@ -78,7 +78,82 @@ fn pem_body(pem: &str) -> String {
         .collect()
 }
 
+/// The proxy device through which a controller inside a container reaches
+/// the daemon, whose HTTPS its host connects to at `connect`.
+fn lxd_device(connect: &str) -> Value {
+    proxy(
+        "container",
+        &format!("tcp:{CONTROLLER_LXD_LISTEN}"),
+        &format!("tcp:{connect}"),
+    )
+}
+
+/// The proxy device exposing a controller's API on the daemon's host at
+/// `host_address`.
+fn api_host_device(host_address: &str) -> Value {
+    proxy(
+        "host",
+        &format!("tcp:{host_address}"),
+        &format!("tcp:127.0.0.1:{CONTROLLER_API_PORT}"),
+    )
+}
+
+/// The proxy device reaching `address` on the daemon's host from inside a
+/// container at the same address.
+fn reach_device(address: &str) -> Value {
+    proxy(
+        "container",
+        &format!("tcp:{address}"),
+        &format!("tcp:{address}"),
+    )
+}
+
+fn proxy(bind: &str, listen: &str, connect: &str) -> Value {
+    json!({"type": "proxy", "bind": bind, "listen": listen, "connect": connect})
+}
+
 impl LxdProvider {
+    /// The daemon's `/1.0` and where its host connects to its HTTPS;
+    /// refused when it does not listen for HTTPS.
+    async fn daemon_https(&self) -> Result<(Value, String)> {
+        let c = self.client();
+        let info = c
+            .get("/1.0")
+            .await?
+            .map_err(|e| e.into_error(&format!("LXD at `{}`", c.display())))?;
+        let https = info["config"]["core.https_address"].as_str().unwrap_or("");
+        let Some(connect) = https_connect(https) else {
+            return Err(Error::Config(format!(
+                "LXD at `{}` does not listen for HTTPS, which machine 0's controller reaches it through: run `lxc config set core.https_address 127.0.0.1:8443` and bootstrap again (or bootstrap with `--manual-controller` to run the controller on this host)",
+                c.display()
+            )));
+        };
+        Ok((info, connect))
+    }
+
+    /// The proxy devices a controller machine's container is made with
+    /// (`enable-ha`): those machine 0's container is given at bootstrap
+    /// ([`Self::admit_controller`], [`Self::expose_controller_api`],
+    /// [`Self::reach_from_controller`]), its API on the daemon's host at
+    /// the install's own address.
+    pub(super) async fn controller_devices(
+        &self,
+        install: &crate::ControllerInstall,
+    ) -> Result<Vec<(String, Value)>> {
+        let (_, connect) = self.daemon_https().await?;
+        let mut devices = vec![
+            ("jujube-lxd".to_string(), lxd_device(&connect)),
+            (
+                "jujube-api-host".to_string(),
+                api_host_device(&install.api_listen),
+            ),
+        ];
+        if let Some(db) = &install.state_db {
+            devices.push(("jujube-state-db".to_string(), reach_device(db)));
+        }
+        Ok(devices)
+    }
+
     /// The name machine 0's client certificate has in the daemon's trust
     /// store.
     fn trust_name(&self) -> String {
@@ -122,17 +197,7 @@ impl LxdProvider {
     ) -> Result<ControllerAccess> {
         self.owned_container(name).await?;
         let c = self.client();
-        let info = c
-            .get("/1.0")
-            .await?
-            .map_err(|e| e.into_error(&format!("LXD at `{}`", c.display())))?;
-        let https = info["config"]["core.https_address"].as_str().unwrap_or("");
-        let Some(connect) = https_connect(https) else {
-            return Err(Error::Config(format!(
-                "LXD at `{}` does not listen for HTTPS, which machine 0's controller reaches it through: run `lxc config set core.https_address 127.0.0.1:8443` and bootstrap again (or bootstrap with `--manual-controller` to run the controller on this host)",
-                c.display()
-            )));
-        };
+        let (info, connect) = self.daemon_https().await?;
         let server_cert = info["environment"]["certificate"]
             .as_str()
             .filter(|s| s.contains("BEGIN CERTIFICATE"))
@@ -157,18 +222,8 @@ impl LxdProvider {
         )
         .await?
         .map_err(|e| e.into_error("trusting machine 0's certificate"))?;
-        self.add_devices(
-            name,
-            json!({
-                "jujube-lxd": {
-                    "type": "proxy",
-                    "bind": "container",
-                    "listen": format!("tcp:{CONTROLLER_LXD_LISTEN}"),
-                    "connect": format!("tcp:{connect}"),
-                }
-            }),
-        )
-        .await?;
+        self.add_devices(name, json!({ "jujube-lxd": lxd_device(&connect) }))
+            .await?;
         let path = |f: &str| format!("{CONTROLLER_LXD_DIR}/{f}");
         Ok(ControllerAccess {
             config: vec![
@@ -190,14 +245,7 @@ impl LxdProvider {
     pub async fn expose_controller_api(&self, name: &str, host_address: &str) -> Result<()> {
         self.add_devices(
             name,
-            json!({
-                "jujube-api-host": {
-                    "type": "proxy",
-                    "bind": "host",
-                    "listen": format!("tcp:{host_address}"),
-                    "connect": format!("tcp:127.0.0.1:{CONTROLLER_API_PORT}"),
-                }
-            }),
+            json!({ "jujube-api-host": api_host_device(host_address) }),
         )
         .await
     }
@@ -216,14 +264,7 @@ impl LxdProvider {
     ) -> Result<()> {
         self.add_devices(
             name,
-            json!({
-                format!("jujube-{device}"): {
-                    "type": "proxy",
-                    "bind": "container",
-                    "listen": format!("tcp:{address}"),
-                    "connect": format!("tcp:{address}"),
-                }
-            }),
+            json!({ format!("jujube-{device}"): reach_device(address) }),
         )
         .await
     }

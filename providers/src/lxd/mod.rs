@@ -656,7 +656,13 @@ impl LxdProvider {
                 json!({"type": "disk", "path": "/", "pool": cfg.pool, "size": format!("{d}MiB")}),
             );
         }
-        if let Some(agent) = &spec.agent {
+        if let Some(install) = spec.agent.as_ref().and_then(|a| a.controller.as_ref()) {
+            // Another controller (`enable-ha`): what machine 0's container
+            // is given at bootstrap, from the start.
+            for (name, device) in self.controller_devices(install).await? {
+                devices.insert(name, device);
+            }
+        } else if let Some(agent) = &spec.agent {
             // A socket on the controller's host is on the daemon's host only
             // when the daemon is local; an address the daemon's host proxies
             // to machine 0's controller works from anywhere.
@@ -742,12 +748,23 @@ impl LxdProvider {
                 .await?
                 .map_err(|e| e.into_error(&what(dir)))?;
         }
-        c.push_file(name, AGENT_DIR, bytes::Bytes::new(), 0o700, true)
-            .await?
-            .map_err(|e| e.into_error(&what(AGENT_DIR)))?;
         c.push_file(name, AGENT_BINARY, binary, 0o755, false)
             .await?
             .map_err(|e| e.into_error(&what(AGENT_BINARY)))?;
+        if let Some(install) = &agent.controller {
+            // The controller's files, the one that makes init start it last.
+            let files: Vec<_> = install
+                .files
+                .iter()
+                .map(|(p, b, m)| (p.clone(), bytes::Bytes::from(b.clone()), *m))
+                .collect();
+            self.push_files(name, &files).await?;
+            info!(name, machine = %spec.machine_id, "controller installed");
+            return Ok(());
+        }
+        c.push_file(name, AGENT_DIR, bytes::Bytes::new(), 0o700, true)
+            .await?
+            .map_err(|e| e.into_error(&what(AGENT_DIR)))?;
         let conf = format!("{AGENT_DIR}/agent.conf");
         c.push_file(
             name,
