@@ -198,6 +198,32 @@ pub(crate) fn api_error(caller: &Caller, e: jujube_state::Error) -> ApiError {
 
 pub use jujube_agent::charmdir::{charm_manifest, CharmEntry};
 
+/// One charm restored at a time: each holds its archive in memory (at most
+/// [`jujube_state::services::MAX_CHARM_ARCHIVE`]).
+static RESTORING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Makes the directory of the charm kept at `path` from the archive the
+/// state keeps of it, when this controller lacks it (another controller
+/// kept the upload: `enable-ha`). A charm with no archive kept is left to
+/// fail where it is read, naming its path.
+fn restore_charm(store: &Store, path: &str) -> ApiResult<()> {
+    let dir = std::path::Path::new(path);
+    if path.is_empty() || dir.exists() {
+        return Ok(());
+    }
+    let _one = RESTORING.lock().unwrap_or_else(|p| p.into_inner());
+    if dir.exists() {
+        return Ok(());
+    }
+    let internal = |e: jujube_state::Error| ApiError::new(ErrorCode::Internal, e.to_string());
+    let Some(archive) = store.charm_archive(path).map_err(internal)? else {
+        return Ok(());
+    };
+    jujube_agent::charmdir::restore(dir, &archive)?;
+    tracing::info!(path, "restored a charm another controller kept");
+    Ok(())
+}
+
 /// Every file under `root`, paths relative and `/`-separated (see
 /// [`charm_manifest`] for symlinks and the bound).
 fn charm_files(root: &std::path::Path) -> ApiResult<Vec<CharmFile>> {
@@ -409,6 +435,11 @@ impl Facade for InProcess {
             }
         }
         let (_, url, path) = found.map_err(|e| self.err(e))?;
+        let store = self.store().clone();
+        let at = path.clone();
+        tokio::task::spawn_blocking(move || restore_charm(&store, &at))
+            .await
+            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))??;
         Ok(CharmRef { url, path })
     }
 

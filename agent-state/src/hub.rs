@@ -142,7 +142,14 @@ pub(crate) struct Hub {
     /// The controllers' API addresses as last read (machine views carry
     /// them).
     api_addresses: Mutex<Arc<[String]>>,
+    /// Where agents reach each controller machine's API, when that is not
+    /// where the controllers record they serve (see
+    /// [`crate::Facades::agents_reach_controllers_at`]).
+    reach: std::sync::OnceLock<ControllerAddress>,
 }
+
+/// Where agents reach controller machine N's API.
+pub type ControllerAddress = Arc<dyn Fn(i64) -> String + Send + Sync>;
 
 impl Drop for Hub {
     fn drop(&mut self) {
@@ -267,11 +274,31 @@ impl Hub {
         lock(&self.api_addresses).clone()
     }
 
+    /// Agents reach controller machine N at `reach(N)` from now on.
+    pub(crate) fn reach_controllers_at(
+        &self,
+        store: &Store,
+        reach: ControllerAddress,
+    ) -> jujube_state::Result<()> {
+        let _ = self.reach.set(reach);
+        self.reload_api_addresses(store)?;
+        Ok(())
+    }
+
     /// Reads the controllers' API addresses; whether they changed.
     fn reload_api_addresses(&self, store: &Store) -> jujube_state::Result<bool> {
-        // No machine is -1: every controller's, in machine order.
-        let now: Arc<[String]> = store.controller_addresses(-1)?.into();
+        // Held while reading: a reload racing the one `reach_controllers_at`
+        // makes cannot put back what was read before `reach` was set.
         let mut held = lock(&self.api_addresses);
+        let now: Arc<[String]> = match self.reach.get() {
+            Some(reach) => store
+                .controller_machines()?
+                .into_iter()
+                .map(|m| reach(m))
+                .collect(),
+            // No machine is -1: every controller's, in machine order.
+            None => store.controller_addresses(-1)?.into(),
+        };
         let changed = *held != now;
         *held = now;
         Ok(changed)

@@ -47,6 +47,20 @@ impl Facades {
         Ok(Facades { shared, stop })
     }
 
+    /// Machine agents are told (in their machine's view) to reach
+    /// controller machine N's API at `reach(N)`, for every Alive controller
+    /// machine, instead of where the controllers record that they serve:
+    /// agents in LXD containers reach each one through a socket a proxy
+    /// device puts in their container.
+    pub fn agents_reach_controllers_at(
+        &self,
+        reach: Arc<dyn Fn(i64) -> String + Send + Sync>,
+    ) -> jujube_state::Result<()> {
+        self.shared
+            .hub
+            .reach_controllers_at(&self.shared.store, reach)
+    }
+
     /// Keeps what agents ship of their logs in `sink` from now on.
     pub fn keep_logs(&self, sink: Arc<logsink::LogSink>) {
         let _ = self.shared.sink.set(sink);

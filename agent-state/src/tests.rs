@@ -794,6 +794,95 @@ async fn the_controllers_moving_tells_every_machine_agent_and_no_unit() {
     assert!(wp0.next().now_or_never().is_none(), "a unit agent was told");
 }
 
+/// Agents told to reach each controller machine where the controller
+/// says (LXD: a socket per controller proxied into their container) are
+/// given that, for every controller machine, and told again when a new
+/// controller first records itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_reach_each_controller_where_they_are_told_and_learn_new_ones() {
+    use futures_util::StreamExt;
+    let (w, _, _) = scoped_world();
+    w.store
+        .controller_seen(0, "machine-0/h", &["127.0.0.1:17070".to_string()], 1)
+        .unwrap();
+    let f = Facades::new(w.store.clone()).unwrap();
+    f.ready().await;
+    f.agents_reach_controllers_at(Arc::new(|m| format!("unix:/s/api-{m}.socket")))
+        .unwrap();
+    let m1 = f.for_agent(Tag::Machine(1));
+    assert_eq!(
+        m1.machine(1).await.unwrap().api_addresses,
+        vec!["unix:/s/api-0.socket".to_string()]
+    );
+    let mut n1 = m1.watch(WatchTarget::Machine(1)).await.unwrap();
+    let added = w.store.enable_ha(3).unwrap();
+    for &m in &added {
+        w.store
+            .controller_seen(
+                m,
+                &format!("machine-{m}/h"),
+                &[format!("127.0.0.1:{}", 17100 + m)],
+                2,
+            )
+            .unwrap();
+    }
+    let want: Vec<String> = std::iter::once(0)
+        .chain(added.iter().copied())
+        .map(|m| format!("unix:/s/api-{m}.socket"))
+        .collect();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while m1.machine(1).await.unwrap().api_addresses != want {
+        tokio::time::timeout_at(deadline, n1.next())
+            .await
+            .expect("machine 1's agent was not told of the new controllers")
+            .unwrap();
+    }
+}
+
+/// A controller without the directory of a charm another controller kept
+/// (`enable-ha`) restores it from the archive the state keeps, whole,
+/// before it answers where the charm is; without an archive it answers as
+/// before, and the read names the missing path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_charm_another_controller_kept_is_restored_from_the_state() {
+    let (w, _, _) = scoped_world();
+    let f = Facades::new(w.store.clone()).unwrap();
+    let wp = f.for_agent(Tag::unit("wordpress/0"));
+    let path = std::path::PathBuf::from(wp.charm("wordpress/0").await.unwrap().path);
+    std::fs::write(path.join("hooks/install"), "#!/bin/sh\necho kept\n").unwrap();
+    let mut archive = Vec::new();
+    jujube_agent::charmdir::write_archive(&path, &mut archive).unwrap();
+    w.store
+        .keep_charm_archive(&path.to_string_lossy(), &archive)
+        .unwrap();
+    std::fs::remove_dir_all(&path).unwrap();
+
+    let got = wp.charm("wordpress/0").await.unwrap();
+    assert_eq!(std::path::Path::new(&got.path), path);
+    assert_eq!(
+        std::fs::read_to_string(path.join("hooks/install")).unwrap(),
+        "#!/bin/sh\necho kept\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(path.join("metadata.yaml")).unwrap(),
+        "name: wordpress\n"
+    );
+    let beside: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".restoring"))
+        .collect();
+    assert!(beside.is_empty(), "{beside:?}");
+
+    // No archive kept (a charm from before archives): the path as before.
+    let mysql = f.for_agent(Tag::unit("mysql/0"));
+    let mpath = mysql.charm("mysql/0").await.unwrap().path;
+    std::fs::remove_dir_all(&mpath).unwrap();
+    assert_eq!(mysql.charm("mysql/0").await.unwrap().path, mpath);
+    let e = mysql.charm_files("mysql/0").await.unwrap_err();
+    assert!(e.message.contains(&mpath), "{e:?}");
+}
+
 /// The facade's facades are cheap handles: one writer, one router.
 #[allow(dead_code)]
 fn facade_is_object_safe(f: Arc<dyn Facade>) -> Arc<dyn Facade> {

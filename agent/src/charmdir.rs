@@ -306,6 +306,27 @@ impl Unpacker {
     }
 }
 
+/// Makes the charm directory `dir` from `archive` (a controller restoring
+/// a charm another one kept): unpacked beside it, then renamed into place,
+/// so that `dir` is whole or absent.
+pub fn restore(dir: &Path, archive: &[u8]) -> ApiResult<()> {
+    let io = |e: std::io::Error| ApiError::new(ErrorCode::Internal, e.to_string());
+    let name = dir
+        .file_name()
+        .ok_or_else(|| refused(format!("`{}` cannot name a charm directory", dir.display())))?;
+    let mut part = name.to_os_string();
+    part.push(".restoring");
+    let part = dir.with_file_name(part);
+    match std::fs::remove_dir_all(&part) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
+        _ => {}
+    }
+    let mut unpacker = Unpacker::new(&part)?;
+    unpacker.feed(archive)?;
+    unpacker.finish()?;
+    std::fs::rename(&part, dir).map_err(io)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,7 @@
 
 use crate::charm;
 use crate::home::Home;
-use crate::{bail, refusal, Error, Result};
+use crate::{bail, refusal, Context as _, Error, Result};
 use jujube_api::clients::Answer;
 use jujube_core::{series, Constraints};
 use jujube_state::services::DeployArgs;
@@ -53,7 +53,29 @@ fn charm_dir(cx: &Context<'_>, charm: &str) -> Result<PathBuf> {
         ),
         _ => refusal!("cannot keep upload `{id}`: {e}; check the controller's disk"),
     })?;
+    if let Err(e) = keep_archive(cx.owner, &kept) {
+        let _ = std::fs::remove_dir_all(&kept);
+        return Err(e);
+    }
     Ok(kept)
+}
+
+/// One archive made at a time: each is held in memory (at most
+/// [`jujube_state::services::MAX_CHARM_ARCHIVE`]).
+static ARCHIVING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Keeps the archive of the charm kept in `dir` in the state, under the
+/// path the store records for it, for the other controllers (`enable-ha`)
+/// to restore it from.
+fn keep_archive(owner: &Store, dir: &std::path::Path) -> Result<()> {
+    let _one = ARCHIVING.lock().unwrap_or_else(|p| p.into_inner());
+    let path = std::fs::canonicalize(dir)
+        .with_context(|| format!("cannot read the kept charm `{}`", dir.display()))?;
+    let mut archive = Vec::new();
+    jujube_agent::charmdir::write_archive(&path, &mut archive)
+        .map_err(|e| refusal!("{}", e.message))?;
+    owner.keep_charm_archive(&path.to_string_lossy(), &archive)?;
+    Ok(())
 }
 
 /// How long a command waits for the provider's zones before accepting the
@@ -386,10 +408,16 @@ fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Answer> {
 /// store had already (its earlier copy is the one used), leaves nothing
 /// behind; one that added a service and then failed part-way keeps it.
 fn keep_if_used(owner: &Store, dir: &std::path::Path) {
-    let used = std::fs::canonicalize(dir)
-        .ok()
+    let path = std::fs::canonicalize(dir).ok();
+    let used = path
+        .as_ref()
         .is_some_and(|d| owner.charm_kept_at(&d.to_string_lossy()).unwrap_or(true));
     if !used {
+        if let Some(p) = &path {
+            if let Err(e) = owner.forget_charm_archive(&p.to_string_lossy()) {
+                tracing::warn!(error = %e, path = %p.display(), "cannot forget an unused charm's archive");
+            }
+        }
         let _ = std::fs::remove_dir_all(dir);
     }
 }
@@ -606,12 +634,37 @@ mod tests {
         assert!(!pending.exists());
         let kept = w.dir.path().join("charms/abc123");
         assert!(kept.join("metadata.yaml").is_file());
-        // An identical charm uploaded again is not kept: the store has it.
+        // Its archive is in the state, for the other controllers: it
+        // restores the same charm.
+        let kept_at = std::fs::canonicalize(&kept).unwrap();
+        let archive = w
+            .store
+            .charm_archive(&kept_at.to_string_lossy())
+            .unwrap()
+            .expect("the kept upload's archive");
+        let restored = w.dir.path().join("restored");
+        jujube_agent::charmdir::restore(&restored, &archive).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(restored.join("metadata.yaml")).unwrap(),
+            "name: mysql\nsummary: s\n"
+        );
+        // An identical charm uploaded again is not kept: the store has it,
+        // and keeps no archive of it.
         let again = pending.with_file_name("def456");
         std::fs::create_dir_all(&again).unwrap();
         std::fs::write(again.join("metadata.yaml"), "name: mysql\nsummary: s\n").unwrap();
         let e = ask(&w, ADMIN, deploy("upload:def456")).unwrap_err();
         assert!(e.message.contains("already exists"), "{}", e.message);
         assert!(!w.dir.path().join("charms/def456").exists());
+        let gone = kept_at.with_file_name("def456");
+        assert_eq!(
+            w.store.charm_archive(&gone.to_string_lossy()).unwrap(),
+            None
+        );
+        assert!(w
+            .store
+            .charm_archive(&kept_at.to_string_lossy())
+            .unwrap()
+            .is_some());
     }
 }

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The file in an environment's directory on the host that bootstrapped it
@@ -652,6 +653,83 @@ impl ControllerSeed {
             state_db: self.state_db.clone(),
         })
     }
+}
+
+/// Where the daemon's host reaches each controller machine's API but
+/// machine 0's (`enable-ha`; machine 0's is `lxd-controller-address`), as
+/// an LXD proxy's `connect`: the port each one records that it is exposed
+/// at, on the daemon's host's loopback. Controllers not yet recorded are
+/// left out.
+pub(crate) fn other_controllers(store: &Store) -> Result<Vec<(i64, String)>> {
+    let alive = store.controller_machines()?;
+    Ok(store
+        .controllers()?
+        .into_iter()
+        .filter(|c| c.machine != 0 && alive.contains(&c.machine))
+        .filter_map(|c| {
+            let port = c
+                .addresses
+                .first()?
+                .rsplit_once(':')?
+                .1
+                .parse::<u16>()
+                .ok()?;
+            Some((c.machine, format!("tcp:127.0.0.1:{port}")))
+        })
+        .collect())
+}
+
+/// Keeps every agent's container able to reach every controller
+/// (`LxdProvider::proxy_controllers`), looking every few seconds, until
+/// `stop`: a singleton job of the controllers in containers.
+pub(crate) fn proxy_controllers(
+    store: Store,
+    provider: Arc<LxdProvider>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    /// How often it looks at the controllers, and how often it looks at
+    /// every container again even when they did not change (a container
+    /// started meanwhile with an older list).
+    const LOOK_EVERY: Duration = Duration::from_secs(5);
+    const AGAIN_EVERY: Duration = Duration::from_secs(60);
+    tokio::spawn(async move {
+        let mut applied: Option<(Vec<(i64, String)>, Instant)> = None;
+        loop {
+            let read = {
+                let store = store.clone();
+                tokio::task::spawn_blocking(move || other_controllers(&store)).await
+            };
+            match read {
+                Ok(Ok(wanted)) => {
+                    let due = applied
+                        .as_ref()
+                        .is_none_or(|(had, at)| *had != wanted || at.elapsed() >= AGAIN_EVERY);
+                    if due {
+                        match provider.proxy_controllers(&wanted).await {
+                            Ok(n) => {
+                                if n > 0 {
+                                    tracing::info!(
+                                        containers = n,
+                                        "agents' containers given every controller's API"
+                                    );
+                                }
+                                applied = Some((wanted, Instant::now()));
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, "cannot give agents' containers every controller's API; will retry")
+                            }
+                        }
+                    }
+                }
+                Ok(Err(e)) => tracing::warn!(error = %e, "cannot read the controllers; will retry"),
+                Err(_) => {}
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(LOOK_EVERY) => {}
+                _ = stop.changed() => return,
+            }
+        }
+    })
 }
 
 /// `destroy-environment` of an environment whose controller runs in

@@ -393,6 +393,10 @@ impl jujube_api::clients::ClientHandler for Clients {
 struct Placement {
     host: Option<jujube_agent_state::Mode>,
     installer: Option<Arc<Installer>>,
+    /// Agents in LXD containers and controllers in containers of their
+    /// own: each agent's container gets a socket to every controller
+    /// (`machine0::proxy_controllers`, a singleton job).
+    lxd_controllers: Option<Arc<jujube_providers::lxd::LxdProvider>>,
 }
 
 fn placement(
@@ -431,6 +435,7 @@ fn placement(
     let in_process = Placement {
         host: Some(jujube_agent_state::Mode::InProcess),
         installer: None,
+        lxd_controllers: None,
     };
     match (
         env.provider.as_str(),
@@ -443,6 +448,7 @@ fn placement(
             Ok(Placement {
                 installer: installer(a.clone(), None, String::new()),
                 host: Some(jujube_agent_state::Mode::Process(a)),
+                lxd_controllers: None,
             })
         }
         ("lxd", _) => {
@@ -474,6 +480,12 @@ fn placement(
                     None => bail!("the environment's directory `{}` is too deep for the API's unix socket, which LXD containers reach their controller through; use a shorter `JUJUBE_HOME`, or `jujube set-environment lxd-agents=in-process`", dir.display()),
                 },
             };
+            let lxd_controllers = match &controllers {
+                Some(_) => Some(Arc::new(jujube_providers::lxd::LxdProvider::new(
+                    &env.uuid, &config,
+                )?)),
+                None => None,
+            };
             Ok(Placement {
                 host: None,
                 installer: Some(Arc::new(Installer {
@@ -487,6 +499,7 @@ fn placement(
                     tokens: Mutex::new(HashMap::new()),
                     controllers,
                 })),
+                lxd_controllers,
             })
         }
         // Instances reach the API at `api-address`; without one, agents
@@ -518,6 +531,7 @@ fn placement(
             Ok(Placement {
                 host: None,
                 installer: installer(a, Some((address, sha)), String::new()),
+                lxd_controllers: None,
             })
         }
         _ => Ok(in_process),
@@ -707,6 +721,7 @@ impl jujube_provisioner::AgentInstaller for Installer {
                 conf: Vec::new(),
                 binary: exe,
                 api_connect: String::new(),
+                other_controllers: Vec::new(),
                 enrollment: None,
                 controller: Some(seed.install(machine).map_err(|e| e.to_string())?),
             }));
@@ -738,6 +753,7 @@ impl jujube_provisioner::AgentInstaller for Installer {
                 conf: Vec::new(),
                 binary: agents.exe.clone(),
                 api_connect: String::new(),
+                other_controllers: Vec::new(),
                 enrollment: Some(jujube_providers::Enrollment {
                     token,
                     api_address: api_address.clone(),
@@ -756,12 +772,26 @@ impl jujube_provisioner::AgentInstaller for Installer {
                 &jujube_agent::wire::secret_hash(&secret),
             )
             .map_err(|e| e.to_string())?;
-        let conf =
-            serde_json::to_vec_pretty(&agents.conf(tag, secret)).map_err(|e| e.to_string())?;
+        // With other controllers in containers of their own, a socket to
+        // each one too, and the agent told of them all from its start.
+        let other_controllers = match &self.controllers {
+            Some(_) => {
+                crate::machine0::other_controllers(&self.store).map_err(|e| e.to_string())?
+            }
+            None => Vec::new(),
+        };
+        let mut conf = agents.conf(tag, secret);
+        conf.api_addresses.extend(
+            other_controllers
+                .iter()
+                .map(|(m, _)| format!("unix:{}", jujube_providers::lxd::agent_api_socket(*m))),
+        );
+        let conf = serde_json::to_vec_pretty(&conf).map_err(|e| e.to_string())?;
         Ok(Some(jujube_providers::AgentInstall {
             conf,
             binary: agents.exe.clone(),
             api_connect: self.api_connect.clone(),
+            other_controllers,
             enrollment: None,
             controller: None,
         }))
@@ -877,6 +907,11 @@ pub async fn run(home: &Home, env_name: &str, machine: i64) -> Result<()> {
         private_address: None,
     });
     let placement = placement(home, env_name, machine, &store, &api, provider.clone())?;
+    if placement.lxd_controllers.is_some() {
+        facades.agents_reach_controllers_at(Arc::new(|m| {
+            format!("unix:{}", jujube_providers::lxd::agent_api_socket(m))
+        }))?;
+    }
 
     // The provisioner, the cleaner and the machine agents run from this
     // host while this controller holds the singletons lease, all on a store
@@ -888,6 +923,7 @@ pub async fn run(home: &Home, env_name: &str, machine: i64) -> Result<()> {
     let singletons = {
         let installer = placement.installer;
         let host_mode = placement.host;
+        let lxd_controllers = placement.lxd_controllers;
         let agents_dir = home.env_dir(env_name).join("agents");
         let facades = facades.clone();
         let start: crate::singletons::StartJobs = Box::new(move |store, stop| {
@@ -927,6 +963,13 @@ pub async fn run(home: &Home, env_name: &str, machine: i64) -> Result<()> {
                     let _ = stop.wait_for(|s| *s).await;
                     host.shutdown().await;
                 }));
+            }
+            if let Some(lxd) = &lxd_controllers {
+                jobs.push(crate::machine0::proxy_controllers(
+                    store.clone(),
+                    lxd.clone(),
+                    stop.clone(),
+                ));
             }
             jobs.push(cleaner(store, stop));
             jobs

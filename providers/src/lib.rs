@@ -95,8 +95,13 @@ pub struct AgentInstall {
     pub binary: PathBuf,
     /// Where the controller's API is on the provider's host, as an LXD
     /// proxy device's `connect` (`unix:PATH`, `tcp:HOST:PORT`): LXD exposes
-    /// it inside the container, so the agent needs no network.
+    /// it inside the container, so the agent needs no network. Machine 0's
+    /// controller's, or the one controller's.
     pub api_connect: String,
+    /// The other controller machines (`enable-ha`), each as `(machine,
+    /// connect)`: LXD proxies each one's API into the container beside
+    /// machine 0's.
+    pub other_controllers: Vec<(i64, String)>,
     /// For instances that boot from user data shared by their launch batch
     /// (EC2): no secret, but what their boot script needs to fetch the
     /// binary and enroll (`conf` is then empty).

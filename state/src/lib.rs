@@ -177,6 +177,8 @@ pub enum Error {
     BadLease(String),
     #[error("{0}")]
     BadController(String),
+    #[error("{0}")]
+    BadCharm(String),
     #[error("this controller no longer holds lease `{lease}` (its token {token} was replaced): another controller runs its jobs now; nothing was written")]
     LeaseLost { lease: String, token: i64 },
     /// An agent's write sent before one of its later writes (or its

@@ -478,6 +478,16 @@ ALTER TABLE units ADD COLUMN agent_seq INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE machines ADD COLUMN agent_incarnation INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE machines ADD COLUMN agent_seq INTEGER NOT NULL DEFAULT 0;
 "#,
+    // 28 (several controllers): each uploaded charm's archive, keyed by
+    // the path its directory is kept at on a controller's disk, so that
+    // another controller without that directory restores it (see
+    // `Store::keep_charm_archive`).
+    r#"
+CREATE TABLE charm_archives (
+    path    TEXT PRIMARY KEY,
+    archive BLOB NOT NULL
+) WITHOUT ROWID;
+"#,
 ];
 
 /// The PostgreSQL schema. PostgreSQL does not replay SQLite's history
@@ -742,12 +752,20 @@ ALTER TABLE machines ADD COLUMN agent_incarnation BIGINT NOT NULL DEFAULT 0,
 DROP TRIGGER changes_notify ON changes;
 DROP FUNCTION changes_notify();
 "#,
+    // 29
+    r#"
+CREATE TABLE charm_archives (
+    path    TEXT PRIMARY KEY,
+    archive BYTEA NOT NULL
+);
+"#,
 ];
 
 /// Every table and function [`PG_MIGRATIONS`] creates, for
 /// [`Store::erase`](crate::Store::erase): a database the state shares with
 /// others loses nothing else. (A test checks the list against the schema.)
 pub(crate) const PG_TABLES: &[&str] = &[
+    "charm_archives",
     "environment",
     "environment_config",
     "sequences",

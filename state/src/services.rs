@@ -18,7 +18,53 @@ use jujube_core::{names, series, Constraints, Life};
 /// seven rows: unit, machine, sequence and feed entries).
 pub const UNIT_BATCH: usize = 128;
 
+/// The most a charm's archive may hold (the charm's files are at most
+/// [`jujube_wire::facade::MAX_CHARM_BYTES`]; their paths and headers add a
+/// little).
+pub const MAX_CHARM_ARCHIVE: usize = 2 * jujube_wire::facade::MAX_CHARM_BYTES;
+
 impl Store {
+    /// Keeps the archive of the charm whose directory a controller keeps
+    /// at `path` (an upload, as the controller kept it), so that another
+    /// controller without that directory restores it from here
+    /// ([`Store::charm_archive`]). Refused beyond [`MAX_CHARM_ARCHIVE`].
+    pub fn keep_charm_archive(&self, path: &str, archive: &[u8]) -> Result<()> {
+        if archive.len() > MAX_CHARM_ARCHIVE {
+            return Err(Error::BadCharm(format!(
+                "the charm at `{path}` makes an archive of {} bytes, over the {MAX_CHARM_ARCHIVE} bytes the state keeps; make the charm smaller",
+                archive.len()
+            )));
+        }
+        self.write(|tx| {
+            tx.prepare_cached(
+                "INSERT INTO charm_archives (path, archive) VALUES (?1, ?2)
+                 ON CONFLICT (path) DO UPDATE SET archive = excluded.archive",
+            )?
+            .execute(crate::sql::params![path, archive])?;
+            Ok(())
+        })
+    }
+
+    /// The archive of the charm kept at `path`, if the state keeps one.
+    pub fn charm_archive(&self, path: &str) -> Result<Option<Vec<u8>>> {
+        self.read_unchecked(|c| {
+            Ok(
+                c.prepare_cached("SELECT archive FROM charm_archives WHERE path = ?1")?
+                    .query_row([path], |r| r.get(0))
+                    .optional()?,
+            )
+        })
+    }
+
+    /// Forgets the archive kept for `path` (an upload no charm uses).
+    pub fn forget_charm_archive(&self, path: &str) -> Result<()> {
+        self.write(|tx| {
+            tx.prepare_cached("DELETE FROM charm_archives WHERE path = ?1")?
+                .execute([path])?;
+            Ok(())
+        })
+    }
+
     /// Whether a charm of the store is kept at `path` (the controller's,
     /// deciding whether an upload is in use).
     pub fn charm_kept_at(&self, path: &str) -> Result<bool> {

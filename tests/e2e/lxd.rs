@@ -1466,12 +1466,14 @@ async fn machine_0s_controller_keeps_the_state_in_postgresql() {
 }
 
 /// `enable-ha -n 3` with the controller in machine 0's container and the
-/// state in PostgreSQL: the provisioner makes machines 1 and 2's containers
-/// controllers (the same certificates, identity for the daemon and place of
-/// the state; each API on a port of its own on this host) and runs no agent
-/// there; the CLI waits for them and keeps every one's address. With
-/// machine 0's container stopped, another controller takes the singletons
-/// lease and the CLI fails over to it: a machine added then is provisioned.
+/// state in PostgreSQL: the provisioner makes the two new controller
+/// machines' containers controllers (the same certificates, identity for
+/// the daemon and place of the state; each API on a port of its own on
+/// this host) and runs no agent there; the CLI waits for them and keeps
+/// every one's address, and the agent's container made before them gets a
+/// socket to each. With machine 0's container stopped, another controller
+/// takes the singletons lease and the CLI and the agents fail over to it:
+/// the unit runs a command, and a unit added then starts on a new machine.
 /// `destroy-environment` stops every controller and erases the state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enable_ha_makes_controllers_of_containers_that_take_over_from_machine_0() {
@@ -1497,9 +1499,12 @@ async fn enable_ha_makes_controllers_of_containers_that_take_over_from_machine_0
     ])
     .ok();
     let (_, uuid, _sweep, m0) = machine_0(&j);
+    j.run(&["deploy", &j.charm("mysql")]).ok();
+    waited_until_started(&j, "mysql/0");
+    let my = format!("jujube-{}-1", short(&uuid));
 
     let r = j.run(&["enable-ha", "-n", "3"]).ok();
-    for m in ["1", "2"] {
+    for m in ["2", "3"] {
         assert!(
             r.stdout
                 .contains(&format!("added controller machine `{m}`")),
@@ -1533,16 +1538,18 @@ async fn enable_ha_makes_controllers_of_containers_that_take_over_from_machine_0
         .collect();
     assert_eq!(
         shown,
-        (0..3)
-            .map(|m| (m.to_string(), "up".to_string(), addresses[m].clone()))
+        ["0", "2", "3"]
+            .iter()
+            .zip(&addresses)
+            .map(|(m, a)| (m.to_string(), "up".to_string(), a.clone()))
             .collect::<Vec<_>>(),
         "{st}"
     );
-    // Each new controller runs in its own container, as machine 1 or 2,
-    // from its own copy of the place of the state; no agent there.
+    // Each new controller runs in its own container, as its machine, from
+    // its own copy of the place of the state; no agent there.
     let home = jujube_providers::lxd::controller::CONTROLLER_HOME;
     let env = format!("{home}/environments/lxha");
-    for m in [1, 2] {
+    for m in [2, 3] {
         let name = format!("jujube-{}-{m}", short(&uuid));
         let conf = file_in(
             &c,
@@ -1564,9 +1571,23 @@ async fn enable_ha_makes_controllers_of_containers_that_take_over_from_machine_0
             "machine {m} has an agent"
         );
     }
+    // The agent's container made before them reaches them too.
+    eventually_in(
+        "a socket to each new controller in mysql/0's container",
+        || {
+            let (c, my) = (&c, &my);
+            async move {
+                let v = container(c, my).await.unwrap();
+                ["jujube-api-2", "jujube-api-3"]
+                    .iter()
+                    .all(|d| v["devices"][*d]["type"] == "proxy")
+            }
+        },
+    )
+    .await;
 
     // Machine 0 goes away: another controller takes the lease, and the
-    // CLI reaches it.
+    // CLI and the agents reach it.
     c.run(
         Method::PUT,
         &format!("/1.0/instances/{m0}/state"),
@@ -1594,23 +1615,20 @@ async fn enable_ha_makes_controllers_of_containers_that_take_over_from_machine_0
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
     };
-    assert!(holder == "1" || holder == "2", "{holder}");
-    j.run(&["add-machine"]).ok();
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        let st = j.status();
-        if st["machines"]["3"]["instance-id"]
-            .as_str()
-            .is_some_and(|i| i.starts_with("jujube-"))
-        {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "machine 3 was not provisioned: {st}"
-        );
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    assert!(holder == "2" || holder == "3", "{holder}");
+    let out = j.run(&["run", "mysql/0", "--", "hostname"]).ok().stdout;
+    assert_eq!(
+        out.trim(),
+        my,
+        "mysql/0's agent answers through another controller"
+    );
+    j.run(&["add-unit", "mysql"]).ok();
+    waited_until_started(&j, "mysql/1");
+    let st = j.status();
+    assert_eq!(
+        st["services"]["mysql"]["units"]["mysql/1"]["machine"], "4",
+        "{st}"
+    );
 
     let r = j.run(&["destroy-environment", "lxha", "-y"]).ok();
     assert!(

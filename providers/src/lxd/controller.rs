@@ -269,6 +269,52 @@ impl LxdProvider {
         .await
     }
 
+    /// Gives every agent's container of the environment (those with a
+    /// socket to machine 0's API) a socket to each of the other controllers
+    /// in `controllers` (`(machine, connect)`, machine 0's left as it is),
+    /// or points the one it has at the controller's new place; leaves
+    /// alone what is as wanted. Answers how many containers it changed.
+    pub async fn proxy_controllers(&self, controllers: &[(i64, String)]) -> Result<usize> {
+        let filter = super::client::query_escape(&format!(
+            "config.{} eq {}",
+            super::CFG_UUID,
+            self.env_uuid
+        ));
+        let list = self
+            .client()
+            .get(&format!("/1.0/instances?recursion=1&filter={filter}"))
+            .await?
+            .map_err(|e| e.into_error("listing instances"))?;
+        let mut changed = 0;
+        for v in list.as_array().into_iter().flatten() {
+            let Some(name) = v["name"].as_str().filter(|_| self.owned(v)) else {
+                continue;
+            };
+            if v["devices"]["jujube-api"].is_null() {
+                continue;
+            }
+            let mut patch = serde_json::Map::new();
+            for (m, connect) in controllers.iter().filter(|(m, _)| *m != 0) {
+                let (device, want) = super::agent_api_device(*m, connect);
+                if v["devices"][&device] != want {
+                    patch.insert(device, want);
+                }
+            }
+            if patch.is_empty() {
+                continue;
+            }
+            match self.add_devices(name, Value::Object(patch)).await {
+                Ok(()) => changed += 1,
+                // Gone meanwhile: nothing to reach.
+                Err(e) if self.lookup(name).await?.is_none() => {
+                    tracing::debug!(name, error = %e, "container gone before its proxies")
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(changed)
+    }
+
     /// Writes files into one of our containers (root's, with their modes),
     /// making their directories (0755) on the way.
     pub async fn push_files(&self, name: &str, files: &[(String, Bytes, u32)]) -> Result<()> {

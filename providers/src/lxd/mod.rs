@@ -275,6 +275,38 @@ pub const AGENT_API_SOCKET: &str = "/var/lib/jujube/api.socket";
 /// Where the `jujube` binary is installed in a container.
 pub const AGENT_BINARY: &str = "/usr/local/bin/jujube";
 
+/// Where controller machine `machine`'s API is inside an agent's container
+/// (`enable-ha`): machine 0's at [`AGENT_API_SOCKET`], another's at
+/// `api-N.socket` beside it, each proxied to that controller.
+pub fn agent_api_socket(machine: i64) -> String {
+    match machine {
+        0 => AGENT_API_SOCKET.to_string(),
+        m => format!("/var/lib/jujube/api-{m}.socket"),
+    }
+}
+
+/// The proxy device named for controller machine `machine` in an agent's
+/// container: its API socket there, connected to `connect` on the daemon's
+/// host. Root's alone, as the agent is.
+fn agent_api_device(machine: i64, connect: &str) -> (String, Value) {
+    let name = match machine {
+        0 => "jujube-api".to_string(),
+        m => format!("jujube-api-{m}"),
+    };
+    (
+        name,
+        json!({
+            "type": "proxy",
+            "bind": "container",
+            "listen": format!("unix:{}", agent_api_socket(machine)),
+            "connect": connect,
+            "uid": "0",
+            "gid": "0",
+            "mode": "0600",
+        }),
+    )
+}
+
 struct State {
     cfg: Config,
     client: Client,
@@ -673,18 +705,12 @@ impl LxdProvider {
                     "machine agents inside containers reach the controller through a socket LXD proxies from this host, which a remote LXD daemon cannot do; use a local daemon, run the controller in machine 0 (bootstrap without `--manual-controller`), or `jujube set-environment lxd-agents=in-process`".into(),
                 ));
             }
-            devices.insert(
-                "jujube-api".into(),
-                json!({
-                    "type": "proxy",
-                    "bind": "container",
-                    "listen": format!("unix:{AGENT_API_SOCKET}"),
-                    "connect": agent.api_connect,
-                    "uid": "0",
-                    "gid": "0",
-                    "mode": "0600",
-                }),
-            );
+            let (name, device) = agent_api_device(0, &agent.api_connect);
+            devices.insert(name, device);
+            for (m, connect) in &agent.other_controllers {
+                let (name, device) = agent_api_device(*m, connect);
+                devices.insert(name, device);
+            }
         }
         let body = json!({
             "name": name,

@@ -167,3 +167,38 @@ fn a_controller_moving_its_addresses_is_a_change_its_beat_is_not() {
     assert_eq!(told(head), [(ChangeKind::Controllers, String::new())]);
     assert_eq!(e.st.controller_addresses(0).unwrap(), ["127.0.0.1:17171"]);
 }
+
+/// An uploaded charm's archive is kept in the state for every controller,
+/// under its directory's path: replaced by a later keep of that path,
+/// refused beyond its bound (changing nothing), and forgotten.
+#[test]
+fn a_charms_archive_is_kept_for_every_controller_within_its_bound() {
+    use crate::services::MAX_CHARM_ARCHIVE;
+    let e = env();
+    let path = "/var/lib/jujube/home/environments/e/charms/ab12";
+    assert_eq!(e.st.charm_archive(path).unwrap(), None);
+    e.st.keep_charm_archive(path, b"JCH1 first").unwrap();
+    e.st.keep_charm_archive(path, b"JCH1 second").unwrap();
+    assert_eq!(
+        e.st.charm_archive(path).unwrap().as_deref(),
+        Some(&b"JCH1 second"[..])
+    );
+    let big = vec![7u8; MAX_CHARM_ARCHIVE + 1];
+    match e.st.keep_charm_archive(path, &big) {
+        Err(Error::BadCharm(m)) => assert!(m.contains("make the charm smaller"), "{m}"),
+        r => panic!("{r:?}"),
+    }
+    assert_eq!(
+        e.st.charm_archive(path).unwrap().as_deref(),
+        Some(&b"JCH1 second"[..])
+    );
+    let at_bound = vec![7u8; MAX_CHARM_ARCHIVE];
+    e.st.keep_charm_archive("/other", &at_bound).unwrap();
+    assert_eq!(
+        e.st.charm_archive("/other").unwrap().map(|a| a.len()),
+        Some(MAX_CHARM_ARCHIVE)
+    );
+    e.st.forget_charm_archive(path).unwrap();
+    assert_eq!(e.st.charm_archive(path).unwrap(), None);
+    assert!(e.st.charm_archive("/other").unwrap().is_some());
+}

@@ -1550,13 +1550,15 @@ fn the_postgresql_schema_has_the_sqlite_schemas_tables_and_columns() {
         return;
     }
     let lite = super::sqlite_env();
-    // (table, column, kind): integers (and flags), text, or other.
+    // (table, column, kind): integers (and flags), text, bytes, or other.
     let kind = |t: &str| -> String {
         let t = t.to_ascii_lowercase();
         if t.contains("int") || t == "boolean" {
             "integer".into()
         } else if t == "text" {
             "text".into()
+        } else if t == "blob" || t == "bytea" {
+            "bytes".into()
         } else {
             t
         }
