@@ -146,6 +146,11 @@ pub(crate) struct Hub {
     /// where the controllers record they serve (see
     /// [`crate::Facades::agents_reach_controllers_at`]).
     reach: std::sync::OnceLock<ControllerAddress>,
+    /// Held through a reload's read of the store and its update (not
+    /// `api_addresses`, which machine views take meanwhile): a reload
+    /// racing the one `reach_controllers_at` makes cannot put back what it
+    /// read before `reach` was set.
+    reloading: Mutex<()>,
 }
 
 /// Where agents reach controller machine N's API.
@@ -287,9 +292,7 @@ impl Hub {
 
     /// Reads the controllers' API addresses; whether they changed.
     fn reload_api_addresses(&self, store: &Store) -> jujube_state::Result<bool> {
-        // Held while reading: a reload racing the one `reach_controllers_at`
-        // makes cannot put back what was read before `reach` was set.
-        let mut held = lock(&self.api_addresses);
+        let _one = lock(&self.reloading);
         let now: Arc<[String]> = match self.reach.get() {
             Some(reach) => store
                 .controller_machines()?
@@ -299,6 +302,7 @@ impl Hub {
             // No machine is -1: every controller's, in machine order.
             None => store.controller_addresses(-1)?.into(),
         };
+        let mut held = lock(&self.api_addresses);
         let changed = *held != now;
         *held = now;
         Ok(changed)

@@ -26,6 +26,7 @@ pub mod logsink;
 pub mod process;
 
 pub use host::{Host, Mode};
+pub use hub::ControllerAddress;
 
 use std::sync::Arc;
 
@@ -54,7 +55,7 @@ impl Facades {
     /// device puts in their container.
     pub fn agents_reach_controllers_at(
         &self,
-        reach: Arc<dyn Fn(i64) -> String + Send + Sync>,
+        reach: ControllerAddress,
     ) -> jujube_state::Result<()> {
         self.shared
             .hub

@@ -321,10 +321,15 @@ pub fn restore(dir: &Path, archive: &[u8]) -> ApiResult<()> {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
         _ => {}
     }
-    let mut unpacker = Unpacker::new(&part)?;
-    unpacker.feed(archive)?;
-    unpacker.finish()?;
-    std::fs::rename(&part, dir).map_err(io)
+    let unpacked = Unpacker::new(&part).and_then(|mut u| {
+        u.feed(archive)?;
+        u.finish()?;
+        std::fs::rename(&part, dir).map_err(io)
+    });
+    if unpacked.is_err() {
+        let _ = std::fs::remove_dir_all(&part);
+    }
+    unpacked
 }
 
 #[cfg(test)]
@@ -344,6 +349,25 @@ mod tests {
         .unwrap();
         std::os::unix::fs::symlink("install", d.path().join("hooks/start")).unwrap();
         d
+    }
+
+    #[test]
+    fn a_restore_is_whole_or_leaves_nothing() {
+        let src = charm();
+        let mut bytes = Vec::new();
+        write_archive(src.path(), &mut bytes).unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let dir = out.path().join("ab12");
+        let e = restore(&dir, &bytes[..bytes.len() - 3]).unwrap_err();
+        assert!(e.message.contains("cut short"), "{e:?}");
+        let left: Vec<_> = std::fs::read_dir(out.path()).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
+        restore(&dir, &bytes).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(dir.join("metadata.yaml")).unwrap(),
+            "name: x\n"
+        );
+        assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 1);
     }
 
     #[test]

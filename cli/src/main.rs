@@ -1144,18 +1144,19 @@ fn model_command(
     Ok(())
 }
 
-/// After `enable-ha`, on the host that holds a dummy environment's
-/// directory: every controller machine's controller left running in the
+/// After `enable-ha`: on the host that holds a dummy environment's
+/// directory, every controller machine's controller left running in the
 /// background (started where its supervisor is not running: `enable-ha`
 /// again brings back one that was stopped), and this home's controller
-/// entry given each one's address, for the CLI to fail over between.
+/// entry given each one's address, for the CLI to fail over between; for
+/// controllers in containers (LXD), see [`controllers_in_containers`].
 fn enable_ha_here(home: &Home, client: &Client, out: &mut impl Write) -> Result<()> {
     let name = client.name();
     // Not `status`: that grows with the model.
     let env: jujube_wire::client::EnvironmentInfo = client.call(ClientCall::Environment)?;
     let machines = env.controllers;
     if jujube_controller::machine0::hosted(home, name)?.is_some() {
-        return controllers_in_containers(home, client, machines.len(), out);
+        return controllers_in_containers(home, client, out);
     }
     if env.provider != "dummy" || !home.has_store(name) {
         return Ok(());
@@ -1185,15 +1186,11 @@ fn enable_ha_here(home: &Home, client: &Client, out: &mut impl Write) -> Result<
 const CONTROLLERS_UP: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// After `enable-ha` of an environment whose controllers run in containers
-/// (LXD): waits until each of the `count` controllers is up (the
-/// provisioner starts its container and installs it there), then gives
-/// this home's controller entry every one's address, machine 0's first.
-fn controllers_in_containers(
-    home: &Home,
-    client: &Client,
-    count: usize,
-    out: &mut impl Write,
-) -> Result<()> {
+/// (LXD): waits until every Alive controller machine's controller is up
+/// (the provisioner starts its container and installs it there), then
+/// gives this home's controller entry every one's address, machine 0's
+/// first.
+fn controllers_in_containers(home: &Home, client: &Client, out: &mut impl Write) -> Result<()> {
     let name = client.name();
     let deadline = std::time::Instant::now() + CONTROLLERS_UP;
     let mut said = BTreeMap::new();
@@ -1204,7 +1201,7 @@ fn controllers_in_containers(
             .iter()
             .filter(|c| c.state != "up" || c.addresses.is_empty())
             .collect();
-        if waiting.is_empty() && st.len() >= count {
+        if waiting.is_empty() {
             break st;
         }
         for c in &waiting {

@@ -270,14 +270,14 @@ fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Answer> {
                 bail!("`enable-ha` needs the environment's state in PostgreSQL: its SQLite file lives on machine 0 alone and would go with it; bootstrap an environment with `--config state-url=postgres://USER@HOST:PORT/DB`");
             }
             let provider = store.environment()?.provider;
-            let in_container = std::env::var(crate::machine0::API_ADVERTISE).is_ok();
+            let in_container = crate::machine0::advertised().is_some();
             match provider.as_str() {
                 "dummy" => {}
                 // The provisioner installs each one from this controller's
                 // container (`machine0::ControllerSeed`).
                 "lxd" if in_container => {}
-                "lxd" => bail!("`enable-ha` on LXD needs the controller in machine 0's container, which gives the others theirs; this one runs on the host that bootstrapped the environment (`--manual-controller`)"),
-                _ => bail!("`enable-ha` runs controller machines on the dummy and LXD providers only so far, not on `{provider}`"),
+                "lxd" => bail!("`enable-ha` on LXD needs the controller in machine 0's container, told by its `controller.env` where the daemon's host exposes its API (`{}`, which this version's `bootstrap` writes); this controller was not: bootstrap a new environment without `--manual-controller`", crate::machine0::API_ADVERTISE),
+                _ => bail!("`enable-ha` runs controller machines on the dummy and LXD providers only so far, not on `{provider}`: its one controller, machine 0's, is restarted by its instance's init when it dies"),
             }
             json(store.enable_ha(n)?)
         }

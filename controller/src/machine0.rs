@@ -32,13 +32,20 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
 /// daemon's host exposes its API (`HOST:PORT`, what the CLI dials). The
 /// controller records that address for clients, not the container's own.
 pub const API_ADVERTISE: &str = "JUJUBE_API_ADVERTISE";
+/// Where this controller's API is exposed for clients when it runs in a
+/// container ([`API_ADVERTISE`], set and not empty).
+pub fn advertised() -> Option<String> {
+    std::env::var(API_ADVERTISE).ok().filter(|a| !a.is_empty())
+}
+
 /// Set in another controller machine's [`CONTROLLER_ENV_FILE`]
 /// (`enable-ha`): its machine id (`jujube controller --machine`).
 pub const MACHINE_ENV: &str = "JUJUBE_MACHINE";
 
 /// The daemon's host ports other controllers' APIs are exposed at, one
-/// drawn at random for each start attempt (a port taken makes the start
-/// fail, and the next attempt draws again). Below Linux's ephemeral range.
+/// drawn for each start attempt from its nonce (a retry of one attempt
+/// gets the same; a port taken makes the start fail as transient, and the
+/// next attempt draws again). Below Linux's ephemeral range.
 const CONTROLLER_PORTS: std::ops::RangeInclusive<u16> = 17071..=17999;
 
 /// The files a state in PostgreSQL adds to a controller's environment
@@ -553,6 +560,18 @@ fn controller_env(name: &str, machine: i64, advertise: &str) -> String {
     env
 }
 
+/// The host port of controller machine `machine`'s start attempt
+/// `nonce`: the same for a retry of the attempt, spread over
+/// [`CONTROLLER_PORTS`] (FNV-1a; any stable hash would do).
+fn attempt_port(machine: i64, nonce: &str) -> u16 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in machine.to_be_bytes().iter().chain(nonce.as_bytes()) {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    let span = u64::from(CONTROLLER_PORTS.end() - CONTROLLER_PORTS.start()) + 1;
+    CONTROLLER_PORTS.start() + (h % span) as u16
+}
+
 /// What a controller in an LXD container gives the containers of the
 /// controller machines it provisions (`enable-ha`): a copy of its own
 /// environment's certificates, client identity for the daemon and place of
@@ -578,7 +597,7 @@ impl ControllerSeed {
         name: &str,
         config: &BTreeMap<String, String>,
     ) -> Result<Option<ControllerSeed>> {
-        let Ok(advertise) = std::env::var(API_ADVERTISE) else {
+        let Some(advertise) = advertised() else {
             return Ok(None);
         };
         let Some((host, _)) = advertise.rsplit_once(':') else {
@@ -608,13 +627,13 @@ impl ControllerSeed {
     }
 
     /// Controller machine `machine`'s controller, exposed at a port drawn
-    /// for this attempt.
-    pub(crate) fn install(&self, machine: i64) -> Result<jujube_providers::ControllerInstall> {
-        use std::hash::{BuildHasher, Hasher};
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_i64(machine);
-        let span = u64::from(CONTROLLER_PORTS.end() - CONTROLLER_PORTS.start()) + 1;
-        let port = CONTROLLER_PORTS.start() + (h.finish() % span) as u16;
+    /// for the start attempt `nonce`.
+    pub(crate) fn install(
+        &self,
+        machine: i64,
+        nonce: &str,
+    ) -> Result<jujube_providers::ControllerInstall> {
+        let port = attempt_port(machine, nonce);
         let advertise = format!("{}:{port}", self.advertise_host);
         let read = |path: &Path| {
             std::fs::read(path).with_context(|| format!("cannot read `{}`", path.display()))
@@ -700,6 +719,9 @@ pub(crate) fn proxy_controllers(
                 tokio::task::spawn_blocking(move || other_controllers(&store)).await
             };
             match read {
+                // One controller (no `enable-ha`): nothing to give anyone,
+                // and no listing of every container each minute.
+                Ok(Ok(wanted)) if wanted.is_empty() => {}
                 Ok(Ok(wanted)) => {
                     let due = applied
                         .as_ref()
@@ -733,9 +755,10 @@ pub(crate) fn proxy_controllers(
 }
 
 /// `destroy-environment` of an environment whose controller runs in
-/// machine 0's container: machine 0 is frozen (its controller acts no
-/// more), every other instance of the environment is stopped, then machine
-/// 0; the daemon forgets its certificate, and the host the environment.
+/// machine 0's container: every controller's container is frozen (their
+/// controllers act no more), every other instance of the environment is
+/// stopped, then machine 0; the daemon forgets its certificate, and the
+/// host the environment.
 pub async fn destroy(home: &Home, name: &str, m0: Machine0, out: &mut impl Write) -> Result<()> {
     if m0.provider == "ec2" {
         return crate::machine0_ec2::destroy(home, name, m0, out).await;

@@ -279,7 +279,7 @@ pub async fn start_api(
     // Machine 0's, and any controller's in a container of its own (its
     // init named where the daemon's host exposes it); other controllers
     // on one host take free ports.
-    let own_host = machine == 0 || std::env::var(crate::machine0::API_ADVERTISE).is_ok();
+    let own_host = machine == 0 || crate::machine0::advertised().is_some();
     let address = if own_host {
         config
             .get("api-listen-address")
@@ -420,18 +420,20 @@ fn placement(
                 env_uuid: env.uuid.clone(),
             })
         };
-    let installer = |agents: jujube_agent_state::process::ProcessAgents,
-                     enroll: Option<(String, String)>,
-                     api_connect: String| {
-        Some(Arc::new(Installer {
-            store: store.clone(),
-            agents: Some(agents),
-            api_connect,
-            enroll,
-            tokens: Mutex::new(HashMap::new()),
-            controllers: None,
-        }))
-    };
+    let installer =
+        |agents: Option<jujube_agent_state::process::ProcessAgents>,
+         enroll: Option<(String, String)>,
+         api_connect: String,
+         controllers: Option<Arc<crate::machine0::ControllerSeed>>| {
+            Some(Arc::new(Installer {
+                store: store.clone(),
+                agents,
+                api_connect,
+                enroll,
+                tokens: Mutex::new(HashMap::new()),
+                controllers,
+            }))
+        };
     let in_process = Placement {
         host: Some(jujube_agent_state::Mode::InProcess),
         installer: None,
@@ -446,7 +448,7 @@ fn placement(
             // over between them.
             let a = agents(store.controller_addresses(machine)?)?;
             Ok(Placement {
-                installer: installer(a.clone(), None, String::new()),
+                installer: installer(Some(a.clone()), None, String::new(), None),
                 host: Some(jujube_agent_state::Mode::Process(a)),
                 lxd_controllers: None,
             })
@@ -457,16 +459,8 @@ fn placement(
                 crate::machine0::ControllerSeed::here(home, env_name, &config)?.map(Arc::new);
             if !lxd_agents_in_containers(&config) {
                 return Ok(Placement {
-                    installer: controllers.map(|seed| {
-                        Arc::new(Installer {
-                            store: store.clone(),
-                            agents: None,
-                            api_connect: String::new(),
-                            enroll: None,
-                            tokens: Mutex::new(HashMap::new()),
-                            controllers: Some(seed),
-                        })
-                    }),
+                    installer: controllers
+                        .and_then(|seed| installer(None, None, String::new(), Some(seed))),
                     ..in_process
                 });
             }
@@ -488,17 +482,15 @@ fn placement(
             };
             Ok(Placement {
                 host: None,
-                installer: Some(Arc::new(Installer {
-                    store: store.clone(),
-                    agents: Some(agents(vec![format!(
+                installer: installer(
+                    Some(agents(vec![format!(
                         "unix:{}",
                         jujube_providers::lxd::AGENT_API_SOCKET
                     )])?),
+                    None,
                     api_connect,
-                    enroll: None,
-                    tokens: Mutex::new(HashMap::new()),
                     controllers,
-                })),
+                ),
                 lxd_controllers,
             })
         }
@@ -530,7 +522,7 @@ fn placement(
             }));
             Ok(Placement {
                 host: None,
-                installer: installer(a, Some((address, sha)), String::new()),
+                installer: installer(Some(a), Some((address, sha)), String::new(), None),
                 lxd_controllers: None,
             })
         }
@@ -723,7 +715,7 @@ impl jujube_provisioner::AgentInstaller for Installer {
                 api_connect: String::new(),
                 other_controllers: Vec::new(),
                 enrollment: None,
-                controller: Some(seed.install(machine).map_err(|e| e.to_string())?),
+                controller: Some(seed.install(machine, nonce).map_err(|e| e.to_string())?),
             }));
         }
         let Some(agents) = self.agents.as_ref().filter(|_| m.hosts_units()) else {
@@ -870,9 +862,9 @@ pub async fn run(home: &Home, env_name: &str, machine: i64) -> Result<()> {
     // the other controllers know where it serves; then every few seconds.
     // In a container, where the daemon's host exposes it: its own
     // addresses are the container's.
-    let addresses = match std::env::var(crate::machine0::API_ADVERTISE) {
-        Ok(a) if !a.is_empty() => vec![a],
-        _ => api.addresses(),
+    let addresses = match crate::machine0::advertised() {
+        Some(a) => vec![a],
+        None => api.addresses(),
     };
     store.controller_seen(machine, &holder, &addresses, wall_ms())?;
     // Leases and these records on connections of their own: neither waits

@@ -31,7 +31,7 @@ impl Store {
     pub fn keep_charm_archive(&self, path: &str, archive: &[u8]) -> Result<()> {
         if archive.len() > MAX_CHARM_ARCHIVE {
             return Err(Error::BadCharm(format!(
-                "the charm at `{path}` makes an archive of {} bytes, over the {MAX_CHARM_ARCHIVE} bytes the state keeps; make the charm smaller",
+                "the charm makes an archive of {} bytes, over the {MAX_CHARM_ARCHIVE} bytes the state keeps; make the charm smaller",
                 archive.len()
             )));
         }

@@ -448,6 +448,107 @@ fn start_spec(machine: &str, nonce: &str) -> jujube_providers::StartSpec {
     }
 }
 
+/// A controller machine's container (`enable-ha`) is made with machine 0's
+/// proxy devices (the daemon, the state database, its API on the daemon's
+/// host at the install's address) and gets the controller's files, root's
+/// alone, and no agent. A host port already taken fails the start as
+/// transient (the next attempt draws another) and leaves no container; a
+/// retry of an attempt whose container exists makes its devices as the
+/// retry says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_machines_container_gets_machine_0s_devices_and_a_taken_port_is_transient() {
+    let Some(c) = lxd() else { return };
+    let env_uuid = uuid();
+    let _sweep = Sweep {
+        uuids: vec![env_uuid.clone()],
+        names: vec![],
+    };
+    let p = LxdProvider::new(&env_uuid, &config(&[])).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let binary = dir.path().join("jujube");
+    std::fs::write(&binary, "#!/bin/sh\nexit 0\n").unwrap();
+    let free_port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let kept = "/var/lib/jujube/home/environments/e/tls/ca.crt";
+    let spec = |nonce: &str, port: u16| jujube_providers::StartSpec {
+        controller: true,
+        agent: Some(jujube_providers::AgentInstall {
+            conf: Vec::new(),
+            binary: binary.clone(),
+            api_connect: String::new(),
+            other_controllers: Vec::new(),
+            enrollment: None,
+            controller: Some(jujube_providers::ControllerInstall {
+                files: vec![(kept.to_string(), b"not a secret\n".to_vec(), 0o600)],
+                api_listen: format!("127.0.0.1:{port}"),
+                state_db: Some("127.0.0.1:5999".into()),
+            }),
+        }),
+        ..start_spec("1", nonce)
+    };
+
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let e = p.start_instance(&spec("n-a", port)).await.unwrap_err();
+    assert_eq!(e.class(), ErrorClass::Transient, "{e}");
+    let name = p.container_name("1");
+    assert!(
+        until_gone(&c, &name).await,
+        "the failed start left `{name}`"
+    );
+    drop(taken);
+
+    let port = free_port();
+    let i = p.start_instance(&spec("n-b", port)).await.unwrap();
+    assert_eq!(i.id, name);
+    let v = container(&c, &name).await.unwrap();
+    let devices = &v["devices"];
+    assert_eq!(devices["jujube-api-host"]["bind"], "host", "{devices}");
+    assert_eq!(
+        devices["jujube-api-host"]["listen"],
+        format!("tcp:127.0.0.1:{port}")
+    );
+    assert_eq!(devices["jujube-api-host"]["connect"], "tcp:127.0.0.1:17070");
+    assert_eq!(devices["jujube-state-db"]["listen"], "tcp:127.0.0.1:5999");
+    assert_eq!(devices["jujube-lxd"]["listen"], "tcp:127.0.0.1:8443");
+    assert!(
+        devices["jujube-api"].is_null(),
+        "an agent's socket: {devices}"
+    );
+    assert_eq!(file_in(&c, &name, kept).await, "not a secret\n");
+    let mode = exec_in(
+        &c,
+        &name,
+        &["sh", "-c", &format!("test \"$(stat -c %a {kept})\" = 600")],
+    )
+    .await;
+    assert_eq!(mode, 0, "the controller's files are not root's alone");
+    assert_eq!(
+        exec_in(
+            &c,
+            &name,
+            &["test", "-e", "/var/lib/jujube/agent/agent.conf"]
+        )
+        .await,
+        1
+    );
+
+    // The same attempt again, told another port: its devices follow.
+    let moved = free_port();
+    p.start_instance(&spec("n-b", moved)).await.unwrap();
+    let v = container(&c, &name).await.unwrap();
+    assert_eq!(
+        v["devices"]["jujube-api-host"]["listen"],
+        format!("tcp:127.0.0.1:{moved}")
+    );
+    p.stop_instances(std::slice::from_ref(&name)).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_adopts_its_own_container_replaces_a_leftover_and_refuses_a_squatter() {
     let Some(c) = lxd() else { return };

@@ -29,8 +29,9 @@ use serde_json::{json, Value};
 
 /// `JUJUBE_HOME` of the controller inside machine 0's container.
 pub const CONTROLLER_HOME: &str = "/var/lib/jujube/home";
-/// What the image's init reads to run the controller: `JUJUBE_HOME` and
-/// `JUJUBE_ENV`, as shell assignments.
+/// What the image's init reads to run the controller, as shell
+/// assignments: `JUJUBE_HOME` and `JUJUBE_ENV`, where the daemon's host
+/// exposes its API, and another controller machine's id (`enable-ha`).
 pub const CONTROLLER_ENV_FILE: &str = "/var/lib/jujube/controller.env";
 /// The controller's certificates for the daemon, inside the container.
 pub const CONTROLLER_LXD_DIR: &str = "/var/lib/jujube/lxd";
@@ -172,7 +173,7 @@ impl LxdProvider {
 
     /// Adds devices to one of our containers (LXD merges them with its
     /// others).
-    async fn add_devices(&self, name: &str, devices: Value) -> Result<()> {
+    pub(super) async fn add_devices(&self, name: &str, devices: Value) -> Result<()> {
         self.owned_container(name).await?;
         self.client()
             .run(
@@ -186,7 +187,8 @@ impl LxdProvider {
     }
 
     /// Lets the controller in container `name` reach the daemon: trusts
-    /// `cert_pem` (a certificate whose key only that container gets) and
+    /// `cert_pem` (a certificate whose key only the environment's
+    /// controllers' containers get) and
     /// proxies the daemon's HTTPS into the container. Refused, changing
     /// nothing, when the daemon does not listen for HTTPS.
     pub async fn admit_controller(
@@ -286,6 +288,7 @@ impl LxdProvider {
             .await?
             .map_err(|e| e.into_error("listing instances"))?;
         let mut changed = 0;
+        let mut failed = None;
         for v in list.as_array().into_iter().flatten() {
             let Some(name) = v["name"].as_str().filter(|_| self.owned(v)) else {
                 continue;
@@ -303,16 +306,26 @@ impl LxdProvider {
             if patch.is_empty() {
                 continue;
             }
+            // One container that cannot be changed keeps none of the
+            // others from theirs.
             match self.add_devices(name, Value::Object(patch)).await {
                 Ok(()) => changed += 1,
-                // Gone meanwhile: nothing to reach.
-                Err(e) if self.lookup(name).await?.is_none() => {
-                    tracing::debug!(name, error = %e, "container gone before its proxies")
-                }
-                Err(e) => return Err(e),
+                Err(e) => match self.lookup(name).await {
+                    // Gone meanwhile: nothing to reach.
+                    Ok(None) => {
+                        tracing::debug!(name, error = %e, "container gone before its proxies")
+                    }
+                    _ => {
+                        tracing::warn!(name, error = %e, "cannot give a container every controller's API");
+                        failed.get_or_insert(e);
+                    }
+                },
             }
         }
-        Ok(changed)
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(changed),
+        }
     }
 
     /// Writes files into one of our containers (root's, with their modes),

@@ -563,6 +563,12 @@ impl LxdProvider {
         {
             Ok(_) => Ok(()),
             Err(e) if e.message.contains("already running") => Ok(()),
+            // A proxy device's host port taken meanwhile (another
+            // controller's API is exposed on a port drawn for each
+            // attempt): the next attempt draws another.
+            Err(e) if e.message.contains("address already in use") => Err(Error::Transient(
+                format!("starting `{name}`: {}; trying again", e.message),
+            )),
             Err(e) => Err(e.into_error(&format!("starting `{name}`"))),
         }
     }
@@ -736,7 +742,9 @@ impl LxdProvider {
     }
 
     /// Puts the machine's agent into container `name`: the binary and its
-    /// `agent.conf` (0600), through LXD's file API. Its image's init runs
+    /// `agent.conf` (0600), through LXD's file API; or, for a controller
+    /// machine, the binary and the controller's files
+    /// ([`crate::ControllerInstall`]). Its image's init runs
     /// `jujube agent --data-dir /var/lib/jujube/agent` whenever both are
     /// there (`scripts/lxd-setup` builds such an image, `jujube-agent`).
     async fn install_agent(&self, name: &str, spec: &StartSpec) -> Result<()> {
@@ -857,7 +865,16 @@ impl LxdProvider {
                     if v["config"][CFG_NONCE].as_str() == Some(spec.nonce.as_str()) {
                         // Ours from an earlier attempt with this nonce:
                         // this attempt's credential replaced that one's, so
-                        // its agent gets the new one (and restarts on it).
+                        // its agent gets the new one (and restarts on it);
+                        // a controller's devices are made as this attempt
+                        // says, as its files are.
+                        if let Some(install) =
+                            spec.agent.as_ref().and_then(|a| a.controller.as_ref())
+                        {
+                            let devices = self.controller_devices(install).await?;
+                            self.add_devices(&name, Value::Object(devices.into_iter().collect()))
+                                .await?;
+                        }
                         self.install_agent(&name, spec).await?;
                         self.ensure_running(&name, &v).await?;
                         let v = self.lookup(&name).await?.unwrap_or(v);
