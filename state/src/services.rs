@@ -56,6 +56,22 @@ impl Store {
         })
     }
 
+    /// Where charms are kept whose archive the state does not keep (uploaded
+    /// by a version before archives), at most `limit` of them.
+    pub fn charms_without_archive(&self, limit: usize) -> Result<Vec<String>> {
+        self.read_unchecked(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT DISTINCT path FROM charms
+                 WHERE path <> '' AND path NOT IN (SELECT path FROM charm_archives)
+                 ORDER BY path LIMIT ?1",
+            )?;
+            let paths = stmt
+                .query_map([limit as i64], |r| r.get(0))?
+                .collect::<crate::sql::Result<Vec<String>>>()?;
+            Ok(paths)
+        })
+    }
+
     /// Forgets the archive kept for `path` (an upload no charm uses).
     pub fn forget_charm_archive(&self, path: &str) -> Result<()> {
         self.write(|tx| {

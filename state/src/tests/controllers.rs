@@ -201,4 +201,18 @@ fn a_charms_archive_is_kept_for_every_controller_within_its_bound() {
     e.st.forget_charm_archive(path).unwrap();
     assert_eq!(e.st.charm_archive(path).unwrap(), None);
     assert!(e.st.charm_archive("/other").unwrap().is_some());
+
+    // The charms kept without an archive (uploaded before archives).
+    let mut args = super::deploy_args(super::MYSQL, "mysql", 0);
+    args.charm.path = path.into();
+    e.st.deploy(&args).unwrap();
+    let mut args = super::deploy_args(super::WORDPRESS, "wordpress", 0);
+    args.charm.path = "/other".into();
+    e.st.deploy(&args).unwrap();
+    assert_eq!(
+        e.st.charms_without_archive(10).unwrap(),
+        vec![path.to_string()]
+    );
+    e.st.keep_charm_archive(path, b"JCH1").unwrap();
+    assert!(e.st.charms_without_archive(10).unwrap().is_empty());
 }
