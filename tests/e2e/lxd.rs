@@ -1503,6 +1503,32 @@ async fn machine_0s_container_runs_the_controller_and_holds_the_state() {
     assert_eq!(j.run(&["environments"]).ok().stdout, "");
 }
 
+/// Environment `name` bootstrapped on LXD with its state in a fresh schema
+/// of the test cluster (the password in a file the server does not need:
+/// it trusts loopback).
+fn bootstrapped_on_postgresql(name: &str) -> (Jujube, crate::postgres::AsyncSchema) {
+    let db = crate::postgres::AsyncSchema::new();
+    let mut j = Jujube::new();
+    j.auto_controller = true;
+    j.start_controllers = false;
+    let password = j.home.path().join("state-password");
+    std::fs::write(&password, "not-needed-by-trust\n").unwrap();
+    j.run(&[
+        "bootstrap",
+        name,
+        "--provider",
+        "lxd",
+        "--config",
+        "image-alias=jujube-agent",
+        "--config",
+        &format!("state-url={}", db.url),
+        "--config",
+        &format!("state-password-file={}", password.display()),
+    ])
+    .ok();
+    (j, db)
+}
+
 /// `bootstrap --provider lxd --config state-url=...`: machine 0's
 /// controller keeps the state in PostgreSQL on this host, reached through a
 /// proxy at the address the URL names (the server's certificate checked
@@ -1513,27 +1539,8 @@ async fn machine_0s_container_runs_the_controller_and_holds_the_state() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn machine_0s_controller_keeps_the_state_in_postgresql() {
     let Some(c) = lxd() else { return };
-    // The blocking client on a thread of its own: it runs a runtime.
-    let mut db = crate::postgres::AsyncSchema::new();
+    let (j, mut db) = bootstrapped_on_postgresql("lxp");
     let url = db.url.clone();
-    let mut j = Jujube::new();
-    j.auto_controller = true;
-    j.start_controllers = false;
-    let password = j.home.path().join("state-password");
-    std::fs::write(&password, "not-needed-by-trust\n").unwrap();
-    j.run(&[
-        "bootstrap",
-        "lxp",
-        "--provider",
-        "lxd",
-        "--config",
-        "image-alias=jujube-agent",
-        "--config",
-        &format!("state-url={url}"),
-        "--config",
-        &format!("state-password-file={}", password.display()),
-    ])
-    .ok();
     let (_, uuid, _sweep, m0) = machine_0(&j);
     assert!(db.tables() > 0);
 
@@ -1579,26 +1586,8 @@ async fn machine_0s_controller_keeps_the_state_in_postgresql() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enable_ha_makes_controllers_of_containers_that_take_over_from_machine_0() {
     let Some(c) = lxd() else { return };
-    let mut db = crate::postgres::AsyncSchema::new();
+    let (j, mut db) = bootstrapped_on_postgresql("lxha");
     let url = db.url.clone();
-    let mut j = Jujube::new();
-    j.auto_controller = true;
-    j.start_controllers = false;
-    let password = j.home.path().join("state-password");
-    std::fs::write(&password, "not-needed-by-trust\n").unwrap();
-    j.run(&[
-        "bootstrap",
-        "lxha",
-        "--provider",
-        "lxd",
-        "--config",
-        "image-alias=jujube-agent",
-        "--config",
-        &format!("state-url={url}"),
-        "--config",
-        &format!("state-password-file={}", password.display()),
-    ])
-    .ok();
     let (_, uuid, _sweep, m0) = machine_0(&j);
     j.run(&["deploy", &j.charm("mysql")]).ok();
     waited_until_started(&j, "mysql/0");
