@@ -1037,6 +1037,9 @@ fn model_command(
                 let st: Status = client.call(ClientCall::Status)?;
                 render::status(&st, format, out)?
             }
+            // What is shown stands whether or not the entry could be
+            // updated; the next `status` tries again.
+            let _ = follow_controllers(home, client);
         }
         Command::UpgradeCharm {
             service,
@@ -1177,6 +1180,32 @@ fn enable_ha_here(home: &Home, client: &Client, out: &mut impl Write) -> Result<
         let config: BTreeMap<String, String> = client.call(ClientCall::GetEnvironment)?;
         entry.addresses = controller::api_addresses(home, name, &config, &machines);
         home.set_controller(name, entry)?;
+    }
+    Ok(())
+}
+
+/// After `status`: this home's controller entry follows the controllers
+/// the environment records (added by `enable-ha` from another home, or
+/// moved), as agents do (`followed_addresses`): the addresses it holds
+/// that are still served first, then the others, up controllers' before
+/// down ones'. Kept as it is when it shares none of them: it reaches the
+/// controller through an address the controllers do not record (a tunnel,
+/// machine 0's public address on EC2).
+fn follow_controllers(home: &Home, client: &Client) -> Result<()> {
+    let env: jujube_wire::client::EnvironmentInfo = client.call(ClientCall::Environment)?;
+    let (up, down): (Vec<_>, Vec<_>) = env.controller_status.iter().partition(|c| c.state == "up");
+    let mut learned: Vec<String> = Vec::new();
+    for a in up.iter().chain(&down).flat_map(|c| c.addresses.iter()) {
+        if !learned.contains(a) {
+            learned.push(a.clone());
+        }
+    }
+    let Some(mut entry) = home.controller(client.name())? else {
+        return Ok(());
+    };
+    if let Some(next) = jujube_agent::remote::followed_addresses(&entry.addresses, &learned) {
+        entry.addresses = next;
+        home.set_controller(client.name(), entry)?;
     }
     Ok(())
 }

@@ -1613,6 +1613,20 @@ async fn enable_ha_makes_controllers_of_containers_that_take_over_from_machine_0
             .unwrap();
     let addresses = controllers["lxha"]["addresses"].as_array().unwrap().clone();
     assert_eq!(addresses.len(), 3, "{controllers}");
+    // A home that knew machine 0's address alone (one that did not run
+    // `enable-ha`) learns the others' from `status`.
+    let mut alone = controllers.clone();
+    alone["lxha"]["addresses"] = json!([addresses[0].clone()]);
+    std::fs::write(
+        j.home.path().join("controllers.json"),
+        serde_json::to_vec(&alone).unwrap(),
+    )
+    .unwrap();
+    j.run(&["status"]).ok();
+    let learned: Value =
+        serde_json::from_slice(&std::fs::read(j.home.path().join("controllers.json")).unwrap())
+            .unwrap();
+    assert_eq!(learned["lxha"]["addresses"], json!(addresses), "{learned}");
     let st = j.status();
     let shown: Vec<(String, String, Value)> = st["controllers"]
         .as_array()
