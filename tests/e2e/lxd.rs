@@ -157,6 +157,23 @@ struct Sweep {
     names: Vec<String>,
 }
 
+impl Sweep {
+    /// What sweeps environment `uuid`'s containers.
+    fn of(uuid: &str) -> Sweep {
+        Sweep {
+            uuids: vec![uuid.to_string()],
+            names: vec![],
+        }
+    }
+}
+
+/// A provider for a new environment UUID, and what sweeps its containers.
+fn fresh_provider() -> (String, Sweep, LxdProvider) {
+    let env_uuid = uuid();
+    let p = LxdProvider::new(&env_uuid, &config(&[])).unwrap();
+    (env_uuid.clone(), Sweep::of(&env_uuid), p)
+}
+
 impl Drop for Sweep {
     fn drop(&mut self) {
         let (uuids, names) = (self.uuids.clone(), self.names.clone());
@@ -384,10 +401,7 @@ async fn an_unknown_image_alias_is_a_provisioning_error_and_resolved_recovers() 
         &["--config", "image-aliases=noble:jujube-no-such-image"],
     );
     let prefix = format!("jujube-{}-", short(&env_uuid));
-    let _sweep = Sweep {
-        uuids: vec![env_uuid.clone()],
-        names: vec![],
-    };
+    let _sweep = Sweep::of(&env_uuid);
     let ctl = j.controller();
     j.run(&["add-machine", "--series", "noble"]).ok();
     j.run(&["add-machine", "--series", "jammy"]).ok();
@@ -458,12 +472,7 @@ fn start_spec(machine: &str, nonce: &str) -> jujube_providers::StartSpec {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_machines_container_gets_machine_0s_devices_and_a_taken_port_is_transient() {
     let Some(c) = lxd() else { return };
-    let env_uuid = uuid();
-    let _sweep = Sweep {
-        uuids: vec![env_uuid.clone()],
-        names: vec![],
-    };
-    let p = LxdProvider::new(&env_uuid, &config(&[])).unwrap();
+    let (_, _sweep, p) = fresh_provider();
     let dir = tempfile::tempdir().unwrap();
     let binary = dir.path().join("jujube");
     std::fs::write(&binary, "#!/bin/sh\nexit 0\n").unwrap();
@@ -521,22 +530,11 @@ async fn a_controller_machines_container_gets_machine_0s_devices_and_a_taken_por
         "an agent's socket: {devices}"
     );
     assert_eq!(file_in(&c, &name, kept).await, "not a secret\n");
-    let mode = exec_in(
-        &c,
-        &name,
-        &["sh", "-c", &format!("test \"$(stat -c %a {kept})\" = 600")],
-    )
-    .await;
-    assert_eq!(mode, 0, "the controller's files are not root's alone");
-    assert_eq!(
-        exec_in(
-            &c,
-            &name,
-            &["test", "-e", "/var/lib/jujube/agent/agent.conf"]
-        )
-        .await,
-        1
+    assert!(
+        roots_alone(&c, &name, kept).await,
+        "the controller's files are not root's alone"
     );
+    assert!(!has_agent(&c, &name).await);
 
     // The same attempt again, told another port: its devices follow.
     let moved = free_port();
@@ -624,10 +622,7 @@ async fn a_controller_killed_mid_provisioning_leaves_one_container_per_machine()
     let Some(c) = lxd() else { return };
     // With agents: each container gets one as it starts.
     let (j, env_uuid) = lxd_jujube("lx", &AGENTS);
-    let _sweep = Sweep {
-        uuids: vec![env_uuid.clone()],
-        names: vec![],
-    };
+    let _sweep = Sweep::of(&env_uuid);
     j.run(&["add-machine", "-n", "12"]).ok();
     let mut seed = u64::from(std::process::id()) | 1;
     let mut mid_way = 0;
@@ -693,12 +688,7 @@ async fn a_controller_killed_mid_provisioning_leaves_one_container_per_machine()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reaping_a_listed_stray_never_deletes_the_retry_that_took_its_name() {
     let Some(c) = lxd() else { return };
-    let env_uuid = uuid();
-    let _sweep = Sweep {
-        uuids: vec![env_uuid.clone()],
-        names: vec![],
-    };
-    let p = LxdProvider::new(&env_uuid, &config(&[])).unwrap();
+    let (_, _sweep, p) = fresh_provider();
     // A failed start's leftover, listed by the harvester as a stray...
     let listed = p.start_instance(&start_spec("1", "nonce-a")).await.unwrap();
     // ...then the machine is retried with a new nonce: the same name.
@@ -790,10 +780,7 @@ where
 async fn agents_run_inside_their_containers_and_hooks_run_there() {
     let Some(c) = lxd() else { return };
     let (j, env_uuid) = lxd_jujube("lxa", &AGENTS);
-    let _sweep = Sweep {
-        uuids: vec![env_uuid.clone()],
-        names: vec![],
-    };
+    let _sweep = Sweep::of(&env_uuid);
     let name = |machine: &str| format!("jujube-{}-{machine}", short(&env_uuid));
     j.run(&["deploy", &j.charm("mysql")]).ok();
     j.run(&["deploy", &j.charm("wordpress")]).ok();
@@ -1562,14 +1549,7 @@ async fn machine_0s_controller_keeps_the_state_in_postgresql() {
     j.run(&["deploy", &j.charm("mysql")]).ok();
     waited_until_started(&j, "mysql/0");
 
-    let r = j.run(&["destroy-environment", "lxp", "-y"]).ok();
-    assert!(
-        r.stdout.contains("erased the environment's state"),
-        "{}",
-        r.stdout
-    );
-    assert!(tagged(&c, &uuid).await.is_empty(), "containers left");
-    assert_eq!(db.tables(), 0);
+    destroyed_leaving_nothing(&j, &c, "lxp", &uuid, &mut db).await;
     assert!(!j.home.path().join("environments/lxp").exists());
 }
 
@@ -1664,16 +1644,7 @@ async fn enable_ha_makes_controllers_of_containers_that_take_over_from_machine_0
         assert!(conf.contains(&format!("JUJUBE_MACHINE={m}")), "{conf}");
         assert!(conf.contains("JUJUBE_API_ADVERTISE=127.0.0.1:"), "{conf}");
         assert_machine_0s_own_state_place(&c, &name, &env, &url).await;
-        assert_eq!(
-            exec_in(
-                &c,
-                &name,
-                &["test", "-e", "/var/lib/jujube/agent/agent.conf"]
-            )
-            .await,
-            1,
-            "machine {m} has an agent"
-        );
+        assert!(!has_agent(&c, &name).await, "machine {m} has an agent");
     }
     // The agent's container made before them reaches them too.
     eventually_in(
@@ -1734,13 +1705,26 @@ async fn enable_ha_makes_controllers_of_containers_that_take_over_from_machine_0
         "{st}"
     );
 
-    let r = j.run(&["destroy-environment", "lxha", "-y"]).ok();
+    destroyed_leaving_nothing(&j, &c, "lxha", &uuid, &mut db).await;
+}
+
+/// `destroy-environment NAME` of an environment with UUID `uuid` whose
+/// state is in `db`: it says it erased the state, and leaves no container
+/// and no table.
+async fn destroyed_leaving_nothing(
+    j: &Jujube,
+    c: &Client,
+    name: &str,
+    uuid: &str,
+    db: &mut crate::postgres::AsyncSchema,
+) {
+    let r = j.run(&["destroy-environment", name, "-y"]).ok();
     assert!(
         r.stdout.contains("erased the environment's state"),
         "{}",
         r.stdout
     );
-    assert!(tagged(&c, &uuid).await.is_empty(), "containers left");
+    assert!(tagged(c, uuid).await.is_empty(), "containers left");
     assert_eq!(db.tables(), 0);
 }
 
@@ -1767,17 +1751,22 @@ async fn assert_machine_0s_own_state_place(c: &Client, m0: &str, env: &str, url:
         file_in(c, m0, &format!("{env}/state-password")).await,
         "not-needed-by-trust"
     );
-    let mode = exec_in(
-        c,
-        m0,
-        &[
-            "sh",
-            "-c",
-            &format!("test \"$(stat -c %a {env}/state-password)\" = 600"),
-        ],
-    )
-    .await;
-    assert_eq!(mode, 0, "the password file is not root's alone");
+    assert!(
+        roots_alone(c, m0, &format!("{env}/state-password")).await,
+        "the password file is not root's alone"
+    );
+}
+
+/// Whether `path` in `container` is a file only its owner (root) reads.
+async fn roots_alone(c: &Client, container: &str, path: &str) -> bool {
+    let test = format!("test \"$(stat -c %a {path})\" = 600");
+    exec_in(c, container, &["sh", "-c", &test]).await == 0
+}
+
+/// Whether `container` was given a machine agent.
+async fn has_agent(c: &Client, container: &str) -> bool {
+    let conf = format!("{}/agent.conf", jujube_providers::lxd::AGENT_DIR);
+    exec_in(c, container, &["test", "-e", &conf]).await == 0
 }
 
 /// `bootstrap --provider ec2` as a user runs it: the tools go to the
@@ -2030,17 +2019,13 @@ async fn bootstrap_on_ec2(hand_over: bool) {
     };
     assert!(stderr.contains(taken), "{stderr}");
     // Machine 0 keeps the credentials it was handed, its root's alone.
-    let kept = exec_in(
+    let kept = roots_alone(
         &c,
         &name,
-        &[
-            "/bin/sh",
-            "-c",
-            "test \"$(stat -c %a /var/lib/jujube/home/environments/aws/cloud-credentials)\" = 600",
-        ],
+        "/var/lib/jujube/home/environments/aws/cloud-credentials",
     )
     .await;
-    assert_eq!(kept == 0, hand_over, "cloud-credentials kept: {kept}");
+    assert_eq!(kept, hand_over, "cloud-credentials kept: {kept}");
     // Machine 0's place of a state in PostgreSQL: its own authority and
     // password file; never the state itself.
     let m0_env = "/var/lib/jujube/home/environments/aws";
