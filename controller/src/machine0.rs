@@ -295,19 +295,17 @@ pub(crate) fn state_files(
     place: &crate::home::StatePlace,
     dir: &str,
 ) -> Result<Vec<(&'static str, Vec<u8>)>> {
-    const CA: &str = STATE_CA;
-    const PASSWORD: &str = STATE_PASSWORD;
-    let (url, root) = with_root_at(&place.url, &format!("{dir}/{CA}"));
+    let (url, root) = with_root_at(&place.url, &format!("{dir}/{STATE_CA}"));
     let mut files = Vec::new();
     if let Some(root) = root {
         let pem = std::fs::read(&root)
             .with_context(|| format!("cannot read `{}` (`sslrootcert`)", root.display()))?;
-        files.push((CA, pem));
+        files.push((STATE_CA, pem));
     }
     let password_file = match place.password()? {
         Some(p) => {
-            files.push((PASSWORD, p.into_bytes()));
-            Some(format!("{dir}/{PASSWORD}").into())
+            files.push((STATE_PASSWORD, p.into_bytes()));
+            Some(format!("{dir}/{STATE_PASSWORD}").into())
         }
         None => None,
     };
@@ -765,25 +763,18 @@ pub async fn destroy(home: &Home, name: &str, m0: Machine0, out: &mut impl Write
     }
     let provider = LxdProvider::new(&m0.uuid, &m0.lxd)?;
     let machine0 = std::slice::from_ref(&m0.container);
-    // Every controller first (`enable-ha` adds them): none provisions
-    // again what is being stopped.
+    // Every controller first (`enable-ha` adds them), machine 0 among
+    // them where it still is: none provisions again what is being stopped.
     let controllers: Vec<String> = provider
         .instances()
         .await?
         .into_iter()
-        .filter(|i| i.tags.get(jujube_providers::TAG_CONTROLLER) == Some("true"))
+        .filter(|i| {
+            i.id == m0.container || i.tags.get(jujube_providers::TAG_CONTROLLER) == Some("true")
+        })
         .map(|i| i.id)
-        .filter(|id| *id != m0.container)
-        .chain(std::iter::once(m0.container.clone()))
         .collect();
     for c in &controllers {
-        if provider
-            .instances_by_id(std::slice::from_ref(c))
-            .await?
-            .is_empty()
-        {
-            continue;
-        }
         if let Err(e) = provider.freeze(c).await {
             // A daemon that cannot freeze: the controller stops first instead.
             tracing::warn!(error = %e, container = %c, "cannot freeze a controller; stopping it first");

@@ -175,6 +175,11 @@ impl LxdProvider {
     /// others).
     pub(super) async fn add_devices(&self, name: &str, devices: Value) -> Result<()> {
         self.owned_container(name).await?;
+        self.patch_devices(name, devices).await
+    }
+
+    /// [`Self::add_devices`] on a container already known to be ours.
+    async fn patch_devices(&self, name: &str, devices: Value) -> Result<()> {
         self.client()
             .run(
                 Method::PATCH,
@@ -277,20 +282,10 @@ impl LxdProvider {
     /// or points the one it has at the controller's new place; leaves
     /// alone what is as wanted. Answers how many containers it changed.
     pub async fn proxy_controllers(&self, controllers: &[(i64, String)]) -> Result<usize> {
-        let filter = super::client::query_escape(&format!(
-            "config.{} eq {}",
-            super::CFG_UUID,
-            self.env_uuid
-        ));
-        let list = self
-            .client()
-            .get(&format!("/1.0/instances?recursion=1&filter={filter}"))
-            .await?
-            .map_err(|e| e.into_error("listing instances"))?;
         let mut changed = 0;
         let mut failed = None;
-        for v in list.as_array().into_iter().flatten() {
-            let Some(name) = v["name"].as_str().filter(|_| self.owned(v)) else {
+        for v in self.listed_ours().await? {
+            let Some(name) = v["name"].as_str() else {
                 continue;
             };
             if v["devices"]["jujube-api"].is_null() {
@@ -308,7 +303,7 @@ impl LxdProvider {
             }
             // One container that cannot be changed keeps none of the
             // others from theirs.
-            match self.add_devices(name, Value::Object(patch)).await {
+            match self.patch_devices(name, Value::Object(patch)).await {
                 Ok(()) => changed += 1,
                 Err(e) => match self.lookup(name).await {
                     // Gone meanwhile: nothing to reach.

@@ -403,6 +403,21 @@ impl LxdProvider {
             && v["config"][CFG_UUID].as_str() == Some(self.env_uuid.as_str())
     }
 
+    /// Every container of this environment, as the daemon lists them
+    /// (config and devices included).
+    pub(super) async fn listed_ours(&self) -> Result<Vec<Value>> {
+        let filter = query_escape(&format!("config.{CFG_UUID} eq {}", self.env_uuid));
+        let list = self
+            .client()
+            .get(&format!("/1.0/instances?recursion=1&filter={filter}"))
+            .await?
+            .map_err(|e| e.into_error("listing instances"))?;
+        Ok(match list {
+            Value::Array(all) => all.into_iter().filter(|v| self.owned(v)).collect(),
+            _ => Vec::new(),
+        })
+    }
+
     async fn host(&self) -> Result<Host> {
         if let Some(h) = &self.state().host {
             return Ok(h.clone());
@@ -954,21 +969,12 @@ impl Provider for LxdProvider {
 
     async fn instances(&self) -> Result<Vec<Instance>> {
         let host = self.host().await?;
-        let filter = query_escape(&format!("config.{CFG_UUID} eq {}", self.env_uuid));
-        let list = self
-            .client()
-            .get(&format!("/1.0/instances?recursion=1&filter={filter}"))
+        let mut out: Vec<Instance> = self
+            .listed_ours()
             .await?
-            .map_err(|e| e.into_error("listing instances"))?;
-        let mut out: Vec<Instance> = list
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter(|v| self.owned(v))
-                    .map(|v| self.instance(v, &host))
-                    .collect()
-            })
-            .unwrap_or_default();
+            .iter()
+            .map(|v| self.instance(v, &host))
+            .collect();
         out.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(out)
     }
