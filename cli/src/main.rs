@@ -380,9 +380,9 @@ enum Command {
         #[arg(long)]
         identity_signature: PathBuf,
     },
-    /// On machine 0 (its boot script runs this): take up the environment's
-    /// controller from its control bucket, with the instance's credentials, then
-    /// run it (after a restart, run it).
+    /// On a controller machine's instance (its boot script runs this): take up
+    /// the environment's controller from its control bucket, with the
+    /// instance's credentials, then run it (after a restart, run it).
     #[command(hide = true)]
     TakeUp {
         /// Machine 0's `JUJUBE_HOME`.
@@ -403,6 +403,10 @@ enum Command {
         region: String,
         #[arg(long)]
         endpoint: Option<String>,
+        /// The controller machine this instance is (`enable-ha` adds others
+        /// than machine 0).
+        #[arg(long, default_value_t = 0)]
+        machine: i64,
     },
     /// Run a machine agent from DIR/agent.conf, talking to the controller's API only.
     Agent {
@@ -672,6 +676,7 @@ fn run(cli: Cli) -> Result<()> {
             hand_over_token_sha256,
             region,
             endpoint,
+            machine,
         } => {
             init_log();
             let environment = env_flag
@@ -692,10 +697,14 @@ fn run(cli: Cli) -> Result<()> {
                 region,
                 endpoint,
                 from,
+                machine,
             };
             runtime()?.block_on(async {
                 jujube_controller::machine0_ec2::take_up(&home, &take_up).await?;
-                controller::run(&home, &environment, 0).await
+                jujube_controller::machine0::advertise(
+                    jujube_controller::machine0_ec2::reached_at(&home, &take_up).await?,
+                );
+                controller::run(&home, &environment, machine).await
             })?;
         }
         Command::Controller { machine } => {
@@ -1211,12 +1220,13 @@ fn follow_controllers(home: &Home, client: &Client) -> Result<()> {
 }
 
 /// How long `enable-ha` waits for the controllers the provisioner installs
-/// in their containers to answer.
+/// on their instances to answer.
 const CONTROLLERS_UP: std::time::Duration = std::time::Duration::from_secs(300);
 
-/// After `enable-ha` of an environment whose controllers run in containers
-/// (LXD): waits until every Alive controller machine's controller is up
-/// (the provisioner starts its container and installs it there), then
+/// After `enable-ha` of an environment whose controllers run on machines of
+/// their own (LXD containers, EC2 instances): waits until every Alive
+/// controller machine's controller is up (the provisioner starts its
+/// instance and installs it there), then
 /// gives this home's controller entry every one's address, machine 0's
 /// first.
 fn controllers_in_containers(home: &Home, client: &Client, out: &mut impl Write) -> Result<()> {
@@ -1244,7 +1254,7 @@ fn controllers_in_containers(home: &Home, client: &Client, out: &mut impl Write)
         }
         if std::time::Instant::now() >= deadline {
             let which: Vec<String> = waiting.iter().map(|c| format!("`{}`", c.machine)).collect();
-            bail!("the controllers of machines {} are not up after {}s; see `jujube status` (a machine's status says why its container did not start), then run `jujube enable-ha` again to wait for them", which.join(", "), CONTROLLERS_UP.as_secs());
+            bail!("the controllers of machines {} are not up after {}s; see `jujube status` (a machine's status says why its instance did not start), then run `jujube enable-ha` again to wait for them", which.join(", "), CONTROLLERS_UP.as_secs());
         }
         std::thread::sleep(std::time::Duration::from_secs(1));
     };

@@ -38,6 +38,37 @@ pub fn advertised() -> Option<String> {
     std::env::var(API_ADVERTISE).ok().filter(|a| !a.is_empty())
 }
 
+/// Where this process's controller is reached, set by `take-up` on an EC2
+/// instance (its instance's addresses) before it runs.
+static ADVERTISED: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+/// Says where this process's controller is reached when that is not where
+/// it listens (`take-up`: its instance's addresses, not `0.0.0.0`); before
+/// [`crate::run::run`]. Said once.
+pub fn advertise(addresses: Vec<String>) {
+    let _ = ADVERTISED.set(addresses);
+}
+
+/// Where this controller is reached when it runs on a machine of its own
+/// (an EC2 instance it took up: [`advertise`]; an LXD container:
+/// [`advertised`]), which it records for clients and agents instead of
+/// where it listens.
+pub fn advertised_addresses() -> Option<Vec<String>> {
+    ADVERTISED
+        .get()
+        .filter(|a| !a.is_empty())
+        .cloned()
+        .or_else(|| advertised().map(|a| vec![a]))
+}
+
+/// What makes a controller machine's instance one of the environment's
+/// controllers (`enable-ha`), made by the controller that provisions it
+/// from its own home: for each start attempt, a
+/// [`jujube_providers::ControllerInstall`] for the provider to apply.
+pub(crate) trait Seed: Send + Sync {
+    fn install(&self, machine: i64, nonce: &str) -> Result<jujube_providers::ControllerInstall>;
+}
+
 /// Set in another controller machine's [`CONTROLLER_ENV_FILE`]
 /// (`enable-ha`): its machine id (`jujube controller --machine`).
 pub const MACHINE_ENV: &str = "JUJUBE_MACHINE";
@@ -52,6 +83,9 @@ const CONTROLLER_PORTS: std::ops::RangeInclusive<u16> = 17071..=17999;
 /// directory ([`state_files`]): the URL's authority, the password.
 const STATE_CA: &str = "state-ca.pem";
 const STATE_PASSWORD: &str = "state-password";
+/// Every file of a controller's environment directory that says where its
+/// state in PostgreSQL is and how it gets in.
+pub(crate) const STATE_FILES: [&str; 3] = [crate::home::STATE_URL, STATE_CA, STATE_PASSWORD];
 
 /// Where an environment's controller runs, as the host that bootstrapped it
 /// knows it.
@@ -623,14 +657,12 @@ impl ControllerSeed {
             lxd_files,
         }))
     }
+}
 
+impl Seed for ControllerSeed {
     /// Controller machine `machine`'s controller, exposed at a port drawn
     /// for the start attempt `nonce`.
-    pub(crate) fn install(
-        &self,
-        machine: i64,
-        nonce: &str,
-    ) -> Result<jujube_providers::ControllerInstall> {
+    fn install(&self, machine: i64, nonce: &str) -> Result<jujube_providers::ControllerInstall> {
         let port = attempt_port(machine, nonce);
         let advertise = format!("{}:{port}", self.advertise_host);
         let read = |path: &Path| {
@@ -644,7 +676,7 @@ impl ControllerSeed {
             let path = tls.join(rel);
             files.push((path.display().to_string(), read(&path)?, 0o600));
         }
-        for f in [crate::home::STATE_URL, STATE_CA, STATE_PASSWORD] {
+        for f in STATE_FILES {
             let path = self.dir.join(f);
             if path.exists() {
                 files.push((path.display().to_string(), read(&path)?, 0o600));
@@ -668,6 +700,7 @@ impl ControllerSeed {
             files,
             api_listen: format!("{}:{port}", self.listen_ip),
             state_db: self.state_db.clone(),
+            take_up: None,
         })
     }
 }

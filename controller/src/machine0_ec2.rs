@@ -204,7 +204,8 @@ pub(crate) fn check_state_reachable(url: &str, config: &BTreeMap<String, String>
     Ok(())
 }
 
-/// What machine 0's `jujube take-up` is told (in its user data: no secret).
+/// What a controller machine's `jujube take-up` is told (in its user data:
+/// no secret).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TakeUp {
     pub env: String,
@@ -212,6 +213,9 @@ pub struct TakeUp {
     pub region: String,
     pub endpoint: Option<String>,
     pub from: TakeUpFrom,
+    /// The controller machine it becomes: 0 at bootstrap, another with
+    /// `enable-ha`.
+    pub machine: i64,
 }
 
 /// Where machine 0 takes the environment's state from.
@@ -251,8 +255,165 @@ impl TakeUp {
         if let Some(e) = &self.endpoint {
             a.push(format!("--endpoint={e}"));
         }
+        if self.machine != 0 {
+            a.push(format!("--machine={}", self.machine));
+        }
         a
     }
+}
+
+/// Where clients and agents reach the controller taken up here, at
+/// [`API_PORT`]: its instance's public address, then its private one (from
+/// the instance metadata service), after machine 0's `controller-address`
+/// when bootstrap was told one (it reached machine 0 there). Recorded for
+/// `status`, the CLI and agents instead of where it listens (`0.0.0.0`).
+pub async fn reached_at(home: &Home, t: &TakeUp) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    if t.machine == 0 {
+        let store = home.open(&t.env)?;
+        if let Some(a) = store.environment_config()?.get("controller-address") {
+            out.push(a.clone());
+        }
+    }
+    let own = jujube_providers::ec2::own_addresses(Duration::from_secs(10)).await;
+    for ip in [own.public, own.private].into_iter().flatten() {
+        let a = format!("{ip}:{API_PORT}");
+        if !out.contains(&a) {
+            out.push(a);
+        }
+    }
+    Ok(out)
+}
+
+/// The instance profile the controllers' instances are launched with: the
+/// one machine 0 was (`None`: none, as `instance-profile=none` launched
+/// machine 0, whose credentials came another way, as theirs will); or why
+/// `enable-ha` cannot launch another controller as machine 0 was.
+pub(crate) fn controllers_profile(
+    config: &BTreeMap<String, String>,
+    env_uuid: &str,
+) -> std::result::Result<Option<String>, String> {
+    if config.get("controller-credentials").map(String::as_str) == Some("hand-over") {
+        return Err("`enable-ha` on EC2 launches each controller machine as machine 0 was, and machine 0 was handed this home's credentials (`controller-credentials=hand-over`), which jujube does not copy to more instances; bootstrap an environment with an instance profile (the default) to run several controllers".into());
+    }
+    match config.get("instance-profile").map(String::as_str) {
+        None | Some("") => Ok(Some(jujube_providers::ec2::profile::profile_name(env_uuid))),
+        Some("none") => Ok(None),
+        Some(other) => Ok(Some(other.to_string())),
+    }
+}
+
+/// What a controller on an EC2 instance gives the instances of the
+/// controller machines it provisions (`enable-ha`): its environment's
+/// certificates and place of the state (in PostgreSQL), put in the control
+/// bucket for the new instance's `take-up` to read with the credentials
+/// machine 0 has (its instance profile's), and user data that fetches the binary and runs
+/// `take-up` as that machine.
+pub(crate) struct Ec2Seed {
+    name: String,
+    uuid: String,
+    region: String,
+    endpoint: Option<String>,
+    bucket: String,
+    dir: std::path::PathBuf,
+    instance_profile: Option<String>,
+}
+
+impl Ec2Seed {
+    /// The seed of the controller running here, when it took up an
+    /// instance of its own (`take-up`, which says where it is reached) and
+    /// the state is in PostgreSQL; `None` otherwise (`enable-ha` refuses
+    /// those).
+    pub(crate) fn here(
+        home: &Home,
+        name: &str,
+        config: &BTreeMap<String, String>,
+        uuid: &str,
+    ) -> Result<Option<Ec2Seed>> {
+        if crate::machine0::advertised_addresses().is_none() || home.state_place(name)?.is_none() {
+            return Ok(None);
+        }
+        let Ok(instance_profile) = controllers_profile(config, uuid) else {
+            return Ok(None);
+        };
+        let Some(region) = config
+            .get("region")
+            .cloned()
+            .or_else(|| std::env::var("AWS_REGION").ok())
+        else {
+            return Ok(None);
+        };
+        Ok(Some(Ec2Seed {
+            name: name.to_string(),
+            uuid: uuid.to_string(),
+            region,
+            endpoint: config.get("endpoint").cloned(),
+            bucket: storage::bucket_name(uuid, config),
+            dir: home.env_dir(name),
+            instance_profile,
+        }))
+    }
+}
+
+impl crate::machine0::Seed for Ec2Seed {
+    fn install(&self, machine: i64, _nonce: &str) -> Result<jujube_providers::ControllerInstall> {
+        let key = format!("controller/take-up-{machine}-{}", uuid::Uuid::new_v4());
+        let t = TakeUp {
+            env: self.name.clone(),
+            uuid: self.uuid.clone(),
+            region: self.region.clone(),
+            endpoint: self.endpoint.clone(),
+            from: TakeUpFrom::Bucket {
+                bucket: self.bucket.clone(),
+                key: key.clone(),
+            },
+            machine,
+        };
+        Ok(jujube_providers::ControllerInstall {
+            files: Vec::new(),
+            api_listen: String::new(),
+            state_db: None,
+            take_up: Some(jujube_providers::TakeUpInstall {
+                bundle: controller_bundle(&self.dir)?,
+                key,
+                args: t.args(),
+                instance_profile: self.instance_profile.clone(),
+            }),
+        })
+    }
+}
+
+/// Another controller's bundle, from this controller's environment
+/// directory: the environment's certificates (`tls/`) and its place of the
+/// state in PostgreSQL (URL, authority, password), which name the same
+/// paths on every controller's instance. Nothing else of the directory
+/// (the agents', the logs) goes.
+fn controller_bundle(dir: &Path) -> Result<Vec<u8>> {
+    use base64::Engine;
+    let tls = jujube_api::tls::dir(dir);
+    let mut rels = Vec::new();
+    files_under(&tls, Path::new(""), &mut rels)?;
+    let tls_rel = tls.strip_prefix(dir).unwrap_or(Path::new("tls"));
+    let mut paths: Vec<std::path::PathBuf> = rels.into_iter().map(|r| tls_rel.join(r)).collect();
+    for f in crate::machine0::STATE_FILES {
+        if dir.join(f).exists() {
+            paths.push(f.into());
+        }
+    }
+    let mut files = Vec::new();
+    for rel in paths {
+        let bytes = std::fs::read(dir.join(&rel))
+            .with_context(|| format!("cannot read `{}`", dir.join(&rel).display()))?;
+        files.push(BundleFile {
+            path: rel.to_string_lossy().to_string(),
+            mode: 0o600,
+            data: b64().encode(bytes),
+        });
+    }
+    Ok(serde_json::to_vec(&Bundle {
+        files,
+        credentials: None,
+    })?)
 }
 
 /// On machine 0: takes up environment `t.env`'s controller into `home`
@@ -540,6 +701,7 @@ async fn steps(
         region: ec2.region().to_string(),
         endpoint: config.get("endpoint").cloned(),
         from,
+        machine: 0,
     };
     let user_data = jujube_providers::controller_boot_script(&jujube_providers::ControllerBoot {
         tools_url: url,
@@ -724,6 +886,9 @@ async fn controller_answers(dial: &str, ca: &str, password: &str) -> bool {
 /// says what it removed. A second run after a partial failure finishes it.
 pub async fn destroy(home: &Home, name: &str, m0: Machine0, out: &mut impl Write) -> Result<()> {
     let ec2 = Ec2Provider::new(name, &m0.uuid, &m0.lxd, None).await?;
+    // Every controller (`enable-ha`'s too) may write the state until its
+    // instance has terminated.
+    let mut controllers = ec2.controller_instances().await?;
     crate::run::stop_every_instance(&ec2, Vec::new(), Some(&m0.container), out).await?;
     let machine0 = std::slice::from_ref(&m0.container);
     if !ec2.instances_by_id(machine0).await?.is_empty() {
@@ -741,9 +906,11 @@ pub async fn destroy(home: &Home, name: &str, m0: Machine0, out: &mut impl Write
         writeln!(out, "removed {}", removed.join(", "))?;
     }
     if let Some(place) = &m0.state {
-        // Machine 0's controller may write the state until its instance
-        // has terminated: erased only then.
-        wait_terminated(&ec2, machine0, TERMINATION_WAIT)
+        // Erased only when no controller's instance runs.
+        controllers.push(m0.container.clone());
+        controllers.sort();
+        controllers.dedup();
+        wait_terminated(&ec2, &controllers, TERMINATION_WAIT)
             .await
             .map_err(|e| {
                 crate::Error::Refused(format!(
@@ -913,6 +1080,90 @@ mod tests {
         }
     }
 
+    /// Another controller's instance gets the environment's certificates
+    /// and the place of the state, nothing else of machine 0's directory,
+    /// by a key of its own that its `take-up` names, as its machine.
+    #[test]
+    fn an_ec2_seed_gives_a_controller_machine_its_certificates_and_state_place_alone() {
+        let from = tempfile::tempdir().unwrap();
+        let dir = from.path().join("ha");
+        for (f, data) in [
+            ("tls/ca.crt", "ca"),
+            ("tls/server.key", "key"),
+            (crate::home::STATE_URL, "{}"),
+            ("state-ca.pem", "authority"),
+            ("state-password", "s3cret"),
+            ("agents/machine-1/agent.conf", "agent"),
+            ("logsink/0.log", "log"),
+            (CLOUD_CREDENTIALS, "credentials"),
+        ] {
+            std::fs::create_dir_all(dir.join(f).parent().unwrap()).unwrap();
+            std::fs::write(dir.join(f), data).unwrap();
+        }
+        let seed = Ec2Seed {
+            name: "ha".into(),
+            uuid: "6f1e0f4c-3d7e-4b53-9d3b-1a2b3c4d5e6f".into(),
+            region: "us-east-1".into(),
+            endpoint: None,
+            bucket: "jujube-6f1e0f4c-3d7e-4b53-9d3b-1a2b3c4d5e6f".into(),
+            dir,
+            instance_profile: Some("jujube-6f1e0f4c-3d7e-4b53-9d3b-1a2b3c4d5e6f".into()),
+        };
+        use crate::machine0::Seed;
+        let install = seed.install(2, "b/0").unwrap();
+        let t = install.take_up.expect("taken up from the bucket");
+        assert!(t.key.starts_with("controller/take-up-2-"), "{}", t.key);
+        assert!(t.args.contains(&"--machine=2".to_string()), "{:?}", t.args);
+        assert!(t.args.contains(&format!("--key={}", t.key)), "{:?}", t.args);
+        assert_eq!(t.instance_profile, seed.instance_profile);
+        // Each start attempt its own key.
+        assert_ne!(seed.install(2, "b/0").unwrap().take_up.unwrap().key, t.key);
+        let to = tempfile::tempdir().unwrap();
+        unbundle(&t.bundle, to.path()).unwrap();
+        let mut laid = Vec::new();
+        files_under(to.path(), Path::new(""), &mut laid).unwrap();
+        let mut laid: Vec<String> = laid
+            .into_iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect();
+        laid.sort();
+        assert_eq!(
+            laid,
+            [
+                "state-ca.pem",
+                "state-password",
+                crate::home::STATE_URL,
+                "tls/ca.crt",
+                "tls/server.key"
+            ]
+        );
+    }
+
+    #[test]
+    fn controllers_are_launched_as_machine_0_was_and_never_with_handed_credentials() {
+        let uuid = "6f1e0f4c-3d7e-4b53-9d3b-1a2b3c4d5e6f";
+        let config = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(
+            controllers_profile(&config(&[]), uuid),
+            Ok(Some(format!("jujube-{uuid}")))
+        );
+        assert_eq!(
+            controllers_profile(&config(&[("instance-profile", "mine")]), uuid),
+            Ok(Some("mine".into()))
+        );
+        assert_eq!(
+            controllers_profile(&config(&[("instance-profile", "none")]), uuid),
+            Ok(None)
+        );
+        let err = controllers_profile(&config(&[("controller-credentials", "hand-over")]), uuid)
+            .unwrap_err();
+        assert!(err.contains("`controller-credentials=hand-over`"), "{err}");
+    }
+
     #[test]
     fn take_up_is_told_no_secret() {
         let token = jujube_agent::wire::new_secret();
@@ -931,6 +1182,7 @@ mod tests {
                 region: "us-east-1".into(),
                 endpoint: None,
                 from: from.clone(),
+                machine: 0,
             };
             let script =
                 jujube_providers::controller_boot_script(&jujube_providers::ControllerBoot {

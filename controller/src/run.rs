@@ -279,7 +279,7 @@ pub async fn start_api(
     // Machine 0's, and any controller's in a container of its own (its
     // init named where the daemon's host exposes it); other controllers
     // on one host take free ports.
-    let own_host = machine == 0 || crate::machine0::advertised().is_some();
+    let own_host = machine == 0 || crate::machine0::advertised_addresses().is_some();
     let address = if own_host {
         config
             .get("api-listen-address")
@@ -420,20 +420,20 @@ fn placement(
                 env_uuid: env.uuid.clone(),
             })
         };
-    let installer =
-        |agents: Option<jujube_agent_state::process::ProcessAgents>,
-         enroll: Option<(String, String)>,
-         api_connect: String,
-         controllers: Option<Arc<crate::machine0::ControllerSeed>>| {
-            Some(Arc::new(Installer {
-                store: store.clone(),
-                agents,
-                api_connect,
-                enroll,
-                tokens: Mutex::new(HashMap::new()),
-                controllers,
-            }))
-        };
+    let installer = |agents: Option<jujube_agent_state::process::ProcessAgents>,
+                     enroll: Option<(String, String)>,
+                     api_connect: String,
+                     controllers: Option<Arc<dyn crate::machine0::Seed>>| {
+        Some(Arc::new(Installer {
+            store: store.clone(),
+            agents,
+            api_connect,
+            enroll,
+            tokens: Mutex::new(HashMap::new()),
+            proxies_controllers: env.provider == "lxd" && controllers.is_some(),
+            controllers,
+        }))
+    };
     let in_process = Placement {
         host: Some(jujube_agent_state::Mode::InProcess),
         installer: None,
@@ -455,8 +455,8 @@ fn placement(
         }
         ("lxd", _) => {
             // A controller in a container installs the others (`enable-ha`).
-            let controllers =
-                crate::machine0::ControllerSeed::here(home, env_name, &config)?.map(Arc::new);
+            let controllers = crate::machine0::ControllerSeed::here(home, env_name, &config)?
+                .map(|s| Arc::new(s) as Arc<dyn crate::machine0::Seed>);
             if !lxd_agents_in_containers(&config) {
                 return Ok(Placement {
                     installer: controllers
@@ -520,9 +520,14 @@ fn placement(
                     .cloned()
                     .or_else(|| std::env::var("AWS_REGION").ok()),
             }));
+            // A controller on an instance of its own installs the others
+            // (`enable-ha`).
+            let controllers =
+                crate::machine0_ec2::Ec2Seed::here(home, env_name, &config, &env.uuid)?
+                    .map(|s| Arc::new(s) as Arc<dyn crate::machine0::Seed>);
             Ok(Placement {
                 host: None,
-                installer: installer(Some(a), Some((address, sha)), String::new(), None),
+                installer: installer(Some(a), Some((address, sha)), String::new(), controllers),
                 lxd_controllers: None,
             })
         }
@@ -692,8 +697,11 @@ struct Installer {
     /// with, whose hash the store keeps until it expires).
     tokens: Mutex<HashMap<String, String>>,
     /// Where controller machines get their controller from (`enable-ha` on
-    /// LXD); `None`: they get none on their instance.
-    controllers: Option<Arc<crate::machine0::ControllerSeed>>,
+    /// LXD and EC2); `None`: they get none on their instance.
+    controllers: Option<Arc<dyn crate::machine0::Seed>>,
+    /// Whether agents' containers get a socket to every controller
+    /// (controllers in LXD containers).
+    proxies_controllers: bool,
 }
 
 impl jujube_provisioner::AgentInstaller for Installer {
@@ -766,11 +774,10 @@ impl jujube_provisioner::AgentInstaller for Installer {
             .map_err(|e| e.to_string())?;
         // With other controllers in containers of their own, a socket to
         // each one too, and the agent told of them all from its start.
-        let other_controllers = match &self.controllers {
-            Some(_) => {
-                crate::machine0::other_controllers(&self.store).map_err(|e| e.to_string())?
-            }
-            None => Vec::new(),
+        let other_controllers = if self.proxies_controllers {
+            crate::machine0::other_controllers(&self.store).map_err(|e| e.to_string())?
+        } else {
+            Vec::new()
         };
         let mut conf = agents.conf(tag, secret);
         conf.api_addresses.extend(
@@ -861,11 +868,9 @@ pub async fn run(home: &Home, env_name: &str, machine: i64) -> Result<()> {
     // Recorded before anything else happens, so that `status`, agents and
     // the other controllers know where it serves; then every few seconds.
     // In a container, where the daemon's host exposes it: its own
-    // addresses are the container's.
-    let addresses = match crate::machine0::advertised() {
-        Some(a) => vec![a],
-        None => api.addresses(),
-    };
+    // addresses are the container's; on an instance, the instance's: it
+    // listens on every address.
+    let addresses = crate::machine0::advertised_addresses().unwrap_or_else(|| api.addresses());
     store.controller_seen(machine, &holder, &addresses, wall_ms())?;
     // Leases and these records on connections of their own: neither waits
     // behind the agents' writes (see `singletons::Claimer`).

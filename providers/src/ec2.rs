@@ -47,7 +47,7 @@ pub mod storage;
 use crate::bucket::{ec2_limits, LaunchPacer, TokenBucket};
 use crate::{
     batch_nonce, boot_script, launch_batch, Error, Instance, Provider, Result, StartSpec,
-    TAG_BATCH, TAG_ENV_UUID, TAG_NONCE,
+    TAG_BATCH, TAG_CONTROLLER, TAG_ENV_UUID, TAG_NONCE,
 };
 use async_trait::async_trait;
 use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
@@ -384,6 +384,32 @@ pub struct Addresses {
     pub private: Option<String>,
 }
 
+/// The addresses of the instance this runs on, from its metadata service
+/// (`AWS_EC2_METADATA_SERVICE_ENDPOINT` says where it is, as for the SDK's
+/// credentials): what a controller on it is reached at. One it does not
+/// give (an instance without a public address), or does not give within
+/// `within`, is `None`.
+pub async fn own_addresses(within: std::time::Duration) -> Addresses {
+    let imds = aws_config::imds::Client::builder().build();
+    let get = |path: &'static str| {
+        let imds = imds.clone();
+        async move {
+            match tokio::time::timeout(within, imds.get(path)).await {
+                Ok(Ok(a)) => {
+                    let a: String = a.into();
+                    let a = a.trim().to_string();
+                    a.parse::<std::net::IpAddr>().is_ok().then_some(a)
+                }
+                _ => None,
+            }
+        }
+    };
+    Addresses {
+        public: get("/latest/meta-data/public-ipv4").await,
+        private: get("/latest/meta-data/local-ipv4").await,
+    }
+}
+
 /// User data shared by a batch's instances: which launch index is which
 /// machine (an agent reads its `ami-launch-index` from instance metadata).
 /// With agents to install, it is the batch's boot script ([`boot_script`]:
@@ -555,6 +581,52 @@ impl Ec2Provider {
                     .clone()
             })
             .flatten()
+    }
+
+    /// The user data of a controller machine taken up from the control
+    /// bucket (`enable-ha`): its files put there as `t.key`, the binary
+    /// (`binary`, under its SHA-256, once) by a presigned URL.
+    async fn controller_user_data(
+        &self,
+        t: &crate::TakeUpInstall,
+        binary: &std::path::Path,
+    ) -> Result<String> {
+        let bucket = self.control_bucket();
+        let bytes = std::fs::read(binary)
+            .map_err(|e| Error::Config(format!("cannot read `{}`: {e}", binary.display())))?;
+        let tools = bucket.put_tools(bytes).await?;
+        let url = bucket
+            .presign(
+                &tools.key,
+                std::time::SystemTime::now(),
+                storage::TOOLS_URL_LIFETIME,
+            )
+            .await?;
+        bucket.put_private(&t.key, t.bundle.clone()).await?;
+        crate::controller_boot_script(&crate::ControllerBoot {
+            tools_url: url,
+            sha256: tools.sha256,
+            args: t.args.clone(),
+            hand_over_url: None,
+        })
+    }
+
+    /// The instances that are this environment's controllers (tagged so),
+    /// live or still shutting down.
+    pub async fn controller_instances(&self) -> Result<Vec<String>> {
+        let states = LIVE_STATES.iter().copied().chain(["shutting-down"]);
+        Ok(self
+            .describe_raw(
+                vec![
+                    filter(&format!("tag:{TAG_CONTROLLER}"), ["true".to_string()]),
+                    filter("instance-state-name", states),
+                ],
+                false,
+            )
+            .await?
+            .into_iter()
+            .map(|(_, _, i)| i.id)
+            .collect())
     }
 
     /// The controller's IAM role and instance profile.
@@ -921,6 +993,7 @@ impl Ec2Provider {
         token: &str,
         tags: Vec<Tag>,
         user_data: &str,
+        instance_profile: Option<String>,
     ) -> Result<aws_sdk_ec2::operation::run_instances::builders::RunInstancesFluentBuilder> {
         let types = self.instance_types().await?;
         let itype = choose(types, &spec.constraints, &self.region)?;
@@ -952,10 +1025,7 @@ impl Ec2Provider {
         if let Some(z) = &spec.zone {
             req = req.placement(Placement::builder().availability_zone(z).build());
         }
-        if let Some(profile) = self
-            .controller_launch(spec)
-            .and_then(|l| l.instance_profile)
-        {
+        if let Some(profile) = instance_profile {
             req = req.iam_instance_profile(
                 IamInstanceProfileSpecification::builder()
                     .name(profile)
@@ -1010,19 +1080,37 @@ impl Ec2Provider {
             .into_iter()
             .map(|(k, v)| Tag::builder().key(k).value(v).build())
             .collect();
-        let user_data = match (
+        let take_up = spec
+            .agent
+            .as_ref()
+            .and_then(|a| Some((a.controller.as_ref()?.take_up.as_ref()?, &a.binary)));
+        let (user_data, profile) = match (
             self.controller_launch(spec),
             spec.agent.as_ref().and_then(|a| a.enrollment.as_ref()),
+            take_up,
         ) {
-            (Some(c), _) => c.user_data,
-            (None, Some(e)) => boot_script(e),
-            (None, None) => spec.user_data.clone(),
+            (Some(c), _, _) => (c.user_data, c.instance_profile),
+            (None, _, Some((t, binary))) => (
+                self.controller_user_data(t, binary).await?,
+                t.instance_profile.clone(),
+            ),
+            (None, Some(e), None) => (boot_script(e), None),
+            (None, None, None) => (spec.user_data.clone(), None),
         };
         let req = self
-            .run_request(spec, 1, &spec.nonce, tags, &user_data)
+            .run_request(spec, 1, &spec.nonce, tags, &user_data, profile)
             .await?;
         self.launch_pacer.pace(1).await;
-        let r = self.send_run(req, spec.zone.as_deref()).await?;
+        let r = match self.send_run(req, spec.zone.as_deref()).await {
+            Ok(r) => r,
+            Err(e) => {
+                // The controller's files wait in the bucket for no one.
+                if let Some((t, _)) = take_up {
+                    let _ = self.control_bucket().delete(&t.key).await;
+                }
+                return Err(e);
+            }
+        };
         let i = r
             .instances()
             .first()
@@ -1072,6 +1160,8 @@ impl Ec2Provider {
                     batch,
                     tags,
                     &batch_user_data(batch, specs, count),
+                    self.controller_launch(specs[0])
+                        .and_then(|l| l.instance_profile),
                 )
                 .await?;
             self.launch_pacer.pace(count).await;
@@ -1232,7 +1322,13 @@ impl Provider for Ec2Provider {
         let mut out: Vec<Option<Result<Instance>>> = specs.iter().map(|_| None).collect();
         let mut batches: Vec<(&str, Vec<usize>)> = Vec::new();
         for (i, s) in specs.iter().enumerate() {
-            match launch_batch(&s.nonce) {
+            // A controller taken up boots from user data of its own.
+            let own_user_data = s
+                .agent
+                .as_ref()
+                .and_then(|a| a.controller.as_ref())
+                .is_some_and(|c| c.take_up.is_some());
+            match launch_batch(&s.nonce).filter(|_| !own_user_data) {
                 Some((b, _)) => match batches.iter_mut().find(|(id, _)| *id == b) {
                     Some((_, members)) => members.push(i),
                     None => batches.push((b, vec![i])),

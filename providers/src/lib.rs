@@ -128,6 +128,29 @@ pub struct ControllerInstall {
     /// reached from inside the instance at the same address (its
     /// certificate names the address the controller dials).
     pub state_db: Option<String>,
+    /// For a provider whose instances boot from user data (EC2): how the
+    /// instance takes the controller up ([`TakeUpInstall`]); `files`,
+    /// `api_listen` and `state_db` are then empty.
+    pub take_up: Option<TakeUpInstall>,
+}
+
+/// How an instance that boots from user data becomes a controller (EC2):
+/// the provider puts `bundle` in the environment's storage, private, as
+/// `key`, and boots the instance with [`controller_boot_script`] running
+/// `jujube ARGS` (which reads `key` with the instance profile's
+/// credentials, lays it out and deletes it) under `instance_profile`.
+/// Nothing secret reaches the user data.
+#[derive(Clone, PartialEq)]
+pub struct TakeUpInstall {
+    /// The controller's files (secrets among them), as `take-up` reads
+    /// them.
+    pub bundle: Vec<u8>,
+    /// Where in the environment's storage: one per start attempt.
+    pub key: String,
+    /// `jujube`'s arguments on the instance: they name `key`.
+    pub args: Vec<String>,
+    /// The instance profile whose role reads `key` and acts on the cloud.
+    pub instance_profile: Option<String>,
 }
 
 impl std::fmt::Debug for ControllerInstall {
@@ -140,6 +163,13 @@ impl std::fmt::Debug for ControllerInstall {
             )
             .field("api_listen", &self.api_listen)
             .field("state_db", &self.state_db)
+            .field(
+                "take_up",
+                &self
+                    .take_up
+                    .as_ref()
+                    .map(|t| (&t.key, &t.args, &t.instance_profile)),
+            )
             .finish()
     }
 }
@@ -263,7 +293,8 @@ pub struct ControllerBoot {
 /// Where machine 0's boot script leaves [`ControllerBoot::hand_over_url`].
 pub const HAND_OVER_URL_FILE: &str = "/var/lib/jujube/hand-over-url";
 
-/// Machine 0's user data: fetches the binary from `tools_url`, refuses it
+/// A controller machine's user data (machine 0's, and `enable-ha`'s
+/// others' on EC2): fetches the binary from `tools_url`, refuses it
 /// unless its SHA-256 is `sha256` (then exits 1, installing nothing),
 /// installs it as `/usr/local/bin/jujube` and runs `jujube ARGS...` as the
 /// systemd service `jujube-controller` (in the background where there is no
@@ -304,7 +335,7 @@ pub fn controller_boot_script(b: &ControllerBoot) -> Result<String> {
     };
     Ok(format!(
         r#"#!/bin/sh
-# jujube: install this environment's controller (machine 0).
+# jujube: install one of this environment's controllers.
 set -eu
 root=${{JUJUBE_ROOT:-}}
 url='{url}'

@@ -985,6 +985,104 @@ async fn machine_0_is_launched_with_the_controllers_profile_and_boot_script_and_
     p.destroy_environment().await.unwrap();
 }
 
+/// `enable-ha`'s controller machines taken up from the control bucket: a
+/// launch batch of them is launched one by one (each boots from user data
+/// of its own), each with the instance profile it names and the controller's
+/// boot script running its `take-up`; its files wait in the bucket, private,
+/// under its key, and the binary once under its SHA-256. A retried start
+/// adopts what it launched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controllers_taken_up_from_the_bucket_launch_one_by_one_with_their_profile_and_files() {
+    let Some(()) = localstack() else { return };
+    let acct = account();
+    let spy = Arc::new(ProfileSpy::default());
+    let p = provider(&acct, &uuid(), Some(spy.clone() as Arc<dyn Intercept>)).await;
+    let bucket = p.control_bucket();
+    bucket.ensure().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let binary = dir.path().join("jujube");
+    std::fs::write(&binary, b"#!/bin/sh\necho a controller\n").unwrap();
+    let batch = uuid();
+    let spec = |m: u32| jujube_providers::StartSpec {
+        machine_id: m.to_string(),
+        nonce: jujube_providers::batch_nonce(&batch, m - 1),
+        series: "jammy".into(),
+        constraints: Constraints::default(),
+        zone: None,
+        controller: true,
+        user_data: String::new(),
+        agent: Some(jujube_providers::AgentInstall {
+            conf: Vec::new(),
+            binary: binary.clone(),
+            api_connect: String::new(),
+            other_controllers: Vec::new(),
+            enrollment: None,
+            controller: Some(jujube_providers::ControllerInstall {
+                files: Vec::new(),
+                api_listen: String::new(),
+                state_db: None,
+                take_up: Some(jujube_providers::TakeUpInstall {
+                    bundle: format!("machine {m}'s files").into_bytes(),
+                    key: format!("controller/take-up-{m}-x"),
+                    args: vec!["take-up".into(), format!("--machine={m}")],
+                    instance_profile: Some("jujube-controllers".into()),
+                }),
+            }),
+        }),
+    };
+    let specs = [spec(1), spec(2)];
+    let started: Vec<String> = p
+        .start_instances(&specs)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().id)
+        .collect();
+    assert_ne!(started[0], started[1]);
+    assert_eq!(
+        *spy.profiles.lock().unwrap(),
+        [
+            Some("jujube-controllers".to_string()),
+            Some("jujube-controllers".to_string())
+        ]
+    );
+    let sha: String = {
+        use sha2::Digest;
+        sha2::Sha256::digest(std::fs::read(&binary).unwrap())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    for (m, id) in [1, 2].iter().zip(&started) {
+        let script = user_data_of(&acct, id).await;
+        assert!(
+            script.contains(&format!("/jujube take-up --machine={m}")),
+            "{script}"
+        );
+        assert!(script.contains(&sha), "{script}");
+        assert!(script.contains("X-Amz-Expires="), "{script}");
+        assert!(!script.contains("'s files"), "{script}");
+        assert_eq!(
+            bucket
+                .get(&format!("controller/take-up-{m}-x"), 1 << 10)
+                .await
+                .unwrap(),
+            Some(format!("machine {m}'s files").into_bytes())
+        );
+    }
+    assert!(bucket.exists(&format!("tools/jujube-{sha}")).await.unwrap());
+    // Retried: the same instances, nothing launched again.
+    let again: Vec<String> = p
+        .start_instances(&specs)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().id)
+        .collect();
+    assert_eq!(again, started);
+    assert_eq!(spy.profiles.lock().unwrap().len(), 2);
+    p.stop_instances(&started).await.unwrap();
+    p.destroy_environment().await.unwrap();
+}
+
 /// A bootstrap that fails part-way says which step did not come, exits 1,
 /// and leaves nothing: no instance, bucket, security group, role or
 /// profile with the UUID, no environment in this home. Here once at the

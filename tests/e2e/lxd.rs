@@ -496,6 +496,7 @@ async fn a_controller_machines_container_gets_machine_0s_devices_and_a_taken_por
                 files: vec![(kept.to_string(), b"not a secret\n".to_vec(), 0o600)],
                 api_listen: format!("127.0.0.1:{port}"),
                 state_db: Some("127.0.0.1:5999".into()),
+                take_up: None,
             }),
         }),
         ..start_spec("1", nonce)
@@ -953,16 +954,37 @@ struct Imds {
 
 impl Imds {
     fn start(document: String, signature: String) -> Imds {
-        Imds::serve(document, signature, None)
+        Imds::serve(document, signature, None, None)
     }
 
     /// Also an instance profile's role `jujube-role`, whose credentials are
     /// `access_key` (a LocalStack account) and secret `test`.
     fn with_role(document: String, signature: String, access_key: &str) -> Imds {
-        Imds::serve(document, signature, Some(access_key.to_string()))
+        Imds::serve(document, signature, Some(access_key.to_string()), None)
     }
 
-    fn serve(document: String, signature: String, access_key: Option<String>) -> Imds {
+    /// As [`Imds::with_role`], the instance's addresses too: `(public,
+    /// private)`.
+    fn with_addresses(
+        document: String,
+        signature: String,
+        access_key: &str,
+        addresses: (&str, &str),
+    ) -> Imds {
+        Imds::serve(
+            document,
+            signature,
+            Some(access_key.to_string()),
+            Some((addresses.0.to_string(), addresses.1.to_string())),
+        )
+    }
+
+    fn serve(
+        document: String,
+        signature: String,
+        access_key: Option<String>,
+        addresses: Option<(String, String)>,
+    ) -> Imds {
         use std::io::{BufRead, Write};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -991,6 +1013,12 @@ impl Imds {
                 let (status, body) = match line.split_whitespace().take(2).collect::<Vec<_>>()[..] {
                     ["PUT", "/latest/api/token"] => ("200 OK", "session-token".to_string()),
                     [_, _] if !has_token => ("401 Unauthorized", String::new()),
+                    ["GET", "/latest/meta-data/public-ipv4"] if addresses.is_some() => {
+                        ("200 OK", addresses.as_ref().unwrap().0.clone())
+                    }
+                    ["GET", "/latest/meta-data/local-ipv4"] if addresses.is_some() => {
+                        ("200 OK", addresses.as_ref().unwrap().1.clone())
+                    }
                     ["GET", "/latest/dynamic/instance-identity/document"] => ("200 OK", doc),
                     ["GET", "/latest/dynamic/instance-identity/signature"] => ("200 OK", sig),
                     ["GET", "/latest/meta-data/iam/security-credentials/"
@@ -1914,87 +1942,8 @@ async fn bootstrap_on_ec2(hand_over: bool) {
     } else {
         Imds::with_role(doc.clone(), sign(&trusted, &doc), &acct)
     };
-    let name = format!("jujube-m0-{}", &uuid()[..8]);
-    let _sweep = Sweep {
-        uuids: vec![],
-        names: vec![name.clone()],
-    };
-    let body = json!({
-        "name": name,
-        "type": "container",
-        "source": {"type": "image", "alias": "jujube-agent"},
-        "devices": {
-            "localstack": {
-                "type": "proxy",
-                "bind": "container",
-                "listen": "tcp:127.0.0.1:4566",
-                "connect": "tcp:127.0.0.1:4566",
-            },
-            "imds": {
-                "type": "proxy",
-                "bind": "container",
-                "listen": format!("tcp:127.0.0.1:{}", imds.port),
-                "connect": format!("tcp:127.0.0.1:{}", imds.port),
-            },
-            "api": {
-                "type": "proxy",
-                "bind": "host",
-                "listen": format!("tcp:{api}"),
-                "connect": "tcp:127.0.0.1:17070",
-            },
-        },
-    });
-    let mut body = body;
-    if let Some(url) = &state_url {
-        // The database, where the URL names it.
-        let db = url
-            .split_once("://")
-            .and_then(|(_, r)| r.split(['/', '?']).next())
-            .and_then(|a| a.rsplit_once('@').map(|(_, h)| h))
-            .unwrap()
-            .to_string();
-        body["devices"]["state-db"] = json!({
-            "type": "proxy",
-            "bind": "container",
-            "listen": format!("tcp:{db}"),
-            "connect": format!("tcp:{db}"),
-        });
-    }
-    crate::lxd_direct::launch_body(&c, &name, &body).await;
-    // What every cloud image has and the test image lacks: root
-    // certificates (the AWS SDK will not start without them).
-    for (path, dir) in [("/etc/ssl", true), ("/etc/ssl/certs", true)] {
-        let _ = c
-            .push_file(&name, path, Vec::new().into(), 0o755, dir)
-            .await;
-    }
-    c.push_file(
-        &name,
-        "/etc/ssl/certs/ca-certificates.crt",
-        std::fs::read("/etc/ssl/certs/ca-certificates.crt")
-            .unwrap()
-            .into(),
-        0o644,
-        false,
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    c.push_file(
-        &name,
-        "/root/user-data",
-        script.clone().into(),
-        0o700,
-        false,
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    let run_script = format!(
-        "AWS_EC2_METADATA_SERVICE_ENDPOINT=http://127.0.0.1:{} exec /bin/sh /root/user-data",
-        imds.port
-    );
-    assert_eq!(exec_in(&c, &name, &["/bin/sh", "-c", &run_script]).await, 0);
+    let (name, _sweep) =
+        instance_container(&c, "m0", &imds, &api, state_url.as_deref(), &script).await;
 
     let out = tokio::task::spawn_blocking(move || bootstrap.join().unwrap())
         .await
@@ -2111,6 +2060,347 @@ async fn bootstrap_on_ec2(hand_over: bool) {
         .await
         .is_err());
     assert!(!env_dir.exists());
+}
+
+/// `enable-ha` on EC2, each instance played by a container as in
+/// `bootstrap_on_ec2`: machine 0's controller launches an instance per new
+/// controller machine as machine 0 was (here without a profile, their
+/// role's credentials from the metadata service) with user data that holds
+/// no secret (a presigned URL for the binary, `take-up` as that
+/// machine); the instance takes the environment's certificates and its own
+/// place of the state in PostgreSQL from the control bucket with its role's
+/// credentials, and records where it is reached: its instance's public and
+/// private addresses. The CLI waits for them and keeps every address. With
+/// machine 0's instance gone, another controller takes the singletons lease,
+/// the CLI fails over to it and its provisioner launches a new machine's
+/// instance; `destroy-environment` stops every controller and erases the
+/// state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enable_ha_on_ec2_makes_controllers_of_instances_that_take_over_from_machine_0() {
+    use crate::ec2::{account, ec2_jujube, localstack, raw_client, user_data_of, ENDPOINT, REGION};
+    let Some(()) = localstack() else { return };
+    let Some(c) = lxd() else { return };
+    let acct = account();
+    let mut j = ec2_jujube(&acct);
+    j.auto_controller = true;
+    j.start_controllers = false;
+    let api = format!("127.0.0.1:{}", unclaimed_port());
+    let mut db = crate::postgres::AsyncSchema::new();
+    let state_password = j.home.path().join("state-password");
+    std::fs::write(&state_password, "not-needed-by-trust\n").unwrap();
+    let bootstrap = beside(
+        &j,
+        &[
+            "bootstrap",
+            "ha",
+            "--provider",
+            "ec2",
+            "--config",
+            &format!("region={REGION}"),
+            "--config",
+            &format!("endpoint={ENDPOINT}"),
+            "--config",
+            &format!("controller-address={api}"),
+            "--config",
+            "bootstrap-timeout=4m",
+            // LocalStack's EC2 cannot attach a profile IAM made (the
+            // provider's own test sees the launch name one): the role's
+            // credentials come from the metadata service alone.
+            "--config",
+            "instance-profile=none",
+            "--config",
+            &format!("state-url={}", db.url),
+            "--config",
+            &format!("state-password-file={}", state_password.display()),
+        ],
+    );
+    let raw = raw_client(&acct);
+    let trusted = rcgen::KeyPair::generate_for(&rcgen::PKCS_RSA_SHA256).unwrap();
+    let m0 = controller_instance(&raw, "0").await;
+    let doc = identity_document(&m0);
+    let imds0 = Imds::with_role(doc.clone(), sign(&trusted, &doc), &acct);
+    let script = user_data_of(&acct, &m0).await;
+    let (m0c, _sweep0) = instance_container(&c, "m0", &imds0, &api, Some(&db.url), &script).await;
+    let out = finished(bootstrap).await;
+    assert!(out.0, "bootstrap: {}\n{}", out.1, out.2);
+
+    let enable = beside(&j, &["enable-ha", "-n", "3"]);
+    let mut kept = Vec::new();
+    for m in [1, 2] {
+        let iid = controller_instance(&raw, &m.to_string()).await;
+        let script = user_data_of(&acct, &iid).await;
+        assert!(script.contains(&format!(" --machine={m}")), "{script}");
+        assert!(
+            script.contains(" take-up --home=/var/lib/jujube/home --env=ha "),
+            "{script}"
+        );
+        assert!(
+            script.contains("X-Amz-Expires="),
+            "a presigned URL: {script}"
+        );
+        for secret in ["PRIVATE KEY", "password", "AWS_SECRET", "test@", "BEGIN"] {
+            assert!(!script.contains(secret), "{secret} in {script}");
+        }
+        let public = format!("127.0.0.{}", 10 + m);
+        let private = format!("10.0.0.{m}");
+        let doc = identity_document(&iid);
+        let imds = Imds::with_addresses(
+            doc.clone(),
+            sign(&trusted, &doc),
+            &acct,
+            (&public, &private),
+        );
+        let (name, sweep) = instance_container(
+            &c,
+            &format!("m{m}"),
+            &imds,
+            &format!("{public}:17070"),
+            Some(&db.url),
+            &script,
+        )
+        .await;
+        kept.push((name, sweep, imds));
+    }
+    let (ok, stdout, stderr) = finished(enable).await;
+    assert!(ok, "enable-ha: {stdout}\n{stderr}");
+    for m in [1, 2] {
+        let up = format!(
+            "machine {m}'s controller is up at 127.0.0.{}:17070, 10.0.0.{m}:17070",
+            10 + m
+        );
+        assert!(stdout.contains(&up), "{stdout}");
+    }
+    // Each took its own place of the state, and no state; nothing of
+    // theirs waits in the bucket.
+    let env = "/var/lib/jujube/home/environments/ha";
+    for (name, _, _) in &kept {
+        assert_machine_0s_own_state_place(&c, name, env, &db.url).await;
+        assert!(!has_agent(&c, name).await, "{name} has an agent");
+    }
+    let s3 = crate::ec2_storage::raw_s3(&acct).await;
+    let marker: Value = serde_json::from_slice(
+        &std::fs::read(j.home.path().join("environments/ha/machine-0.json")).unwrap(),
+    )
+    .unwrap();
+    let uuid = marker["uuid"].as_str().unwrap();
+    let listed = s3
+        .list_objects_v2()
+        .bucket(format!("jujube-{uuid}"))
+        .prefix("controller/")
+        .send()
+        .await
+        .unwrap();
+    assert!(listed.contents().is_empty(), "{:?}", listed.contents());
+
+    // Machine 0's instance goes away: another controller takes the lease,
+    // the CLI reaches it, and its provisioner launches instances.
+    c.run(
+        Method::PUT,
+        &format!("/1.0/instances/{m0c}/state"),
+        Some(&json!({"action": "stop", "force": true})),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let st = j.status();
+        let holder = st["controllers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["runs-singletons"] == json!(true))
+            .map(|c| c["machine"].as_str().unwrap().to_string());
+        if matches!(holder.as_deref(), Some("1" | "2")) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no other controller took over: {st}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    j.run(&["add-machine"]).ok();
+    eventually_in("machine 3 provisioned by another controller", || {
+        let j = &j;
+        async move {
+            j.status()["machines"]["3"]["instance-id"]
+                .as_str()
+                .is_some()
+        }
+    })
+    .await;
+
+    let r = j.run(&["destroy-environment", "ha", "-y"]).ok();
+    assert!(
+        r.stdout.contains("erased the environment's state"),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(db.tables(), 0, "state left in PostgreSQL");
+    let live: Vec<String> = crate::ec2::live_instances(&acct)
+        .await
+        .iter()
+        .filter_map(|i| i.instance_id().map(str::to_string))
+        .collect();
+    assert!(live.is_empty(), "left running: {live:?}");
+}
+
+/// `jujube ARGS` of `j`'s home, run beside the test (it waits for what the
+/// test does meanwhile).
+fn beside(j: &Jujube, args: &[&str]) -> std::thread::JoinHandle<std::process::Output> {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_jujube"));
+    cmd.args(args)
+        .env("JUJUBE_HOME", j.home.path())
+        .env_remove("JUJUBE_ENV")
+        .envs(j.envs.iter().map(|(k, v)| (k, v)));
+    std::thread::spawn(move || cmd.output().unwrap())
+}
+
+/// Whether a command run [`beside`] succeeded, and its stdout and stderr.
+async fn finished(h: std::thread::JoinHandle<std::process::Output>) -> (bool, String, String) {
+    let out = tokio::task::spawn_blocking(move || h.join().unwrap())
+        .await
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The instance LocalStack launched for controller machine `machine`
+/// (waiting up to two minutes for it).
+async fn controller_instance(raw: &aws_sdk_ec2::Client, machine: &str) -> String {
+    let tag = |k: &str, v: &str| {
+        aws_sdk_ec2::types::Filter::builder()
+            .name(format!("tag:{k}"))
+            .values(v)
+            .build()
+    };
+    for _ in 0..600 {
+        let r = raw
+            .describe_instances()
+            .filters(tag(jujube_providers::TAG_CONTROLLER, "true"))
+            .filters(tag(jujube_providers::TAG_MACHINE_ID, machine))
+            .send()
+            .await
+            .unwrap();
+        let found = r
+            .reservations()
+            .iter()
+            .flat_map(|r| r.instances())
+            .filter(|i| {
+                i.state()
+                    .and_then(|s| s.name())
+                    .is_some_and(|n| n.as_str() == "running" || n.as_str() == "pending")
+            })
+            .filter_map(|i| i.instance_id().map(str::to_string))
+            .next();
+        if let Some(id) = found {
+            return id;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("no instance was launched for controller machine {machine}")
+}
+
+/// A LocalStack instance as an LXD container (named `jujube-LABEL-…`): its
+/// user data `script` run there as cloud-init would, with LocalStack and
+/// its metadata service `imds` at the addresses it would have, the database
+/// `state_url` names reached where the URL names it (as the cloud's network
+/// would carry it), and its API (port 17070) exposed on this host at `api`.
+/// The container goes with the returned sweep.
+async fn instance_container(
+    c: &Client,
+    label: &str,
+    imds: &Imds,
+    api: &str,
+    state_url: Option<&str>,
+    script: &str,
+) -> (String, Sweep) {
+    let name = format!("jujube-{label}-{}", &uuid()[..8]);
+    let sweep = Sweep {
+        uuids: vec![],
+        names: vec![name.clone()],
+    };
+    let body = json!({
+        "name": name,
+        "type": "container",
+        "source": {"type": "image", "alias": "jujube-agent"},
+        "devices": {
+            "localstack": {
+                "type": "proxy",
+                "bind": "container",
+                "listen": "tcp:127.0.0.1:4566",
+                "connect": "tcp:127.0.0.1:4566",
+            },
+            "imds": {
+                "type": "proxy",
+                "bind": "container",
+                "listen": format!("tcp:127.0.0.1:{}", imds.port),
+                "connect": format!("tcp:127.0.0.1:{}", imds.port),
+            },
+            "api": {
+                "type": "proxy",
+                "bind": "host",
+                "listen": format!("tcp:{api}"),
+                "connect": "tcp:127.0.0.1:17070",
+            },
+        },
+    });
+    let mut body = body;
+    if let Some(url) = state_url {
+        // The database, where the URL names it.
+        let db = url
+            .split_once("://")
+            .and_then(|(_, r)| r.split(['/', '?']).next())
+            .and_then(|a| a.rsplit_once('@').map(|(_, h)| h))
+            .unwrap()
+            .to_string();
+        body["devices"]["state-db"] = json!({
+            "type": "proxy",
+            "bind": "container",
+            "listen": format!("tcp:{db}"),
+            "connect": format!("tcp:{db}"),
+        });
+    }
+    crate::lxd_direct::launch_body(c, &name, &body).await;
+    // What every cloud image has and the test image lacks: root
+    // certificates (the AWS SDK will not start without them).
+    for (path, dir) in [("/etc/ssl", true), ("/etc/ssl/certs", true)] {
+        let _ = c
+            .push_file(&name, path, Vec::new().into(), 0o755, dir)
+            .await;
+    }
+    c.push_file(
+        &name,
+        "/etc/ssl/certs/ca-certificates.crt",
+        std::fs::read("/etc/ssl/certs/ca-certificates.crt")
+            .unwrap()
+            .into(),
+        0o644,
+        false,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    c.push_file(
+        &name,
+        "/root/user-data",
+        script.to_string().into(),
+        0o700,
+        false,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let run_script = format!(
+        "AWS_EC2_METADATA_SERVICE_ENDPOINT=http://127.0.0.1:{} exec /bin/sh /root/user-data",
+        imds.port
+    );
+    assert_eq!(exec_in(c, &name, &["/bin/sh", "-c", &run_script]).await, 0);
+    (name, sweep)
 }
 
 /// A loopback port that is free now and that no one is handed by the

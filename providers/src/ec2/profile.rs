@@ -66,6 +66,11 @@ pub struct Removed {
     pub role: bool,
 }
 
+/// The name of environment `env_uuid`'s instance profile and role.
+pub fn profile_name(env_uuid: &str) -> String {
+    format!("jujube-{env_uuid}")
+}
+
 /// One environment's role and instance profile.
 pub struct ControllerProfile {
     client: aws_sdk_iam::Client,
@@ -77,7 +82,7 @@ impl ControllerProfile {
     pub(crate) fn new(client: aws_sdk_iam::Client, env_uuid: &str) -> ControllerProfile {
         ControllerProfile {
             client,
-            name: format!("jujube-{env_uuid}"),
+            name: profile_name(env_uuid),
             env_uuid: env_uuid.to_string(),
         }
     }

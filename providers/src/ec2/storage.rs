@@ -196,10 +196,15 @@ impl ControlBucket {
     }
 
     /// Puts `bytes` (a `jujube` binary) in the bucket under their SHA-256.
-    /// Idempotent: the same bytes land on the same key.
+    /// Idempotent: the same bytes land on the same key, and are not sent
+    /// again when they are there (each controller `enable-ha` starts
+    /// fetches the same binary).
     pub async fn put_tools(&self, bytes: Vec<u8>) -> Result<Tools> {
         let sha256 = sha256_hex(&bytes);
         let key = format!("tools/jujube-{sha256}");
+        if self.exists(&key).await? {
+            return Ok(Tools { key, sha256 });
+        }
         self.client
             .put_object()
             .bucket(&self.name)
