@@ -701,9 +701,7 @@ fn run(cli: Cli) -> Result<()> {
             };
             runtime()?.block_on(async {
                 jujube_controller::machine0_ec2::take_up(&home, &take_up).await?;
-                jujube_controller::machine0::advertise(
-                    jujube_controller::machine0_ec2::reached_at(&home, &take_up).await?,
-                );
+                jujube_controller::machine0_ec2::settle_on_instance(&home, &take_up).await?;
                 controller::run(&home, &environment, machine).await
             })?;
         }

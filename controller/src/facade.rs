@@ -278,7 +278,7 @@ fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Answer> {
                 "lxd" if in_container => {}
                 // Likewise from this controller's instance
                 // (`machine0_ec2::Ec2Seed`).
-                "ec2" if crate::machine0::advertised_addresses().is_some() => {
+                "ec2" if crate::machine0_ec2::on_instance().is_some() => {
                     let config = store.environment_config()?;
                     let uuid = store.environment()?.uuid;
                     if let Err(why) = crate::machine0_ec2::controllers_profile(&config, &uuid) {
@@ -287,7 +287,7 @@ fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Answer> {
                 }
                 "ec2" => bail!("`enable-ha` on EC2 needs the controller on machine 0's instance, which installs the others on instances of their own; this controller runs where bootstrap ran: bootstrap a new environment without `--manual-controller`"),
                 "lxd" => bail!("`enable-ha` on LXD needs the controller in machine 0's container, told by its `controller.env` where the daemon's host exposes its API (`{}`, which this version's `bootstrap` writes); this controller was not: bootstrap a new environment without `--manual-controller`", crate::machine0::API_ADVERTISE),
-                _ => bail!("`enable-ha` runs controller machines on the dummy, LXD and EC2 providers, not on `{provider}`"),
+                _ => bail!("`enable-ha` runs controller machines on the dummy, LXD and EC2 providers, not on `{provider}`; bootstrap an environment on one of those to run several controllers"),
             }
             json(store.enable_ha(n)?)
         }

@@ -262,27 +262,57 @@ impl TakeUp {
     }
 }
 
-/// Where clients and agents reach the controller taken up here, at
-/// [`API_PORT`]: its instance's public address, then its private one (from
-/// the instance metadata service), after machine 0's `controller-address`
-/// when bootstrap was told one (it reached machine 0 there). Recorded for
-/// `status`, the CLI and agents instead of where it listens (`0.0.0.0`).
-pub async fn reached_at(home: &Home, t: &TakeUp) -> Result<Vec<String>> {
-    let mut out = Vec::new();
+/// What `take-up` learned of the instance its controller runs on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OnInstance {
+    /// The region it runs in (`take-up --region`).
+    pub region: String,
+    /// Where agents reach its API: its private address (the cloud's
+    /// network), else its public one; `None`: the environment's
+    /// `api-address`.
+    pub agents: Option<String>,
+}
+
+static ON_INSTANCE: std::sync::OnceLock<OnInstance> = std::sync::OnceLock::new();
+
+/// What `take-up` learned of the instance this process's controller runs
+/// on; `None` where it did not run (`--manual-controller`, other providers).
+pub fn on_instance() -> Option<&'static OnInstance> {
+    ON_INSTANCE.get()
+}
+
+/// On a controller machine's instance, after [`take_up`]: learns where the
+/// controller is reached, at [`API_PORT`] — for clients machine 0's
+/// `controller-address` when bootstrap was told one (it reached machine 0
+/// there), then the instance's public and private addresses, from its
+/// metadata service; for agents its private one — and says so
+/// ([`crate::machine0::advertise`], [`on_instance`]): the controller records
+/// them for `status`, the CLI and agents instead of where it listens
+/// (`0.0.0.0`). Refused when it learns none (the service restarts it).
+pub async fn settle_on_instance(home: &Home, t: &TakeUp) -> Result<()> {
+    let mut clients = Vec::new();
     if t.machine == 0 {
         let store = home.open(&t.env)?;
         if let Some(a) = store.environment_config()?.get("controller-address") {
-            out.push(a.clone());
+            clients.push(a.clone());
         }
     }
     let own = jujube_providers::ec2::own_addresses(Duration::from_secs(10)).await;
-    for ip in [own.public, own.private].into_iter().flatten() {
-        let a = format!("{ip}:{API_PORT}");
-        if !out.contains(&a) {
-            out.push(a);
+    let at = |ip: &String| format!("{ip}:{API_PORT}");
+    for a in [&own.public, &own.private].into_iter().flatten().map(at) {
+        if !clients.contains(&a) {
+            clients.push(a);
         }
     }
-    Ok(out)
+    if clients.is_empty() {
+        bail!("cannot learn this instance's addresses from its metadata service (`/latest/meta-data/local-ipv4`), which clients and agents reach its controller at; check that the instance metadata service is enabled on it");
+    }
+    let _ = ON_INSTANCE.set(OnInstance {
+        region: t.region.clone(),
+        agents: own.private.as_ref().or(own.public.as_ref()).map(at),
+    });
+    crate::machine0::advertise(clients);
+    Ok(())
 }
 
 /// The instance profile the controllers' instances are launched with: the
@@ -321,32 +351,27 @@ pub(crate) struct Ec2Seed {
 
 impl Ec2Seed {
     /// The seed of the controller running here, when it took up an
-    /// instance of its own (`take-up`, which says where it is reached) and
-    /// the state is in PostgreSQL; `None` otherwise (`enable-ha` refuses
-    /// those).
+    /// instance of its own ([`on_instance`]) and the state is in
+    /// PostgreSQL; `None` otherwise (`enable-ha` refuses those).
     pub(crate) fn here(
         home: &Home,
         name: &str,
         config: &BTreeMap<String, String>,
         uuid: &str,
     ) -> Result<Option<Ec2Seed>> {
-        if crate::machine0::advertised_addresses().is_none() || home.state_place(name)?.is_none() {
+        let Some(here) = on_instance() else {
+            return Ok(None);
+        };
+        if home.state_place(name)?.is_none() {
             return Ok(None);
         }
         let Ok(instance_profile) = controllers_profile(config, uuid) else {
             return Ok(None);
         };
-        let Some(region) = config
-            .get("region")
-            .cloned()
-            .or_else(|| std::env::var("AWS_REGION").ok())
-        else {
-            return Ok(None);
-        };
         Ok(Some(Ec2Seed {
             name: name.to_string(),
             uuid: uuid.to_string(),
-            region,
+            region: here.region.clone(),
             endpoint: config.get("endpoint").cloned(),
             bucket: storage::bucket_name(uuid, config),
             dir: home.env_dir(name),
@@ -887,9 +912,11 @@ async fn controller_answers(dial: &str, ca: &str, password: &str) -> bool {
 pub async fn destroy(home: &Home, name: &str, m0: Machine0, out: &mut impl Write) -> Result<()> {
     let ec2 = Ec2Provider::new(name, &m0.uuid, &m0.lxd, None).await?;
     // Every controller (`enable-ha`'s too) may write the state until its
-    // instance has terminated.
+    // instance has terminated: those listed before the stop, and any
+    // launched meanwhile.
     let mut controllers = ec2.controller_instances().await?;
     crate::run::stop_every_instance(&ec2, Vec::new(), Some(&m0.container), out).await?;
+    controllers.extend(ec2.controller_instances().await?);
     let machine0 = std::slice::from_ref(&m0.container);
     if !ec2.instances_by_id(machine0).await?.is_empty() {
         ec2.stop_instances(machine0).await?;

@@ -497,7 +497,12 @@ fn placement(
         // Instances reach the API at `api-address`; without one, agents
         // stay in the controller (until it runs on machine 0 itself).
         ("ec2", _) if config.contains_key("api-address") => {
-            let address = config["api-address"].clone();
+            // A controller on an instance of its own gives agents its own
+            // address: machine 0's (`api-address`) is gone when another
+            // took over from it.
+            let address = crate::machine0_ec2::on_instance()
+                .and_then(|i| i.agents.clone())
+                .unwrap_or_else(|| config["api-address"].clone());
             let reachable = address
                 .parse::<std::net::SocketAddr>()
                 .map(|a| a.port() != 0 && !a.ip().is_unspecified())

@@ -46,8 +46,8 @@ pub mod storage;
 
 use crate::bucket::{ec2_limits, LaunchPacer, TokenBucket};
 use crate::{
-    batch_nonce, boot_script, launch_batch, Error, Instance, Provider, Result, StartSpec,
-    TAG_BATCH, TAG_CONTROLLER, TAG_ENV_UUID, TAG_NONCE,
+    batch_nonce, boot_script, launch_batch, Error, ErrorClass, Instance, Provider, Result,
+    StartSpec, TAG_BATCH, TAG_CONTROLLER, TAG_ENV_UUID, TAG_NONCE,
 };
 use async_trait::async_trait;
 use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
@@ -584,9 +584,9 @@ impl Ec2Provider {
     }
 
     /// The user data of a controller machine taken up from the control
-    /// bucket (`enable-ha`): its files put there as `t.key`, the binary
-    /// (`binary`, under its SHA-256, once) by a presigned URL.
-    async fn controller_user_data(
+    /// bucket (`enable-ha`): the binary (`binary`, put there under its
+    /// SHA-256, once) by a presigned URL, then `jujube ARGS`.
+    async fn controller_boot(
         &self,
         t: &crate::TakeUpInstall,
         binary: &std::path::Path,
@@ -602,7 +602,6 @@ impl Ec2Provider {
                 storage::TOOLS_URL_LIFETIME,
             )
             .await?;
-        bucket.put_private(&t.key, t.bundle.clone()).await?;
         crate::controller_boot_script(&crate::ControllerBoot {
             tools_url: url,
             sha256: tools.sha256,
@@ -1091,7 +1090,7 @@ impl Ec2Provider {
         ) {
             (Some(c), _, _) => (c.user_data, c.instance_profile),
             (None, _, Some((t, binary))) => (
-                self.controller_user_data(t, binary).await?,
+                self.controller_boot(t, binary).await?,
                 t.instance_profile.clone(),
             ),
             (None, Some(e), None) => (boot_script(e), None),
@@ -1100,12 +1099,21 @@ impl Ec2Provider {
         let req = self
             .run_request(spec, 1, &spec.nonce, tags, &user_data, profile)
             .await?;
+        // A controller's files go in the bucket last, when nothing but the
+        // launch itself can fail.
+        if let Some((t, _)) = take_up {
+            self.control_bucket()
+                .put_private(&t.key, t.bundle.clone())
+                .await?;
+        }
         self.launch_pacer.pace(1).await;
         let r = match self.send_run(req, spec.zone.as_deref()).await {
             Ok(r) => r,
             Err(e) => {
-                // The controller's files wait in the bucket for no one.
-                if let Some((t, _)) = take_up {
+                // Refused: the controller's files would wait in the bucket
+                // for no one. (An error that may hide a launch keeps them:
+                // the retry adopts that instance, which takes them.)
+                if let Some((t, _)) = take_up.filter(|_| e.class() != ErrorClass::Transient) {
                     let _ = self.control_bucket().delete(&t.key).await;
                 }
                 return Err(e);

@@ -2203,7 +2203,7 @@ async fn enable_ha_on_ec2_makes_controllers_of_instances_that_take_over_from_mac
     .unwrap()
     .unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    loop {
+    let holder = loop {
         let st = j.status();
         let holder = st["controllers"]
             .as_array()
@@ -2211,15 +2211,15 @@ async fn enable_ha_on_ec2_makes_controllers_of_instances_that_take_over_from_mac
             .iter()
             .find(|c| c["runs-singletons"] == json!(true))
             .map(|c| c["machine"].as_str().unwrap().to_string());
-        if matches!(holder.as_deref(), Some("1" | "2")) {
-            break;
+        if let Some(h @ ("1" | "2")) = holder.as_deref() {
+            break h.to_string();
         }
         assert!(
             std::time::Instant::now() < deadline,
             "no other controller took over: {st}"
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    };
     j.run(&["add-machine"]).ok();
     eventually_in("machine 3 provisioned by another controller", || {
         let j = &j;
@@ -2230,6 +2230,17 @@ async fn enable_ha_on_ec2_makes_controllers_of_instances_that_take_over_from_mac
         }
     })
     .await;
+    // Its agent is told to enroll at that controller's private address,
+    // not at machine 0's, which is gone.
+    let m3 = j.status()["machines"]["3"]["instance-id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let boot = user_data_of(&acct, &m3).await;
+    assert!(
+        boot.contains(&format!("api='10.0.0.{holder}:17070'")),
+        "{boot}"
+    );
 
     let r = j.run(&["destroy-environment", "ha", "-y"]).ok();
     assert!(

@@ -37,13 +37,21 @@ const EC2_ACTIONS: [&str; 11] = [
     "ec2:DeleteSecurityGroup",
 ];
 
-/// The role's permissions: the EC2 calls above, and the control bucket
-/// `bucket` alone in S3.
-pub fn policy(bucket: &str) -> String {
+/// The role's permissions: the EC2 calls above, the control bucket
+/// `bucket` alone in S3, and passing this role (`role`, by name) to EC2:
+/// what launching another controller's instance with the same profile
+/// takes (`enable-ha`).
+pub fn policy(bucket: &str, role: &str) -> String {
     serde_json::json!({
         "Version": "2012-10-17",
         "Statement": [
             {"Effect": "Allow", "Action": EC2_ACTIONS, "Resource": "*"},
+            {
+                "Effect": "Allow",
+                "Action": ["iam:PassRole"],
+                "Resource": format!("arn:aws:iam::*:role/{role}"),
+                "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}},
+            },
             {
                 "Effect": "Allow",
                 "Action": ["s3:ListBucket"],
@@ -134,7 +142,7 @@ impl ControllerProfile {
             .put_role_policy()
             .role_name(&self.name)
             .policy_name(POLICY)
-            .policy_document(policy(bucket))
+            .policy_document(policy(bucket, &self.name))
             .send()
             .await
             .map_err(|e| classify(e, "role", &self.name))?;
