@@ -1691,33 +1691,7 @@ async fn enable_ha_makes_controllers_of_containers_that_take_over_from_machine_0
 
     // Machine 0 goes away: another controller takes the lease, and the
     // CLI and the agents reach it.
-    c.run(
-        Method::PUT,
-        &format!("/1.0/instances/{m0}/state"),
-        Some(&json!({"action": "stop", "force": true})),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    let holder = loop {
-        let st = j.status();
-        let holder = st["controllers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["runs-singletons"] == json!(true))
-            .map(|c| c["machine"].as_str().unwrap().to_string());
-        match holder {
-            Some(h) if h != "0" => break h,
-            _ => {}
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no other controller took over: {st}"
-        );
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    };
+    let holder = machine_0_gone(&j, &c, &m0).await;
     assert!(holder == "2" || holder == "3", "{holder}");
     let out = j.run(&["run", "mysql/0", "--", "hostname"]).ok().stdout;
     assert_eq!(
@@ -1734,6 +1708,39 @@ async fn enable_ha_makes_controllers_of_containers_that_take_over_from_machine_0
     );
 
     destroyed_leaving_nothing(&j, &c, "lxha", &uuid, &mut db).await;
+}
+
+/// Stops machine 0's container `m0` (machine 0 gone) and waits, two
+/// minutes at most, until another controller holds the singletons lease:
+/// that one's machine.
+async fn machine_0_gone(j: &Jujube, c: &Client, m0: &str) -> String {
+    c.run(
+        Method::PUT,
+        &format!("/1.0/instances/{m0}/state"),
+        Some(&json!({"action": "stop", "force": true})),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let st = j.status();
+        let holder = st["controllers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["runs-singletons"] == json!(true))
+            .map(|c| c["machine"].as_str().unwrap().to_string());
+        match holder {
+            Some(h) if h != "0" => return h,
+            _ => {}
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no other controller took over: {st}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }
 
 /// `destroy-environment NAME` of an environment with UUID `uuid` whose
@@ -2194,32 +2201,8 @@ async fn enable_ha_on_ec2_makes_controllers_of_instances_that_take_over_from_mac
 
     // Machine 0's instance goes away: another controller takes the lease,
     // the CLI reaches it, and its provisioner launches instances.
-    c.run(
-        Method::PUT,
-        &format!("/1.0/instances/{m0c}/state"),
-        Some(&json!({"action": "stop", "force": true})),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    let holder = loop {
-        let st = j.status();
-        let holder = st["controllers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["runs-singletons"] == json!(true))
-            .map(|c| c["machine"].as_str().unwrap().to_string());
-        if let Some(h @ ("1" | "2")) = holder.as_deref() {
-            break h.to_string();
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no other controller took over: {st}"
-        );
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    };
+    let holder = machine_0_gone(&j, &c, &m0c).await;
+    assert!(holder == "1" || holder == "2", "{holder}");
     j.run(&["add-machine"]).ok();
     eventually_in("machine 3 provisioned by another controller", || {
         let j = &j;
