@@ -153,6 +153,60 @@ pub(crate) struct Hub {
     reloading: Mutex<()>,
 }
 
+/// `addresses` with those on public IP addresses last, the others' order
+/// kept: agents run in the controllers' network, where a controller's
+/// private address is the short way (EC2 records a controller's public
+/// address first, for clients outside).
+fn private_first(addresses: Vec<String>) -> Vec<String> {
+    let public = |a: &String| {
+        let host = a.rsplit_once(':').map_or(a.as_str(), |(h, _)| h);
+        match host.trim_start_matches('[').trim_end_matches(']').parse() {
+            Ok(std::net::IpAddr::V4(ip)) => {
+                !(ip.is_private() || ip.is_loopback() || ip.is_link_local() || ip.is_unspecified())
+            }
+            Ok(std::net::IpAddr::V6(ip)) => {
+                let local = ip.is_loopback()
+                    || (ip.segments()[0] & 0xfe00) == 0xfc00
+                    || (ip.segments()[0] & 0xffc0) == 0xfe80;
+                !local
+            }
+            Err(_) => false,
+        }
+    };
+    let (public, private): (Vec<String>, Vec<String>) = addresses.into_iter().partition(public);
+    private.into_iter().chain(public).collect()
+}
+
+#[cfg(test)]
+#[test]
+fn agents_try_every_controllers_private_address_before_public_ones() {
+    let given: Vec<String> = [
+        "54.1.2.3:17070",
+        "10.0.0.1:17070",
+        "unix:/var/lib/jujube/api.socket",
+        "52.9.9.9:17070",
+        "172.31.0.2:17070",
+        "[2600:1f18::1]:17070",
+        "[fd00::2]:17070",
+        "127.0.0.1:40001",
+    ]
+    .map(String::from)
+    .to_vec();
+    assert_eq!(
+        private_first(given),
+        [
+            "10.0.0.1:17070",
+            "unix:/var/lib/jujube/api.socket",
+            "172.31.0.2:17070",
+            "[fd00::2]:17070",
+            "127.0.0.1:40001",
+            "54.1.2.3:17070",
+            "52.9.9.9:17070",
+            "[2600:1f18::1]:17070",
+        ]
+    );
+}
+
 /// Where agents reach controller machine N's API.
 pub type ControllerAddress = Arc<dyn Fn(i64) -> String + Send + Sync>;
 
@@ -300,7 +354,7 @@ impl Hub {
                 .map(|m| reach(m))
                 .collect(),
             // No machine is -1: every controller's, in machine order.
-            None => store.controller_addresses(-1)?.into(),
+            None => private_first(store.controller_addresses(-1)?).into(),
         };
         let mut held = lock(&self.api_addresses);
         let changed = *held != now;

@@ -1157,8 +1157,9 @@ fn model_command(
 /// After `enable-ha`: on the host that holds a dummy environment's
 /// directory, every controller machine's controller left running in the
 /// background (started where its supervisor is not running: `enable-ha`
-/// again brings back one that was stopped), and this home's controller
-/// entry given each one's address, for the CLI to fail over between; for
+/// again brings back one that was stopped), this home's controller entry
+/// given each one's address, for the CLI to fail over between, and each
+/// one waited for until it is up; for
 /// controllers in containers (LXD), see [`controllers_in_containers`].
 fn enable_ha_here(home: &Home, client: &Client, out: &mut impl Write) -> Result<()> {
     let name = client.name();
@@ -1188,6 +1189,8 @@ fn enable_ha_here(home: &Home, client: &Client, out: &mut impl Write) -> Result<
         entry.addresses = controller::api_addresses(home, name, &config, &machines);
         home.set_controller(name, entry)?;
     }
+    // Done when they serve, as on the other providers.
+    controllers_up(client, out)?;
     Ok(())
 }
 
@@ -1229,6 +1232,35 @@ const CONTROLLERS_UP: std::time::Duration = std::time::Duration::from_secs(300);
 /// first.
 fn controllers_in_containers(home: &Home, client: &Client, out: &mut impl Write) -> Result<()> {
     let name = client.name();
+    let up = controllers_up(client, out)?;
+    let mut addresses: Vec<String> = Vec::new();
+    for a in up.iter().flat_map(|c| c.addresses.iter()) {
+        if !addresses.contains(a) {
+            addresses.push(a.clone());
+        }
+    }
+    if let Some(mut entry) = home.controller(name)? {
+        entry.addresses = addresses;
+        home.set_controller(name, entry)?;
+    }
+    for c in &up {
+        writeln!(
+            out,
+            "machine {}'s controller is up at {}",
+            c.machine,
+            c.addresses.join(", ")
+        )?;
+    }
+    Ok(())
+}
+
+/// Waits until every Alive controller machine's controller is up and says
+/// where it serves, up to [`CONTROLLERS_UP`], saying which it waits for;
+/// every controller's status then.
+fn controllers_up(
+    client: &Client,
+    out: &mut impl Write,
+) -> Result<Vec<jujube_wire::view::ControllerStatus>> {
     let deadline = std::time::Instant::now() + CONTROLLERS_UP;
     let mut said = BTreeMap::new();
     let up = loop {
@@ -1256,25 +1288,7 @@ fn controllers_in_containers(home: &Home, client: &Client, out: &mut impl Write)
         }
         std::thread::sleep(std::time::Duration::from_secs(1));
     };
-    let mut addresses: Vec<String> = Vec::new();
-    for a in up.iter().flat_map(|c| c.addresses.iter()) {
-        if !addresses.contains(a) {
-            addresses.push(a.clone());
-        }
-    }
-    if let Some(mut entry) = home.controller(name)? {
-        entry.addresses = addresses;
-        home.set_controller(name, entry)?;
-    }
-    for c in &up {
-        writeln!(
-            out,
-            "machine {}'s controller is up at {}",
-            c.machine,
-            c.addresses.join(", ")
-        )?;
-    }
-    Ok(())
+    Ok(up)
 }
 
 fn parse_timeout(timeout: &str) -> Result<std::time::Duration> {

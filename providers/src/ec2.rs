@@ -54,6 +54,7 @@ use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_ec2::types::{
     BlockDeviceMapping, EbsBlockDevice, Filter, IamInstanceProfileSpecification, InstanceStateName,
     InstanceType, IpPermission, IpRange, Placement, ResourceType, Tag, TagSpecification,
+    UserIdGroupPair,
 };
 use aws_sdk_ec2::Client;
 use base64::Engine;
@@ -634,29 +635,40 @@ impl Ec2Provider {
     }
 
     /// Opens TCP `port` in the environment's security group to `cidr` (the
-    /// controller's API, to the addresses its users come from). Opening it
-    /// twice is no error.
+    /// controller's API, to the addresses its users come from) and to the
+    /// group's own instances, whatever `cidr` is (agents and other
+    /// controllers reach it over the cloud's network). Opening it twice is
+    /// no error.
     pub async fn open_port(&self, port: u16, cidr: &str) -> Result<()> {
         let group = self.security_group().await?;
-        let auth = self
-            .client
-            .authorize_security_group_ingress()
-            .group_id(group)
-            .ip_permissions(
-                IpPermission::builder()
-                    .ip_protocol("tcp")
-                    .from_port(i32::from(port))
-                    .to_port(i32::from(port))
-                    .ip_ranges(IpRange::builder().cidr_ip(cidr).build())
-                    .build(),
-            )
-            .send()
-            .await;
-        match auth {
-            Ok(_) => Ok(()),
-            Err(e) if e.code() == Some("InvalidPermission.Duplicate") => Ok(()),
-            Err(e) => Err(classify(e, None)),
+        let rule = || {
+            IpPermission::builder()
+                .ip_protocol("tcp")
+                .from_port(i32::from(port))
+                .to_port(i32::from(port))
+        };
+        for permission in [
+            rule()
+                .ip_ranges(IpRange::builder().cidr_ip(cidr).build())
+                .build(),
+            rule()
+                .user_id_group_pairs(UserIdGroupPair::builder().group_id(group).build())
+                .build(),
+        ] {
+            let auth = self
+                .client
+                .authorize_security_group_ingress()
+                .group_id(group)
+                .ip_permissions(permission)
+                .send()
+                .await;
+            match auth {
+                Ok(_) => {}
+                Err(e) if e.code() == Some("InvalidPermission.Duplicate") => {}
+                Err(e) => return Err(classify(e, None)),
+            }
         }
+        Ok(())
     }
 
     /// Deletes the environment's security group once no instance uses it
@@ -1064,25 +1076,34 @@ impl Ec2Provider {
 
     /// A launch of one: every tag atomically, the nonce as ClientToken.
     async fn launch_one(&self, spec: &StartSpec) -> Result<Instance> {
+        let take_up = spec
+            .agent
+            .as_ref()
+            .and_then(|a| Some((a.controller.as_ref()?.take_up.as_ref()?, &a.binary)));
         // The nonce first: a launch that already happened is returned.
         let existing = self
-            .describe(vec![filter(
-                &format!("tag:{TAG_NONCE}"),
-                [spec.nonce.clone()],
-            )])
+            .describe_raw(
+                vec![filter(&format!("tag:{TAG_NONCE}"), [spec.nonce.clone()])],
+                false,
+            )
             .await?;
-        if let Some(i) = existing.into_iter().next() {
-            return Ok(i);
+        if let Some((_, _, i)) = existing.iter().find(|(_, live, _)| *live) {
+            return Ok(i.clone());
+        }
+        // A controller's user data differs at each try (a fresh key and
+        // URL), so EC2 would refuse the nonce's ClientToken again as a
+        // mismatch forever: its instance ended, as a batch's does.
+        if let (Some((_, _, gone)), Some(_)) = (existing.first(), take_up) {
+            return Err(Error::NotFound(format!(
+                "instance `{}` launched for machine {} was terminated before it was recorded; `jujube resolved {}` starts a new one",
+                gone.id, spec.machine_id, spec.machine_id
+            )));
         }
         let tags: Vec<Tag> = spec
             .tags(&self.env_name, &self.env_uuid)
             .into_iter()
             .map(|(k, v)| Tag::builder().key(k).value(v).build())
             .collect();
-        let take_up = spec
-            .agent
-            .as_ref()
-            .and_then(|a| Some((a.controller.as_ref()?.take_up.as_ref()?, &a.binary)));
         let (user_data, profile) = match (
             self.controller_launch(spec),
             spec.agent.as_ref().and_then(|a| a.enrollment.as_ref()),

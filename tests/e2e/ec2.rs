@@ -1079,6 +1079,16 @@ async fn controllers_taken_up_from_the_bucket_launch_one_by_one_with_their_profi
         .collect();
     assert_eq!(again, started);
     assert_eq!(spy.profiles.lock().unwrap().len(), 2);
+    // One ended before it was recorded: an error that says so, no launch
+    // (a fresh key and URL would make EC2 refuse the nonce's token forever).
+    p.stop_instances(&started[..1]).await.unwrap();
+    let err = p.start_instance(&specs[0]).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("was terminated before it was recorded"),
+        "{err}"
+    );
+    assert_eq!(spy.profiles.lock().unwrap().len(), 2);
     p.stop_instances(&started).await.unwrap();
     p.destroy_environment().await.unwrap();
 }

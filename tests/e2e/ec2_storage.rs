@@ -385,6 +385,15 @@ async fn the_api_port_opens_to_a_range_and_an_instance_says_its_addresses() {
         "{rules:?}"
     );
     assert!(rules.contains(&(22, "0.0.0.0/0".to_string())), "{rules:?}");
+    // And to the environment's own instances, whatever the range.
+    let group = &groups.security_groups()[0];
+    let own = group.ip_permissions().iter().any(|r| {
+        r.from_port() == Some(17070)
+            && r.user_id_group_pairs()
+                .iter()
+                .any(|g| g.group_id() == group.group_id())
+    });
+    assert!(own, "{:?}", group.ip_permissions());
 
     let inst = p
         .start_instance(&jujube_providers::StartSpec {
