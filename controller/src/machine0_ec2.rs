@@ -382,7 +382,11 @@ impl Ec2Seed {
 
 impl crate::machine0::Seed for Ec2Seed {
     fn install(&self, machine: i64, _nonce: &str) -> Result<jujube_providers::ControllerInstall> {
-        let key = format!("controller/take-up-{machine}-{}", uuid::Uuid::new_v4());
+        let key = format!(
+            "{}take-up-{machine}-{}",
+            storage::CONTROLLER_FILES,
+            uuid::Uuid::new_v4()
+        );
         let t = TakeUp {
             env: self.name.clone(),
             uuid: self.uuid.clone(),
@@ -693,7 +697,11 @@ async fn steps(
     ec2.open_port(API_PORT, cidr).await?;
 
     *step = Step::Instance;
-    let key = format!("controller/take-up-{}", uuid::Uuid::new_v4());
+    let key = format!(
+        "{}take-up-{}",
+        storage::CONTROLLER_FILES,
+        uuid::Uuid::new_v4()
+    );
     // A hand-over: the one-time token stays here, machine 0 is told its
     // hash; it publishes its one-shot identity's CA by a URL that can
     // write that one object until the bootstrap times out.

@@ -87,6 +87,21 @@ async fn the_control_bucket_is_tagged_keeps_tools_by_hash_and_hands_out_expiring
         .tag_set()
         .iter()
         .any(|t| t.key() == "jujube-env-uuid" && t.value() == uuid));
+    // What waits for a controller's instance goes after a day if none
+    // takes it.
+    let lifecycle = raw_s3(&acct)
+        .await
+        .get_bucket_lifecycle_configuration()
+        .bucket(bucket.name())
+        .send()
+        .await
+        .unwrap();
+    let rule = &lifecycle.rules()[0];
+    assert_eq!(
+        rule.filter().and_then(|f| f.prefix()),
+        Some(storage::CONTROLLER_FILES)
+    );
+    assert_eq!(rule.expiration().and_then(|e| e.days()), Some(1));
 
     let binary = b"#!/bin/sh\necho a jujube binary\n".repeat(1000);
     let tools = bucket.put_tools(binary.clone()).await.unwrap();

@@ -25,6 +25,11 @@ use aws_sdk_s3::types::{
 };
 use std::time::{Duration, SystemTime};
 
+/// Where objects that wait for a controller's instance go in the bucket,
+/// and the lifecycle rule that expires them after a day.
+pub const CONTROLLER_FILES: &str = "controller/";
+const CONTROLLER_FILES_RULE: &str = "jujube-controller-files";
+
 /// How long a presigned tools URL lives by default: machine 0 fetches its
 /// binary within minutes of booting, and `bootstrap-timeout` defaults to
 /// ten.
@@ -143,6 +148,39 @@ impl ControlBucket {
             Err(e) if e.code() == Some("BucketAlreadyExists") => return Err(self.not_ours()),
             Err(e) => return Err(classify(e, &self.name)),
         }
+        // What waits for a controller under `controller/` (its files, a
+        // hand-over's identity) is taken within minutes; what no instance
+        // took (one that never booted) goes after a day.
+        use aws_sdk_s3::types::{
+            BucketLifecycleConfiguration, ExpirationStatus, LifecycleExpiration, LifecycleRule,
+            LifecycleRuleFilter,
+        };
+        let invalid =
+            |e: aws_smithy_types::error::operation::BuildError| Error::InvalidSpec(e.to_string());
+        self.client
+            .put_bucket_lifecycle_configuration()
+            .bucket(&self.name)
+            .lifecycle_configuration(
+                BucketLifecycleConfiguration::builder()
+                    .rules(
+                        LifecycleRule::builder()
+                            .id(CONTROLLER_FILES_RULE)
+                            .filter(
+                                LifecycleRuleFilter::builder()
+                                    .prefix(CONTROLLER_FILES)
+                                    .build(),
+                            )
+                            .status(ExpirationStatus::Enabled)
+                            .expiration(LifecycleExpiration::builder().days(1).build())
+                            .build()
+                            .map_err(invalid)?,
+                    )
+                    .build()
+                    .map_err(invalid)?,
+            )
+            .send()
+            .await
+            .map_err(|e| classify(e, &self.name))?;
         self.client
             .put_bucket_tagging()
             .bucket(&self.name)
