@@ -1284,7 +1284,7 @@ fn controllers_up(
         }
         if std::time::Instant::now() >= deadline {
             let which: Vec<String> = waiting.iter().map(|c| format!("`{}`", c.machine)).collect();
-            bail!("the controllers of machines {} are not up after {}s; see `jujube status` (a machine's status says why its instance did not start) and the controller's log (`controller-N.log` in the environment's directory on the dummy's host, `/var/log/jujube-controller.log` in an LXD container, `journalctl -u jujube-controller` on an EC2 instance), then run `jujube enable-ha` again to wait for them", which.join(", "), CONTROLLERS_UP.as_secs());
+            bail!("the controllers of machines {} are not up after {}s; see `jujube status` (a machine's status says why its instance did not start) and the controller's log (`controller-N.log` in the environment's directory on the dummy's host, `/var/lib/jujube/home/environments/NAME/controller.log` in an LXD container, `journalctl -u jujube-controller` on an EC2 instance), then run `jujube enable-ha` again to wait for them", which.join(", "), CONTROLLERS_UP.as_secs());
         }
         std::thread::sleep(std::time::Duration::from_secs(1));
     };
