@@ -85,7 +85,7 @@ const STATE_CA: &str = "state-ca.pem";
 const STATE_PASSWORD: &str = "state-password";
 /// Every file of a controller's environment directory that says where its
 /// state in PostgreSQL is and how it gets in.
-pub(crate) const STATE_FILES: [&str; 3] = [crate::home::STATE_URL, STATE_CA, STATE_PASSWORD];
+const STATE_FILES: [&str; 3] = [crate::home::STATE_URL, STATE_CA, STATE_PASSWORD];
 
 /// Where an environment's controller runs, as the host that bootstrapped it
 /// knows it.
@@ -427,6 +427,28 @@ pub(crate) fn hand_over_home(home: &Home, name: &str, marker: &Machine0) -> Resu
 }
 
 /// Every file under `dir`, as paths relative to it.
+/// What another controller takes of a controller's environment directory
+/// `dir` (`enable-ha`), relative to it: the environment's certificates
+/// (`tls/`) and its place of the state in PostgreSQL ([`STATE_FILES`]),
+/// which name the same paths on every controller's machine.
+pub(crate) fn controller_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
+    let tls = jujube_api::tls::dir(dir);
+    let tls_rel = tls
+        .strip_prefix(dir)
+        .unwrap_or(Path::new("tls"))
+        .to_path_buf();
+    let mut rels = Vec::new();
+    files_under(&tls, Path::new(""), &mut rels)?;
+    let mut out: Vec<std::path::PathBuf> = rels.into_iter().map(|r| tls_rel.join(r)).collect();
+    out.extend(
+        STATE_FILES
+            .iter()
+            .filter(|f| dir.join(f).exists())
+            .map(std::path::PathBuf::from),
+    );
+    Ok(out)
+}
+
 pub(crate) fn files_under(dir: &Path, rel: &Path, out: &mut Vec<std::path::PathBuf>) -> Result<()> {
     let here = dir.join(rel);
     for e in
@@ -669,18 +691,9 @@ impl Seed for ControllerSeed {
             std::fs::read(path).with_context(|| format!("cannot read `{}`", path.display()))
         };
         let mut files = Vec::new();
-        let tls = jujube_api::tls::dir(&self.dir);
-        let mut rels = Vec::new();
-        files_under(&tls, Path::new(""), &mut rels)?;
-        for rel in rels {
-            let path = tls.join(rel);
+        for rel in controller_files(&self.dir)? {
+            let path = self.dir.join(rel);
             files.push((path.display().to_string(), read(&path)?, 0o600));
-        }
-        for f in STATE_FILES {
-            let path = self.dir.join(f);
-            if path.exists() {
-                files.push((path.display().to_string(), read(&path)?, 0o600));
-            }
         }
         for f in &self.lxd_files {
             files.push((f.clone(), read(Path::new(f))?, 0o600));

@@ -413,24 +413,12 @@ impl crate::machine0::Seed for Ec2Seed {
 }
 
 /// Another controller's bundle, from this controller's environment
-/// directory: the environment's certificates (`tls/`) and its place of the
-/// state in PostgreSQL (URL, authority, password), which name the same
-/// paths on every controller's instance. Nothing else of the directory
-/// (the agents', the logs) goes.
+/// directory: [`crate::machine0::controller_files`], nothing else of it
+/// (the agents', the logs).
 fn controller_bundle(dir: &Path) -> Result<Vec<u8>> {
     use base64::Engine;
-    let tls = jujube_api::tls::dir(dir);
-    let mut rels = Vec::new();
-    files_under(&tls, Path::new(""), &mut rels)?;
-    let tls_rel = tls.strip_prefix(dir).unwrap_or(Path::new("tls"));
-    let mut paths: Vec<std::path::PathBuf> = rels.into_iter().map(|r| tls_rel.join(r)).collect();
-    for f in crate::machine0::STATE_FILES {
-        if dir.join(f).exists() {
-            paths.push(f.into());
-        }
-    }
     let mut files = Vec::new();
-    for rel in paths {
+    for rel in crate::machine0::controller_files(dir)? {
         let bytes = std::fs::read(dir.join(&rel))
             .with_context(|| format!("cannot read `{}`", dir.join(&rel).display()))?;
         files.push(BundleFile {

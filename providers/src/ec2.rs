@@ -655,20 +655,26 @@ impl Ec2Provider {
                 .user_id_group_pairs(UserIdGroupPair::builder().group_id(group).build())
                 .build(),
         ] {
-            let auth = self
-                .client
-                .authorize_security_group_ingress()
-                .group_id(group)
-                .ip_permissions(permission)
-                .send()
-                .await;
-            match auth {
-                Ok(_) => {}
-                Err(e) if e.code() == Some("InvalidPermission.Duplicate") => {}
-                Err(e) => return Err(classify(e, None)),
-            }
+            self.authorize(group, permission).await?;
         }
         Ok(())
+    }
+
+    /// Adds ingress `permission` to security group `group`; one it has
+    /// already is no error.
+    async fn authorize(&self, group: &str, permission: IpPermission) -> Result<()> {
+        let auth = self
+            .client
+            .authorize_security_group_ingress()
+            .group_id(group)
+            .ip_permissions(permission)
+            .send()
+            .await;
+        match auth {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some("InvalidPermission.Duplicate") => Ok(()),
+            Err(e) => Err(classify(e, None)),
+        }
     }
 
     /// Deletes the environment's security group once no instance uses it
@@ -897,25 +903,16 @@ impl Ec2Provider {
                         .ok_or_else(|| Error::Transient("security group vanished".into()))?,
                     Err(e) => return Err(classify(e, None)),
                 };
-                let auth = self
-                    .client
-                    .authorize_security_group_ingress()
-                    .group_id(&id)
-                    .ip_permissions(
-                        IpPermission::builder()
-                            .ip_protocol("tcp")
-                            .from_port(22)
-                            .to_port(22)
-                            .ip_ranges(IpRange::builder().cidr_ip("0.0.0.0/0").build())
-                            .build(),
-                    )
-                    .send()
-                    .await;
-                match auth {
-                    Ok(_) => {}
-                    Err(e) if e.code() == Some("InvalidPermission.Duplicate") => {}
-                    Err(e) => return Err(classify(e, None)),
-                }
+                self.authorize(
+                    &id,
+                    IpPermission::builder()
+                        .ip_protocol("tcp")
+                        .from_port(22)
+                        .to_port(22)
+                        .ip_ranges(IpRange::builder().cidr_ip("0.0.0.0/0").build())
+                        .build(),
+                )
+                .await?;
                 Ok(id)
             })
             .await
