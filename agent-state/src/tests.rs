@@ -965,12 +965,21 @@ mod heap {
 
     thread_local! {
         static LIVE: Cell<isize> = const { Cell::new(0) };
+        static PEAK: Cell<isize> = const { Cell::new(0) };
+    }
+
+    fn grew(by: isize) {
+        let live = LIVE.with(|l| {
+            l.set(l.get() + by);
+            l.get()
+        });
+        PEAK.with(|p| p.set(p.get().max(live)));
     }
 
     // SAFETY: every call goes to `System`; the counter only observes sizes.
     unsafe impl GlobalAlloc for Counting {
         unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-            LIVE.with(|l| l.set(l.get() + layout.size() as isize));
+            grew(layout.size() as isize);
             System.alloc(layout)
         }
         unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
@@ -978,7 +987,7 @@ mod heap {
             System.dealloc(ptr, layout)
         }
         unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new: usize) -> *mut u8 {
-            LIVE.with(|l| l.set(l.get() + new as isize - layout.size() as isize));
+            grew(new as isize - layout.size() as isize);
             System.realloc(ptr, layout, new)
         }
     }
@@ -988,6 +997,12 @@ mod heap {
 
     pub(crate) fn live_here() -> isize {
         LIVE.with(|l| l.get())
+    }
+
+    /// The most this thread held since the last call (or its start).
+    pub(crate) fn peak_here() -> isize {
+        let live = live_here();
+        PEAK.with(|p| p.replace(live))
     }
 }
 
@@ -1045,6 +1060,92 @@ async fn an_agent_waiting_for_a_pass_keeps_little() {
     }
     // Every permit came back: those handed to agents that were stopped
     // before their pass too.
+    let all: Vec<_> = (0..crate::facade::PASSES)
+        .map(|_| passes.try_acquire().expect("every permit back"))
+        .collect();
+    assert_eq!(all.len(), crate::facade::PASSES);
+}
+
+/// A change that wakes agents while every permit is taken (a destroyed
+/// service's cleanup wakes 100,000 within a second) queues them as they are
+/// woken, without a task each: a task spawned only to queue the agent and
+/// park it again held 230 bytes until the runtime got to it, 25 MB of the
+/// benchmark's peak.
+#[tokio::test(flavor = "current_thread")]
+async fn agents_woken_while_every_permit_is_taken_queue_without_a_task_each() {
+    const N: usize = 300;
+    let w = World::new();
+    let ids = w.store.add_machines(N, None, None).unwrap();
+    w.provision();
+    let f = Facades::new(w.store.clone()).unwrap();
+    f.ready().await;
+    let connector = f.connector();
+    let passes = connector.passes().expect("in-process agents share passes");
+    let dir = w.dir.path().to_path_buf();
+    let running: Vec<_> = ids
+        .iter()
+        .map(|&id| {
+            jujube_agent::machine::MachineAgent::new(
+                f.for_agent(Tag::Machine(id)),
+                connector.clone(),
+                id,
+                &dir.join(format!("machine-{id}")),
+            )
+            .spawn()
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let started = || {
+        w.store
+            .machines()
+            .unwrap()
+            .iter()
+            .filter(|m| m.agent_status == "started")
+            .count()
+    };
+    while started() < N {
+        assert!(std::time::Instant::now() < deadline, "agents never started");
+        tokio::task::yield_now().await;
+    }
+    // Every permit taken, once the first passes have given theirs back.
+    let mut held = Vec::new();
+    while held.len() < crate::facade::PASSES {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "permits never returned"
+        );
+        match passes.try_acquire() {
+            Some(p) => held.push(p),
+            None => tokio::task::yield_now().await,
+        }
+    }
+    // Routing runs on this thread's runtime, and the wakes with it.
+    let before = heap::live_here();
+    heap::peak_here();
+    w.store.destroy_machines(&ids).unwrap();
+    while passes.queued() < N {
+        assert!(std::time::Instant::now() < deadline, "agents never queued");
+        tokio::task::yield_now().await;
+    }
+    // What routing the change takes (its feed entries, the keys woken)
+    // and each agent's place in the queue; a task each came to 315.
+    let per_agent = (heap::peak_here() - before) / N as isize;
+    assert!(
+        per_agent <= 200,
+        "{per_agent} bytes per woken agent at the peak"
+    );
+    // Granted permits, each sets its Dying machine Dead and ends.
+    drop(held);
+    for r in running {
+        r.finished().await;
+    }
+    assert_eq!(passes.queued(), 0);
+    for m in w.store.machines().unwrap() {
+        assert!(
+            m.life == jujube_core::Life::Dead || !ids.contains(&m.id),
+            "{m:?}"
+        );
+    }
     let all: Vec<_> = (0..crate::facade::PASSES)
         .map(|_| passes.try_acquire().expect("every permit back"))
         .collect();
