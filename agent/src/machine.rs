@@ -44,7 +44,7 @@ impl MachineAgent {
     /// Starts the agent on the current tokio runtime; it runs until the
     /// machine is Dead or gone, or it is stopped.
     pub fn spawn(self) -> Running {
-        crate::run::spawn_with(self, |cell, state| Box::pin(crate::run::drive(cell, state)))
+        crate::run::spawn_with(self)
     }
 
     async fn report(&mut self, status: AgentStatus, info: &str) -> Result<()> {
@@ -57,6 +57,15 @@ impl MachineAgent {
             .await?;
         self.reported = Some(status);
         Ok(())
+    }
+}
+
+impl crate::run::Driven for MachineAgent {
+    fn drive(
+        cell: std::sync::Arc<crate::run::Cell<Self>>,
+        state: Box<crate::run::Looping<Self>>,
+    ) -> futures_util::future::BoxFuture<'static, ()> {
+        Box::pin(crate::run::drive(cell, state))
     }
 }
 

@@ -163,7 +163,7 @@ impl UnitAgent {
     /// Starts the agent on the current tokio runtime; it runs until the
     /// unit is Dead or gone, or it is stopped.
     pub fn spawn(self) -> Running {
-        crate::run::spawn_with(self, |cell, state| Box::pin(crate::run::drive(cell, state)))
+        crate::run::spawn_with(self)
     }
 
     async fn report(&mut self, status: AgentStatus, info: &str) -> Result<()> {
@@ -919,6 +919,15 @@ impl UnitAgent {
             self.deployer = Some(Box::new(d));
         }
         Ok(self.deployer.as_mut().expect("just opened"))
+    }
+}
+
+impl crate::run::Driven for UnitAgent {
+    fn drive(
+        cell: std::sync::Arc<crate::run::Cell<Self>>,
+        state: Box<crate::run::Looping<Self>>,
+    ) -> futures_util::future::BoxFuture<'static, ()> {
+        Box::pin(crate::run::drive(cell, state))
     }
 }
 
