@@ -302,7 +302,7 @@ fn an_agent_process_killed_and_restarted_resumes_without_redoing_its_work() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let settled = |h: jujube_agent::hooks::state::HookState| h.installed && h.running.is_none();
     while !(unit_dir.join("charm/db.conf").is_file()
-        && settled(jujube_agent::hooks::state::HookState::read(&unit_dir)))
+        && settled(jujube_agent::hooks::state::HookState::read(&unit_dir).unwrap_or_default()))
     {
         assert!(std::time::Instant::now() < deadline, "hooks never settled");
         std::thread::sleep(std::time::Duration::from_millis(20));

@@ -364,7 +364,7 @@ fn holds_on_failure(j: &Jujube, unit: &str) -> bool {
         .map(|e| e.path().join(format!("unit-{svc}-{n}")))
         .find(|d| d.exists());
     let Some(dir) = dir else { return false };
-    let h = jujube_agent::hooks::state::HookState::read(&dir);
+    let h = jujube_agent::hooks::state::HookState::read(&dir).unwrap_or_default();
     h.running.is_none() && h.failed.is_some() && agent_status(j, unit).0 == "error"
 }
 

@@ -146,8 +146,11 @@ impl HookState {
     /// The record, or a fresh one. A hook that was running when the agent
     /// stopped (killed, crashed) is a failed hook now, and whatever of it
     /// still runs is killed first: the next hook must not run beside it.
-    pub fn load(unit_dir: &Path) -> HookState {
-        let mut s = Self::read(unit_dir);
+    /// A record that exists but cannot be read (out of file descriptors, an
+    /// I/O error) is an error naming its file, never a fresh record, which
+    /// would run `install` again.
+    pub fn load(unit_dir: &Path) -> Result<HookState, (PathBuf, std::io::Error)> {
+        let mut s = Self::read(unit_dir)?;
         if let Some(h) = s.running.take() {
             let killed = super::runner::kill_leftovers(unit_dir);
             if killed > 0 {
@@ -155,7 +158,7 @@ impl HookState {
             }
             s.failed.get_or_insert(h);
         }
-        s
+        Ok(s)
     }
 
     /// Whether the last save failed (or what was read must be written
@@ -168,10 +171,17 @@ impl HookState {
     /// generation replayed (a line cut short, a crash while it was
     /// written, ends the replay); unlike [`HookState::load`], a hook
     /// recorded running stays so and nothing is killed.
-    pub fn read(unit_dir: &Path) -> HookState {
-        let Ok(bytes) = std::fs::read(Self::path(unit_dir)) else {
-            return HookState::default();
+    pub fn read(unit_dir: &Path) -> Result<HookState, (PathBuf, std::io::Error)> {
+        // A file that is not there is an empty one.
+        let read = |path: PathBuf| match std::fs::read(&path) {
+            Ok(bytes) => Ok(bytes),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err((path, e)),
         };
+        let bytes = read(Self::path(unit_dir))?;
+        if bytes.is_empty() {
+            return Ok(HookState::default());
+        }
         let base = match serde_json::from_slice::<Base<HookState>>(&bytes) {
             Ok(base) => base,
             Err(_) => match serde_json::from_slice::<HookState>(&bytes) {
@@ -179,7 +189,7 @@ impl HookState {
                     state,
                     generation: 0,
                 },
-                Err(_) => return HookState::default(),
+                Err(_) => return Ok(HookState::default()),
             },
         };
         let mut s = base.state;
@@ -187,7 +197,7 @@ impl HookState {
             generation: base.generation,
             ..Journal::default()
         };
-        let lines = std::fs::read(Self::journal_path(unit_dir)).unwrap_or_default();
+        let lines = read(Self::journal_path(unit_dir))?;
         let mut whole = true;
         for line in lines.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
             let line = match serde_json::from_slice::<Line<HookState>>(line) {
@@ -220,7 +230,7 @@ impl HookState {
             journal.lines = u32::MAX;
         }
         s.journal = journal;
-        s
+        Ok(s)
     }
 
     /// Records that `unit`'s `-joined` ran in relation `rel` (with
@@ -353,6 +363,31 @@ mod tests {
     /// the same at every step, across generations; and what the saves
     /// write grows with what changed, not with the record (written whole
     /// each time, about 2,000 times the whole record).
+    /// An agent reads its record at each pass: one that is there but
+    /// cannot be read is an error naming it, not an empty record (with
+    /// which the unit would run `install` again); one not there is empty.
+    #[test]
+    fn a_record_that_cannot_be_read_is_an_error_not_a_fresh_one() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(HookState::load(dir.path()).unwrap(), HookState::default());
+        let mut s = HookState {
+            installed: true,
+            ..Default::default()
+        };
+        s.save(dir.path()).unwrap();
+        assert!(HookState::load(dir.path()).unwrap().installed);
+        for file in [
+            HookState::journal_path(dir.path()),
+            HookState::path(dir.path()),
+        ] {
+            let _ = std::fs::remove_file(&file);
+            std::fs::create_dir(&file).unwrap();
+            let (path, _) = HookState::load(dir.path()).unwrap_err();
+            assert_eq!(path, file);
+            std::fs::remove_dir(&file).unwrap();
+        }
+    }
+
     #[test]
     fn saves_write_what_changed_and_read_back_whole() {
         let dir = tempfile::tempdir().unwrap();
@@ -391,10 +426,10 @@ mod tests {
             }
             save(&mut s);
             if i % 97 == 0 {
-                assert_eq!(HookState::load(dir.path()), s, "after unit {i}");
+                assert_eq!(HookState::load(dir.path()).unwrap(), s, "after unit {i}");
             }
         }
-        assert_eq!(HookState::load(dir.path()), s);
+        assert_eq!(HookState::load(dir.path()).unwrap(), s);
         assert!(s.relations[&7].joined.len() > 1000);
         let whole = std::fs::metadata(HookState::path(dir.path()))
             .unwrap()
@@ -424,7 +459,7 @@ mod tests {
         }));
         s.save(dir.path()).unwrap();
         assert!(std::fs::metadata(HookState::journal_path(dir.path())).is_ok());
-        assert_eq!(HookState::load(dir.path()), s);
+        assert_eq!(HookState::load(dir.path()).unwrap(), s);
     }
 
     /// A crash between writing a new `hooks.json` and emptying the journal
@@ -445,11 +480,13 @@ mod tests {
         s.journal.lines = u32::MAX;
         s.save(dir.path()).unwrap();
         std::fs::write(HookState::journal_path(dir.path()), &stale).unwrap();
-        assert_eq!(HookState::load(dir.path()), s);
-        assert!(HookState::load(dir.path()).relations[&1].joined.is_empty());
+        assert_eq!(HookState::load(dir.path()).unwrap(), s);
+        assert!(HookState::load(dir.path()).unwrap().relations[&1]
+            .joined
+            .is_empty());
 
         // A line, then half of the next.
-        let mut s = HookState::load(dir.path());
+        let mut s = HookState::load(dir.path()).unwrap();
         s.join(1, "a/2", String::new());
         s.save(dir.path()).unwrap();
         let whole = s.clone();
@@ -458,6 +495,6 @@ mod tests {
         let path = HookState::journal_path(dir.path());
         let bytes = std::fs::read(&path).unwrap();
         std::fs::write(&path, &bytes[..bytes.len() - 20]).unwrap();
-        assert_eq!(HookState::load(dir.path()), whole);
+        assert_eq!(HookState::load(dir.path()).unwrap(), whole);
     }
 }
