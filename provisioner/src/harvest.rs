@@ -23,7 +23,7 @@ use crate::{lock, Provisioner, Result};
 use jujube_core::Life;
 use jujube_providers::Instance;
 use jujube_state::model::machine_status;
-use jujube_state::provisioning::{Owner, Stray};
+use jujube_state::provisioning::{instance_digest, Owner, Stray};
 use jujube_state::Machine;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -149,23 +149,22 @@ impl Provisioner {
                 .ok()
                 .map(|i| &owners[i])
         };
-        let mut by_instance: Option<HashSet<&str>> = None;
+        let mut by_instance: Option<HashSet<u64>> = None;
         let mut recorded = |inst: &Instance| {
+            let digest = instance_digest(&inst.id);
             let tagged = inst.machine_id().and_then(|t| t.parse::<i64>().ok());
-            if tagged
-                .and_then(owner)
-                .is_some_and(|o| o.instance_id.as_deref() == Some(inst.id.as_str()))
-            {
+            if tagged.and_then(owner).is_some_and(|o| o.instance == digest) {
                 return true;
             }
             by_instance
                 .get_or_insert_with(|| {
                     owners
                         .iter()
-                        .filter_map(|m| m.instance_id.as_deref())
+                        .map(|m| m.instance)
+                        .filter(|&d| d != 0)
                         .collect()
                 })
-                .contains(inst.id.as_str())
+                .contains(&digest)
         };
         // `Owner::nonce` is there only while the machine has no instance.
         let by_nonce: HashMap<&str, &Owner> = owners
