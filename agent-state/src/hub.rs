@@ -437,6 +437,10 @@ impl Hub {
                 }
             };
             if batch.truncated {
+                warn!(
+                    revision = batch.revision,
+                    "the change feed was pruned past what this controller had routed; every agent here reads its state again"
+                );
                 known = Known::load(store)?;
                 self.notify_all(Notice {
                     revision: batch.revision,
