@@ -65,23 +65,24 @@ impl Provisioner {
         if missing.is_empty() {
             return Ok(());
         }
-        // The ids of the missing, read again in one read: a machine whose
-        // instance changed since (recorded anew, or its machine gone) is not
+        // The ids of the few missing, read again: a machine whose instance
+        // changed since (recorded anew, or its machine gone) is not
         // missing what it was.
-        let mut missing = missing;
-        missing.sort_unstable_by_key(|&(m, _)| m);
-        let machines: Vec<i64> = missing.iter().map(|&(m, _)| m).collect();
-        let missing: Vec<(i64, String)> = self
-            .inner
-            .store
-            .watched_instance_ids(&machines)?
-            .into_iter()
-            .filter(|(m, id)| {
-                missing
-                    .binary_search_by_key(m, |&(w, _)| w)
-                    .is_ok_and(|i| missing[i].1 == instance_digest(id))
-            })
-            .collect();
+        let mut ids_of = Vec::with_capacity(missing.len());
+        for (m, digest) in missing {
+            match self.inner.store.machine(m) {
+                Ok(machine) => {
+                    if let Some(id) = machine.instance_id {
+                        if instance_digest(&id) == digest {
+                            ids_of.push((m, id));
+                        }
+                    }
+                }
+                Err(jujube_state::Error::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let missing = ids_of;
         if missing.is_empty() {
             return Ok(());
         }

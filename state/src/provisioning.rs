@@ -377,31 +377,6 @@ impl Store {
         })
     }
 
-    /// The instance ids of those of `machines` (sorted) that the instance
-    /// poller watches (see [`Store::watched_instances`]), in id order: one
-    /// read of the watched machines, however many are asked for (a poll
-    /// during a big start can miss tens of thousands from a listing that
-    /// does not show them yet).
-    pub fn watched_instance_ids(&self, machines: &[i64]) -> Result<Vec<(i64, String)>> {
-        self.read(|c| {
-            let mut stmt = c.prepare_cached(
-                "SELECT id, instance_id FROM machines
-                     WHERE life = 0 AND instance_id IS NOT NULL AND status != ?1
-                     ORDER BY id",
-            )?;
-            let mut out = Vec::new();
-            for row in stmt.query_map([machine_status::ERROR], |r| {
-                Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
-            })? {
-                let (m, id) = row?;
-                if machines.binary_search(&m).is_ok() {
-                    out.push((m, id));
-                }
-            }
-            Ok(out)
-        })
-    }
-
     /// Every machine as the stray harvest sees it ([`Owner`]), in id order.
     pub fn owners(&self) -> Result<Vec<Owner>> {
         self.read(|c| {
