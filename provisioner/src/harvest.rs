@@ -38,14 +38,13 @@ pub(crate) struct Seen {
 }
 
 /// What the instance poller watches: the Alive machines not in error that
-/// have an instance, as (machine, [`instance_digest`] of the instance's
-/// id), as `Store::watched_instances` reads them. Only this is kept of a
+/// have an instance, as (machine, instance id). Only this is kept of a
 /// pass's machine list while the instances are listed.
-pub(crate) fn watched(machines: &[Machine]) -> Vec<(i64, u64)> {
+pub(crate) fn watched(machines: &[Machine]) -> Vec<(i64, String)> {
     machines
         .iter()
         .filter(|m| m.life == Life::Alive && m.status != machine_status::ERROR)
-        .filter_map(|m| m.instance_id.as_deref().map(|i| (m.id, instance_digest(i))))
+        .filter_map(|m| m.instance_id.as_ref().map(|i| (m.id, i.clone())))
         .collect()
 }
 
@@ -53,36 +52,14 @@ impl Provisioner {
     /// The instance poller. `watched` ([`watched`]) must have been read
     /// before `listed` was asked for, so that every instance it records
     /// existed when the listing was made.
-    pub(crate) async fn poll(&self, listed: &[Instance], watched: &[(i64, u64)]) -> Result<()> {
-        let listed: HashSet<u64> = listed.iter().map(|i| instance_digest(&i.id)).collect();
-        let missing: Vec<(i64, u64)> = watched
+    pub(crate) async fn poll(&self, listed: &[Instance], watched: &[(i64, String)]) -> Result<()> {
+        let listed: HashSet<&str> = listed.iter().map(|i| i.id.as_str()).collect();
+        let missing: Vec<(i64, String)> = watched
             .iter()
-            .filter(|(_, d)| !listed.contains(d))
-            .copied()
+            .filter(|(_, i)| !listed.contains(i.as_str()))
+            .cloned()
             .collect();
-        drop(listed);
         let before = std::mem::take(&mut *lock(&self.inner.suspects));
-        if missing.is_empty() {
-            return Ok(());
-        }
-        // The ids of the few missing, read again: a machine whose instance
-        // changed since (recorded anew, or its machine gone) is not
-        // missing what it was.
-        let mut ids_of = Vec::with_capacity(missing.len());
-        for (m, digest) in missing {
-            match self.inner.store.machine(m) {
-                Ok(machine) => {
-                    if let Some(id) = machine.instance_id {
-                        if instance_digest(&id) == digest {
-                            ids_of.push((m, id));
-                        }
-                    }
-                }
-                Err(jujube_state::Error::NotFound { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        let missing = ids_of;
         if missing.is_empty() {
             return Ok(());
         }
