@@ -1006,6 +1006,46 @@ mod heap {
     }
 }
 
+/// `n` provisioned machines, the facades over them and the permits their
+/// in-process agents share.
+struct Machines {
+    w: World,
+    ids: Vec<i64>,
+    f: Facades,
+    connector: Arc<dyn jujube_agent::api::Connector>,
+    passes: Arc<jujube_agent::Passes>,
+}
+
+impl Machines {
+    async fn new(n: usize) -> Machines {
+        let w = World::new();
+        let ids = w.store.add_machines(n, None, None).unwrap();
+        w.provision();
+        let f = Facades::new(w.store.clone()).unwrap();
+        f.ready().await;
+        let connector = f.connector();
+        let passes = connector.passes().expect("in-process agents share passes");
+        Machines {
+            w,
+            ids,
+            f,
+            connector,
+            passes,
+        }
+    }
+
+    /// Starts machine `id`'s agent.
+    fn spawn(&self, id: i64) -> jujube_agent::Running {
+        jujube_agent::machine::MachineAgent::new(
+            self.f.for_agent(Tag::Machine(id)),
+            self.connector.clone(),
+            id,
+            &self.w.dir.path().join(format!("machine-{id}")),
+        )
+        .spawn()
+    }
+}
+
 /// One change wakes every agent of a service (100,000 in the benchmark, as
 /// at a controller's start), and each then waits for a pass's permit: what
 /// it holds meanwhile is most of the controller's peak. It waits parked,
@@ -1014,31 +1054,19 @@ mod heap {
 #[tokio::test(flavor = "current_thread")]
 async fn an_agent_waiting_for_a_pass_keeps_little() {
     const N: usize = 500;
-    let w = World::new();
-    let ids = w.store.add_machines(N, None, None).unwrap();
-    w.provision();
-    let f = Facades::new(w.store.clone()).unwrap();
-    f.ready().await;
-    let connector = f.connector();
-    let passes = connector.passes().expect("in-process agents share passes");
+    let m = Machines::new(N).await;
+    let (ids, passes) = (&m.ids, &m.passes);
     let all: Vec<_> = (0..crate::facade::PASSES)
         .map(|_| passes.try_acquire().expect("a free permit"))
         .collect();
     assert!(passes.try_acquire().is_none());
     let mut running = Vec::with_capacity(N);
-    let dir = w.dir.path().to_path_buf();
     let tasks = tokio::runtime::Handle::current()
         .metrics()
         .num_alive_tasks();
     let before = heap::live_here();
-    for &id in &ids {
-        let agent = jujube_agent::machine::MachineAgent::new(
-            f.for_agent(Tag::Machine(id)),
-            connector.clone(),
-            id,
-            &dir.join(format!("machine-{id}")),
-        );
-        running.push(agent.spawn());
+    for &id in ids {
+        running.push(m.spawn(id));
     }
     for _ in 0..10 {
         tokio::task::yield_now().await;
@@ -1074,26 +1102,9 @@ async fn an_agent_waiting_for_a_pass_keeps_little() {
 #[tokio::test(flavor = "current_thread")]
 async fn agents_woken_while_every_permit_is_taken_queue_without_a_task_each() {
     const N: usize = 300;
-    let w = World::new();
-    let ids = w.store.add_machines(N, None, None).unwrap();
-    w.provision();
-    let f = Facades::new(w.store.clone()).unwrap();
-    f.ready().await;
-    let connector = f.connector();
-    let passes = connector.passes().expect("in-process agents share passes");
-    let dir = w.dir.path().to_path_buf();
-    let running: Vec<_> = ids
-        .iter()
-        .map(|&id| {
-            jujube_agent::machine::MachineAgent::new(
-                f.for_agent(Tag::Machine(id)),
-                connector.clone(),
-                id,
-                &dir.join(format!("machine-{id}")),
-            )
-            .spawn()
-        })
-        .collect();
+    let m = Machines::new(N).await;
+    let (w, ids, passes) = (&m.w, &m.ids, &m.passes);
+    let running: Vec<_> = ids.iter().map(|&id| m.spawn(id)).collect();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let started = || {
         w.store
@@ -1122,7 +1133,7 @@ async fn agents_woken_while_every_permit_is_taken_queue_without_a_task_each() {
     // Routing runs on this thread's runtime, and the wakes with it.
     let before = heap::live_here();
     heap::peak_here();
-    w.store.destroy_machines(&ids).unwrap();
+    w.store.destroy_machines(ids).unwrap();
     while passes.queued() < N {
         assert!(std::time::Instant::now() < deadline, "agents never queued");
         tokio::task::yield_now().await;
