@@ -192,7 +192,8 @@ const GRANTED: u8 = 8;
 
 /// One agent: its flags, and its state while parked. Nothing of it waits
 /// in a task: 200,000 of these are most of an idle controller. (48 bytes,
-/// 64 with its reference counts: one allocator size class below 88. What
+/// 64 with its reference counts: the allocator's 64-byte size class, where
+/// with the runtime handle and the driver in it, 88 bytes, it took 96. What
 /// a wake needs besides, the runtime to spawn on, is in the parked state,
 /// whose size class had room for it.)
 pub(crate) struct Cell<A> {
