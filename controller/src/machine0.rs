@@ -426,7 +426,6 @@ pub(crate) fn hand_over_home(home: &Home, name: &str, marker: &Machine0) -> Resu
     home.set_controller(name, entry)
 }
 
-/// Every file under `dir`, as paths relative to it.
 /// What another controller takes of a controller's environment directory
 /// `dir` (`enable-ha`), relative to it: the environment's certificates
 /// (`tls/`) and its place of the state in PostgreSQL ([`STATE_FILES`]),
@@ -449,6 +448,7 @@ pub(crate) fn controller_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
     Ok(out)
 }
 
+/// Every file under `dir`, as paths relative to it.
 pub(crate) fn files_under(dir: &Path, rel: &Path, out: &mut Vec<std::path::PathBuf>) -> Result<()> {
     let here = dir.join(rel);
     for e in

@@ -76,8 +76,8 @@ async fn the_control_bucket_is_tagged_keeps_tools_by_hash_and_hands_out_expiring
         .ensure()
         .await
         .expect("making it again finds it made");
-    let tags = raw_s3(&acct)
-        .await
+    let s3 = raw_s3(&acct).await;
+    let tags = s3
         .get_bucket_tagging()
         .bucket(bucket.name())
         .send()
@@ -89,8 +89,7 @@ async fn the_control_bucket_is_tagged_keeps_tools_by_hash_and_hands_out_expiring
         .any(|t| t.key() == "jujube-env-uuid" && t.value() == uuid));
     // What waits for a controller's instance goes after a day if none
     // takes it.
-    let lifecycle = raw_s3(&acct)
-        .await
+    let lifecycle = s3
         .get_bucket_lifecycle_configuration()
         .bucket(bucket.name())
         .send()
