@@ -4,7 +4,8 @@
 //! # Layout
 //! - [`state`]: what the unit agent has run, persisted in the unit's
 //!   directory after every hook (`hooks.json`, and the saves since it in
-//!   `hooks.journal`: a line each), so that a restarted agent
+//!   `hooks.journal`: a line each; a new unit's, the journal alone), so
+//!   that a restarted agent
 //!   neither repeats nor skips one; a hook that was running when the agent
 //!   died counts as failed.
 //! - [`runner`]: runs one hook — `charm/hooks/NAME` in the charm directory,

@@ -64,8 +64,9 @@ pub struct HookState {
 /// and the whole record is written again every [`JOURNAL_MAX`] bytes of lines.
 #[derive(Debug, Clone, Default)]
 struct Journal {
-    /// The generation `hooks.json` holds (0: none yet, or written whole by
-    /// an earlier version); journal lines of another are stale (left by a
+    /// The generation `hooks.json` holds (0: no `hooks.json` yet, the lines
+    /// being over the empty record; or one written whole by an earlier
+    /// version); journal lines of another are stale (left by a
     /// crash between writing a new `hooks.json` and emptying the journal)
     /// and ignored. (`u32`s: every idle unit agent keeps this.)
     generation: u32,
@@ -179,17 +180,26 @@ impl HookState {
             Err(e) => Err((path, e)),
         };
         let bytes = read(Self::path(unit_dir))?;
-        if bytes.is_empty() {
-            return Ok(HookState::default());
-        }
+        // No `hooks.json` yet: a new unit's saves are lines of generation
+        // 0 over the empty record (see [`HookState::save`]).
         let base = match serde_json::from_slice::<Base<HookState>>(&bytes) {
+            _ if bytes.is_empty() => Base {
+                state: HookState::default(),
+                generation: 0,
+            },
             Ok(base) => base,
             Err(_) => match serde_json::from_slice::<HookState>(&bytes) {
                 Ok(state) => Base {
                     state,
                     generation: 0,
                 },
-                Err(_) => return Ok(HookState::default()),
+                Err(_) => {
+                    // Lines appended to a record that does not parse
+                    // would never be read: the next save writes it whole.
+                    let mut s = HookState::default();
+                    s.journal.lines = u32::MAX;
+                    return Ok(s);
+                }
             },
         };
         let mut s = base.state;
@@ -261,9 +271,11 @@ impl HookState {
     }
 
     /// Saves the record: a line on the journal, or, once the journal holds
-    /// [`JOURNAL_MAX`] bytes (or there is no generation yet, or a line may
-    /// be lost), the whole record as a new generation (a temporary file renamed into place; the journal
-    /// emptied after).
+    /// [`JOURNAL_MAX`] bytes (or a line may be lost), the whole record as a
+    /// new generation (a temporary file renamed into place; the journal
+    /// emptied after). A new unit's first saves are lines over the empty
+    /// record (generation 0, no `hooks.json`): its first pass creates one
+    /// file, not two — a deploy of 100,000 units is bound by creating inodes.
     /// A failure names the file it was about.
     pub fn save(&mut self, unit_dir: &Path) -> Result<(), (PathBuf, std::io::Error)> {
         use std::io::Write;
@@ -273,7 +285,7 @@ impl HookState {
         };
         let mut journal = std::mem::take(&mut self.journal);
         let r = (|| {
-            if journal.generation > 0 && journal.lines < JOURNAL_MAX {
+            if journal.lines < JOURNAL_MAX {
                 // The head without the `joined` maps, put back after.
                 let taken: Vec<(i64, BTreeMap<String, String>)> = self
                     .relations
@@ -358,11 +370,6 @@ mod tests {
         format!("peer/{i}")
     }
 
-    /// A 2,000-unit peer relation joined one unit at a time, a save after
-    /// each `-joined` and `-changed` as the agent makes them: read back
-    /// the same at every step, across generations; and what the saves
-    /// write grows with what changed, not with the record (written whole
-    /// each time, about 2,000 times the whole record).
     /// An agent reads its record at each pass: one that is there but
     /// cannot be read is an error naming it, not an empty record (with
     /// which the unit would run `install` again); one not there is empty.
@@ -388,6 +395,74 @@ mod tests {
         }
     }
 
+    /// A new unit's saves (`install`, `config-changed`, `start` and the
+    /// rest of its first pass) are lines of a journal over the empty
+    /// record: one file created, not two, of the handful of inodes a unit's
+    /// deploy costs. `hooks.json` comes with the journal's first rewrite.
+    #[test]
+    fn a_new_record_is_a_journal_until_its_first_rewrite() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = HookState::default();
+        for hook in ["install", "config-changed", "start"] {
+            s.running = Some(Box::new(HookRecord {
+                name: hook.into(),
+                relation: None,
+                remote: None,
+            }));
+            s.save(dir.path()).unwrap();
+            s.running = None;
+            s.installed = true;
+            s.started = hook == "start";
+            s.save(dir.path()).unwrap();
+            assert_eq!(HookState::read(dir.path()).unwrap(), s, "after {hook}");
+        }
+        assert!(!HookState::path(dir.path()).exists());
+        let files = std::fs::read_dir(dir.path()).unwrap().count();
+        assert_eq!(files, 1, "the journal alone");
+        let mut i = 0;
+        while !HookState::path(dir.path()).exists() {
+            s.join(1, &unit(i), format!("{i:064x}"));
+            s.save(dir.path()).unwrap();
+            i += 1;
+        }
+        assert_eq!(HookState::read(dir.path()).unwrap(), s);
+        assert!(i > 10, "rewritten after {i} saves");
+    }
+
+    /// A record written whole by an earlier version (no generation) takes
+    /// lines too, and a `hooks.json` that does not parse is never
+    /// appended to: it is written again whole at the next save.
+    #[test]
+    fn old_and_unparseable_records_are_read_then_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = HookState {
+            installed: true,
+            ..HookState::default()
+        };
+        std::fs::write(
+            HookState::path(dir.path()),
+            serde_json::to_vec(&old).unwrap(),
+        )
+        .unwrap();
+        let mut s = HookState::read(dir.path()).unwrap();
+        assert_eq!(s, old);
+        s.started = true;
+        s.save(dir.path()).unwrap();
+        assert_eq!(HookState::read(dir.path()).unwrap(), s);
+
+        std::fs::write(HookState::path(dir.path()), b"{not json").unwrap();
+        let mut s = HookState::read(dir.path()).unwrap();
+        assert_eq!(s, HookState::default());
+        s.installed = true;
+        s.save(dir.path()).unwrap();
+        assert_eq!(HookState::read(dir.path()).unwrap(), s);
+    }
+
+    /// A 2,000-unit peer relation joined one unit at a time, a save after
+    /// each `-joined` and `-changed` as the agent makes them: read back
+    /// the same at every step, across generations; and what the saves
+    /// write grows with what changed, not with the record (written whole
+    /// each time, about 2,000 times the whole record).
     #[test]
     fn saves_write_what_changed_and_read_back_whole() {
         let dir = tempfile::tempdir().unwrap();
