@@ -4,7 +4,7 @@
 //! ```text
 //! <agents dir>/machine-1/                    one per machine (its agent's)
 //!     unit-wordpress-0/                      deployed by machine-1
-//!         agent.json                         {"unit", "deployer", "charm-url"}
+//!         agent.json                         {"unit", "deployer", "charm-url", "charm-files"}
 //!         charm/                             the charm, copied
 //!     unit-logging-3/                        deployed by unit-wordpress-0
 //! ```
@@ -40,6 +40,13 @@ pub struct Record {
     pub unit: String,
     pub deployer: Tag,
     pub charm_url: String,
+    /// What the charm laid in `charm/`, relative paths (see
+    /// [`install_charm`]). Kept here rather than in a file of its own:
+    /// deploying 100,000 units is bound by creating inodes. (Units
+    /// deployed before kept it in `charm.manifest`, read once more at
+    /// their next upgrade.)
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub charm_files: Vec<String>,
 }
 
 /// The deployed units, sorted by name, and their agents (`None`: not
@@ -114,49 +121,77 @@ fn read_record(dir: &Path) -> Option<Record> {
 }
 
 /// Where a charm is laid.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum Lay {
     /// In a unit directory being deployed, not yet in place (renamed into
     /// place whole once laid): nothing is there before, and nothing needs
-    /// writing atomically on its own.
-    Fresh,
+    /// writing atomically on its own. Its record, written again with the
+    /// charm's files.
+    Fresh(Record),
     /// Over the charm a unit runs (an upgrade).
     Over,
 }
 
-/// Puts `unit`'s charm into `to` (over what is there: its files replace
-/// theirs): copied where the controller keeps it when that is here, else
-/// fetched through the API (an agent on another machine).
+/// Puts `unit`'s charm into `unit_dir`'s `charm/` (over what is there: its
+/// files replace theirs): copied where the controller keeps it when that
+/// is here, else fetched through the API (an agent on another machine).
 ///
-/// The files a charm put there are listed in a manifest beside `to`
-/// (`charm.manifest`, one relative path a line), as Juju's charm deployer
-/// keeps one: laying a new revision removes the files the old one had and
-/// the new one has not (a hook the new revision dropped must not run),
-/// while whatever the charm's hooks wrote themselves stays.
+/// The files a charm put there are listed in the unit's record
+/// (`charm-files`), as Juju's charm deployer keeps a manifest: laying a new
+/// revision removes the files the old one had and the new one has not (a
+/// hook the new revision dropped must not run), while whatever the charm's
+/// hooks wrote themselves stays.
 pub(crate) async fn install_charm(
     api: &dyn Facade,
     unit: &str,
     charm: &CharmRef,
-    to: &Path,
+    unit_dir: &Path,
     lay: Lay,
 ) -> Result<()> {
+    let to = unit_dir.join("charm");
     let mut laid = Vec::new();
     if Path::new(&charm.path).is_dir() {
-        copy_tree(Path::new(&charm.path), to, Path::new(""), &mut laid)?;
+        copy_tree(Path::new(&charm.path), &to, Path::new(""), &mut laid)?;
     } else {
-        write_files(&api.charm_files(unit).await?, to, &mut laid)?;
+        write_files(&api.charm_files(unit).await?, &to, &mut laid)?;
     }
-    let manifest = manifest_path(to);
-    let mut text = laid.join("\n");
-    text.push('\n');
-    if lay == Lay::Fresh {
-        // 100,000 deploys: a read that finds nothing and a rename fewer
-        // each.
-        return std::fs::write(&manifest, text).map_err(io("write", &manifest));
-    }
-    let old = std::fs::read_to_string(&manifest).unwrap_or_default();
+    record_laid(unit_dir, laid, lay)
+}
+
+/// Lists `laid` in the unit's record; over an earlier lay, first removes
+/// the files it listed that `laid` lacks.
+fn record_laid(unit_dir: &Path, laid: Vec<String>, lay: Lay) -> Result<()> {
+    let path = unit_dir.join(RECORD);
+    let mut record = match lay {
+        Lay::Fresh(mut record) => {
+            // In place (the directory is not): an inode fewer a deploy
+            // than a manifest of its own, and no rename.
+            record.charm_files = laid;
+            let bytes = serde_json::to_vec(&record).expect("record serialises");
+            return std::fs::write(&path, bytes).map_err(io("write", &path));
+        }
+        Lay::Over => {
+            let text = std::fs::read_to_string(&path).map_err(io("read", &path))?;
+            serde_json::from_str::<Record>(&text).map_err(|e| Error::Io {
+                action: "read",
+                path: path.clone(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            })?
+        }
+    };
+    let legacy = unit_dir.join(LEGACY_MANIFEST);
+    let old = match std::mem::take(&mut record.charm_files) {
+        files if files.is_empty() => std::fs::read_to_string(&legacy)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect(),
+        files => files,
+    };
+    let to = unit_dir.join("charm");
     let new: std::collections::BTreeSet<&str> = laid.iter().map(String::as_str).collect();
-    for gone in old.lines().filter(|l| !l.is_empty() && !new.contains(l)) {
+    for gone in old.iter().filter(|l| !new.contains(l.as_str())) {
         let rel = Path::new(gone);
         // A manifest line is a path this code wrote; still, never leave
         // the charm directory.
@@ -168,7 +203,7 @@ pub(crate) async fn install_charm(
             let _ = std::fs::remove_file(&path);
             // Directories the old revision brought, if now empty.
             let mut dir = path.parent();
-            while let Some(d) = dir.filter(|d| *d != to) {
+            while let Some(d) = dir.filter(|d| *d != to.as_path()) {
                 if std::fs::remove_dir(d).is_err() {
                     break;
                 }
@@ -176,15 +211,19 @@ pub(crate) async fn install_charm(
             }
         }
     }
-    let tmp = manifest.with_extension("tmp");
-    std::fs::write(&tmp, text).map_err(io("write", &tmp))?;
-    std::fs::rename(&tmp, &manifest).map_err(io("rename", &manifest))
+    record.charm_files = laid;
+    let tmp = path.with_extension("tmp");
+    let bytes = serde_json::to_vec(&record).expect("record serialises");
+    std::fs::write(&tmp, bytes).map_err(io("write", &tmp))?;
+    std::fs::rename(&tmp, &path).map_err(io("rename", &path))?;
+    match std::fs::remove_file(&legacy) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io("remove", &legacy)(e)),
+        _ => Ok(()),
+    }
 }
 
-/// Where the manifest of the charm laid at `charm_dir` is kept.
-fn manifest_path(charm_dir: &Path) -> PathBuf {
-    charm_dir.with_file_name("charm.manifest")
-}
+/// Where units deployed by earlier versions listed their charm's files.
+const LEGACY_MANIFEST: &str = "charm.manifest";
 
 /// Copies a charm directory (files, subdirectories, permissions), adding
 /// each file's path relative to the charm's root to `laid`.
@@ -348,15 +387,21 @@ impl Deployer {
         let tmp = self
             .machine_dir
             .join(format!("{}{DEPLOYING}", unit_dir_name(unit)));
-        if tmp.exists() {
-            std::fs::remove_dir_all(&tmp).map_err(io("remove", &tmp))?;
+        match std::fs::create_dir(&tmp) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                // What an interrupted deploy of this unit left.
+                std::fs::remove_dir_all(&tmp).map_err(io("remove", &tmp))?;
+                std::fs::create_dir(&tmp).map_err(io("create", &tmp))?;
+            }
+            Err(_) => std::fs::create_dir_all(&tmp).map_err(io("create", &tmp))?,
         }
-        std::fs::create_dir_all(&tmp).map_err(io("create", &tmp))?;
         // The record first, so that a leftover is attributable.
         let record = Record {
             unit: unit.to_string(),
             deployer: self.api.tag().clone(),
             charm_url: charm.url.clone(),
+            charm_files: Vec::new(),
         };
         let path = tmp.join(RECORD);
         std::fs::write(
@@ -364,7 +409,7 @@ impl Deployer {
             serde_json::to_vec(&record).expect("record serialises"),
         )
         .map_err(io("write", &path))?;
-        install_charm(&*self.api, unit, charm, &tmp.join("charm"), Lay::Fresh).await?;
+        install_charm(&*self.api, unit, charm, &tmp, Lay::Fresh(record)).await?;
         std::fs::rename(&tmp, &dir).map_err(io("rename", &tmp))?;
         debug!(owner = %self.api.tag(), unit, "deployed");
         let running = start_unit_agent(&self.connector, &self.machine_dir, unit);
@@ -556,4 +601,91 @@ fn start_unit_agent(
 ) -> Running {
     let api = connector.connect(&Tag::unit(unit));
     crate::unit::UnitAgent::new(api, connector.clone(), machine_dir.clone()).spawn()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(unit_dir: &Path) -> Record {
+        serde_json::from_slice(&std::fs::read(unit_dir.join(RECORD)).unwrap()).unwrap()
+    }
+
+    fn lay(unit_dir: &Path, files: &[&str]) -> Vec<String> {
+        for f in files {
+            let path = unit_dir.join("charm").join(f);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, f).unwrap();
+        }
+        files.iter().map(|f| f.to_string()).collect()
+    }
+
+    /// A unit's record as a deploy first writes it.
+    fn fresh(unit_dir: &Path) -> Record {
+        let r = Record {
+            unit: "wordpress/0".into(),
+            deployer: Tag::Machine(1),
+            charm_url: "local:jammy/wordpress-1".into(),
+            charm_files: Vec::new(),
+        };
+        std::fs::write(unit_dir.join(RECORD), serde_json::to_vec(&r).unwrap()).unwrap();
+        r
+    }
+
+    /// A deploy lists the charm's files in the unit's record, with no
+    /// file of their own; an upgrade removes what the old revision had
+    /// and the new one lacks (with the directories it leaves empty), and
+    /// keeps what the charm wrote itself.
+    #[test]
+    fn the_record_lists_what_was_laid_and_an_upgrade_removes_what_was_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let unit_dir = dir.path();
+        let r = fresh(unit_dir);
+        let laid = lay(
+            unit_dir,
+            &["metadata.yaml", "hooks/install", "hooks/old/stop"],
+        );
+        record_laid(unit_dir, laid.clone(), Lay::Fresh(r.clone())).unwrap();
+        assert_eq!(record(unit_dir).charm_files, laid);
+        assert!(!unit_dir.join(LEGACY_MANIFEST).exists());
+        let names: Vec<_> = std::fs::read_dir(unit_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 2, "the record and the charm: {names:?}");
+
+        std::fs::write(unit_dir.join("charm/written"), "by a hook").unwrap();
+        let laid = lay(
+            unit_dir,
+            &["metadata.yaml", "hooks/install", "hooks/upgrade-charm"],
+        );
+        record_laid(unit_dir, laid.clone(), Lay::Over).unwrap();
+        let after = record(unit_dir);
+        assert_eq!(after.charm_files, laid);
+        assert_eq!((after.unit, after.charm_url), (r.unit, r.charm_url));
+        assert!(!unit_dir.join("charm/hooks/old").exists());
+        assert!(unit_dir.join("charm/hooks/install").is_file());
+        assert!(unit_dir.join("charm/written").is_file());
+    }
+
+    /// A unit deployed by an earlier version listed its charm's files in
+    /// `charm.manifest`: its next upgrade reads them there, and moves the
+    /// list into the record.
+    #[test]
+    fn an_upgrade_reads_an_earlier_versions_manifest_and_moves_it_into_the_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let unit_dir = dir.path();
+        fresh(unit_dir);
+        lay(unit_dir, &["metadata.yaml", "hooks/dropped"]);
+        std::fs::write(
+            unit_dir.join(LEGACY_MANIFEST),
+            "metadata.yaml\nhooks/dropped\n",
+        )
+        .unwrap();
+        let laid = lay(unit_dir, &["metadata.yaml"]);
+        record_laid(unit_dir, laid.clone(), Lay::Over).unwrap();
+        assert!(!unit_dir.join("charm/hooks").exists());
+        assert!(!unit_dir.join(LEGACY_MANIFEST).exists());
+        assert_eq!(record(unit_dir).charm_files, laid);
+    }
 }

@@ -470,7 +470,7 @@ impl UnitAgent {
             &*self.api,
             self.name(),
             &charm,
-            &self.dir().join("charm"),
+            &self.dir(),
             crate::deployer::Lay::Over,
         )
         .await

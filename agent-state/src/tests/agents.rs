@@ -637,7 +637,9 @@ async fn a_stopped_agent_leaves_the_rest_of_its_pass_to_its_next_start() {
 async fn a_failed_pass_is_retried_and_never_taken_for_a_failed_hook() {
     logs();
     let w = World::new();
-    let unit = mysql_whose_install_then(&w, "mkdir ../hooks.journal");
+    // The journal holds the save made before the hook ran: replaced by a
+    // directory, the save after it fails.
+    let unit = mysql_whose_install_then(&w, "rm ../hooks.journal && mkdir ../hooks.journal");
     let agents_dir = w.dir.path().join("agents");
     let host = Host::start(w.store.clone(), agents_dir.clone()).unwrap();
     until(&w.store, "the unit's pass failed", |s| {
