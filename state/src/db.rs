@@ -67,8 +67,9 @@ struct Inner {
     durability: Durability,
     head: watch::Sender<u64>,
     /// On PostgreSQL, the session that hears other controllers' commits
-    /// and wakes `head`'s watchers (see `pg::listen`).
-    listener: std::sync::OnceLock<Mutex<crate::pg::listen::Listener>>,
+    /// and wakes `head`'s watchers, and tells them of this store's (see
+    /// `pg::listen`).
+    listener: std::sync::OnceLock<crate::pg::listen::Listener>,
     transactions: AtomicU64,
     max_rows: AtomicU64,
     /// Bumped whenever an agent credential is set or replaced through this
@@ -468,7 +469,7 @@ impl Store {
                     inner.head.send_modify(|_| {});
                 }
             });
-            let _ = store.inner.listener.set(Mutex::new(listener));
+            let _ = store.inner.listener.set(listener);
         }
         Ok(store)
     }
@@ -710,6 +711,9 @@ impl Store {
                     self.inner.max_rows.fetch_max(rows, Ordering::Relaxed);
                     if let Some(rev) = revision {
                         self.inner.head.send_replace(rev);
+                        if let Some(listener) = self.inner.listener.get() {
+                            listener.owe();
+                        }
                     }
                     return Ok(value);
                 }

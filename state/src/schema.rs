@@ -743,8 +743,8 @@ ALTER TABLE machines ADD COLUMN agent_incarnation BIGINT NOT NULL DEFAULT 0,
     ADD COLUMN agent_seq BIGINT NOT NULL DEFAULT 0;
 "#,
     // 28: the notification leaves the transaction: the store sends it
-    // right after the COMMIT of a transaction that wrote feed entries
-    // (see `sql::Connection::query_and_commit`). A NOTIFY inside a
+    // after the COMMIT of a transaction that wrote feed entries (from its
+    // listening session since: see `pg::listen`). A NOTIFY inside a
     // transaction takes the database's notify lock from before its commit
     // until after it, flush included, so the commits of every controller's
     // writers could not share a flush.

@@ -868,14 +868,8 @@ impl Pg {
                 }))
                 .map(|f| (f, None))
                 .collect();
+            // (The feed's notification is not sent here: see `pg::listen`.)
             let mut after = commit.then(|| Box::pin(self.client.batch_execute("COMMIT")));
-            // The feed's notification, sent right after the COMMIT
-            // (in autocommit: see the schema's migration 28), answered in
-            // the same round trip. A failed COMMIT makes it a spurious
-            // wake, and its own failure fails nothing: a notification only
-            // wakes other controllers sooner.
-            let mut notify =
-                commit.then(|| Box::pin(self.client.batch_execute(crate::pg::listen::NOTIFY)));
             let mut call = std::pin::pin!(call);
             let (mut r, mut a) = (None, after.is_none().then_some(Ok(())));
             block_on(std::future::poll_fn(|cx| {
@@ -894,19 +888,7 @@ impl Pg {
                         a = Some(v);
                     }
                 }
-                if let Some(f) = notify.as_mut() {
-                    if let Poll::Ready(v) = f.as_mut().poll(cx) {
-                        if let Err(e) = v {
-                            tracing::debug!(error = %e, "the feed's notification was not sent");
-                        }
-                        notify = None;
-                    }
-                }
-                if before.iter().all(|(_, done)| done.is_some())
-                    && r.is_some()
-                    && a.is_some()
-                    && notify.is_none()
-                {
+                if before.iter().all(|(_, done)| done.is_some()) && r.is_some() && a.is_some() {
                     Poll::Ready(())
                 } else {
                     Poll::Pending

@@ -1,11 +1,20 @@
 //! Commits by other controllers, heard at once: each store on PostgreSQL
-//! keeps one session that `LISTEN`s on [`CHANNEL`], which every store
-//! notifies right after each commit that wrote feed entries, in the same
-//! round trip (its payload is the schema, so environments sharing a
-//! database do not wake each other; see [`NOTIFY`]). A notification only wakes this process's watchers sooner: they
-//! still read the feed from the last revision they saw, and still poll, so
-//! a notification lost (the session cut, the server restarted) costs at
-//! most one poll interval, never a change.
+//! keeps one session that `LISTEN`s on [`CHANNEL`], and that notifies it
+//! after the store's own commits that wrote feed entries (its payload is
+//! the schema, so environments sharing a database do not wake each other;
+//! see [`NOTIFY`]). A notification only wakes other processes' watchers
+//! sooner: they still read the feed from the last revision they saw, and
+//! still poll, so a notification lost (the session cut, the server
+//! restarted) costs at most one poll interval, never a change.
+//!
+//! The notification is sent here, not by the committing session: a
+//! `NOTIFY` is a transaction of its own on the server (an id assigned,
+//! the notification queue's lock taken, a commit), which a writer paid
+//! for after every rule, one at a time. Here commits only mark a
+//! notification owed ([`Listener::owe`]); the session sends one for
+//! whatever was owed while the last one was under way, so a burst of
+//! commits costs a few notifications, and the last commit of a burst is
+//! always notified after it committed.
 
 use std::future::poll_fn;
 use std::sync::{Arc, OnceLock};
@@ -40,6 +49,17 @@ const RETRY: Duration = Duration::from_secs(1);
 /// The listening session, ended when dropped.
 pub(crate) struct Listener {
     _stop: oneshot::Sender<()>,
+    /// A notification owed for commits made since the last one was sent
+    /// (at most one permit: one owed is as good as many).
+    owed: Arc<tokio::sync::Notify>,
+}
+
+impl Listener {
+    /// Marks a notification owed for a commit that wrote feed entries:
+    /// the session sends it (after the one under way, if any).
+    pub(crate) fn owe(&self) {
+        self.owed.notify_one();
+    }
 }
 
 /// Starts listening for `target`'s commits on a thread of its own, calling
@@ -50,6 +70,11 @@ pub(crate) fn listen(target: &PgTarget, wake: impl Fn() + Send + 'static) -> Lis
     let (stop_tx, mut stop) = oneshot::channel();
     let (ready_tx, ready) = std::sync::mpsc::sync_channel(1);
     let target = target.clone();
+    let owed = Arc::new(tokio::sync::Notify::new());
+    let listener = Listener {
+        _stop: stop_tx,
+        owed: owed.clone(),
+    };
     let spawned = std::thread::Builder::new()
         .name("jujube-pg-listen".into())
         .spawn(move || {
@@ -64,7 +89,7 @@ pub(crate) fn listen(target: &PgTarget, wake: impl Fn() + Send + 'static) -> Lis
                 let mut ready = Some(ready_tx);
                 loop {
                     tokio::select! {
-                        _ = session(&target, &wake, &mut ready) => {}
+                        _ = session(&target, &wake, &owed, &mut ready) => {}
                         _ = &mut stop => return,
                     }
                     if let Some(r) = ready.take() {
@@ -80,20 +105,22 @@ pub(crate) fn listen(target: &PgTarget, wake: impl Fn() + Send + 'static) -> Lis
     if spawned.is_ok() {
         let _ = ready.recv();
     }
-    Listener { _stop: stop_tx }
+    listener
 }
 
-/// One listening session, until it is lost.
+/// One listening session, until it is lost: wakes on other sessions'
+/// notifications, and sends the ones owed.
 async fn session(
     target: &PgTarget,
     wake: &impl Fn(),
+    owed: &tokio::sync::Notify,
     ready: &mut Option<std::sync::mpsc::SyncSender<()>>,
 ) {
     let Ok(config) = target.config() else { return };
     // At most one wake waits here: one pending is as good as many, so
     // nothing grows with the rate of commits.
     let (heard_tx, mut heard) = mpsc::channel::<()>(1);
-    let schema = Arc::new(OnceLock::new());
+    let schema: Arc<OnceLock<(String, i32)>> = Arc::new(OnceLock::new());
     let driven = match &target.tls {
         None => config
             .connect(tokio_postgres::NoTls)
@@ -113,13 +140,16 @@ async fn session(
     let listening = async {
         client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
         let row = client
-            .query_one("SELECT current_schema()::text", &[])
+            .query_one("SELECT current_schema()::text, pg_backend_pid()", &[])
             .await?;
-        Ok::<_, tokio_postgres::Error>(row.get::<_, Option<String>>(0).unwrap_or_default())
+        Ok::<_, tokio_postgres::Error>((
+            row.get::<_, Option<String>>(0).unwrap_or_default(),
+            row.get::<_, i32>(1),
+        ))
     };
     match listening.await {
-        Ok(name) => {
-            let _ = schema.set(name);
+        Ok(name_and_pid) => {
+            let _ = schema.set(name_and_pid);
         }
         Err(_) => {
             driver.abort();
@@ -132,17 +162,31 @@ async fn session(
     if let Some(r) = ready.take() {
         let _ = r.send(());
     }
-    while heard.recv().await.is_some() {
-        wake();
+    loop {
+        tokio::select! {
+            h = heard.recv() => match h {
+                Some(()) => wake(),
+                None => break,
+            },
+            () = owed.notified() => {
+                if client.batch_execute(NOTIFY).await.is_err() {
+                    // Still owed: the next session sends it.
+                    owed.notify_one();
+                    break;
+                }
+            }
+        }
     }
+    driver.abort();
 }
 
-/// Drives the session's socket, passing on what is notified for this
-/// store's schema (nothing before it is known: the session wakes once
-/// when it is).
+/// Drives the session's socket, passing on what other sessions notified
+/// for this store's schema (nothing before it is known: the session wakes
+/// once when it is). Its own notifications are for this store's commits,
+/// whose watchers were woken as they committed.
 async fn drive<S, T>(
     mut conn: tokio_postgres::Connection<S, T>,
-    schema: Arc<OnceLock<String>>,
+    schema: Arc<OnceLock<(String, i32)>>,
     heard: mpsc::Sender<()>,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
@@ -151,7 +195,10 @@ async fn drive<S, T>(
     loop {
         match poll_fn(|cx| conn.poll_message(cx)).await {
             Some(Ok(AsyncMessage::Notification(n))) => {
-                if schema.get().is_some_and(|s| s == n.payload()) {
+                if schema
+                    .get()
+                    .is_some_and(|(s, own)| s == n.payload() && *own != n.process_id())
+                {
                     // Full: a wake is pending already.
                     let _ = heard.try_send(());
                 }

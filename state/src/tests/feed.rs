@@ -103,6 +103,28 @@ async fn on_postgresql_another_controllers_commit_wakes_the_watchers_at_once() {
         .any(|c| c.kind == ChangeKind::Machine && c.id == "1"));
 }
 
+/// Commits only mark a notification owed, and the listening session
+/// sends one for whatever was owed meanwhile: commit after commit, each
+/// is heard by another controller without a poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgresql_every_commit_in_turn_is_heard() {
+    if super::postgres_url().is_none() {
+        return;
+    }
+    let e = env();
+    let other = crate::Store::open_at(e.st.location(), crate::Durability::Relaxed).unwrap();
+    let mut woken = e.st.head_receiver();
+    for i in 0..20 {
+        woken.mark_unchanged();
+        other.add_machines(1, None, None).unwrap();
+        // Bounds the wait only: the store polls nothing here.
+        tokio::time::timeout(Duration::from_secs(30), woken.changed())
+            .await
+            .unwrap_or_else(|_| panic!("commit {i} was not heard"))
+            .unwrap();
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_head_watcher_wakes_on_commit_with_the_range_it_did_not_read() {
     let e = env();
