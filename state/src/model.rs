@@ -234,6 +234,23 @@ pub(crate) fn get_machine(c: &Connection, id: i64) -> Result<Machine> {
 pub(crate) const SERVICE_COLS: &str =
     "name, charm_url, series, subordinate, constraints, life, unit_count, relation_count, force_charm, leader, leader_settings_version";
 
+/// How many columns [`SERVICE_COLS`] names (what a statement reads after
+/// them starts there).
+pub(crate) const SERVICE_COLUMNS: usize = 11;
+const _: () = assert!(columns(SERVICE_COLS) == SERVICE_COLUMNS);
+
+/// How many columns a list of column names holds.
+const fn columns(list: &str) -> usize {
+    let (bytes, mut i, mut n) = (list.as_bytes(), 0, 1);
+    while i < bytes.len() {
+        if bytes[i] == b',' {
+            n += 1;
+        }
+        i += 1;
+    }
+    n
+}
+
 pub(crate) fn service_row(r: &Row<'_>) -> crate::sql::Result<(Service, i64, String)> {
     Ok((
         Service {

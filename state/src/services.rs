@@ -4,11 +4,14 @@ use crate::db::{Store, Tx};
 use crate::environment::{check_series, get_environment};
 use crate::feed::ChangeKind;
 use crate::model::{
-    find_service, finish_service, get_charm, get_service, service_row, Charm, Service, SERVICE_COLS,
+    find_service, finish_service, get_charm, get_service, service_row, Charm, Service,
+    SERVICE_COLS, SERVICE_COLUMNS,
 };
 use crate::relations::{destroy_relation_in, relations_of, DestroyedBy};
 use crate::sql::OptionalExtension;
-use crate::units::{check_placement, insert_principal, insert_principals, remove_service_in};
+use crate::units::{
+    check_placement, insert_principal, insert_principals, remove_service_in, Next, NEXT_SQL,
+};
 use crate::{require_alive, Entity, Error, Result};
 use jujube_core::charm::{canonical_key, ConfigOption, SettingValue};
 use jujube_core::{names, series, Constraints, Life};
@@ -214,18 +217,20 @@ fn write_settings(
 /// Adds up to `n` principal units of an Alive, principal service in the
 /// current transaction.
 fn add_units_in(tx: &mut Tx<'_>, service: &str, n: usize, to: Option<i64>) -> Result<Vec<String>> {
-    // The service read and its unit count raised in one statement (one
-    // round trip on PostgreSQL, where an add-unit is a handful): a check
-    // below that refuses rolls the count back with the rest.
-    let svc = tx
+    // The service read and its unit count raised in one statement, with
+    // what its new units and machines start from (one round trip on
+    // PostgreSQL, where an add-unit is three): a check below that refuses
+    // rolls the count back with the rest.
+    let (svc, next) = tx
         .prepare_cached(&format!(
-            "UPDATE services SET unit_count = unit_count + ?2 WHERE name = ?1 RETURNING {SERVICE_COLS}"
+            "UPDATE services SET unit_count = unit_count + ?2 WHERE name = ?1 RETURNING {SERVICE_COLS}, {NEXT_SQL}"
         ))?
-        .query_row((service, n as i64), service_row)
+        .query_row((service, n as i64), |r| {
+            Ok((service_row(r)?, Next::from_row(r, SERVICE_COLUMNS)?))
+        })
         .optional()?
-        .map(finish_service)
-        .transpose()?
         .ok_or_else(|| Error::not_found(Entity::Service, service))?;
+    let svc = finish_service(svc)?;
     require_alive(Entity::Service, &svc.name, svc.life, "get new units")?;
     if svc.subordinate {
         return Err(Error::Subordinate {
@@ -238,7 +243,7 @@ fn add_units_in(tx: &mut Tx<'_>, service: &str, n: usize, to: Option<i64>) -> Re
     }
     let names_ = match (to, std::num::NonZeroUsize::new(n)) {
         (_, None) => Vec::new(),
-        (None, Some(n)) => insert_principals(tx, &svc, n)?,
+        (None, Some(n)) => insert_principals(tx, &svc, n, next)?,
         (Some(_), Some(_)) => {
             let env = get_environment(tx)?;
             (0..n)

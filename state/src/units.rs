@@ -9,7 +9,7 @@ use crate::model::{
     constraints, finish_unit, get_machine, get_service, get_unit, quote_list, unit_row, Service,
     Unit, JOB_HOST_UNITS, UNIT_COLS,
 };
-use crate::sql::{Connection, OptionalExtension};
+use crate::sql::Connection;
 use crate::{require_alive, Entity, Error, Result};
 use jujube_core::{names, Constraints, Life};
 
@@ -98,29 +98,51 @@ pub(crate) fn insert_principal(
     Ok(name)
 }
 
-/// Inserts `n` principal units of `svc`, each on a new machine that copies
-/// its constraints (the environment and service constraints collapsed as
-/// they are now), as [`insert_principal`] does one at a time, in
-/// multi-row statements: a statement per row was a round trip per row on
-/// PostgreSQL. The caller bumps the service's unit count.
+/// What new principal units and their machines start from, read with
+/// the service's row as its unit count is raised (see [`NEXT_SQL`]).
+pub(crate) struct Next {
+    /// The environment's constraints (`None`: not initialised).
+    pub env_constraints: Option<String>,
+    /// The first unit number and machine id free.
+    pub unit: i64,
+    pub machine: i64,
+}
+
+/// [`Next`]'s columns (the service's name is `?1`), for the statement
+/// that reads the service: one round trip on PostgreSQL, where an
+/// add-unit is three.
+pub(crate) const NEXT_SQL: &str = concat!(
+    "(SELECT constraints FROM environment WHERE id = 1), ",
+    next_unit_number_sql!(),
+    ", ",
+    crate::machines::next_machine_id_sql!()
+);
+
+impl Next {
+    /// From the row's columns `at`, `at + 1` and `at + 2`.
+    pub(crate) fn from_row(r: &crate::sql::Row<'_>, at: usize) -> crate::sql::Result<Next> {
+        Ok(Next {
+            env_constraints: r.get(at)?,
+            unit: r.get(at + 1)?,
+            machine: r.get(at + 2)?,
+        })
+    }
+}
+
+/// Inserts `n` principal units of `svc` from `next`, each on a new machine
+/// that copies its constraints (the environment and service constraints
+/// collapsed as they are now), as [`insert_principal`] does one at a time,
+/// in multi-row statements: a statement per row was a round trip per row
+/// on PostgreSQL. The caller bumps the service's unit count.
 pub(crate) fn insert_principals(
     tx: &mut Tx<'_>,
     svc: &Service,
     n: std::num::NonZeroUsize,
+    next: Next,
 ) -> Result<Vec<String>> {
-    // The environment's constraints and the first unit number and machine
-    // id, read in one statement: one round trip on PostgreSQL, where an
-    // add-unit is a dozen.
-    let (env_cons, first, first_machine): (String, i64, i64) = tx
-        .prepare_cached(concat!(
-            "SELECT e.constraints, ",
-            next_unit_number_sql!(),
-            ", ",
-            crate::machines::next_machine_id_sql!(),
-            " FROM environment e WHERE e.id = 1"
-        ))?
-        .query_row([&svc.name], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .optional()?
+    let (first, first_machine) = (next.unit, next.machine);
+    let env_cons = next
+        .env_constraints
         .ok_or_else(|| Error::not_found(Entity::Environment, "(uninitialised)"))?;
     let cons = svc.constraints.with_fallbacks(&constraints(env_cons)?);
     let machines =
