@@ -219,7 +219,7 @@ fn write_settings(
 fn add_units_in(tx: &mut Tx<'_>, service: &str, n: usize, to: Option<i64>) -> Result<Vec<String>> {
     // The service read and its unit count raised in one statement, with
     // what its new units and machines start from (one round trip on
-    // PostgreSQL, where an add-unit is three): a check below that refuses
+    // PostgreSQL, where an add-unit is two in all): a check below that refuses
     // rolls the count back with the rest.
     let (svc, next) = tx
         .prepare_cached(&format!(

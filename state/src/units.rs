@@ -110,7 +110,7 @@ pub(crate) struct Next {
 
 /// [`Next`]'s columns (the service's name is `?1`), for the statement
 /// that reads the service: one round trip on PostgreSQL, where an
-/// add-unit is three.
+/// add-unit is two in all, its `COMMIT`'s included.
 pub(crate) const NEXT_SQL: &str = concat!(
     "(SELECT constraints FROM environment WHERE id = 1), ",
     next_unit_number_sql!(),
