@@ -270,13 +270,11 @@ impl UnitAgent {
     /// not run because the agent is stopping: either way the pass goes no
     /// further.
     async fn run_hook(&mut self, relations: &BTreeMap<i64, String>, hook: Hook) -> Result<bool> {
-        if !self.has_charm() {
-            return Ok(true);
-        }
         let dir = self.dir();
         // A hook the charm does not have is skipped without a trace: no
         // socket, no write (100,000 units of a charm without hooks stay
-        // cheap). A charm with a `dispatch` has every hook.
+        // cheap). A charm with a `dispatch` has every hook. (No charm laid
+        // yet: no hook either, without a stat of its own.)
         if !runner::program(&dir.join("charm"), &hook).0.exists() {
             return Ok(true);
         }
