@@ -116,8 +116,26 @@ pub(crate) fn deployed_charm(unit_dir: &Path) -> Option<String> {
 }
 
 fn read_record(dir: &Path) -> Option<Record> {
-    let text = std::fs::read_to_string(dir.join(RECORD)).ok()?;
-    serde_json::from_str(&text).ok()
+    load_record(dir).ok()
+}
+
+/// The record in unit directory `dir`; one that cannot be read or parsed
+/// is an error naming it.
+fn load_record(dir: &Path) -> Result<Record> {
+    let path = dir.join(RECORD);
+    let text = std::fs::read_to_string(&path).map_err(io("read", &path))?;
+    serde_json::from_str(&text).map_err(|e| Error::Io {
+        action: "read",
+        path,
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+    })
+}
+
+/// Writes `record` at `path` (in place: see the callers for when that is
+/// enough).
+fn write_record(path: &Path, record: &Record) -> Result<()> {
+    let bytes = serde_json::to_vec(record).expect("record serialises");
+    std::fs::write(path, bytes).map_err(io("write", path))
 }
 
 /// Where a charm is laid.
@@ -167,17 +185,9 @@ fn record_laid(unit_dir: &Path, laid: Vec<String>, lay: Lay) -> Result<()> {
             // In place (the directory is not): an inode fewer a deploy
             // than a manifest of its own, and no rename.
             record.charm_files = laid;
-            let bytes = serde_json::to_vec(&record).expect("record serialises");
-            return std::fs::write(&path, bytes).map_err(io("write", &path));
+            return write_record(&path, &record);
         }
-        Lay::Over => {
-            let text = std::fs::read_to_string(&path).map_err(io("read", &path))?;
-            serde_json::from_str::<Record>(&text).map_err(|e| Error::Io {
-                action: "read",
-                path: path.clone(),
-                source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
-            })?
-        }
+        Lay::Over => load_record(unit_dir)?,
     };
     let legacy = unit_dir.join(LEGACY_MANIFEST);
     let old = match std::mem::take(&mut record.charm_files) {
@@ -213,8 +223,7 @@ fn record_laid(unit_dir: &Path, laid: Vec<String>, lay: Lay) -> Result<()> {
     }
     record.charm_files = laid;
     let tmp = path.with_extension("tmp");
-    let bytes = serde_json::to_vec(&record).expect("record serialises");
-    std::fs::write(&tmp, bytes).map_err(io("write", &tmp))?;
+    write_record(&tmp, &record)?;
     std::fs::rename(&tmp, &path).map_err(io("rename", &path))?;
     match std::fs::remove_file(&legacy) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io("remove", &legacy)(e)),
@@ -403,12 +412,7 @@ impl Deployer {
             charm_url: charm.url.clone(),
             charm_files: Vec::new(),
         };
-        let path = tmp.join(RECORD);
-        std::fs::write(
-            &path,
-            serde_json::to_vec(&record).expect("record serialises"),
-        )
-        .map_err(io("write", &path))?;
+        write_record(&tmp.join(RECORD), &record)?;
         install_charm(&*self.api, unit, charm, &tmp, Lay::Fresh(record)).await?;
         std::fs::rename(&tmp, &dir).map_err(io("rename", &tmp))?;
         debug!(owner = %self.api.tag(), unit, "deployed");
