@@ -541,38 +541,128 @@ impl Deployer {
 /// work, and slow work where the filesystem discards freed blocks: done in
 /// the pass, it held one of the runtime's two worker threads in I/O waits
 /// per unit, and recalls were most of the time 100,000 units took to go.
-///
-/// A queued deletion is the machine's directory (shared with its deployer)
-/// and the name in it: 70,000 recalls can wait in the queue, and a full
-/// path each was 9 MB of it.
 fn delete_in_background(machine_dir: Arc<Path>, name: Box<str>) {
-    const REAPERS: usize = 4;
-    use std::sync::mpsc;
-    type Queued = (Arc<Path>, Box<str>);
-    static REAPER: std::sync::OnceLock<mpsc::Sender<Queued>> = std::sync::OnceLock::new();
-    let reaper = REAPER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<Queued>();
-        let rx = Arc::new(std::sync::Mutex::new(rx));
-        // A few threads: the deletions mostly wait on the disk.
-        for i in 0..REAPERS {
-            let rx = rx.clone();
+    static REAPER: std::sync::OnceLock<Arc<Reaper>> = std::sync::OnceLock::new();
+    REAPER
+        .get_or_init(|| {
+            let reaper = Arc::new(Reaper::new(Reaper::QUEUED));
+            reaper.start(Reaper::THREADS);
+            reaper
+        })
+        .delete(machine_dir, name);
+}
+
+/// Deletes recalled units' directories on threads of its own, holding at
+/// most [`Reaper::QUEUED`] of their names however many units are recalled
+/// at once. A name queued is the machine's directory (shared with its
+/// deployer) and the name in it. Past the bound, only the machine's
+/// directory is kept, once, and searched for `*.recalling` directories
+/// when the queue has room: what the reaper holds then grows with the
+/// machines this process serves, never with the units recalled.
+struct Reaper {
+    queue: std::sync::mpsc::SyncSender<Queued>,
+    next: std::sync::Mutex<std::sync::mpsc::Receiver<Queued>>,
+    /// Machines' directories holding recalled units whose names did not
+    /// fit in the queue. Taken under this lock only where the queue's
+    /// order with it matters (see [`Reaper::delete`]).
+    overflow: std::sync::Mutex<HashSet<Arc<Path>>>,
+    /// Threads started: with none, a deletion is done by its caller.
+    threads: std::sync::atomic::AtomicUsize,
+}
+
+type Queued = (Arc<Path>, Box<str>);
+
+impl Reaper {
+    /// 4,096 names: 250 KB.
+    const QUEUED: usize = 4096;
+    /// A few threads: the deletions mostly wait on the disk.
+    const THREADS: usize = 4;
+
+    fn new(queued: usize) -> Reaper {
+        let (queue, next) = std::sync::mpsc::sync_channel(queued);
+        Reaper {
+            queue,
+            next: std::sync::Mutex::new(next),
+            overflow: Default::default(),
+            threads: Default::default(),
+        }
+    }
+
+    fn start(self: &Arc<Self>, threads: usize) {
+        for i in 0..threads {
+            let reaper = self.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("recalled-dirs-{i}"))
-                .spawn(move || loop {
-                    let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
-                    match next {
-                        Ok((dir, name)) => remove_tree(&dir.join(&*name)),
-                        Err(_) => return,
-                    }
-                });
-            if let Err(e) = spawned {
-                warn!(error = %e, "cannot start a thread that deletes recalled units' directories");
+                .spawn(move || while reaper.reap_one() {});
+            match spawned {
+                Ok(_) => {
+                    self.threads
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                Err(e) => {
+                    warn!(error = %e, "cannot start a thread that deletes recalled units' directories")
+                }
             }
         }
-        tx
-    });
-    if let Err(mpsc::SendError((dir, name))) = reaper.send((machine_dir, name)) {
+    }
+
+    /// Has `machine_dir/name` deleted: queued, or its machine's directory
+    /// searched later when the queue is full. The overflow's lock is held
+    /// across the attempt to queue, so that a directory added because
+    /// the queue was full is seen by the check that follows the deletion
+    /// of one of the names then queued (each taken after this returns).
+    fn delete(&self, machine_dir: Arc<Path>, name: Box<str>) {
+        use std::sync::mpsc::TrySendError;
+        if self.threads.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            return remove_tree(&machine_dir.join(&*name));
+        }
+        let mut overflow = self.overflow.lock().unwrap_or_else(|p| p.into_inner());
+        match self.queue.try_send((machine_dir, name)) {
+            Ok(()) => {}
+            Err(TrySendError::Full((dir, _))) => {
+                overflow.insert(dir);
+            }
+            Err(TrySendError::Disconnected((dir, name))) => {
+                drop(overflow);
+                remove_tree(&dir.join(&*name));
+            }
+        }
+    }
+
+    /// Waits for a queued name and deletes it, then one machine's
+    /// overflow, if any. `false` once nothing more can be queued.
+    fn reap_one(&self) -> bool {
+        let next = self.next.lock().unwrap_or_else(|p| p.into_inner()).recv();
+        let Ok((dir, name)) = next else { return false };
         remove_tree(&dir.join(&*name));
+        let overflowed = {
+            let mut overflow = self.overflow.lock().unwrap_or_else(|p| p.into_inner());
+            let dir = overflow.iter().next().cloned();
+            dir.inspect(|d| {
+                overflow.remove(d);
+            })
+        };
+        if let Some(dir) = overflowed {
+            remove_recalled(&dir);
+        }
+        true
+    }
+}
+
+/// Deletes every recalled unit's directory left in `machine_dir`.
+fn remove_recalled(machine_dir: &Path) {
+    let entries = match std::fs::read_dir(machine_dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+        Err(e) => {
+            warn!(dir = %machine_dir.display(), error = %e, "cannot look for recalled units' directories");
+            return;
+        }
+    };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().ends_with(RECALLING) {
+            remove_tree(&entry.path());
+        }
     }
 }
 
@@ -610,6 +700,49 @@ fn start_unit_agent(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// However many units are recalled at once, the reaper holds at most
+    /// its bound of names (the rest as their machine's directory, once),
+    /// and deletes every one of them.
+    #[test]
+    fn the_reaper_holds_a_bounded_queue_and_deletes_what_overflowed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let machine_dir: Arc<Path> = tmp.path().into();
+        std::fs::create_dir(machine_dir.join("keep")).unwrap();
+        let reaper = Reaper::new(2);
+        // Threads counted, none running yet: the deletions wait.
+        reaper
+            .threads
+            .store(1, std::sync::atomic::Ordering::Relaxed);
+        for i in 0..10 {
+            let name = format!("wordpress-{i}{RECALLING}");
+            std::fs::create_dir_all(machine_dir.join(&name).join("charm")).unwrap();
+            reaper.delete(machine_dir.clone(), name.into());
+        }
+        assert!(
+            reaper
+                .queue
+                .try_send((machine_dir.clone(), "x".into()))
+                .is_err(),
+            "the queue holds its bound"
+        );
+        assert_eq!(reaper.overflow.lock().unwrap().len(), 1, "the machine once");
+        assert!(reaper.reap_one());
+        assert!(reaper.overflow.lock().unwrap().is_empty());
+        let left: Vec<String> = std::fs::read_dir(&*machine_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            left,
+            vec!["keep".to_string()],
+            "every recalled unit's directory deleted"
+        );
+        assert!(
+            reaper.reap_one(),
+            "the second name queued, already gone, is fine"
+        );
+    }
 
     fn record(unit_dir: &Path) -> Record {
         serde_json::from_slice(&std::fs::read(unit_dir.join(RECORD)).unwrap()).unwrap()
