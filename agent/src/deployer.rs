@@ -629,23 +629,27 @@ impl Reaper {
         }
     }
 
-    /// Waits for a queued name and deletes it, then one machine's
-    /// overflow, if any. `false` once nothing more can be queued.
+    /// Waits for a queued name and deletes it, then every machine's
+    /// overflow (one at a time: other reapers share them), so that no
+    /// directory added to it waits for a name that is never queued.
+    /// `false` once nothing more can be queued.
     fn reap_one(&self) -> bool {
         let next = self.next.lock().unwrap_or_else(|p| p.into_inner()).recv();
         let Ok((dir, name)) = next else { return false };
         remove_tree(&dir.join(&*name));
-        let overflowed = {
-            let mut overflow = self.overflow.lock().unwrap_or_else(|p| p.into_inner());
-            let dir = overflow.iter().next().cloned();
-            dir.inspect(|d| {
-                overflow.remove(d);
-            })
-        };
-        if let Some(dir) = overflowed {
-            remove_recalled(&dir);
+        loop {
+            let overflowed = {
+                let mut overflow = self.overflow.lock().unwrap_or_else(|p| p.into_inner());
+                let dir = overflow.iter().next().cloned();
+                dir.inspect(|d| {
+                    overflow.remove(d);
+                })
+            };
+            match overflowed {
+                Some(dir) => remove_recalled(&dir),
+                None => return true,
+            }
         }
-        true
     }
 }
 
@@ -702,42 +706,52 @@ mod tests {
     use super::*;
 
     /// However many units are recalled at once, the reaper holds at most
-    /// its bound of names (the rest as their machine's directory, once),
-    /// and deletes every one of them.
+    /// its bound of names (the rest as their machines' directories, once
+    /// each), and one queued deletion is followed by every overflowed one.
     #[test]
     fn the_reaper_holds_a_bounded_queue_and_deletes_what_overflowed() {
         let tmp = tempfile::tempdir().unwrap();
-        let machine_dir: Arc<Path> = tmp.path().into();
-        std::fs::create_dir(machine_dir.join("keep")).unwrap();
         let reaper = Reaper::new(2);
         // Threads counted, none running yet: the deletions wait.
         reaper
             .threads
             .store(1, std::sync::atomic::Ordering::Relaxed);
-        for i in 0..10 {
-            let name = format!("wordpress-{i}{RECALLING}");
-            std::fs::create_dir_all(machine_dir.join(&name).join("charm")).unwrap();
-            reaper.delete(machine_dir.clone(), name.into());
+        let mut machines = Vec::new();
+        for m in 0..4 {
+            let machine_dir: Arc<Path> = tmp.path().join(format!("machine-{m}")).into();
+            std::fs::create_dir_all(machine_dir.join("keep")).unwrap();
+            for u in 0..3 {
+                let name = format!("unit-wordpress-{}{RECALLING}", m * 3 + u);
+                std::fs::create_dir_all(machine_dir.join(&name).join("charm")).unwrap();
+                reaper.delete(machine_dir.clone(), name.into());
+            }
+            machines.push(machine_dir);
         }
         assert!(
             reaper
                 .queue
-                .try_send((machine_dir.clone(), "x".into()))
+                .try_send((machines[0].clone(), "x".into()))
                 .is_err(),
             "the queue holds its bound"
         );
-        assert_eq!(reaper.overflow.lock().unwrap().len(), 1, "the machine once");
+        assert_eq!(
+            reaper.overflow.lock().unwrap().len(),
+            4,
+            "each machine whose recalls did not all fit, once"
+        );
         assert!(reaper.reap_one());
         assert!(reaper.overflow.lock().unwrap().is_empty());
-        let left: Vec<String> = std::fs::read_dir(&*machine_dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(
-            left,
-            vec!["keep".to_string()],
-            "every recalled unit's directory deleted"
-        );
+        for machine_dir in &machines {
+            let left: Vec<String> = std::fs::read_dir(machine_dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            assert_eq!(
+                left,
+                vec!["keep".to_string()],
+                "every recalled unit's directory deleted"
+            );
+        }
         assert!(
             reaper.reap_one(),
             "the second name queued, already gone, is fine"
