@@ -9,6 +9,7 @@
 //! byte-order text, and migrations serialized between controllers by an
 //! advisory lock.
 
+pub(crate) mod drive;
 pub(crate) mod listen;
 mod tls;
 

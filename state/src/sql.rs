@@ -59,6 +59,10 @@ pub enum Error {
     Aborted { code: String, message: String },
     #[error("no row found")]
     NoRows,
+    /// A PostgreSQL session could not be opened (before the protocol's
+    /// own errors: resolving, connecting, setting up the socket).
+    #[error("{0}")]
+    Connect(String),
     #[error("{0}")]
     Conversion(String),
 }
@@ -677,29 +681,6 @@ impl<T, F: FnMut(&Row<'_>) -> Result<T>> Iterator for MappedRows<'_, F> {
     }
 }
 
-/// Waits for a client call on this thread. The client's calls only pass
-/// messages to the thread that drives its socket, so they need no runtime
-/// here: a store is called from plain threads and from async tasks alike
-/// (blocking them for the call, as a SQLite statement does), which the
-/// synchronous `postgres` crate refuses (it nests a runtime).
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
-    impl std::task::Wake for Unpark {
-        fn wake(self: std::sync::Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = std::sync::Arc::new(Unpark(std::thread::current())).into();
-    let mut cx = std::task::Context::from_waker(&waker);
-    let mut f = std::pin::pin!(f);
-    loop {
-        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-            return v;
-        }
-        std::thread::park();
-    }
-}
-
 /// PostgreSQL's SQLSTATEs that mean "run the transaction again": a
 /// serialization failure of `SERIALIZABLE`, a deadlock broken by the
 /// server, and a unique violation. PostgreSQL reports a key taken by a
@@ -785,6 +766,9 @@ const PG_STATEMENTS: usize = 256;
 /// A PostgreSQL connection and what the seam keeps beside it.
 struct Pg {
     client: tokio_postgres::Client,
+    /// Drives the session's socket on the calling thread (see
+    /// [`crate::pg::drive`]).
+    driver: RefCell<crate::pg::drive::Driver>,
     /// Prepared statements by their text as written (with `?N`).
     statements: RefCell<HashMap<String, tokio_postgres::Statement>>,
     /// Rows changed by statements run on this connection.
@@ -851,7 +835,7 @@ impl Pg {
         let begin = self.begin.take();
         let later = std::mem::take(&mut *self.later.borrow_mut());
         let r = if begin.is_none() && later.is_empty() && !commit {
-            block_on(call)
+            self.driver.borrow_mut().block_on(call)
         } else {
             let binds: Vec<Vec<Bind<'_>>> = later
                 .iter()
@@ -872,28 +856,30 @@ impl Pg {
             let mut after = commit.then(|| Box::pin(self.client.batch_execute("COMMIT")));
             let mut call = std::pin::pin!(call);
             let (mut r, mut a) = (None, after.is_none().then_some(Ok(())));
-            block_on(std::future::poll_fn(|cx| {
-                for (f, done) in before.iter_mut().filter(|(_, done)| done.is_none()) {
-                    if let Poll::Ready(v) = f.as_mut().poll(cx) {
-                        *done = Some(v);
+            self.driver
+                .borrow_mut()
+                .block_on(std::future::poll_fn(|cx| {
+                    for (f, done) in before.iter_mut().filter(|(_, done)| done.is_none()) {
+                        if let Poll::Ready(v) = f.as_mut().poll(cx) {
+                            *done = Some(v);
+                        }
                     }
-                }
-                if r.is_none() {
-                    if let Poll::Ready(v) = call.as_mut().poll(cx) {
-                        r = Some(v);
+                    if r.is_none() {
+                        if let Poll::Ready(v) = call.as_mut().poll(cx) {
+                            r = Some(v);
+                        }
                     }
-                }
-                if let (None, Some(f)) = (&a, after.as_mut()) {
-                    if let Poll::Ready(v) = f.as_mut().poll(cx) {
-                        a = Some(v);
+                    if let (None, Some(f)) = (&a, after.as_mut()) {
+                        if let Poll::Ready(v) = f.as_mut().poll(cx) {
+                            a = Some(v);
+                        }
                     }
-                }
-                if before.iter().all(|(_, done)| done.is_some()) && r.is_some() && a.is_some() {
-                    Poll::Ready(())
-                } else {
-                    Poll::Pending
-                }
-            }));
+                    if before.iter().all(|(_, done)| done.is_some()) && r.is_some() && a.is_some() {
+                        Poll::Ready(())
+                    } else {
+                        Poll::Pending
+                    }
+                }));
             let first = before
                 .into_iter()
                 .map(|(_, done)| done.expect("every request answered"))
@@ -966,26 +952,6 @@ pub(crate) fn pg_text(sql: &str) -> String {
     }
 }
 
-/// Connects with `tls`, hands the client to `tx`, and drives the
-/// connection until the client is dropped or the server closes it.
-async fn serve<T>(
-    config: tokio_postgres::Config,
-    tls: T,
-    tx: std::sync::mpsc::SyncSender<Result<tokio_postgres::Client>>,
-) where
-    T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>,
-{
-    match config.connect(tls).await {
-        Ok((client, connection)) => {
-            let _ = tx.send(Ok(client));
-            let _ = connection.await;
-        }
-        Err(e) => {
-            let _ = tx.send(Err(e.into()));
-        }
-    }
-}
-
 /// One connection to the state database.
 pub struct Connection {
     conn: Conn,
@@ -998,46 +964,25 @@ impl Connection {
         }
     }
 
-    /// A PostgreSQL connection: the client here, its socket driven by a
-    /// thread of its own (see [`block_on`]).
+    /// A PostgreSQL connection, its socket driven by whichever thread
+    /// calls (see [`crate::pg::drive`]).
     /// With `tls`, TLS as the config's `sslmode` asks (see `pg::tls`).
     pub(crate) fn postgres(
         config: tokio_postgres::Config,
         tls: Option<std::sync::Arc<rustls::ClientConfig>>,
     ) -> Result<Connection> {
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        std::thread::Builder::new()
-            .name("jujube-postgres".into())
-            .spawn(move || {
-                let runtime = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(r) => r,
-                    Err(e) => {
-                        let _ = tx.send(Err(Error::Conversion(format!(
-                            "cannot start the client's runtime: {e}"
-                        ))));
-                        return;
-                    }
-                };
-                runtime.block_on(async move {
-                    match tls {
-                        None => serve(config, tokio_postgres::NoTls, tx).await,
-                        Some(tls) => {
-                            let tls = tokio_postgres_rustls::MakeRustlsConnect::new((*tls).clone());
-                            serve(config, tls, tx).await
-                        }
-                    }
-                });
-            })
-            .map_err(|e| Error::Conversion(format!("cannot start the client's thread: {e}")))?;
-        let client = rx
-            .recv()
-            .map_err(|_| Error::Conversion("the client's thread ended".into()))??;
+        use crate::pg::drive::connect;
+        let (client, driver) = match tls {
+            None => connect(&config, tokio_postgres::NoTls)?,
+            Some(tls) => connect(
+                &config,
+                tokio_postgres_rustls::MakeRustlsConnect::new((*tls).clone()),
+            )?,
+        };
         Ok(Connection {
             conn: Conn::Pg(Box::new(Pg {
                 client,
+                driver: RefCell::new(driver),
                 statements: RefCell::new(HashMap::new()),
                 changes: Cell::new(0),
                 in_tx: Cell::new(false),
@@ -1078,7 +1023,12 @@ impl Connection {
     pub(crate) fn is_closed(&self) -> bool {
         match &self.conn {
             Conn::Sqlite(_) => false,
-            Conn::Pg(pg) => pg.lost.get() || pg.client.is_closed(),
+            Conn::Pg(pg) => {
+                // Nothing drives the session between calls: what the
+                // server sent meanwhile (its end) is read now.
+                pg.driver.borrow_mut().poll_idle();
+                pg.lost.get() || pg.client.is_closed()
+            }
         }
     }
 
@@ -1309,7 +1259,10 @@ impl Connection {
                 // Nothing to roll back of a `BEGIN` not sent.
                 pg.later.borrow_mut().clear();
                 if pg.in_tx.replace(false) && pg.begin.take().is_none() {
-                    let _ = block_on(pg.client.batch_execute("ROLLBACK"));
+                    let _ = pg
+                        .driver
+                        .borrow_mut()
+                        .block_on(pg.client.batch_execute("ROLLBACK"));
                 }
                 *pg.failed.borrow_mut() = None;
             }
