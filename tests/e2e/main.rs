@@ -22,6 +22,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 pub struct Jujube {
+    /// Declared first, dropped first: the controller the harness keeps is
+    /// stopped before its home is deleted, or it writes there as the
+    /// deletion runs and leaves part of the home behind.
+    background: std::cell::RefCell<Option<Controller>>,
     pub home: tempfile::TempDir,
     /// Extra environment for every command (e.g. AWS credentials).
     pub envs: Vec<(String, String)>,
@@ -34,7 +38,6 @@ pub struct Jujube {
     /// none runs (as a user would run `jujube controller`); the harness
     /// keeps it until the test takes it with [`Jujube::controller`].
     pub start_controllers: bool,
-    background: std::cell::RefCell<Option<Controller>>,
 }
 
 /// Commands that do not talk to a controller.
