@@ -108,3 +108,50 @@ fn a_write_whose_session_was_lost_during_its_commit_is_not_run_again_nor_called_
         .unwrap();
     assert!(e.st.machines().is_ok());
 }
+
+/// A session the server ended between transactions (an administrator's
+/// `pg_terminate_backend`, a restart while idle) is found before the next
+/// transaction begins on it: nothing reads the socket between calls, so
+/// the store reads what the server sent first, and the transaction runs
+/// once, on a new session.
+#[test]
+fn a_session_ended_while_idle_is_found_before_a_transaction_begins_on_it() {
+    let e = env();
+    let pid: Option<i32> =
+        e.st.write(|tx| match tx.engine() {
+            Engine::Postgres => Ok(Some(
+                tx.query_row("SELECT pg_backend_pid()", [], |r| r.get(0))?,
+            )),
+            Engine::Sqlite => Ok(None),
+        })
+        .unwrap();
+    if let Some(pid) = pid {
+        e.st.read(|c| {
+            c.query_row("SELECT pg_terminate_backend(?1)", [pid], |r| {
+                r.get::<_, bool>(0)
+            })?;
+            // Gone once the server no longer lists it.
+            while c.query_row(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = ?1",
+                [pid],
+                |r| r.get::<_, i64>(0),
+            )? > 0
+            {
+                std::thread::yield_now();
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
+    let mut attempts = 0;
+    e.st.write(|tx| {
+        attempts += 1;
+        crate::machines::insert_machine(tx, "jammy", &[JOB_HOST_UNITS], &Constraints::default())
+    })
+    .unwrap();
+    assert_eq!(
+        attempts, 1,
+        "the ended session was not taken for a transaction"
+    );
+    assert_eq!(e.st.machines().unwrap().len(), 2);
+}
