@@ -557,8 +557,8 @@ fn delete_in_background(machine_dir: Arc<Path>, name: Box<str>) {
 /// at once. A name queued is the machine's directory (shared with its
 /// deployer) and the name in it. Past the bound, only the machine's
 /// directory is kept, once, and searched for `*.recalling` directories
-/// when the queue has room: what the reaper holds then grows with the
-/// machines this process serves, never with the units recalled.
+/// after a reaper's next queued deletion: what the reaper holds then grows
+/// with the machines this process serves, never with the units recalled.
 struct Reaper {
     queue: std::sync::mpsc::SyncSender<Queued>,
     next: std::sync::Mutex<std::sync::mpsc::Receiver<Queued>>,
