@@ -765,7 +765,8 @@ const PG_STATEMENTS: usize = 256;
 
 /// A PostgreSQL connection and what the seam keeps beside it.
 struct Pg {
-    client: tokio_postgres::Client,
+    /// Dropped before the session's last turn (see `Drop for Pg`).
+    client: std::mem::ManuallyDrop<tokio_postgres::Client>,
     /// Drives the session's socket on the calling thread (see
     /// [`crate::pg::drive`]).
     driver: RefCell<crate::pg::drive::Driver>,
@@ -788,6 +789,17 @@ struct Pg {
     /// ([`Connection::insert_later`]): they go, in order, before the next
     /// request, in the same write.
     later: RefCell<Vec<Later>>,
+}
+
+impl Drop for Pg {
+    /// Ends the session as a client should: with the client gone, the
+    /// session's last turn sends the server `Terminate` (without waiting),
+    /// so that it does not log a lost connection.
+    fn drop(&mut self) {
+        // SAFETY: dropped once, here; nothing uses the client after it.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.client) };
+        self.driver.get_mut().poll_idle();
+    }
 }
 
 /// An insert kept to be sent with the next request.
@@ -981,7 +993,7 @@ impl Connection {
         };
         Ok(Connection {
             conn: Conn::Pg(Box::new(Pg {
-                client,
+                client: std::mem::ManuallyDrop::new(client),
                 driver: RefCell::new(driver),
                 statements: RefCell::new(HashMap::new()),
                 changes: Cell::new(0),

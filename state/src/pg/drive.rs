@@ -88,7 +88,9 @@ impl AsyncRead for Socket {
         _: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        let into = buf.initialize_unfilled();
+        // At most 16 KiB a read: the client's read buffer grows with a
+        // large answer, and its free space is zeroed before each read.
+        let into = buf.initialize_unfilled_to(buf.remaining().min(READ_MAX));
         let read = self.get_mut().attempt(|s| match s {
             Stream::Tcp(s) => s.read(into),
             Stream::Unix(s) => s.read(into),
@@ -127,6 +129,9 @@ impl AsyncWrite for Socket {
         })
     }
 }
+
+/// The most one read asks of the socket.
+const READ_MAX: usize = 16 * 1024;
 
 type Session = Pin<Box<dyn Future<Output = std::result::Result<(), tokio_postgres::Error>> + Send>>;
 
@@ -175,6 +180,16 @@ impl Driver {
     /// Polls `f` and the session until `f` is done, waiting for the
     /// socket whenever neither can go on.
     pub(crate) fn block_on<F: Future>(&mut self, f: F) -> F::Output {
+        self.block_on_until(f, None)
+            .expect("no deadline: the call's own end")
+    }
+
+    /// [`Driver::block_on`], giving up (`None`) once `deadline` passed.
+    fn block_on_until<F: Future>(
+        &mut self,
+        f: F,
+        deadline: Option<std::time::Instant>,
+    ) -> Option<F::Output> {
         let waker = Waker::from(self.woken.clone());
         let mut cx = Context::from_waker(&waker);
         let mut f = std::pin::pin!(f);
@@ -182,14 +197,21 @@ impl Driver {
             self.woken.0.store(false, Ordering::Release);
             // The call first: it queues its requests for the session.
             if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-                return v;
+                return Some(v);
             }
             if self.turn(&mut cx) || self.woken.0.load(Ordering::Acquire) {
                 // The session ended (its calls now fail as closed), or a
                 // waker fired: poll again before waiting.
                 continue;
             }
-            self.wait();
+            let left = match deadline {
+                None => None,
+                Some(d) => match d.checked_duration_since(std::time::Instant::now()) {
+                    Some(left) if !left.is_zero() => Some(left),
+                    _ => return None,
+                },
+            };
+            self.wait(left);
         }
     }
 
@@ -219,8 +241,9 @@ impl Driver {
         }
     }
 
-    /// Waits until the socket can be read (or written, if a write waits).
-    fn wait(&self) {
+    /// Waits until the socket can be read (or written, if a write waits),
+    /// for at most `limit`.
+    fn wait(&self, limit: Option<std::time::Duration>) {
         if self.ended {
             // No socket to wait for: a call on an ended session fails
             // when next polled.
@@ -237,7 +260,11 @@ impl Driver {
         };
         // SAFETY: one valid pollfd, whose descriptor is open: the session
         // (or the handshake's future, while it runs) owns its socket.
-        unsafe { libc::poll(&mut fd, 1, -1) };
+        let timeout = limit.map_or(-1, |l| {
+            // Rounded up: a wait of 0 ms would spin until the deadline.
+            i32::try_from(l.as_millis() + 1).unwrap_or(i32::MAX)
+        });
+        unsafe { libc::poll(&mut fd, 1, timeout) };
     }
 }
 
@@ -256,7 +283,20 @@ where
     if n == 0 {
         return Err(Error::Connect("the URL names no host".into()));
     }
+    if !hosts.is_empty() && !addrs.is_empty() && hosts.len() != addrs.len() {
+        return Err(Error::Connect(format!(
+            "the URL names {} hosts and {} `hostaddr`s; give one address a host, or none",
+            hosts.len(),
+            addrs.len()
+        )));
+    }
     let ports = config.get_ports();
+    if ports.len() > 1 && ports.len() != n {
+        return Err(Error::Connect(format!(
+            "the URL names {n} hosts and {} ports; give one port, or one a host",
+            ports.len()
+        )));
+    }
     let mut order: Vec<usize> = (0..n).collect();
     if config.get_load_balance_hosts() == LoadBalanceHosts::Random {
         shuffle(&mut order);
@@ -326,6 +366,7 @@ where
             s.set_nodelay(true)
                 .map_err(|e| failed("cannot set TCP_NODELAY", e))?;
             let sock = socket2::SockRef::from(&s);
+            #[cfg(target_os = "linux")]
             if let Some(t) = config.get_tcp_user_timeout() {
                 sock.set_tcp_user_timeout(Some(*t))
                     .map_err(|e| failed("cannot set TCP_USER_TIMEOUT", e))?;
@@ -355,7 +396,9 @@ where
         .make_tls_connect(hostname.unwrap_or(""))
         .map_err(|e| Error::Connect(format!("cannot set up TLS: {}", e.into())))?;
     // The handshake, driven as calls are: by this thread, waiting in
-    // poll(2) between the server's answers.
+    // poll(2) between the server's answers, and for no longer than the
+    // connection itself may take (a server that takes the connection and
+    // never answers would otherwise hold the caller for good).
     let mut handshake = Driver {
         session: None,
         ended: false,
@@ -363,7 +406,14 @@ where
         wants_write: wants_write.clone(),
         woken: Arc::new(Woken(AtomicBool::new(false))),
     };
-    let (client, connection) = handshake.block_on(config.connect_raw(socket, tls))?;
+    let deadline = config
+        .get_connect_timeout()
+        .map(|t| std::time::Instant::now() + *t);
+    let (client, connection) = handshake
+        .block_on_until(config.connect_raw(socket, tls), deadline)
+        .ok_or_else(|| {
+            Error::Connect("the server did not finish the session's start in time".into())
+        })??;
     let mut driver = Driver::new(connection, fd, wants_write);
     let wanted = config.get_target_session_attrs();
     if wanted != TargetSessionAttrs::Any {
@@ -390,5 +440,31 @@ fn shuffle<T>(v: &mut [T]) {
     for i in (1..v.len()).rev() {
         let j = (uuid::Uuid::new_v4().as_u128() % (i as u128 + 1)) as usize;
         v.swap(i, j);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server that takes the connection (the kernel completes it from
+    /// the listen queue) and never answers does not hold the caller past
+    /// the connect timeout.
+    #[test]
+    fn a_server_that_never_answers_the_start_is_given_up_on_in_time() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut config = Config::new();
+        config
+            .host("127.0.0.1")
+            .port(port)
+            .user("jujube")
+            .connect_timeout(std::time::Duration::from_millis(50));
+        match connect(&config, tokio_postgres::NoTls) {
+            Err(Error::Connect(why)) => assert!(why.contains("in time"), "{why}"),
+            Err(e) => panic!("another error: {e}"),
+            Ok(_) => panic!("a session with a server that never answered"),
+        }
+        drop(listener);
     }
 }

@@ -155,3 +155,40 @@ fn a_session_ended_while_idle_is_found_before_a_transaction_begins_on_it() {
     );
     assert_eq!(e.st.machines().unwrap().len(), 2);
 }
+
+/// A session the server ends inside a transaction, between its statements,
+/// with a FATAL error of a class other than "connection" or "shutdown"
+/// (here the idle-in-transaction timeout, 25P03): nothing read the socket
+/// while the rule ran between statements, so the FATAL answers its next
+/// statement. A FATAL always ends the session: the transaction runs again
+/// on a new one.
+#[test]
+fn a_transaction_whose_session_ended_with_a_fatal_error_runs_again() {
+    let e = env();
+    let mut attempts = 0;
+    let id =
+        e.st.write(|tx| {
+            attempts += 1;
+            if attempts == 1 && tx.engine() == Engine::Postgres {
+                tx.execute_batch("SET LOCAL idle_in_transaction_session_timeout = 1")?;
+                let pid: i32 = tx.query_row("SELECT pg_backend_pid()", [], |r| r.get(0))?;
+                // Idle in its transaction until the server ends it.
+                e.st.read(|c| {
+                    while c.query_row(
+                        "SELECT count(*) FROM pg_stat_activity WHERE pid = ?1",
+                        [pid],
+                        |r| r.get::<_, i64>(0),
+                    )? > 0
+                    {
+                        std::thread::yield_now();
+                    }
+                    Ok(())
+                })?;
+            }
+            crate::machines::insert_machine(tx, "jammy", &[JOB_HOST_UNITS], &Constraints::default())
+        })
+        .unwrap();
+    assert_eq!(id, 1);
+    let postgres = matches!(e.st.location(), crate::Location::Postgres(_));
+    assert_eq!(attempts, if postgres { 2 } else { 1 });
+}
