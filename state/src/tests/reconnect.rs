@@ -114,6 +114,22 @@ fn a_write_whose_session_was_lost_during_its_commit_is_not_run_again_nor_called_
 /// transaction begins on it: nothing reads the socket between calls, so
 /// the store reads what the server sent first, and the transaction runs
 /// once, on a new session.
+/// Waits until the server no longer lists session `pid`, asking through
+/// one of `st`'s readers.
+fn until_gone(st: &crate::Store, pid: i32) -> crate::Result<()> {
+    st.read(|c| {
+        while c.query_row(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = ?1",
+            [pid],
+            |r| r.get::<_, i64>(0),
+        )? > 0
+        {
+            std::thread::yield_now();
+        }
+        Ok(())
+    })
+}
+
 #[test]
 fn a_session_ended_while_idle_is_found_before_a_transaction_begins_on_it() {
     let e = env();
@@ -130,18 +146,10 @@ fn a_session_ended_while_idle_is_found_before_a_transaction_begins_on_it() {
             c.query_row("SELECT pg_terminate_backend(?1)", [pid], |r| {
                 r.get::<_, bool>(0)
             })?;
-            // Gone once the server no longer lists it.
-            while c.query_row(
-                "SELECT count(*) FROM pg_stat_activity WHERE pid = ?1",
-                [pid],
-                |r| r.get::<_, i64>(0),
-            )? > 0
-            {
-                std::thread::yield_now();
-            }
             Ok(())
         })
         .unwrap();
+        until_gone(&e.st, pid).unwrap();
     }
     let mut attempts = 0;
     e.st.write(|tx| {
@@ -158,10 +166,9 @@ fn a_session_ended_while_idle_is_found_before_a_transaction_begins_on_it() {
 
 /// A session the server ends inside a transaction, between its statements,
 /// with a FATAL error of a class other than "connection" or "shutdown"
-/// (here the idle-in-transaction timeout, 25P03): nothing read the socket
-/// while the rule ran between statements, so the FATAL answers its next
-/// statement. A FATAL always ends the session: the transaction runs again
-/// on a new one.
+/// (here the idle-in-transaction timeout, 25P03), while nothing reads the
+/// socket: the rule's next statement finds the session ended, and the
+/// transaction runs again on a new one.
 #[test]
 fn a_transaction_whose_session_ended_with_a_fatal_error_runs_again() {
     let e = env();
@@ -173,17 +180,7 @@ fn a_transaction_whose_session_ended_with_a_fatal_error_runs_again() {
                 tx.execute_batch("SET LOCAL idle_in_transaction_session_timeout = 1")?;
                 let pid: i32 = tx.query_row("SELECT pg_backend_pid()", [], |r| r.get(0))?;
                 // Idle in its transaction until the server ends it.
-                e.st.read(|c| {
-                    while c.query_row(
-                        "SELECT count(*) FROM pg_stat_activity WHERE pid = ?1",
-                        [pid],
-                        |r| r.get::<_, i64>(0),
-                    )? > 0
-                    {
-                        std::thread::yield_now();
-                    }
-                    Ok(())
-                })?;
+                until_gone(&e.st, pid)?;
             }
             crate::machines::insert_machine(tx, "jammy", &[JOB_HOST_UNITS], &Constraints::default())
         })
