@@ -847,7 +847,7 @@ impl Pg {
         let begin = self.begin.take();
         let later = std::mem::take(&mut *self.later.borrow_mut());
         let r = if begin.is_none() && later.is_empty() && !commit {
-            self.driver.borrow_mut().block_on(call)
+            self.wait_for(call)
         } else {
             let binds: Vec<Vec<Bind<'_>>> = later
                 .iter()
@@ -868,30 +868,28 @@ impl Pg {
             let mut after = commit.then(|| Box::pin(self.client.batch_execute("COMMIT")));
             let mut call = std::pin::pin!(call);
             let (mut r, mut a) = (None, after.is_none().then_some(Ok(())));
-            self.driver
-                .borrow_mut()
-                .block_on(std::future::poll_fn(|cx| {
-                    for (f, done) in before.iter_mut().filter(|(_, done)| done.is_none()) {
-                        if let Poll::Ready(v) = f.as_mut().poll(cx) {
-                            *done = Some(v);
-                        }
+            self.wait_for(std::future::poll_fn(|cx| {
+                for (f, done) in before.iter_mut().filter(|(_, done)| done.is_none()) {
+                    if let Poll::Ready(v) = f.as_mut().poll(cx) {
+                        *done = Some(v);
                     }
-                    if r.is_none() {
-                        if let Poll::Ready(v) = call.as_mut().poll(cx) {
-                            r = Some(v);
-                        }
+                }
+                if r.is_none() {
+                    if let Poll::Ready(v) = call.as_mut().poll(cx) {
+                        r = Some(v);
                     }
-                    if let (None, Some(f)) = (&a, after.as_mut()) {
-                        if let Poll::Ready(v) = f.as_mut().poll(cx) {
-                            a = Some(v);
-                        }
+                }
+                if let (None, Some(f)) = (&a, after.as_mut()) {
+                    if let Poll::Ready(v) = f.as_mut().poll(cx) {
+                        a = Some(v);
                     }
-                    if before.iter().all(|(_, done)| done.is_some()) && r.is_some() && a.is_some() {
-                        Poll::Ready(())
-                    } else {
-                        Poll::Pending
-                    }
-                }));
+                }
+                if before.iter().all(|(_, done)| done.is_some()) && r.is_some() && a.is_some() {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            }));
             let first = before
                 .into_iter()
                 .map(|(_, done)| done.expect("every request answered"))
@@ -908,6 +906,11 @@ impl Pg {
             }
             Error::Postgres(e)
         })
+    }
+
+    /// Waits for `call`, driving the session meanwhile.
+    fn wait_for<F: std::future::Future>(&self, call: F) -> F::Output {
+        self.driver.borrow_mut().block_on(call)
     }
 
     fn prepare(&self, sql: &str, cache: bool) -> Result<tokio_postgres::Statement> {
@@ -1271,10 +1274,7 @@ impl Connection {
                 // Nothing to roll back of a `BEGIN` not sent.
                 pg.later.borrow_mut().clear();
                 if pg.in_tx.replace(false) && pg.begin.take().is_none() {
-                    let _ = pg
-                        .driver
-                        .borrow_mut()
-                        .block_on(pg.client.batch_execute("ROLLBACK"));
+                    let _ = pg.wait_for(pg.client.batch_execute("ROLLBACK"));
                 }
                 *pg.failed.borrow_mut() = None;
             }

@@ -160,21 +160,23 @@ impl Wake for Woken {
 }
 
 impl Driver {
-    fn new<T>(
-        connection: tokio_postgres::Connection<Socket, T>,
-        fd: RawFd,
-        wants_write: Arc<AtomicBool>,
-    ) -> Driver
+    /// A driver for `socket` with no session yet: it drives the session's
+    /// start, then [`Driver::start`] hands it the session.
+    fn for_socket(socket: &Socket) -> Driver {
+        Driver {
+            session: None,
+            ended: false,
+            fd: socket.fd(),
+            wants_write: socket.wants_write.clone(),
+            woken: Arc::new(Woken(AtomicBool::new(false))),
+        }
+    }
+
+    fn start<T>(&mut self, connection: tokio_postgres::Connection<Socket, T>)
     where
         T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        Driver {
-            session: Some(Box::pin(connection)),
-            ended: false,
-            fd,
-            wants_write,
-            woken: Arc::new(Woken(AtomicBool::new(false))),
-        }
+        self.session = Some(Box::pin(connection));
     }
 
     /// Polls `f` and the session until `f` is done, waiting for the
@@ -297,8 +299,9 @@ where
             ports.len()
         )));
     }
+    let random = config.get_load_balance_hosts() == LoadBalanceHosts::Random;
     let mut order: Vec<usize> = (0..n).collect();
-    if config.get_load_balance_hosts() == LoadBalanceHosts::Random {
+    if random {
         shuffle(&mut order);
     }
     let mut last = None;
@@ -314,7 +317,7 @@ where
                 match std::net::ToSocketAddrs::to_socket_addrs(&(h.as_str(), port)) {
                     Ok(a) => {
                         let mut a: Vec<Target> = a.map(Target::Tcp).collect();
-                        if config.get_load_balance_hosts() == LoadBalanceHosts::Random {
+                        if random {
                             shuffle(&mut a);
                         }
                         a
@@ -391,7 +394,6 @@ where
         ),
     };
     let socket = Socket::new(stream).map_err(|e| failed("cannot set up the socket", e))?;
-    let (fd, wants_write) = (socket.fd(), socket.wants_write.clone());
     let tls = tls
         .make_tls_connect(hostname.unwrap_or(""))
         .map_err(|e| Error::Connect(format!("cannot set up TLS: {}", e.into())))?;
@@ -399,22 +401,16 @@ where
     // poll(2) between the server's answers, and for no longer than the
     // connection itself may take (a server that takes the connection and
     // never answers would otherwise hold the caller for good).
-    let mut handshake = Driver {
-        session: None,
-        ended: false,
-        fd,
-        wants_write: wants_write.clone(),
-        woken: Arc::new(Woken(AtomicBool::new(false))),
-    };
+    let mut driver = Driver::for_socket(&socket);
     let deadline = config
         .get_connect_timeout()
         .map(|t| std::time::Instant::now() + *t);
-    let (client, connection) = handshake
+    let (client, connection) = driver
         .block_on_until(config.connect_raw(socket, tls), deadline)
         .ok_or_else(|| {
             Error::Connect("the server did not finish the session's start in time".into())
         })??;
-    let mut driver = Driver::new(connection, fd, wants_write);
+    driver.start(connection);
     let wanted = config.get_target_session_attrs();
     if wanted != TargetSessionAttrs::Any {
         let answer = driver.block_on(client.simple_query("SHOW transaction_read_only"))?;
