@@ -68,6 +68,19 @@ impl PgTarget {
         if config.get_user().is_none() {
             return Err(bad("it names no user (`postgres://USER@HOST:PORT/DB`)"));
         }
+        let (hosts, addrs) = (config.get_hosts().len(), config.get_hostaddrs().len());
+        if hosts > 0 && addrs > 0 && hosts != addrs {
+            return Err(bad(&format!(
+                "it names {hosts} hosts and {addrs} `hostaddr`s; give each host an address, or none"
+            )));
+        }
+        let ports = config.get_ports().len();
+        if ports > 1 && ports != hosts.max(addrs) {
+            return Err(bad(&format!(
+                "it names {} hosts and {ports} ports; give one port, or one for each host",
+                hosts.max(addrs)
+            )));
+        }
         let tls = tls.config().map_err(|why| bad(&why))?;
         Ok(PgTarget {
             url: url.to_string(),
@@ -258,6 +271,14 @@ mod tests {
             (
                 "postgres://jujube@db/env?connect_timeout=soon",
                 "does not parse",
+            ),
+            (
+                "postgres://jujube@a,b/env?port=5432,5433,5434",
+                "ports; give one port, or one for each host",
+            ),
+            (
+                "postgres://jujube@a,b/env?hostaddr=127.0.0.1",
+                "names 2 hosts and 1 `hostaddr`",
             ),
         ] {
             let err = PgTarget::new(url, None).unwrap_err().to_string();

@@ -285,20 +285,9 @@ where
     if n == 0 {
         return Err(Error::Connect("the URL names no host".into()));
     }
-    if !hosts.is_empty() && !addrs.is_empty() && hosts.len() != addrs.len() {
-        return Err(Error::Connect(format!(
-            "the URL names {} hosts and {} `hostaddr`s; give one address a host, or none",
-            hosts.len(),
-            addrs.len()
-        )));
-    }
+    // (Host, `hostaddr` and port counts that do not match were refused
+    // with the URL: `PgTarget::new`.)
     let ports = config.get_ports();
-    if ports.len() > 1 && ports.len() != n {
-        return Err(Error::Connect(format!(
-            "the URL names {n} hosts and {} ports; give one port, or one a host",
-            ports.len()
-        )));
-    }
     let random = config.get_load_balance_hosts() == LoadBalanceHosts::Random;
     let mut order: Vec<usize> = (0..n).collect();
     if random {
