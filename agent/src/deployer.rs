@@ -138,21 +138,97 @@ fn write_record(path: &Path, record: &Record) -> Result<()> {
     std::fs::write(path, bytes).map_err(io("write", path))
 }
 
-/// Where a charm is laid.
-#[derive(Debug)]
-pub(crate) enum Lay {
-    /// In a unit directory being deployed, not yet in place (renamed into
-    /// place whole once laid): nothing is there before, and nothing needs
-    /// writing atomically on its own. Its record, written again with the
-    /// charm's files.
-    Fresh(Record),
-    /// Over the charm a unit runs (an upgrade).
-    Over,
+/// A charm's files, gathered before anything of it is laid: a deploy then
+/// writes the unit's record once, complete, before it lays them (a second
+/// write of the record truncated it, and ext4 writes a file truncated
+/// and written again out to the disk as it is closed: a block allocation
+/// and a write a unit, in the deploy's path).
+pub(crate) enum CharmFiles {
+    /// Copied from where the controller keeps the charm (this machine):
+    /// its directories and files relative to its root, each directory
+    /// before what it holds.
+    Local {
+        root: PathBuf,
+        entries: Vec<(String, bool)>,
+    },
+    /// Fetched through the API (an agent on another machine).
+    Fetched(Vec<crate::api::CharmFile>),
 }
 
-/// Puts `unit`'s charm into `unit_dir`'s `charm/` (over what is there: its
-/// files replace theirs): copied where the controller keeps it when that
-/// is here, else fetched through the API (an agent on another machine).
+impl CharmFiles {
+    /// `unit`'s charm: listed where the controller keeps it when that is
+    /// here, else fetched through the API.
+    pub(crate) async fn gather(
+        api: &dyn Facade,
+        unit: &str,
+        charm: &CharmRef,
+    ) -> Result<CharmFiles> {
+        let root = Path::new(&charm.path);
+        if root.is_dir() {
+            CharmFiles::listed(root)
+        } else {
+            Ok(CharmFiles::Fetched(api.charm_files(unit).await?))
+        }
+    }
+
+    /// The charm at `root`, on this machine.
+    fn listed(root: &Path) -> Result<CharmFiles> {
+        let mut entries = Vec::new();
+        list_tree(root, "", &mut entries)?;
+        Ok(CharmFiles::Local {
+            root: root.to_path_buf(),
+            entries,
+        })
+    }
+
+    /// The files it lays, relative to the charm's root (what the unit's
+    /// record lists).
+    fn paths(&self) -> Vec<String> {
+        match self {
+            CharmFiles::Local { entries, .. } => entries
+                .iter()
+                .filter(|(_, dir)| !dir)
+                .map(|(rel, _)| rel.clone())
+                .collect(),
+            CharmFiles::Fetched(files) => files.iter().map(|f| f.path.clone()).collect(),
+        }
+    }
+
+    /// Lays the files under `to` (over what is there: they replace theirs).
+    fn lay(&self, to: &Path) -> Result<()> {
+        match self {
+            CharmFiles::Local { root, entries } => {
+                make_dir(to)?;
+                for (rel, dir) in entries {
+                    let dst = to.join(rel);
+                    if *dir {
+                        make_dir(&dst)?;
+                    } else {
+                        let src = root.join(rel);
+                        std::fs::copy(&src, &dst).map_err(io("copy", &src))?;
+                    }
+                }
+                Ok(())
+            }
+            CharmFiles::Fetched(files) => {
+                std::fs::create_dir_all(to).map_err(io("create", to))?;
+                write_files(files, to)
+            }
+        }
+    }
+}
+
+/// Creates directory `dir`, whose parent exists; one already there is
+/// fine (laid over).
+fn make_dir(dir: &Path) -> Result<()> {
+    match std::fs::create_dir(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
+        r => r.map_err(io("create", dir)),
+    }
+}
+
+/// Puts `unit`'s charm over the one in `unit_dir`'s `charm/` (an upgrade:
+/// its files replace theirs).
 ///
 /// The files a charm put there are listed in the unit's record
 /// (`charm-files`), as Juju's charm deployer keeps a manifest: laying a new
@@ -164,31 +240,17 @@ pub(crate) async fn install_charm(
     unit: &str,
     charm: &CharmRef,
     unit_dir: &Path,
-    lay: Lay,
 ) -> Result<()> {
-    let to = unit_dir.join("charm");
-    let mut laid = Vec::new();
-    if Path::new(&charm.path).is_dir() {
-        copy_tree(Path::new(&charm.path), &to, Path::new(""), &mut laid)?;
-    } else {
-        write_files(&api.charm_files(unit).await?, &to, &mut laid)?;
-    }
-    record_laid(unit_dir, laid, lay)
+    let files = CharmFiles::gather(api, unit, charm).await?;
+    files.lay(&unit_dir.join("charm"))?;
+    record_laid(unit_dir, files.paths())
 }
 
-/// Lists `laid` in the unit's record; over an earlier lay, first removes
-/// the files it listed that `laid` lacks.
-fn record_laid(unit_dir: &Path, laid: Vec<String>, lay: Lay) -> Result<()> {
+/// Lists `laid` in the unit's record, first removing the files the earlier
+/// lay listed that `laid` lacks.
+fn record_laid(unit_dir: &Path, laid: Vec<String>) -> Result<()> {
     let path = unit_dir.join(RECORD);
-    let mut record = match lay {
-        Lay::Fresh(mut record) => {
-            // In place (the directory is not): an inode fewer a deploy
-            // than a manifest of its own, and no rename.
-            record.charm_files = laid;
-            return write_record(&path, &record);
-        }
-        Lay::Over => load_record(unit_dir)?,
-    };
+    let mut record = load_record(unit_dir)?;
     let legacy = unit_dir.join(LEGACY_MANIFEST);
     let old = match std::mem::take(&mut record.charm_files) {
         files if files.is_empty() => std::fs::read_to_string(&legacy)
@@ -234,27 +296,34 @@ fn record_laid(unit_dir: &Path, laid: Vec<String>, lay: Lay) -> Result<()> {
 /// Where units deployed by earlier versions listed their charm's files.
 const LEGACY_MANIFEST: &str = "charm.manifest";
 
-/// Copies a charm directory (files, subdirectories, permissions), adding
-/// each file's path relative to the charm's root to `laid`.
-fn copy_tree(from: &Path, to: &Path, rel: &Path, laid: &mut Vec<String>) -> Result<()> {
-    std::fs::create_dir_all(to).map_err(io("create", to))?;
-    for entry in std::fs::read_dir(from).map_err(io("read", from))? {
-        let entry = entry.map_err(io("read", from))?;
-        let src = entry.path();
-        let dst = to.join(entry.file_name());
-        let rel = rel.join(entry.file_name());
-        if entry.file_type().map_err(io("read", &src))?.is_dir() {
-            copy_tree(&src, &dst, &rel, laid)?;
+/// Adds what directory `dir` of a charm holds to `entries`, relative to
+/// the charm's root (`rel` is `dir`'s), each directory before its
+/// contents. (Copied with their permissions by [`CharmFiles::lay`].)
+fn list_tree(dir: &Path, rel: &str, entries: &mut Vec<(String, bool)>) -> Result<()> {
+    for entry in std::fs::read_dir(dir).map_err(io("read", dir))? {
+        let entry = entry.map_err(io("read", dir))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let rel = if rel.is_empty() {
+            name
         } else {
-            std::fs::copy(&src, &dst).map_err(io("copy", &src))?;
-            laid.push(rel.to_string_lossy().into_owned());
+            format!("{rel}/{name}")
+        };
+        if entry
+            .file_type()
+            .map_err(io("read", &entry.path()))?
+            .is_dir()
+        {
+            entries.push((rel.clone(), true));
+            list_tree(&entry.path(), &rel, entries)?;
+        } else {
+            entries.push((rel, false));
         }
     }
     Ok(())
 }
 
 /// Writes a charm fetched through the API under `to`, with its modes.
-fn write_files(files: &[crate::api::CharmFile], to: &Path, laid: &mut Vec<String>) -> Result<()> {
+fn write_files(files: &[crate::api::CharmFile], to: &Path) -> Result<()> {
     use base64::Engine;
     use std::os::unix::fs::PermissionsExt;
     for f in files {
@@ -287,7 +356,6 @@ fn write_files(files: &[crate::api::CharmFile], to: &Path, laid: &mut Vec<String
         std::fs::write(&path, data).map_err(io("write", &path))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(f.mode & 0o777))
             .map_err(io("chmod", &path))?;
-        laid.push(f.path.clone());
     }
     Ok(())
 }
@@ -335,13 +403,31 @@ impl Deployer {
     /// its units (their agents are not started).
     pub fn scan(&mut self) -> Result<()> {
         let machine_dir = self.machine_dir.clone();
-        std::fs::create_dir_all(&machine_dir).map_err(io("create", &machine_dir))?;
         let owner = self.api.tag().clone();
         let mut deployed = Deployed::default();
-        for entry in std::fs::read_dir(&machine_dir).map_err(io("read", &machine_dir))? {
+        let entries = match std::fs::read_dir(&machine_dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                // A new machine: nothing deployed yet.
+                std::fs::create_dir_all(&machine_dir).map_err(io("create", &machine_dir))?;
+                self.deployed = deployed;
+                return Ok(());
+            }
+            Err(e) => return Err(io("read", &machine_dir)(e)),
+        };
+        // A unit's own directory is never its deployment (nor a leftover
+        // of one): not read.
+        let own = match &owner {
+            Tag::Unit(_) => Some(owner.to_string()),
+            _ => None,
+        };
+        for entry in entries {
             let entry = entry.map_err(io("read", &machine_dir))?;
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().into_owned();
+            if own.as_deref() == Some(name.as_str()) {
+                continue;
+            }
             let record = read_record(&path);
             let mine = record.as_ref().map(|r| r.deployer == owner);
             let leftover = name.ends_with(DEPLOYING) || name.ends_with(RECALLING);
@@ -392,6 +478,8 @@ impl Deployer {
 
     /// Deploys a unit: its directory with the charm, then its agent.
     pub async fn deploy(&mut self, unit: &str, charm: &CharmRef) -> Result<()> {
+        // Before anything is made: the record lists the charm's files.
+        let files = CharmFiles::gather(&*self.api, unit, charm).await?;
         let dir = self.unit_dir(unit);
         let tmp = self
             .machine_dir
@@ -405,15 +493,18 @@ impl Deployer {
             }
             Err(_) => std::fs::create_dir_all(&tmp).map_err(io("create", &tmp))?,
         }
-        // The record first, so that a leftover is attributable.
+        // The record first, so that a leftover is attributable; written
+        // once, in place (the directory is renamed into place whole), with
+        // the charm's files listed in it: an inode fewer a deploy than a
+        // manifest of its own.
         let record = Record {
             unit: unit.to_string(),
             deployer: self.api.tag().clone(),
             charm_url: charm.url.clone(),
-            charm_files: Vec::new(),
+            charm_files: files.paths(),
         };
         write_record(&tmp.join(RECORD), &record)?;
-        install_charm(&*self.api, unit, charm, &tmp, Lay::Fresh(record)).await?;
+        files.lay(&tmp.join("charm"))?;
         std::fs::rename(&tmp, &dir).map_err(io("rename", &tmp))?;
         debug!(owner = %self.api.tag(), unit, "deployed");
         let running = start_unit_agent(&self.connector, &self.machine_dir, unit);
@@ -783,34 +874,66 @@ mod tests {
         r
     }
 
-    /// A deploy lists the charm's files in the unit's record, with no
-    /// file of their own; an upgrade removes what the old revision had
-    /// and the new one lacks (with the directories it leaves empty), and
-    /// keeps what the charm wrote itself.
+    /// A charm on this machine is listed before anything is laid (what
+    /// the record lists, written once before the files), then laid whole:
+    /// its directories, empty ones too, and its files with their modes.
+    #[test]
+    fn a_local_charm_is_listed_then_laid_with_its_directories_and_modes() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        for d in ["hooks", "templates/empty"] {
+            std::fs::create_dir_all(src.join(d)).unwrap();
+        }
+        std::fs::write(src.join("metadata.yaml"), "name: x\n").unwrap();
+        std::fs::write(src.join("hooks/install"), "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(
+            src.join("hooks/install"),
+            std::fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
+        let files = CharmFiles::listed(&src).unwrap();
+        let mut paths = files.paths();
+        paths.sort();
+        assert_eq!(paths, ["hooks/install", "metadata.yaml"]);
+        let to = dir.path().join("unit/charm");
+        std::fs::create_dir(dir.path().join("unit")).unwrap();
+        files.lay(&to).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(to.join("metadata.yaml")).unwrap(),
+            "name: x\n"
+        );
+        let mode = std::fs::metadata(to.join("hooks/install"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o755);
+        assert!(to.join("templates/empty").is_dir());
+        // Laid again over itself (an upgrade to the same files): fine.
+        files.lay(&to).unwrap();
+    }
+
+    /// An upgrade removes what the old revision had and the new one lacks
+    /// (with the directories it leaves empty), and keeps what the charm
+    /// wrote itself.
     #[test]
     fn the_record_lists_what_was_laid_and_an_upgrade_removes_what_was_dropped() {
         let dir = tempfile::tempdir().unwrap();
         let unit_dir = dir.path();
-        let r = fresh(unit_dir);
+        let mut r = fresh(unit_dir);
         let laid = lay(
             unit_dir,
             &["metadata.yaml", "hooks/install", "hooks/old/stop"],
         );
-        record_laid(unit_dir, laid.clone(), Lay::Fresh(r.clone())).unwrap();
-        assert_eq!(record(unit_dir).charm_files, laid);
-        assert!(!unit_dir.join(LEGACY_MANIFEST).exists());
-        let names: Vec<_> = std::fs::read_dir(unit_dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(names.len(), 2, "the record and the charm: {names:?}");
+        r.charm_files = laid.clone();
+        std::fs::write(unit_dir.join(RECORD), serde_json::to_vec(&r).unwrap()).unwrap();
 
         std::fs::write(unit_dir.join("charm/written"), "by a hook").unwrap();
         let laid = lay(
             unit_dir,
             &["metadata.yaml", "hooks/install", "hooks/upgrade-charm"],
         );
-        record_laid(unit_dir, laid.clone(), Lay::Over).unwrap();
+        record_laid(unit_dir, laid.clone()).unwrap();
         let after = record(unit_dir);
         assert_eq!(after.charm_files, laid);
         assert_eq!((after.unit, after.charm_url), (r.unit, r.charm_url));
@@ -834,7 +957,7 @@ mod tests {
         )
         .unwrap();
         let laid = lay(unit_dir, &["metadata.yaml"]);
-        record_laid(unit_dir, laid.clone(), Lay::Over).unwrap();
+        record_laid(unit_dir, laid.clone()).unwrap();
         assert!(!unit_dir.join("charm/hooks").exists());
         assert!(!unit_dir.join(LEGACY_MANIFEST).exists());
         assert_eq!(record(unit_dir).charm_files, laid);

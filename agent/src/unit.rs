@@ -62,6 +62,46 @@ fn shippable(chunk: &[u8]) -> Option<(String, usize)> {
     }
 }
 
+/// Which hooks a unit's charm has: a stat of `dispatch` and a listing of
+/// `hooks/`, read once, where a pass looked for each hook with two stats
+/// before running it and two more after (a unit of a charm without hooks
+/// made sixteen in its first pass). Forgotten whenever anything runs in
+/// the unit's context (an `install` hook may link the others into place)
+/// or its charm is laid, and at the end of each pass.
+struct CharmHooks {
+    /// An executable `dispatch`: it runs every hook.
+    dispatch: bool,
+    /// The names in `hooks/` that exist (a link counts if what it names
+    /// does).
+    present: std::collections::HashSet<Box<str>>,
+}
+
+impl CharmHooks {
+    fn read(charm: &Path) -> CharmHooks {
+        use std::os::unix::fs::PermissionsExt;
+        let dispatch = std::fs::metadata(charm.join("dispatch"))
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+        let mut present = std::collections::HashSet::new();
+        if !dispatch {
+            for entry in std::fs::read_dir(charm.join("hooks"))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let there = match entry.file_type() {
+                    Ok(t) if t.is_symlink() => entry.path().exists(),
+                    Ok(_) => true,
+                    Err(_) => entry.path().exists(),
+                };
+                if there {
+                    present.insert(entry.file_name().to_string_lossy().into());
+                }
+            }
+        }
+        CharmHooks { dispatch, present }
+    }
+}
+
 pub struct UnitAgent {
     api: Arc<dyn Facade>,
     connector: Arc<dyn Connector>,
@@ -78,8 +118,12 @@ pub struct UnitAgent {
     /// let go when the agent goes idle (see `step`).
     hooks: Option<Box<HookState>>,
     tools: Option<Box<ToolServer>>,
+    /// Which hooks the charm has, read when a pass first asks (see
+    /// [`CharmHooks`]); let go with the pass.
+    charm_hooks: Option<Box<CharmHooks>>,
     /// Relations whose scope it is in: watched for members and settings.
-    scopes: Vec<i64>,
+    /// (A boxed slice: a vector's capacity is a word more in each agent.)
+    scopes: Box<[i64]>,
     contexts: u32,
     /// config-changed runs once whenever the agent (re)starts: how
     /// charms-in-action.txt's "recovering from transient unit agent errors"
@@ -134,7 +178,8 @@ impl UnitAgent {
             reported: None,
             hooks: None,
             tools: None,
-            scopes: Vec::new(),
+            charm_hooks: None,
+            scopes: Box::default(),
             contexts: 0,
             ran_config_changed: false,
             started: false,
@@ -247,6 +292,19 @@ impl UnitAgent {
         self.dir().join("charm").is_dir()
     }
 
+    /// Whether the charm has `hook` (what [`runner::program`] names
+    /// exists), from [`CharmHooks`].
+    fn has_hook(&mut self, hook: &Hook) -> bool {
+        if hook.action.is_some() {
+            return runner::program(&self.dir().join("charm"), hook).0.exists();
+        }
+        if self.charm_hooks.is_none() {
+            self.charm_hooks = Some(Box::new(CharmHooks::read(&self.dir().join("charm"))));
+        }
+        let hooks = self.charm_hooks.as_ref().expect("just read");
+        hooks.dispatch || hooks.present.contains(hook.name.as_str())
+    }
+
     /// The record, read at the pass's start (see `step`).
     fn hook_state(&mut self) -> &mut HookState {
         self.hooks.get_or_insert_with(Default::default)
@@ -275,7 +333,7 @@ impl UnitAgent {
         // socket, no write (100,000 units of a charm without hooks stay
         // cheap). A charm with a `dispatch` has every hook. (No charm laid
         // yet: no hook either, without a stat of its own.)
-        if !runner::program(&dir.join("charm"), &hook).0.exists() {
+        if !self.has_hook(&hook) {
             return Ok(true);
         }
         // Told where the unit runs (a subordinate's principal, the machine).
@@ -353,6 +411,8 @@ impl UnitAgent {
         relations: &BTreeMap<i64, String>,
         action: Option<&serde_json::Value>,
     ) -> Result<(String, Arc<HookContext>, PathBuf)> {
+        // Whatever runs in it may change the charm's hooks.
+        self.charm_hooks = None;
         if self.tools.is_none() {
             let mut socket = self.dir().join("agent.socket");
             if socket.as_os_str().len() > 100 {
@@ -422,6 +482,8 @@ impl UnitAgent {
     }
 
     async fn close_context(&mut self) {
+        // What ran may have changed the charm's hooks.
+        self.charm_hooks = None;
         if let Some(tools) = self.tools.take() {
             tools.set(None).await;
         }
@@ -463,15 +525,9 @@ impl UnitAgent {
     /// Lays the service's current charm over the unit's charm directory:
     /// its files replace theirs, anything else there stays.
     async fn lay_charm(&mut self) -> Result<()> {
+        self.charm_hooks = None;
         let charm = self.api.charm(self.name()).await?;
-        crate::deployer::install_charm(
-            &*self.api,
-            self.name(),
-            &charm,
-            &self.dir(),
-            crate::deployer::Lay::Over,
-        )
-        .await
+        crate::deployer::install_charm(&*self.api, self.name(), &charm, &self.dir()).await
     }
 
     /// `jujube run`: each queued command in turn, in a hook context of its
@@ -810,10 +866,7 @@ impl UnitAgent {
     /// Saves the whole record now if `hook` exists (it ran), and then
     /// nothing is owed; otherwise a save is owed.
     fn save_if_ran(&mut self, hook: &str) -> Result<bool> {
-        if runner::program(&self.dir().join("charm"), &Hook::unit(hook))
-            .0
-            .exists()
-        {
+        if self.has_hook(&Hook::unit(hook)) {
             self.save_hooks()?;
             Ok(false)
         } else {
@@ -826,9 +879,7 @@ impl UnitAgent {
     fn stop_hook_due(&mut self) -> bool {
         self.hook_state().installed
             && !self.hook_state().stopped
-            && runner::program(&self.dir().join("charm"), &Hook::unit("stop"))
-                .0
-                .exists()
+            && self.has_hook(&Hook::unit("stop"))
     }
 
     fn relation_state(&mut self, id: i64) -> &mut RelationState {
@@ -970,6 +1021,7 @@ impl Agent for UnitAgent {
             self.hooks = Some(Box::new(record));
         }
         let step = self.advance().await;
+        self.charm_hooks = None;
         if matches!(step, Ok(Step::Idle)) && self.hooks.as_ref().is_some_and(|h| !h.unsaved()) {
             self.hooks = None;
         }
@@ -1160,7 +1212,52 @@ impl UnitAgent {
 
 #[cfg(test)]
 mod tests {
-    use super::{shippable, MAX_SHIPPED_LOG};
+    use super::{runner, shippable, CharmHooks, Hook, MAX_SHIPPED_LOG};
+
+    /// What the listing says a charm has is what a look for each hook's
+    /// program finds: files and links to files in `hooks/`, not a link to
+    /// nothing; every hook once `dispatch` is executable.
+    #[test]
+    fn the_charms_hooks_read_once_agree_with_a_look_for_each() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let charm = dir.path();
+        let names = [
+            "install",
+            "start",
+            "stop",
+            "config-changed",
+            "db-relation-joined",
+        ];
+        let agree = |charm: &std::path::Path| {
+            let hooks = CharmHooks::read(charm);
+            for name in names {
+                let looked = runner::program(charm, &Hook::unit(name)).0.exists();
+                let listed = hooks.dispatch || hooks.present.contains(name);
+                assert_eq!(listed, looked, "{name}");
+            }
+        };
+        // No `hooks/` at all.
+        agree(charm);
+        std::fs::create_dir(charm.join("hooks")).unwrap();
+        std::fs::write(charm.join("hooks/install"), "#!/bin/sh\n").unwrap();
+        std::os::unix::fs::symlink("install", charm.join("hooks/start")).unwrap();
+        std::os::unix::fs::symlink("nothing", charm.join("hooks/stop")).unwrap();
+        agree(charm);
+        assert!(CharmHooks::read(charm).present.contains("start"));
+        assert!(!CharmHooks::read(charm).present.contains("stop"));
+        // A `dispatch` that is not executable runs nothing; one that is
+        // runs every hook.
+        std::fs::write(charm.join("dispatch"), "#!/bin/sh\n").unwrap();
+        agree(charm);
+        std::fs::set_permissions(
+            charm.join("dispatch"),
+            std::fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
+        agree(charm);
+        assert!(CharmHooks::read(charm).dispatch);
+    }
 
     #[test]
     fn a_shipment_is_whole_lines_within_the_bound_even_when_decoding_grows_it() {
