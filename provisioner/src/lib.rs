@@ -117,7 +117,23 @@ struct Inner {
     stopping: watch::Sender<bool>,
     /// Where machines' agents are installed on their instances.
     installer: std::sync::OnceLock<Arc<dyn AgentInstaller>>,
+    /// Passes [`Provisioner::run`] has begun.
+    passes: std::sync::atomic::AtomicU64,
 }
+
+/// The least time from the end of a pass to the next one a change asks
+/// for: changes that come meanwhile are taken by that one pass.
+pub const PASS_SPACING: Duration = Duration::from_millis(50);
+
+/// How many times its own cost a pass is apart from the next one a change
+/// asks for, when that is longer than [`PASS_SPACING`]: passes take at
+/// most a quarter of the provisioner's time, however often the state
+/// changes. Each pass reads every machine it could act on, and while
+/// 100,000 unit agents started they committed all the time: the
+/// provisioner passed back to back, re-reading every machine still being
+/// started on a worker thread the agents needed, and took five times as
+/// long to provision them.
+const PASS_COST_SPACING: u32 = 3;
 
 /// Makes what a machine's agent needs on its instance (see
 /// [`jujube_providers::AgentInstall`]). Called once per start attempt, right
@@ -246,8 +262,14 @@ impl Provisioner {
                 tasks: Mutex::new(tokio::task::JoinSet::new()),
                 stopping: watch::channel(false).0,
                 installer: std::sync::OnceLock::new(),
+                passes: Default::default(),
             }),
         })
+    }
+
+    /// How many passes [`Provisioner::run`] has begun.
+    pub fn passes(&self) -> u64 {
+        self.inner.passes.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Installs machines' agents on their instances through `installer`
@@ -320,11 +342,17 @@ impl Provisioner {
         let mut watcher = self.inner.store.watch(self.inner.store.head_revision()?);
         let mut failures = 0u32;
         loop {
+            self.inner
+                .passes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let began = tokio::time::Instant::now();
             let pass = tokio::select! {
                 r = self.reconcile() => Some(r),
                 _ = stopped(&mut stop) => None,
             };
             let Some(pass) = pass else { break };
+            let ended = tokio::time::Instant::now();
+            let spaced = ended + PASS_SPACING.max((ended - began) * PASS_COST_SPACING);
             let failed = pass.is_err();
             let action = match pass {
                 Ok(a) => {
@@ -352,6 +380,12 @@ impl Provisioner {
                 tokio::select! {
                     r = watcher.next_head() => {
                         if !failed {
+                            // Spaced from the last pass (a requeue that
+                            // comes first still ends the wait).
+                            tokio::select! {
+                                _ = tokio::time::sleep_until(spaced.min(until)) => {}
+                                _ = stopped(&mut stop) => {}
+                            }
                             break;
                         }
                         // Asked of the store, not read change by change:
@@ -375,6 +409,7 @@ impl Provisioner {
         }
         self.inner.stopping.send_replace(true);
         self.idle().await;
+        info!(passes = self.passes(), "the provisioner stopped");
         Ok(())
     }
 

@@ -576,6 +576,36 @@ async fn run_reacts_to_changes_and_stops_cleanly() {
     task.await.unwrap().unwrap();
 }
 
+/// A stream of commits (a machine added every millisecond, and each
+/// start's record) is taken by few passes, spaced from the last by
+/// `PASS_SPACING`, and still provisions every machine soon after.
+#[tokio::test(start_paused = true)]
+async fn passes_a_stream_of_changes_asks_for_are_spaced() {
+    let w = world(&[]);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let p = w.p.clone();
+    let task = tokio::spawn(async move { p.run(stop_rx).await });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let before = w.p.passes();
+    for _ in 0..200 {
+        w.store.add_machines(1, None, None).unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(PASS_SPACING * 3).await;
+    let passes = w.p.passes() - before;
+    // 200 ms of changes, a pass at most every 50 ms (and one more for the
+    // records of the last starts).
+    assert!(passes <= 7, "{passes} passes");
+    for id in 1..=200 {
+        assert!(
+            w.store.machine(id).unwrap().instance_id.is_some(),
+            "machine {id} has no instance"
+        );
+    }
+    stop_tx.send(true).unwrap();
+    task.await.unwrap().unwrap();
+}
+
 #[test]
 fn bad_config_is_refused_with_the_key_named() {
     let c = |k: &str, v: &str| {
