@@ -24,7 +24,7 @@ use crate::api::{
 };
 use crate::deployer::{unit_dir_name, Deployer};
 use crate::hooks::context::{HookContext, HookView, ToolServer};
-use crate::hooks::runner::{self, Hook, Outcome};
+use crate::hooks::runner::{self, CharmHooks, Hook, Outcome};
 use crate::hooks::state::{digest, HookRecord, HookState, RelationState};
 use crate::{Agent, Result, Running, Step};
 use jujube_core::charm::Scope;
@@ -62,46 +62,6 @@ fn shippable(chunk: &[u8]) -> Option<(String, usize)> {
     }
 }
 
-/// Which hooks a unit's charm has: a stat of `dispatch` and a listing of
-/// `hooks/`, read once, where a pass looked for each hook with two stats
-/// before running it and two more after (a unit of a charm without hooks
-/// made sixteen in its first pass). Forgotten whenever anything runs in
-/// the unit's context (an `install` hook may link the others into place)
-/// or its charm is laid, and at the end of each pass.
-struct CharmHooks {
-    /// An executable `dispatch`: it runs every hook.
-    dispatch: bool,
-    /// The names in `hooks/` that exist (a link counts if what it names
-    /// does).
-    present: std::collections::HashSet<Box<str>>,
-}
-
-impl CharmHooks {
-    fn read(charm: &Path) -> CharmHooks {
-        use std::os::unix::fs::PermissionsExt;
-        let dispatch = std::fs::metadata(charm.join("dispatch"))
-            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
-        let mut present = std::collections::HashSet::new();
-        if !dispatch {
-            for entry in std::fs::read_dir(charm.join("hooks"))
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                let there = match entry.file_type() {
-                    Ok(t) if t.is_symlink() => entry.path().exists(),
-                    Ok(_) => true,
-                    Err(_) => entry.path().exists(),
-                };
-                if there {
-                    present.insert(entry.file_name().to_string_lossy().into());
-                }
-            }
-        }
-        CharmHooks { dispatch, present }
-    }
-}
-
 pub struct UnitAgent {
     api: Arc<dyn Facade>,
     connector: Arc<dyn Connector>,
@@ -119,7 +79,8 @@ pub struct UnitAgent {
     hooks: Option<Box<HookState>>,
     tools: Option<Box<ToolServer>>,
     /// Which hooks the charm has, read when a pass first asks (see
-    /// [`CharmHooks`]); let go with the pass.
+    /// [`CharmHooks`]); let go with the pass, when something ran in the
+    /// unit's context (`close_context`) and when the charm is laid.
     charm_hooks: Option<Box<CharmHooks>>,
     /// Relations whose scope it is in: watched for members and settings.
     /// (A boxed slice: a vector's capacity is a word more in each agent.)
@@ -301,8 +262,10 @@ impl UnitAgent {
         if self.charm_hooks.is_none() {
             self.charm_hooks = Some(Box::new(CharmHooks::read(&self.dir().join("charm"))));
         }
-        let hooks = self.charm_hooks.as_ref().expect("just read");
-        hooks.dispatch || hooks.present.contains(hook.name.as_str())
+        self.charm_hooks
+            .as_ref()
+            .expect("just read")
+            .has(&hook.name)
     }
 
     /// The record, read at the pass's start (see `step`).
@@ -411,8 +374,6 @@ impl UnitAgent {
         relations: &BTreeMap<i64, String>,
         action: Option<&serde_json::Value>,
     ) -> Result<(String, Arc<HookContext>, PathBuf)> {
-        // Whatever runs in it may change the charm's hooks.
-        self.charm_hooks = None;
         if self.tools.is_none() {
             let mut socket = self.dir().join("agent.socket");
             if socket.as_os_str().len() > 100 {
@@ -1212,52 +1173,7 @@ impl UnitAgent {
 
 #[cfg(test)]
 mod tests {
-    use super::{runner, shippable, CharmHooks, Hook, MAX_SHIPPED_LOG};
-
-    /// What the listing says a charm has is what a look for each hook's
-    /// program finds: files and links to files in `hooks/`, not a link to
-    /// nothing; every hook once `dispatch` is executable.
-    #[test]
-    fn the_charms_hooks_read_once_agree_with_a_look_for_each() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        let charm = dir.path();
-        let names = [
-            "install",
-            "start",
-            "stop",
-            "config-changed",
-            "db-relation-joined",
-        ];
-        let agree = |charm: &std::path::Path| {
-            let hooks = CharmHooks::read(charm);
-            for name in names {
-                let looked = runner::program(charm, &Hook::unit(name)).0.exists();
-                let listed = hooks.dispatch || hooks.present.contains(name);
-                assert_eq!(listed, looked, "{name}");
-            }
-        };
-        // No `hooks/` at all.
-        agree(charm);
-        std::fs::create_dir(charm.join("hooks")).unwrap();
-        std::fs::write(charm.join("hooks/install"), "#!/bin/sh\n").unwrap();
-        std::os::unix::fs::symlink("install", charm.join("hooks/start")).unwrap();
-        std::os::unix::fs::symlink("nothing", charm.join("hooks/stop")).unwrap();
-        agree(charm);
-        assert!(CharmHooks::read(charm).present.contains("start"));
-        assert!(!CharmHooks::read(charm).present.contains("stop"));
-        // A `dispatch` that is not executable runs nothing; one that is
-        // runs every hook.
-        std::fs::write(charm.join("dispatch"), "#!/bin/sh\n").unwrap();
-        agree(charm);
-        std::fs::set_permissions(
-            charm.join("dispatch"),
-            std::fs::Permissions::from_mode(0o755),
-        )
-        .unwrap();
-        agree(charm);
-        assert!(CharmHooks::read(charm).dispatch);
-    }
+    use super::{shippable, MAX_SHIPPED_LOG};
 
     #[test]
     fn a_shipment_is_whole_lines_within_the_bound_even_when_decoding_grows_it() {

@@ -90,18 +90,65 @@ pub const JUJU_VERSION: &str = "3.6.4";
 /// `JUJU_DISPATCH_PATH`, as charmcraft packs charms), else `hooks/NAME`
 /// (`actions/NAME` for an action).
 pub fn program(charm: &Path, hook: &Hook) -> (PathBuf, Option<String>) {
-    use std::os::unix::fs::PermissionsExt;
     let dir = if hook.action.is_some() {
         "actions"
     } else {
         "hooks"
     };
-    let dispatch = charm.join("dispatch");
-    match std::fs::metadata(&dispatch) {
-        Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => {
-            (dispatch, Some(format!("{dir}/{}", hook.name)))
+    if runs_dispatch(charm) {
+        (charm.join("dispatch"), Some(format!("{dir}/{}", hook.name)))
+    } else {
+        (charm.join(dir).join(&hook.name), None)
+    }
+}
+
+/// Whether `charm` has an executable `dispatch`, which then runs every
+/// hook and action.
+fn runs_dispatch(charm: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(charm.join("dispatch"))
+        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// Which hooks a unit's charm has, as [`program`] would find them: a stat
+/// of `dispatch` and a listing of `hooks/`, read once, where a pass looked
+/// for each hook with two stats before running it and two more after (a
+/// unit of a charm without hooks made sixteen in its first pass). Its
+/// holder forgets it whenever anything ran in the unit's context (an
+/// `install` hook may link the others into place) or the charm is laid.
+pub struct CharmHooks {
+    /// An executable `dispatch`: it runs every hook.
+    dispatch: bool,
+    /// The names in `hooks/` that exist (a link counts if what it names
+    /// does).
+    present: std::collections::HashSet<Box<str>>,
+}
+
+impl CharmHooks {
+    pub fn read(charm: &Path) -> CharmHooks {
+        let dispatch = runs_dispatch(charm);
+        let mut present = std::collections::HashSet::new();
+        if !dispatch {
+            for entry in std::fs::read_dir(charm.join("hooks"))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let there = match entry.file_type() {
+                    Ok(t) if !t.is_symlink() => true,
+                    _ => entry.path().exists(),
+                };
+                if there {
+                    present.insert(entry.file_name().to_string_lossy().into());
+                }
+            }
         }
-        _ => (charm.join(dir).join(&hook.name), None),
+        CharmHooks { dispatch, present }
+    }
+
+    /// Whether the charm has unit or relation hook `name`.
+    pub fn has(&self, name: &str) -> bool {
+        self.dispatch || self.present.contains(name)
     }
 }
 
@@ -549,6 +596,53 @@ pub fn kill_leftovers(unit_dir: &Path) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use super::{program, CharmHooks, Hook};
+
+    /// What the listing says a charm has is what a look for each hook's
+    /// program finds: files and links to files in `hooks/`, not a link to
+    /// nothing; every hook once `dispatch` is executable.
+    #[test]
+    fn the_charms_hooks_read_once_agree_with_a_look_for_each() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let charm = dir.path();
+        let names = [
+            "install",
+            "start",
+            "stop",
+            "config-changed",
+            "db-relation-joined",
+        ];
+        let agree = |charm: &std::path::Path| {
+            let hooks = CharmHooks::read(charm);
+            for name in names {
+                let looked = program(charm, &Hook::unit(name)).0.exists();
+                let listed = hooks.dispatch || hooks.present.contains(name);
+                assert_eq!(listed, looked, "{name}");
+            }
+        };
+        // No `hooks/` at all.
+        agree(charm);
+        std::fs::create_dir(charm.join("hooks")).unwrap();
+        std::fs::write(charm.join("hooks/install"), "#!/bin/sh\n").unwrap();
+        std::os::unix::fs::symlink("install", charm.join("hooks/start")).unwrap();
+        std::os::unix::fs::symlink("nothing", charm.join("hooks/stop")).unwrap();
+        agree(charm);
+        assert!(CharmHooks::read(charm).present.contains("start"));
+        assert!(!CharmHooks::read(charm).present.contains("stop"));
+        // A `dispatch` that is not executable runs nothing; one that is
+        // runs every hook.
+        std::fs::write(charm.join("dispatch"), "#!/bin/sh\n").unwrap();
+        agree(charm);
+        std::fs::set_permissions(
+            charm.join("dispatch"),
+            std::fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
+        agree(charm);
+        assert!(CharmHooks::read(charm).dispatch);
+    }
+
     #[test]
     fn a_huge_command_line_is_cut_in_the_log() {
         let small = vec!["echo".to_string(), "hi".to_string()];
