@@ -116,39 +116,61 @@ fn runs_dispatch(charm: &Path) -> bool {
 /// unit of a charm without hooks made sixteen in its first pass). Its
 /// holder forgets it whenever anything ran in the unit's context (an
 /// `install` hook may link the others into place) or the charm is laid.
+/// It holds at most [`MAX_LISTED_HOOKS`] names: a `hooks/` holding more
+/// (a hook may write anything there) is looked in hook by hook.
 pub struct CharmHooks {
     /// An executable `dispatch`: it runs every hook.
     dispatch: bool,
     /// The names in `hooks/` that exist (a link counts if what it names
-    /// does).
-    present: std::collections::HashSet<Box<str>>,
+    /// does); `None` when there were more than [`MAX_LISTED_HOOKS`].
+    present: Option<std::collections::HashSet<Box<str>>>,
+    hooks: PathBuf,
 }
+
+/// The most names [`CharmHooks`] keeps of a charm's `hooks/`: a charm has
+/// a few dozen hooks (its relations' four each), and a listing held in a
+/// pass must not grow with what a hook wrote there.
+pub const MAX_LISTED_HOOKS: usize = 1024;
 
 impl CharmHooks {
     pub fn read(charm: &Path) -> CharmHooks {
         let dispatch = runs_dispatch(charm);
-        let mut present = std::collections::HashSet::new();
+        let hooks = charm.join("hooks");
+        let mut present = Some(std::collections::HashSet::new());
         if !dispatch {
-            for entry in std::fs::read_dir(charm.join("hooks"))
+            for (i, entry) in std::fs::read_dir(&hooks)
                 .into_iter()
                 .flatten()
                 .flatten()
+                .enumerate()
             {
+                if i == MAX_LISTED_HOOKS {
+                    present = None;
+                    break;
+                }
                 let there = match entry.file_type() {
                     Ok(t) if !t.is_symlink() => true,
                     _ => entry.path().exists(),
                 };
-                if there {
-                    present.insert(entry.file_name().to_string_lossy().into());
+                if let (true, Some(p)) = (there, present.as_mut()) {
+                    p.insert(entry.file_name().to_string_lossy().into());
                 }
             }
         }
-        CharmHooks { dispatch, present }
+        CharmHooks {
+            dispatch,
+            present,
+            hooks,
+        }
     }
 
     /// Whether the charm has unit or relation hook `name`.
     pub fn has(&self, name: &str) -> bool {
-        self.dispatch || self.present.contains(name)
+        self.dispatch
+            || match &self.present {
+                Some(p) => p.contains(name),
+                None => self.hooks.join(name).exists(),
+            }
     }
 }
 
@@ -617,7 +639,7 @@ mod tests {
             let hooks = CharmHooks::read(charm);
             for name in names {
                 let looked = program(charm, &Hook::unit(name)).0.exists();
-                let listed = hooks.dispatch || hooks.present.contains(name);
+                let listed = hooks.has(name);
                 assert_eq!(listed, looked, "{name}");
             }
         };
@@ -628,8 +650,8 @@ mod tests {
         std::os::unix::fs::symlink("install", charm.join("hooks/start")).unwrap();
         std::os::unix::fs::symlink("nothing", charm.join("hooks/stop")).unwrap();
         agree(charm);
-        assert!(CharmHooks::read(charm).present.contains("start"));
-        assert!(!CharmHooks::read(charm).present.contains("stop"));
+        assert!(CharmHooks::read(charm).has("start"));
+        assert!(!CharmHooks::read(charm).has("stop"));
         // A `dispatch` that is not executable runs nothing; one that is
         // runs every hook.
         std::fs::write(charm.join("dispatch"), "#!/bin/sh\n").unwrap();
@@ -641,6 +663,25 @@ mod tests {
         .unwrap();
         agree(charm);
         assert!(CharmHooks::read(charm).dispatch);
+    }
+
+    /// A `hooks/` holding more names than the bound is not kept whole:
+    /// the hooks are looked for one by one, with the same answers.
+    #[test]
+    fn a_hooks_directory_past_the_bound_is_looked_in_hook_by_hook() {
+        let dir = tempfile::tempdir().unwrap();
+        let charm = dir.path();
+        std::fs::create_dir(charm.join("hooks")).unwrap();
+        for i in 0..=super::MAX_LISTED_HOOKS {
+            std::fs::write(charm.join(format!("hooks/written-{i}")), "").unwrap();
+        }
+        std::fs::write(charm.join("hooks/install"), "#!/bin/sh\n").unwrap();
+        let hooks = CharmHooks::read(charm);
+        assert!(hooks.present.is_none(), "more names than the bound kept");
+        for name in ["install", "start", "written-7"] {
+            let looked = program(charm, &Hook::unit(name)).0.exists();
+            assert_eq!(hooks.has(name), looked, "{name}");
+        }
     }
 
     #[test]
