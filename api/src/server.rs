@@ -59,8 +59,11 @@ pub struct Limits {
     /// one) that have not proved a credential yet, handshakes included;
     /// beyond it a new one is closed at once.
     pub max_unauthenticated_per_peer: usize,
-    /// A connection that has not proved a credential within this long is
-    /// closed.
+    /// A connection that has not proved a credential within this long
+    /// after it opened is closed, whatever it sent meanwhile (requests that
+    /// need no credential do not extend it; one in flight is cut), except
+    /// while it downloads the agent binary and the download moves: then it
+    /// is closed once the download ends, or stalls for this long.
     pub unauthenticated_timeout: Duration,
     /// Connections one credential may hold open at once (an agent needs
     /// one); a call on one more is refused (429).
@@ -127,7 +130,7 @@ pub(crate) struct Shared {
 /// user data, so the download needs no credential). `POST` [`ENROLL_PATH`]
 /// — an instance trades its batch's enrollment token and its signed identity
 /// for its machine's `agent.conf` ([`EnrollRequest`]).
-pub use jujube_agent::wire::{EnrollRequest, ENROLL_PATH, TOOLS_PATH};
+pub use jujube_agent::wire::{EnrollRequest, ENROLL_PATH, MAX_ENROLL_BYTES, TOOLS_PATH};
 
 /// An instance's proof of identity, as the provider's metadata service
 /// gave it (EC2: the instance identity document and its signature), and
@@ -482,6 +485,12 @@ impl Drop for Unproven {
 pub(crate) struct Activity {
     in_flight: AtomicUsize,
     watches: AtomicUsize,
+    /// Downloads of the agent binary under way (each touches `last` as it
+    /// sends).
+    downloads: AtomicUsize,
+    /// When the connection was taken (after its TLS handshake): the
+    /// unproven deadline counts from here.
+    opened: Instant,
     last: Mutex<Instant>,
     /// The credential this connection last proved (never the secret
     /// itself), so that the store is not asked on every call; it is asked
@@ -570,25 +579,38 @@ impl Activity {
         true
     }
 
-    /// Resolves once the connection has been idle for `idle`, or, while it
-    /// has proven no credential, for `unproven`.
-    async fn idle(&self, idle: Duration, unproven: Duration) {
+    /// Resolves once the connection has been idle for `idle`; or, while it
+    /// has proven no credential, once `unproven` has passed since it
+    /// opened (see [`Limits::unauthenticated_timeout`]), with true: what
+    /// it has in flight is to be cut, not waited for.
+    async fn idle(&self, idle: Duration, unproven: Duration) -> bool {
         loop {
-            let idle = if self
-                .counted
+            let last = *self.last.lock().unwrap_or_else(|e| e.into_inner());
+            if self
+                .unproven
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .is_none()
+                .is_some()
             {
-                unproven.min(idle)
-            } else {
-                idle
-            };
+                let open = self.opened.elapsed();
+                let downloading = self.downloads.load(Ordering::Acquire) > 0;
+                if open >= unproven && (!downloading || last.elapsed() >= unproven) {
+                    return true;
+                }
+                let wait = if open < unproven {
+                    unproven - open
+                } else {
+                    unproven.saturating_sub(last.elapsed())
+                };
+                // At most `idle`: a credential proven meanwhile puts the
+                // connection under the idle rule soon.
+                tokio::time::sleep(wait.min(idle).max(Duration::from_millis(10))).await;
+                continue;
+            }
             let busy = self.in_flight.load(Ordering::Acquire) > 0
                 || self.watches.load(Ordering::Acquire) > 0;
-            let last = *self.last.lock().unwrap_or_else(|e| e.into_inner());
             if !busy && last.elapsed() >= idle {
-                return;
+                return false;
             }
             let wait = if busy {
                 idle
@@ -652,6 +674,8 @@ async fn serve_connection<IO>(
         peer,
         in_flight: AtomicUsize::new(0),
         watches: AtomicUsize::new(0),
+        downloads: AtomicUsize::new(0),
+        opened: Instant::now(),
         last: Mutex::new(Instant::now()),
         proven: Mutex::new(None),
         user: Mutex::new(None),
@@ -710,10 +734,15 @@ async fn serve_connection<IO>(
                 }
                 cut_at = Some(Instant::now() + Duration::from_secs(1));
             }
-            _ = activity.idle(shared.limits.idle_timeout, shared.limits.unauthenticated_timeout), if !closing => {
-                debug!("closing an idle connection");
+            cut = activity.idle(shared.limits.idle_timeout, shared.limits.unauthenticated_timeout), if !closing => {
                 closing = true;
                 conn.as_mut().graceful_shutdown();
+                if cut {
+                    debug!("closing a connection that proved no credential in time");
+                    cut_at = Some(Instant::now() + Duration::from_millis(100));
+                } else {
+                    debug!("closing an idle connection");
+                }
             }
             _ = stopped.changed() => {
                 if *stopped.borrow() >= 2 {
@@ -960,7 +989,7 @@ async fn handle(
     let _held = Held(activity.clone(), |a| &a.in_flight);
     activity.touch();
     if req.method() == hyper::Method::GET && req.uri().path() == TOOLS_PATH {
-        return tools(&shared).await;
+        return tools(&shared, &activity).await;
     }
     if req.method() == hyper::Method::POST && req.uri().path() == ENROLL_PATH {
         return enroll(&shared, &activity.peer, req).await;
@@ -1244,7 +1273,7 @@ impl hyper::body::Body for Chunked {
 
 /// The agent binary, whole (the server reads it for each download: they
 /// are one per instance, at its first boot).
-async fn tools(shared: &Shared) -> Response<Body> {
+async fn tools(shared: &Shared, activity: &Arc<Activity>) -> Response<Body> {
     let Some((path, sum)) = shared.tools.get() else {
         return refuse(ApiError::new(
             ErrorCode::Refused,
@@ -1261,15 +1290,20 @@ async fn tools(shared: &Shared) -> Response<Body> {
         // client stops reading, so a download costs one buffer, not the
         // binary.
         Ok((file, len)) => {
-            let frames = futures_util::stream::unfold(Some(file), |file| async move {
+            // Counted while the body lives, and each frame sent is activity:
+            // a moving download keeps an unproven connection open.
+            activity.downloads.fetch_add(1, Ordering::AcqRel);
+            let held = Held(activity.clone(), |a| &a.downloads);
+            let frames = futures_util::stream::unfold(Some((file, held)), |state| async move {
                 use tokio::io::AsyncReadExt;
-                let mut file = file?;
+                let (mut file, held) = state?;
                 let mut buf = vec![0u8; 64 << 10];
                 match file.read(&mut buf).await {
                     Ok(0) => None,
                     Ok(n) => {
                         buf.truncate(n);
-                        Some((Ok(Frame::data(Bytes::from(buf))), Some(file)))
+                        held.0.touch();
+                        Some((Ok(Frame::data(Bytes::from(buf))), Some((file, held))))
                     }
                     // Cut short: the length and the client's SHA-256 check
                     // tell it so.
@@ -1297,9 +1331,27 @@ async fn tools(shared: &Shared) -> Response<Body> {
 /// An instance enrolls: its batch's token and its instance id for its
 /// machine's `agent.conf`.
 async fn enroll(shared: &Shared, peer: &str, req: Request<Incoming>) -> Response<Body> {
-    let body = match read_body(shared, req.into_body()).await {
-        Ok(b) => b,
-        Err(resp) => return resp,
+    // Nothing of an outsider's is read where nothing would be done with it.
+    let Some(enroller) = shared.enroller.get() else {
+        return refuse(ApiError::new(
+            ErrorCode::Refused,
+            "this controller enrolls no instances",
+        ));
+    };
+    let body = match http_body_util::Limited::new(req.into_body(), MAX_ENROLL_BYTES)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return reply(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &Reply::Error(ApiError::new(
+                    ErrorCode::Refused,
+                    format!("an enrollment is at most {MAX_ENROLL_BYTES} bytes"),
+                )),
+            )
+        }
     };
     use base64::Engine;
     let malformed = || {
@@ -1319,12 +1371,6 @@ async fn enroll(shared: &Shared, peer: &str, req: Request<Incoming>) -> Response
         document,
         signature: r.identity_signature,
         peer: peer.to_string(),
-    };
-    let Some(enroller) = shared.enroller.get() else {
-        return refuse(ApiError::new(
-            ErrorCode::Refused,
-            "this controller enrolls no instances",
-        ));
     };
     match enroller.enroll(&r.token, &identity).await {
         Ok(conf) => Response::builder()

@@ -1422,6 +1422,201 @@ async fn unauthenticated_connections_are_capped_per_peer_and_closed_soon() {
     let _ = silent.ready().await;
 }
 
+/// A connection that proves no credential is closed at its deadline,
+/// counted from when it opened, whatever it sends meanwhile: requests that
+/// need no credential (a 404 every 200 ms here) do not keep it open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unproven_connection_is_closed_at_its_deadline_whatever_it_sends() {
+    use http_body_util::Full;
+    let mut w = World::new().await;
+    w.start(Limits {
+        unauthenticated_timeout: Duration::from_millis(700),
+        ..Limits::default()
+    })
+    .await;
+    let conf = tcp_only(w.machine_conf(w.machine_of("wordpress/0")));
+    let mut sender = h2(&w, &conf, 65_535).await;
+    let opened = std::time::Instant::now();
+    let mut answered = 0;
+    while opened.elapsed() < Duration::from_secs(5) {
+        let req = hyper::Request::get(format!(
+            "https://{}/v1/nope",
+            jujube_agent::wire::SERVER_NAME
+        ))
+        .body(Full::new(bytes::Bytes::new()))
+        .unwrap();
+        match sender.send_request(req).await {
+            Ok(r) => {
+                assert_eq!(r.status(), hyper::StatusCode::NOT_FOUND);
+                answered += 1;
+            }
+            Err(_) => break,
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let took = opened.elapsed();
+    assert!(answered >= 2, "answered {answered}");
+    assert!(
+        took < Duration::from_secs(3),
+        "an unproven connection sending requests was still open after {took:?}"
+    );
+}
+
+/// A request that proves no credential and trickles its body (a byte every
+/// 200 ms) does not hold its connection past the unproven deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickled_unproven_request_does_not_hold_its_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut w = World::new().await;
+    w.start(Limits {
+        unauthenticated_timeout: Duration::from_millis(700),
+        ..Limits::default()
+    })
+    .await;
+    let conf = tcp_only(w.machine_conf(w.machine_of("wordpress/0")));
+    let addr = w.server.as_ref().unwrap().tcp_addr().unwrap();
+    let mut tls = tls_to(addr, &conf, b"http/1.1").await;
+    let opened = std::time::Instant::now();
+    tls.write_all(
+        format!(
+            "POST {} HTTP/1.1\r\nhost: {}\r\ncontent-length: 100000\r\n\r\n",
+            jujube_agent::wire::ENROLL_PATH,
+            jujube_agent::wire::SERVER_NAME
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    // The trickle is written from a second handle: a TLS stream is split.
+    let (mut rd, mut wr) = tokio::io::split(tls);
+    let reading = async move {
+        let mut buf = [0u8; 4096];
+        loop {
+            match rd.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    };
+    let writing = async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if wr.write_all(b"x").await.is_err() || wr.flush().await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        () = reading => {}
+        () = writing => {}
+        () = tokio::time::sleep(Duration::from_secs(5)) => {}
+    }
+    let took = opened.elapsed();
+    assert!(
+        took < Duration::from_secs(3),
+        "a trickled unproven request held its connection for {took:?}"
+    );
+}
+
+/// An enrollment's body is bounded ([`crate::server::MAX_ENROLL_BYTES`]):
+/// larger is refused, the enroller never asked; a controller that enrolls
+/// nothing refuses before reading any.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enrollment_is_bounded_and_read_only_where_one_is_taken() {
+    use http_body_util::{BodyExt, Full};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    struct Counting(AtomicUsize);
+    #[async_trait::async_trait]
+    impl crate::server::Enroller for Counting {
+        async fn enroll(
+            &self,
+            _: &str,
+            _: &crate::server::Identity,
+        ) -> Result<Vec<u8>, jujube_agent::api::ApiError> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Err(jujube_agent::api::ApiError::new(
+                ErrorCode::Unauthorized,
+                "refused",
+            ))
+        }
+    }
+    let mut w = World::new().await;
+    w.start(Limits::default()).await;
+    let conf = tcp_only(w.machine_conf(w.machine_of("wordpress/0")));
+    let post = |body: Vec<u8>| {
+        hyper::Request::post(format!(
+            "https://{}{}",
+            jujube_agent::wire::SERVER_NAME,
+            jujube_agent::wire::ENROLL_PATH
+        ))
+        .body(Full::new(bytes::Bytes::from(body)))
+        .unwrap()
+    };
+    let text = |r: hyper::Response<hyper::body::Incoming>| async move {
+        let status = r.status();
+        let b = r.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&b).into_owned())
+    };
+    let request = |token: &str, document: usize| {
+        serde_json::to_vec(&serde_json::json!({
+            "token": token,
+            "identity-document": "A".repeat(document),
+            "identity-signature": "sig",
+        }))
+        .unwrap()
+    };
+    let mut sender = h2(&w, &conf, 65_535).await;
+    let (status, body) = text(sender.send_request(post(request("t", 64))).await.unwrap()).await;
+    assert_eq!(status, hyper::StatusCode::CONFLICT, "{body}");
+    assert!(
+        body.contains("this controller enrolls no instances"),
+        "{body}"
+    );
+
+    let counting = Arc::new(Counting(AtomicUsize::new(0)));
+    w.server.as_ref().unwrap().enroll_with(counting.clone());
+    // The largest a real instance sends is taken to the enroller.
+    let (status, body) = text(sender.send_request(post(request("t", 5464))).await.unwrap()).await;
+    assert_eq!(status, hyper::StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(counting.0.load(Ordering::SeqCst), 1);
+    // Past the bound: refused, the enroller not asked.
+    let big = request("t", crate::server::MAX_ENROLL_BYTES);
+    let (status, body) = text(sender.send_request(post(big)).await.unwrap()).await;
+    assert_eq!(status, hyper::StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    assert!(
+        body.contains("an enrollment is at most 8192 bytes"),
+        "{body}"
+    );
+    assert_eq!(counting.0.load(Ordering::SeqCst), 1);
+}
+
+/// A TLS connection to the API server at `addr`, offering `alpn`.
+async fn tls_to(
+    addr: std::net::SocketAddr,
+    conf: &AgentConf,
+    alpn: &[u8],
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    use jujube_agent::wire::SERVER_NAME;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_slice_iter(conf.ca_cert.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![alpn.to_vec()];
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from(SERVER_NAME).unwrap();
+    tokio_rustls::TlsConnector::from(Arc::new(tls))
+        .connect(name, tcp)
+        .await
+        .unwrap()
+}
+
 /// One credential holds a bounded number of connections: a call on one
 /// more is refused with 429, and served once one of the others closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -31,9 +31,15 @@ pub const ENROLL_PATH: &str = "/v1/enroll";
 /// the environment's state as body (see `jujube_api::handover`).
 pub const HAND_OVER_PATH: &str = "/v1/hand-over";
 
+/// The most bytes an enrollment's body may hold: an identity document of
+/// at most 4,096 bytes (base64: 5,464 characters), a signature of at most
+/// 1,024 characters, the token and the JSON around them. Larger is refused
+/// before it is read.
+pub const MAX_ENROLL_BYTES: usize = 8 << 10;
+
 /// What an instance sends to enroll: its batch's token and its proof of
-/// identity (see [`Identity`]).
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+/// identity (see [`Identity`]). Its `Debug` leaves the token out.
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct EnrollRequest {
     pub token: String,
@@ -42,6 +48,16 @@ pub struct EnrollRequest {
     pub identity_document: String,
     /// The document's signature, as the metadata service gives it.
     pub identity_signature: String,
+}
+
+impl std::fmt::Debug for EnrollRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EnrollRequest")
+            .field("token", &"(hidden)")
+            .field("identity_document", &self.identity_document)
+            .field("identity_signature", &self.identity_signature)
+            .finish()
+    }
 }
 /// `GET` — the agent binary, for instances installing their agent.
 pub const TOOLS_PATH: &str = "/v1/tools/jujube";
@@ -533,6 +549,18 @@ pub fn secret_matches(secret: &str, hash: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_enrollment_shown_for_debugging_leaves_its_token_out() {
+        let r = EnrollRequest {
+            token: "s3cr3t-token-value".into(),
+            identity_document: "e30=".into(),
+            identity_signature: "sig".into(),
+        };
+        let shown = format!("{r:?}");
+        assert!(!shown.contains("s3cr3t-token-value"), "{shown}");
+        assert!(shown.contains("e30="), "{shown}");
+    }
 
     #[test]
     fn tags_parse_back_from_their_display() {
