@@ -592,7 +592,7 @@ impl Deployer {
                             .set_unit_status(
                                 &u.name,
                                 crate::api::AgentStatus::Failed,
-                                &format!("cannot deploy: {e}"),
+                                &crate::api::fit_status_info(&format!("cannot deploy: {e}")),
                             )
                             .await;
                         failed.get_or_insert(e);

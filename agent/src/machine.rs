@@ -53,7 +53,7 @@ impl MachineAgent {
         }
         self.deployer
             .api()
-            .set_machine_status(self.id, status, info)
+            .set_machine_status(self.id, status, &crate::api::fit_status_info(info))
             .await?;
         self.reported = Some(status);
         Ok(())
@@ -127,7 +127,11 @@ impl Agent for MachineAgent {
         let _ = self
             .deployer
             .api()
-            .set_machine_status(self.id, AgentStatus::Failed, message)
+            .set_machine_status(
+                self.id,
+                AgentStatus::Failed,
+                &crate::api::fit_status_info(message),
+            )
             .await;
     }
 

@@ -180,7 +180,10 @@ impl UnitAgent {
         {
             return Ok(());
         }
-        self.api.set_unit_status(self.name(), status, info).await?;
+        let fitted = crate::api::fit_status_info(info);
+        self.api
+            .set_unit_status(self.name(), status, &fitted)
+            .await?;
         self.reported = Some((status, info.into()));
         Ok(())
     }

@@ -38,6 +38,7 @@ use crate::units::destroy_unit_in;
 use crate::{Error, Result};
 use jujube_core::charm::Scope;
 use jujube_core::Life;
+pub use jujube_wire::facade::MAX_STATUS_INFO_BYTES;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -261,6 +262,17 @@ fn alive_container_relation(c: &Connection, a: &str, b: &str) -> Result<bool> {
     .query_row((a, b), |r| r.get(0))?)
 }
 
+/// An agent's status message within [`MAX_STATUS_INFO_BYTES`].
+fn check_status_info(info: &str) -> Result<()> {
+    if info.len() > MAX_STATUS_INFO_BYTES {
+        return Err(Error::Relation(format!(
+            "an agent status message of {} bytes is more than {MAX_STATUS_INFO_BYTES}; shorten it",
+            info.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Records that the unit's agent has started (see [`Unit::agent_started`]).
 fn mark_agent_started(tx: &Tx<'_>, unit: &str) -> Result<()> {
     tx.prepare_cached("UPDATE units SET agent_started = TRUE WHERE name = ?1")?
@@ -272,6 +284,7 @@ fn apply_in(tx: &mut Tx<'_>, by: &Caller, op: &AgentOp) -> Result<()> {
     match op {
         AgentOp::SetUnitStatus { unit, status, info } => {
             check_status(status)?;
+            check_status_info(info)?;
             let u = get_unit(tx, unit)?;
             if is_unit(by, unit) {
                 // An agent reporting is an agent that has started.
@@ -409,6 +422,7 @@ fn apply_in(tx: &mut Tx<'_>, by: &Caller, op: &AgentOp) -> Result<()> {
             info,
         } => {
             check_status(status)?;
+            check_status_info(info)?;
             if *by != Caller::Machine(*machine) {
                 return Err(unauthorized(
                     by,

@@ -29,6 +29,13 @@ pub const KEPT_ACTIONS: i64 = 100;
 /// of the unit carries them.
 pub const MAX_PENDING_RUNS: i64 = 100;
 
+/// The most bytes a queued command's words may add up to (as an action's
+/// parameters may): every view of the unit carries its pending runs.
+pub const MAX_RUN_ARGV_BYTES: usize = 64 << 10;
+
+/// The longest a queued command or action may be given to run: a day.
+pub const MAX_RUN_TIMEOUT: u64 = 24 * 3600;
+
 /// A queued command, or action, as the unit's agent gets it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunRequest {
@@ -77,6 +84,17 @@ impl Store {
                 "a run's timeout must be at least one second".into(),
             ));
         }
+        if timeout > MAX_RUN_TIMEOUT {
+            return Err(Error::Relation(format!(
+                "a run's timeout of {timeout} s is more than {MAX_RUN_TIMEOUT} s (a day); give a shorter `--timeout`"
+            )));
+        }
+        let bytes: usize = argv.iter().map(|w| w.len()).sum();
+        if bytes > MAX_RUN_ARGV_BYTES {
+            return Err(Error::Relation(format!(
+                "the command is {bytes} bytes, more than the {MAX_RUN_ARGV_BYTES} a run may take; put it in a script the unit runs"
+            )));
+        }
         self.write_at(jujube_wire::client::Access::Admin, |tx| {
             alive_unit(tx, unit, "run commands")?;
             check_pending(tx, unit)?;
@@ -115,6 +133,11 @@ impl Store {
             return Err(Error::Relation(
                 "an action's timeout must be at least one second".into(),
             ));
+        }
+        if timeout > MAX_RUN_TIMEOUT {
+            return Err(Error::Relation(format!(
+                "an action's timeout of {timeout} s is more than {MAX_RUN_TIMEOUT} s (a day); give a shorter `--timeout`"
+            )));
         }
         self.write(|tx| {
             let u = alive_unit(tx, unit, "run actions")?;

@@ -305,6 +305,24 @@ pub const MAX_SHIPPED_LOG: usize = 64 << 10;
 /// store refuses more at the write; `relation-set` refuses it at once).
 pub const MAX_RELATION_SETTINGS_BYTES: usize = 256 << 10;
 
+/// The most an agent's status message (`set_unit_status`,
+/// `set_machine_status`) may hold; the store refuses more at the write, and
+/// agents cut their own messages to it ([`fit_status_info`]).
+pub const MAX_STATUS_INFO_BYTES: usize = 2048;
+
+/// `info` cut to [`MAX_STATUS_INFO_BYTES`] at a character boundary, ending
+/// in `…` when cut: for messages an agent makes of errors it did not write.
+pub fn fit_status_info(info: &str) -> std::borrow::Cow<'_, str> {
+    if info.len() <= MAX_STATUS_INFO_BYTES {
+        return std::borrow::Cow::Borrowed(info);
+    }
+    let mut end = MAX_STATUS_INFO_BYTES - '…'.len_utf8();
+    while !info.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!("{}…", &info[..end]))
+}
+
 /// What a watch names.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -398,6 +416,7 @@ pub trait Facade: Send + Sync + 'static {
 
     // -- machine agents --
     async fn machine(&self, id: i64) -> ApiResult<MachineView>;
+    /// `info` at most [`MAX_STATUS_INFO_BYTES`].
     async fn set_machine_status(&self, id: i64, status: AgentStatus, info: &str) -> ApiResult<()>;
     async fn ensure_dead_machine(&self, id: i64) -> ApiResult<()>;
 
@@ -414,7 +433,8 @@ pub trait Facade: Send + Sync + 'static {
     async fn ensure_dead_unit(&self, unit: &str) -> ApiResult<()>;
     async fn remove_unit(&self, unit: &str) -> ApiResult<()>;
     /// For the unit itself (which marks its agent started), or its deployer
-    /// reporting a failed deployment.
+    /// reporting a failed deployment. `info` at most
+    /// [`MAX_STATUS_INFO_BYTES`].
     async fn set_unit_status(&self, unit: &str, status: AgentStatus, info: &str) -> ApiResult<()>;
 
     // -- unit agents --
@@ -502,4 +522,23 @@ pub trait Facade: Send + Sync + 'static {
         bag: Bag,
         changes: Vec<(String, Option<String>)>,
     ) -> ApiResult<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_message_is_cut_to_its_bound_at_a_character() {
+        assert_eq!(fit_status_info("hook failed"), "hook failed");
+        let exact = "x".repeat(MAX_STATUS_INFO_BYTES);
+        assert_eq!(fit_status_info(&exact), exact.as_str());
+        // Multi-byte characters across the cut: never split.
+        let long = "é".repeat(MAX_STATUS_INFO_BYTES);
+        let cut = fit_status_info(&long);
+        assert!(cut.len() <= MAX_STATUS_INFO_BYTES, "{}", cut.len());
+        assert!(cut.len() > MAX_STATUS_INFO_BYTES - 8, "{}", cut.len());
+        assert!(cut.ends_with('…'));
+        assert!(cut.trim_end_matches('…').chars().all(|c| c == 'é'));
+    }
 }

@@ -284,6 +284,36 @@ fn goal_state_is_refused_beyond_its_bound() {
     assert!(err.to_string().contains("at most 10000 units"), "{err}");
 }
 
+/// A queued command's words and a run's timeout are bounded: past them a
+/// run is refused, saying which bound, and nothing is queued.
+#[test]
+fn a_runs_command_and_timeout_are_bounded() {
+    use crate::runs::{MAX_RUN_ARGV_BYTES, MAX_RUN_TIMEOUT};
+    let e = env();
+    let mut args = deploy_args(MYSQL, "mysql", 1);
+    args.charm.actions = jujube_core::actions::CharmActions::parse("mysql", ACTIONS).unwrap();
+    let u = e.st.deploy(&args).unwrap().remove(0);
+    let big = vec!["echo".to_string(), "a".repeat(MAX_RUN_ARGV_BYTES)];
+    let err = e.refused(|st| st.queue_run(&u, &big, 60));
+    assert!(
+        err.to_string()
+            .contains("more than the 65536 a run may take"),
+        "{err}"
+    );
+    for timeout in [MAX_RUN_TIMEOUT + 1, u64::MAX] {
+        let err = e.refused(|st| st.queue_run(&u, &["true".into()], timeout));
+        assert!(err.to_string().contains("is more than 86400 s"), "{err}");
+        let err = e.refused(|st| st.queue_action(&u, "backup", &["target=x".into()], timeout));
+        assert!(err.to_string().contains("is more than 86400 s"), "{err}");
+    }
+    let id =
+        e.st.queue_run(&u, &["true".into()], MAX_RUN_TIMEOUT)
+            .unwrap();
+    let pending = e.st.pending_runs(&u).unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!((pending[0].id, pending[0].timeout), (id, MAX_RUN_TIMEOUT));
+}
+
 /// At most `MAX_PENDING_RUNS` commands and actions wait for one unit's
 /// agent (each of its views carries them); one more is refused, changing
 /// nothing.

@@ -560,6 +560,57 @@ fn workload_status_messages_and_versions_are_bounded_at_the_write() {
     assert_eq!(message.len(), MAX_WORKLOAD_MESSAGE_BYTES);
 }
 
+/// An agent's status message is bounded at the write, the unit's and the
+/// machine's: a larger one is refused saying so, and nothing changes.
+#[test]
+fn agent_status_messages_are_bounded_at_the_write() {
+    use crate::agents::{AgentOp, Caller, MAX_STATUS_INFO_BYTES};
+    let e = env();
+    let w = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
+    let m = e.st.unit(&w).unwrap().machine_id.unwrap();
+    let apply = |by: Caller, op: AgentOp| e.st.apply_batch(&[(by, op)]).unwrap().remove(0);
+    let unit = |info: String| AgentOp::SetUnitStatus {
+        unit: w.clone(),
+        status: "error".into(),
+        info,
+    };
+    let machine = |info: String| AgentOp::SetMachineAgentStatus {
+        machine: m,
+        status: "error".into(),
+        info,
+    };
+    apply(
+        Caller::Unit(w.clone()),
+        unit("x".repeat(MAX_STATUS_INFO_BYTES)),
+    )
+    .unwrap();
+    apply(
+        Caller::Machine(m),
+        machine("y".repeat(MAX_STATUS_INFO_BYTES)),
+    )
+    .unwrap();
+    let before = e.digest();
+    let err = apply(
+        Caller::Unit(w.clone()),
+        unit("x".repeat(MAX_STATUS_INFO_BYTES + 1)),
+    )
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "an agent status message of 2049 bytes is more than 2048; shorten it"
+    );
+    let err = apply(Caller::Machine(m), machine("y".repeat(1 << 20))).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "an agent status message of 1048576 bytes is more than 2048; shorten it"
+    );
+    assert_eq!(e.digest(), before, "a refused write changed nothing");
+    assert_eq!(
+        e.st.unit(&w).unwrap().status_info.len(),
+        MAX_STATUS_INFO_BYTES
+    );
+}
+
 /// One answer of a scope's members with their settings holds at most
 /// `MAX_SCOPE_SETTINGS_BYTES` of settings: later members come named,
 /// without settings, and read one by one they are whole.
