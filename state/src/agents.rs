@@ -627,7 +627,8 @@ fn units_where(c: &Connection, clause: &str, arg: &dyn crate::sql::ToSql) -> Res
 /// keeps.
 pub const RESOLVE_BATCH: usize = 500;
 
-/// A unit's open port or range of ports: `80/tcp`, `100-200/udp`.
+/// A unit's open port or range of ports: `80/tcp`, `100-200/udp`; or
+/// `icmp` (Juju's ICMP "range", no ports: from and to are 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct PortRange {
     from: u16,
@@ -639,16 +640,24 @@ struct PortRange {
 enum Protocol {
     Tcp,
     Udp,
+    Icmp,
 }
 
 impl PortRange {
-    /// `PORT/PROTO` or `FROM-TO/PROTO` (the hook tools send it so).
+    /// `PORT/PROTO`, `FROM-TO/PROTO` or `icmp` (the hook tools send it so).
     fn parse(port: &str) -> Result<PortRange> {
         let bad = || {
             Error::Relation(format!(
-                "invalid port `{port}`: expected PORT/PROTOCOL or FROM-TO/PROTOCOL with ports in 1-65535 and tcp or udp, e.g. `80/tcp` or `100-200/udp`"
+                "invalid port `{port}`: expected PORT/PROTOCOL or FROM-TO/PROTOCOL with ports in 1-65535 and tcp or udp, e.g. `80/tcp` or `100-200/udp`, or `icmp`"
             ))
         };
+        if port == "icmp" {
+            return Ok(PortRange {
+                from: 0,
+                to: 0,
+                protocol: Protocol::Icmp,
+            });
+        }
         let (ports, proto) = port.split_once('/').ok_or_else(bad)?;
         let protocol = match proto {
             "tcp" => Protocol::Tcp,
@@ -681,6 +690,7 @@ impl std::fmt::Display for PortRange {
         let proto = match self.protocol {
             Protocol::Tcp => "tcp",
             Protocol::Udp => "udp",
+            Protocol::Icmp => return f.write_str("icmp"),
         };
         if self.from == self.to {
             write!(f, "{}/{proto}", self.from)

@@ -205,7 +205,7 @@ async fn tools_answer_as_jujus_own_cases_say_outside_relation_hooks() {
         (
             "relation-get -r burble:123",
             "",
-            "error: invalid value \"burble:123\" for flag -r: unknown relation id\n",
+            "error: invalid value \"burble:123\" for flag -r: relation not found\n",
             2,
         ),
         (
@@ -246,7 +246,7 @@ async fn tools_answer_as_jujus_own_cases_say_outside_relation_hooks() {
         (
             "relation-set -r db:999",
             "",
-            "error: invalid value \"db:999\" for flag -r: unknown relation id\n",
+            "error: invalid value \"db:999\" for flag -r: relation not found\n",
             2,
         ),
         ("relation-set k=v", "", "error: no relation id specified\n", 2),
@@ -476,6 +476,15 @@ async fn ports_open_and_close_as_ranges_and_status_shows_them() {
     ok(run(&ctx, &["open-port", "123/udp"]).await);
     ok(run(&ctx, &["close-port", "9999/UDP"]).await);
     assert_eq!(ports(), serde_json::json!(["99/tcp", "123/udp"]));
+    // ICMP, as `ops` opens it (`unit.open_port('icmp')`): again is a no-op;
+    // it sorts first, as Juju's (ports -1) does.
+    ok(run(&ctx, &["open-port", "icmp"]).await);
+    ok(run(&ctx, &["open-port", "icmp"]).await);
+    assert_eq!(ports(), serde_json::json!(["icmp", "99/tcp", "123/udp"]));
+    let out = run(&ctx, &["opened-ports"]).await;
+    assert_eq!(out.stdout, "icmp\n99/tcp\n123/udp\n");
+    ok(run(&ctx, &["close-port", "icmp"]).await);
+    assert_eq!(ports(), serde_json::json!(["99/tcp", "123/udp"]));
 }
 
 #[tokio::test]
@@ -655,6 +664,32 @@ async fn version_network_and_unsupported_tools() {
             ("application-version-set 5.7.2", "", "", 0),
             ("application-version-set", "", "error: no version specified\n", 2),
             ("network-get db --ingress-address", &format!("{address}\n"), "", 0),
+            ("network-get db --primary-address", &format!("{address}\n"), "", 0),
+            ("network-get db --bind-address -r {r}", &format!("{address}\n"), "", 0),
+            (
+                "network-get db --egress-subnets --format=json",
+                &format!("[\"{address}/32\"]\n"),
+                "",
+                0,
+            ),
+            (
+                "network-get db --bind-address --ingress-address --format=json",
+                &format!("{{\"bind-address\":\"{address}\",\"ingress-address\":\"{address}\"}}\n"),
+                "",
+                0,
+            ),
+            (
+                "network-get db --primary-address --bind-address",
+                "",
+                "error: --primary-address must be the only flag specified\n",
+                1,
+            ),
+            (
+                "network-get db -r db:999",
+                "",
+                "error: invalid value \"db:999\" for flag -r: relation not found\n",
+                2,
+            ),
             (
                 "credential-get",
                 "",
@@ -673,8 +708,9 @@ async fn version_network_and_unsupported_tools() {
     let out = run(&ctx, &["network-get", "db", "--format=json"]).await;
     let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(v["ingress-addresses"][0], address.as_str(), "{v}");
+    // Juju's JSON names an address `value`; its YAML says `address` too.
     assert_eq!(
-        v["bind-addresses"][0]["addresses"][0]["address"],
+        v["bind-addresses"][0]["addresses"][0]["value"],
         address.as_str()
     );
     // goal-state: the service's units, and per endpoint the related

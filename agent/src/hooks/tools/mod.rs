@@ -125,6 +125,11 @@ pub const SPECS: &[Spec] = &[
         args: "<binding-name>",
         purpose: "get network config",
         flags: &[
+            Flag::bool(
+                None,
+                "primary-address",
+                "(deprecated) print the binding's primary address",
+            ),
             Flag::bool(None, "bind-address", "print the address to bind to"),
             Flag::bool(None, "ingress-address", "print the ingress-address"),
             Flag::bool(None, "egress-subnets", "print egress subnets"),
@@ -133,7 +138,9 @@ pub const SPECS: &[Spec] = &[
             OUTPUT,
         ],
         doc: "network-get returns the network config for a given binding name. Every\n\
-              binding answers with the machine's address.",
+              binding answers with the machine's address. With one of --bind-address,\n\
+              --ingress-address or --egress-subnets, just that value is printed; with\n\
+              several, a map of them.",
     },
     unsupported("credential-get"),
     unsupported("storage-get"),
@@ -409,8 +416,10 @@ fn relation_id(ctx: &HookContext, p: &Parsed) -> Result<i64, Failure> {
     if ctx.relations.contains_key(&id) || ctx.relation.as_ref().is_some_and(|(r, _)| *r == id) {
         Ok(id)
     } else {
+        // Juju 2+'s words, which `ops` reads as the relation being gone
+        // (`RelationNotFoundError`); 1.25 said "unknown relation id".
         Err(usage(format!(
-            "invalid value {text:?} for flag -r: unknown relation id"
+            "invalid value {text:?} for flag -r: relation not found"
         )))
     }
 }
@@ -511,23 +520,52 @@ async fn run_tool(
         }
         "network-get" => {
             output(&p)?;
-            let [_binding] = p.args.as_slice() else {
+            let [binding, rest @ ..] = p.args.as_slice() else {
                 return Err(usage("no arguments specified"));
             };
+            if binding.is_empty() {
+                return Err(usage("no binding name specified"));
+            }
+            check_empty(rest).map_err(usage)?;
+            if p.get("relation").is_some_and(|t| !t.is_empty()) {
+                relation_id(ctx, &p)?;
+            }
             // Every binding is the machine's one address.
             let address = super::runner::private_address();
-            let v = if p.is_set("bind-address") || p.is_set("ingress-address") {
+            let egress = json!([format!("{address}/32")]);
+            // As Juju: the keys asked for, in this order; one is printed as
+            // its value, several as a map.
+            let keys: Vec<(&str, serde_json::Value)> = [
+                ("bind-address", json!(address)),
+                ("ingress-address", json!(address)),
+                ("egress-subnets", egress.clone()),
+            ]
+            .into_iter()
+            .filter(|(k, _)| p.is_set(k))
+            .collect();
+            let v = if p.is_set("primary-address") {
+                if !keys.is_empty() {
+                    return Err(Failure::Run(
+                        "--primary-address must be the only flag specified".into(),
+                    ));
+                }
                 json!(address)
-            } else if p.is_set("egress-subnets") {
-                json!(format!("{address}/32"))
+            } else if let [(_, one)] = keys.as_slice() {
+                one.clone()
+            } else if !keys.is_empty() {
+                serde_json::Value::Object(
+                    keys.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+                )
             } else {
+                // Juju names an address `value` (JSON) and `address` as well
+                // (its YAML, for older readers): both, for every reader.
                 json!({
                     "bind-addresses": [{
                         "mac-address": "",
                         "interface-name": "",
-                        "addresses": [{"hostname": "", "address": address, "cidr": ""}],
+                        "addresses": [{"hostname": "", "value": address, "address": address, "cidr": ""}],
                     }],
-                    "egress-subnets": [format!("{address}/32")],
+                    "egress-subnets": egress,
                     "ingress-addresses": [address],
                 })
             };
@@ -1100,6 +1138,10 @@ fn parse_settings(text: &str) -> Result<Vec<(String, Option<String>)>, Failure> 
 /// defaults to tcp. Checked in Juju's order, with Juju's messages.
 pub fn parse_port_range(text: &str) -> Result<String, String> {
     let lower = text.to_lowercase();
+    // Juju's ICMP: no ports, no protocol (`open-port icmp`).
+    if lower == "icmp" {
+        return Ok(lower);
+    }
     let shape =
         || format!("expected <port>[/<protocol>] or <from>-<to>[/<protocol>]; got {text:?}");
     let (ports, protocol) = match lower.split_once('/') {
@@ -1167,6 +1209,8 @@ mod tests {
         assert_eq!(parse_port_range("53/Udp").unwrap(), "53/udp");
         assert_eq!(parse_port_range("100-200/udp").unwrap(), "100-200/udp");
         assert_eq!(parse_port_range("8000-8000").unwrap(), "8000/tcp");
+        assert_eq!(parse_port_range("ICMP").unwrap(), "icmp");
+        assert!(parse_port_range("icmp/tcp").is_err());
         assert_eq!(
             parse_port_range("80/http").unwrap_err(),
             r#"protocol must be "tcp" or "udp"; got "http""#
