@@ -1128,7 +1128,7 @@ fn model_command(
         Command::Wait { timeout } => {
             let timeout = jujube_core::duration::parse(&timeout).ok_or_else(|| {
                 usage(format!(
-                    "invalid `--timeout {timeout}`: use a duration such as `90s` or `10m`"
+                    "invalid `--timeout {timeout}`: use a duration such as `90s` or `10m`, at most 87600h"
                 ))
             })?;
             commands::wait(client, timeout)?;
@@ -1294,7 +1294,7 @@ fn controllers_up(
 fn parse_timeout(timeout: &str) -> Result<std::time::Duration> {
     jujube_core::duration::parse(timeout).ok_or_else(|| {
         usage(format!(
-            "invalid `--timeout {timeout}`: use a duration such as `90s` or `5m`"
+            "invalid `--timeout {timeout}`: use a duration such as `90s` or `5m`, at most 87600h"
         ))
     })
 }

@@ -21,6 +21,11 @@ use std::collections::BTreeMap;
 pub const MAX_ACTION_NAME: usize = 64;
 pub const MAX_PARAMS_BYTES: usize = 64 << 10;
 
+/// The deepest an action's parameters may nest (a dotted key's parts and a
+/// value's own arrays and maps, together): deeper could not be read back
+/// (JSON readers stop at 128) and costs recursion wherever it is walked.
+pub const MAX_PARAMS_DEPTH: usize = 32;
+
 /// One action of `actions.yaml`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ActionSpec {
@@ -63,6 +68,12 @@ impl CharmActions {
         };
         if yaml.trim().is_empty() {
             return Ok(CharmActions::default());
+        }
+        if crate::yaml::too_deep(yaml) {
+            return Err(invalid(format!(
+                "actions.yaml nests its brackets and braces more than {} deep",
+                crate::yaml::MAX_FLOW_DEPTH
+            )));
         }
         let v: Value = yaml_serde::from_str(yaml)
             .map_err(|e| invalid(format!("actions.yaml is not valid YAML: {e}")))?;
@@ -120,6 +131,11 @@ impl CharmActions {
                     "expected `key=value` for action `{name}`, got `{kv}`"
                 ))
             })?;
+            // Counted before anything is built from it: a key of 65,000
+            // parts would nest as deep.
+            if key.split('.').nth(MAX_PARAMS_DEPTH).is_some() || crate::yaml::too_deep(text) {
+                return Err(too_deep(name));
+            }
             let path: Vec<&str> = key.split('.').collect();
             if path.iter().any(|p| p.is_empty()) {
                 return Err(ParamError(format!(
@@ -169,6 +185,9 @@ impl CharmActions {
             }
         }
         let v = Value::Object(out);
+        if depth(&v) > MAX_PARAMS_DEPTH {
+            return Err(too_deep(name));
+        }
         let len = v.to_string().len();
         if len > MAX_PARAMS_BYTES {
             return Err(ParamError(format!(
@@ -177,6 +196,28 @@ impl CharmActions {
         }
         Ok(v)
     }
+}
+
+fn too_deep(action: &str) -> ParamError {
+    ParamError(format!(
+        "the parameters of action `{action}` nest more than {MAX_PARAMS_DEPTH} levels deep; flatten them"
+    ))
+}
+
+/// How deep `v` nests (a scalar is 0, `{"a": 1}` is 1), walked without
+/// recursion.
+fn depth(v: &Value) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(v, 0usize)];
+    while let Some((v, d)) = stack.pop() {
+        deepest = deepest.max(d);
+        match v {
+            Value::Array(a) => stack.extend(a.iter().map(|v| (v, d + 1))),
+            Value::Object(m) => stack.extend(m.values().map(|v| (v, d + 1))),
+            _ => {}
+        }
+    }
+    deepest
 }
 
 const KINDS: &[&str] = &["string", "integer", "number", "boolean", "array", "object"];
@@ -339,6 +380,29 @@ free-form:
             .unwrap_err()
             .0
             .contains("bytes"));
+    }
+
+    /// Nesting is bounded, whether by a dotted key (65,000 parts overflowed
+    /// the stack building it) or by a value's own brackets, and together.
+    #[test]
+    fn parameters_nest_at_most_their_depth() {
+        let a = CharmActions::parse("db", YAML).unwrap();
+        let deep = |n: usize| format!("{}b=1", "a.".repeat(n));
+        let e = a.params("free-form", &[deep(65_000)]).unwrap_err().0;
+        assert!(e.contains("nest more than 32 levels"), "{e}");
+        assert!(a.params("free-form", &[deep(MAX_PARAMS_DEPTH - 1)]).is_ok());
+        assert!(a.params("free-form", &[deep(MAX_PARAMS_DEPTH)]).is_err());
+        // A key 20 deep holding a value 20 deep.
+        let both = format!("{}b={}{}", "a.".repeat(19), "[".repeat(20), "]".repeat(20));
+        let e = a.params("free-form", &[both]).unwrap_err().0;
+        assert!(e.contains("nest more than 32 levels"), "{e}");
+        let e = a
+            .params("free-form", &[format!("x={}", "[".repeat(100_000))])
+            .unwrap_err()
+            .0;
+        assert!(e.contains("nest more than 32 levels"), "{e}");
+        let v = a.params("free-form", &["x=[[1]]".to_string()]).unwrap();
+        assert_eq!(depth(&v), 3);
     }
 
     #[test]

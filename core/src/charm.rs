@@ -143,6 +143,7 @@ impl CharmMeta {
     /// [`CharmMeta::parse`], naming `file` (and the line) when the YAML is
     /// malformed.
     pub fn parse_file(file: &str, yaml: &str) -> Result<CharmMeta> {
+        too_deep(file, yaml)?;
         let meta: CharmMeta = yaml_serde::from_str(yaml).map_err(|e| yaml_error(file, &e))?;
         meta.validate()?;
         Ok(meta)
@@ -245,6 +246,22 @@ impl CharmMeta {
 
 /// A YAML error in `file`: the line it is on, and the parser's message
 /// without its own location (which the error shows once, as the line).
+/// Refuses `yaml` before it is parsed when it nests too deep to read (see
+/// [`crate::yaml`]).
+fn too_deep(file: &str, yaml: &str) -> Result<()> {
+    if crate::yaml::too_deep(yaml) {
+        return Err(Error::CharmFile {
+            file: file.to_string(),
+            line: None,
+            why: format!(
+                "its brackets and braces nest more than {} deep",
+                crate::yaml::MAX_FLOW_DEPTH
+            ),
+        });
+    }
+    Ok(())
+}
+
 fn yaml_error(file: &str, e: &yaml_serde::Error) -> Error {
     let mut why = e.to_string();
     let line = e.location().map(|l| {
@@ -359,6 +376,7 @@ impl CharmConfig {
     /// [`CharmConfig::parse`], naming `file` (and the line) when the YAML is
     /// malformed.
     pub fn parse_file(file: &str, charm: &str, yaml: &str) -> Result<CharmConfig> {
+        too_deep(file, yaml)?;
         let cfg: CharmConfig = yaml_serde::from_str(yaml).map_err(|e| yaml_error(file, &e))?;
         for (name, opt) in &cfg.options {
             if !["string", "int", "float", "boolean"].contains(&opt.kind.as_str()) {
@@ -409,7 +427,14 @@ impl ConfigOption {
         };
         Ok(match self.kind.as_str() {
             "int" => SettingValue::Int(raw.parse().map_err(|_| invalid("expected an integer"))?),
-            "float" => SettingValue::Float(raw.parse().map_err(|_| invalid("expected a number"))?),
+            // Finite only: NaN and infinities have no JSON, and a stored
+            // `null` could not be read back as the option's value.
+            "float" => SettingValue::Float(
+                raw.parse::<f64>()
+                    .ok()
+                    .filter(|f| f.is_finite())
+                    .ok_or_else(|| invalid("expected a finite number"))?,
+            ),
             "boolean" => SettingValue::Bool(match raw {
                 "true" => true,
                 "false" => false,
@@ -641,6 +666,31 @@ peers:
         assert_eq!(canonical_key(&mut b), "wordpress:db mysql:db");
     }
 
+    /// A charm's YAML nesting deeper than its bound is refused before it is
+    /// parsed (200,000 brackets took the parser minutes).
+    #[test]
+    fn charm_files_nesting_too_deep_are_refused_unparsed() {
+        let deep = format!("name: x\nsummary: {}", "[".repeat(200_000));
+        let started = std::time::Instant::now();
+        let err = CharmMeta::parse(&deep).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "cannot parse `metadata.yaml`: its brackets and braces nest more than 64 deep; fix it and deploy again"
+        );
+        let err = CharmConfig::parse("x", &format!("options: {}", "{a: ".repeat(100_000)))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("nest more than 64 deep"), "{err}");
+        let err = crate::actions::CharmActions::parse("x", &"[".repeat(100_000))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("nests its brackets and braces more than 64"),
+            "{err}"
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    }
+
     #[test]
     fn config_values_are_typed() {
         let cfg = CharmConfig::parse(
@@ -663,5 +713,14 @@ peers:
             "unknown option `nope` for charm `wp`: the charm's options are `debug`, `port`, `title`"
         );
         assert!(CharmConfig::parse("wp", "options:\n  a:\n    type: list\n").is_err());
+        let cfg = CharmConfig::parse("wp", "options:\n  ratio:\n    type: float\n").unwrap();
+        assert_eq!(
+            cfg.validate("wp", "ratio", "0.5").unwrap(),
+            SettingValue::Float(0.5)
+        );
+        for bad in ["NaN", "nan", "inf", "-infinity", "1e999"] {
+            let err = cfg.validate("wp", "ratio", bad).unwrap_err().to_string();
+            assert!(err.contains("expected a finite number"), "{bad}: {err}");
+        }
     }
 }

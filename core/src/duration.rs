@@ -1,8 +1,14 @@
 //! Durations as users write them: `250ms`, `2s`, `5m`, `1h`, or a bare
-//! number of seconds.
+//! number of seconds; at most [`MAX`].
 
 use std::time::Duration;
 
+/// The longest duration taken: ten years (87,600 h). Longer means "never"
+/// to a user, and would overflow what it is added to (a clock's instant,
+/// milliseconds since the epoch).
+pub const MAX: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// `s` as a duration, or `None` when it is none or longer than [`MAX`].
 pub fn parse(s: &str) -> Option<Duration> {
     let s = s.trim();
     let split = s
@@ -18,7 +24,7 @@ pub fn parse(s: &str) -> Option<Duration> {
         _ => return None,
     };
     // `try_`: a number past what a `Duration` holds is refused, not a panic.
-    Duration::try_from_secs_f64(secs).ok()
+    Duration::try_from_secs_f64(secs).ok().filter(|d| *d <= MAX)
 }
 
 #[cfg(test)]
@@ -32,7 +38,19 @@ mod tests {
         assert_eq!(parse("3"), Some(Duration::from_secs(3)));
         assert_eq!(parse("1.5m"), Some(Duration::from_secs(90)));
         assert_eq!(parse("1h"), Some(Duration::from_secs(3600)));
-        for bad in ["", "s", "2d", "-1s", "x1", "99999999999999999999h", "1e400"] {
+        assert_eq!(parse("87600h"), Some(MAX));
+        for bad in [
+            "",
+            "s",
+            "2d",
+            "-1s",
+            "x1",
+            "99999999999999999999h",
+            "1e400",
+            "87601h",
+            "10000000000000000000",
+            "9223372036854775s",
+        ] {
             assert_eq!(parse(bad), None, "{bad}");
         }
     }

@@ -25,6 +25,7 @@ pub mod life;
 pub mod names;
 pub mod series;
 pub mod time;
+pub mod yaml;
 
 pub use constraints::Constraints;
 pub use life::Life;

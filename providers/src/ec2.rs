@@ -1046,7 +1046,11 @@ impl Ec2Provider {
                     .device_name(root_device)
                     .ebs(
                         EbsBlockDevice::builder()
-                            .volume_size(mib.div_ceil(1024) as i32)
+                            // Within i32: `check_supported` bounds it.
+                            .volume_size(
+                                i32::try_from(mib.div_ceil(1024).min(MAX_ROOT_DISK_GIB))
+                                    .unwrap_or(i32::MAX),
+                            )
                             .delete_on_termination(true)
                             .build(),
                     )
@@ -1463,7 +1467,18 @@ impl Provider for Ec2Provider {
 
 /// Refuses constraint keys EC2 cannot honour. Needs no network: the CLI
 /// calls it before it changes anything.
+/// The largest EBS volume (gp2, gp3), in GiB: 16 TiB.
+pub const MAX_ROOT_DISK_GIB: u64 = 16 * 1024;
+
 pub fn check_supported(cons: &Constraints) -> Result<()> {
+    if let Some(mib) = cons.root_disk() {
+        if mib.div_ceil(1024) > MAX_ROOT_DISK_GIB {
+            return Err(Error::InvalidSpec(format!(
+                "root-disk={}G is more than the {MAX_ROOT_DISK_GIB}G an EBS root volume may hold; ask for less",
+                mib.div_ceil(1024)
+            )));
+        }
+    }
     let unsupported: Vec<&str> = [
         (cons.container().is_some_and(|c| c != "none"), "container"),
         (cons.virt_type().is_some(), "virt-type"),

@@ -300,6 +300,15 @@ fn unsupported_constraint_keys_are_refused_per_provider_without_a_cloud() {
         "{msg}"
     );
     assert!(refused("ec2", "instance-type=m5.large").is_none());
+    // A root disk past EBS's largest volume (it was cut to 32 bits in the
+    // request: 4294967297G asked for 1 GiB).
+    assert!(refused("ec2", "root-disk=16T").is_none());
+    let (class, msg) = refused("ec2", "root-disk=4294967297G").unwrap();
+    assert_eq!(class, ErrorClass::InvalidSpec);
+    assert_eq!(
+        msg,
+        "invalid instance spec: root-disk=4294967297G is more than the 16384G an EBS root volume may hold; ask for less"
+    );
     // The dummy cloud takes every key.
     assert!(refused("dummy", "instance-type=m5.large virt-type=kvm tags=a").is_none());
 }

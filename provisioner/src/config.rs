@@ -86,7 +86,13 @@ impl Config {
         let mut c = Config::default();
         let bad = |k: &str, v: &str, want: &str| Error::Config(format!("`{k}={v}`: {want}"));
         let dur = |k: &str, v: &str| {
-            duration::parse(v).ok_or_else(|| bad(k, v, "use a duration such as `30s` or `5m`"))
+            duration::parse(v).ok_or_else(|| {
+                bad(
+                    k,
+                    v,
+                    "use a duration such as `30s` or `5m`, at most 87600h (ten years)",
+                )
+            })
         };
         let count = |k: &str, v: &str| {
             v.parse::<usize>()

@@ -172,7 +172,7 @@ impl Provisioner {
             .filter_map(|m| m.nonce.as_deref().map(|n| (n, m)))
             .collect();
         let now = self.inner.clock.unix_ms();
-        let grace = cfg.grace.as_millis() as i64;
+        let grace = i64::try_from(cfg.grace.as_millis()).unwrap_or(i64::MAX);
         let mut seen = self.seen()?;
         let mut view = Vec::new();
         let mut reap: Vec<Instance> = Vec::new();
@@ -213,7 +213,7 @@ impl Provisioner {
             }
             let since = entry.since_ms;
             let eligible = cfg.harvest.reaps(class);
-            let reap_at = since + grace;
+            let reap_at = since.saturating_add(grace);
             if eligible {
                 if now >= reap_at && reap.len() < cfg.harvest_cap {
                     reap.push(inst.clone());

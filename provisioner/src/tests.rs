@@ -616,6 +616,12 @@ fn bad_config_is_refused_with_the_key_named() {
         "invalid provisioner config: `harvest-mode=some`: use none, destroyed, unknown or all"
     );
     assert!(c("harvest-grace", "soon").is_err());
+    // Past what the harvest can add to a time (it wrapped to a negative
+    // grace and reaped strays at once).
+    assert_eq!(
+        c("harvest-grace", "9223372036854775s").unwrap_err().to_string(),
+        "invalid provisioner config: `harvest-grace=9223372036854775s`: use a duration such as `30s` or `5m`, at most 87600h (ten years)"
+    );
     assert!(c("provisioner-concurrency", "0").is_err());
     assert!(c("provisioner-typo", "1").is_err());
     assert_eq!(

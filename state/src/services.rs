@@ -343,7 +343,14 @@ impl Store {
             let (base, current) = old.url.rsplit_once('-').map_or((old.url.as_str(), 0), |(b, r)| {
                 (b, r.parse::<u64>().unwrap_or(0))
             });
-            let mut rev = current + 1;
+            let last = || {
+                refuse(format!(
+                    "the charm is at revision {current}, past which no revision can be counted; deploy it as a new service with a smaller revision in its `revision` file"
+                ))
+            };
+            let Some(mut rev) = current.checked_add(1) else {
+                return last();
+            };
             if let Some(r) = charm
                 .url
                 .rsplit_once('-')
@@ -359,7 +366,10 @@ impl Store {
                 if !taken {
                     break url;
                 }
-                rev += 1;
+                let Some(next) = rev.checked_add(1) else {
+                    return last();
+                };
+                rev = next;
             };
             tx.execute(
                 "INSERT INTO charms (url, meta, config, path) VALUES (?1, ?2, ?3, ?4)",

@@ -1280,6 +1280,22 @@ fn upgrade_charm_keeps_endpoints_in_use_and_settings_and_bumps_the_revision() {
     e.refused(|s| s.upgrade_charm("wordpress", &charm(WORDPRESS), false));
 }
 
+/// A charm at the last revision that can be counted is not upgraded (the
+/// next one wrapped to 0 before, and overflowed in a debug build).
+#[test]
+fn upgrade_charm_refuses_past_the_last_revision() {
+    let e = env();
+    let mut args = deploy_args(WORDPRESS, "wordpress", 1);
+    args.charm.url = format!("local:jammy/wordpress-{}", u64::MAX);
+    e.st.deploy(&args).unwrap();
+    let err = e.refused(|s| s.upgrade_charm("wordpress", &charm(WORDPRESS), false));
+    assert!(
+        err.to_string()
+            .contains("past which no revision can be counted"),
+        "{err}"
+    );
+}
+
 /// The poller's lean view is exactly what it watches: Alive machines not in
 /// error that have an instance.
 #[test]
