@@ -1108,10 +1108,18 @@ impl UnitAgent {
                 }
                 for rel in &view.relations {
                     if rel.life == Life::Alive && !rel.in_scope && rel.belongs {
-                        // Its address with it, in one transaction, so
+                        // Its addresses with it, in one transaction, so
                         // that the other side's -joined/-changed can
-                        // always read it.
-                        let address = vec![("private-address".into(), runner::private_address())];
+                        // always read them: what Juju's EnterScope puts
+                        // in a unit's settings (`private-address`, and
+                        // since 2.3 `ingress-address` and `egress-subnets`,
+                        // which `ops` charms read).
+                        let ip = runner::private_address();
+                        let address = vec![
+                            ("egress-subnets".into(), format!("{ip}/32")),
+                            ("ingress-address".into(), ip.clone()),
+                            ("private-address".into(), ip),
+                        ];
                         acted |=
                             went_through(self.api.enter_scope(rel.id, self.name(), address).await)?;
                     } else if rel.life == Life::Alive && rel.in_scope {

@@ -180,6 +180,28 @@ fn hooks_run_in_order_and_wordpress_gets_mysqls_credentials() {
         .ok()
         .stdout;
     assert_eq!(seen, address, "both units run on this host");
+    // Juju's other addresses of a unit entering scope, as `ops` reads them.
+    let all = j
+        .run(&[
+            "run",
+            "mysql/0",
+            "--",
+            "relation-get",
+            "--format=json",
+            "-r",
+            ids.trim(),
+            "-",
+            "wordpress/0",
+        ])
+        .ok()
+        .stdout;
+    let all: serde_json::Value = serde_json::from_str(&all).unwrap();
+    assert_eq!(all["ingress-address"], address.trim(), "{all}");
+    assert_eq!(
+        all["egress-subnets"],
+        format!("{}/32", address.trim()),
+        "{all}"
+    );
     j.refused(
         &["run", "nosuch/0", "--", "true"],
         1,

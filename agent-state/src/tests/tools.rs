@@ -590,6 +590,7 @@ async fn workload_status_and_leadership_as_ops_calls_them() {
             ),
             ("status-set --application=False active", "", "", 0),
             ("status-get", "active\n", "", 0),
+            ("status-get --format=json", "{\"status\":\"active\"}\n", "", 0),
             (
                 "status-set running",
                 "",
@@ -601,6 +602,13 @@ async fn workload_status_and_leadership_as_ops_calls_them() {
             ("is-leader", "True\n", "", 0),
             ("status-set --application=True blocked need a db", "", "error: unrecognized args: [\"a\"]\n", 2),
             ("status-set --application=True blocked \"need-db\"", "", "", 0),
+            ("status-get --application", "blocked\n", "", 0),
+            (
+                "status-get --application --format=json",
+                "{\"application-status\":{\"status\":\"blocked\",\"units\":{}}}\n",
+                "",
+                0,
+            ),
             (
                 "status-get --application --include-data --format=json",
                 "{\"application-status\":{\"message\":\"\\\"need-db\\\"\",\"status\":\"blocked\",\"status-data\":{},\"units\":{}}}\n",
@@ -693,13 +701,25 @@ async fn version_network_and_unsupported_tools() {
             (
                 "credential-get",
                 "",
-                "error: credential-get is not supported: jujube has no cloud credentials, storage or secrets for charms\n",
+                "error: credential-get is not supported: jujube gives charms no cloud credentials\n",
                 1,
             ),
             (
                 "secret-get foo",
                 "",
-                "error: secret-get is not supported: jujube has no cloud credentials, storage or secrets for charms\n",
+                "error: secret-get is not supported: jujube has no secrets for charms\n",
+                1,
+            ),
+            (
+                "resource-get software",
+                "",
+                "error: resource-get is not supported: jujube has no resources for charms; ship the file in the charm\n",
+                1,
+            ),
+            (
+                "state-get --format=json",
+                "",
+                "error: state-get is not supported: jujube keeps no charm state on the controller; keep it in the charm's directory\n",
                 1,
             ),
         ],

@@ -29,7 +29,7 @@ pub mod state;
 pub mod tools;
 
 /// Names the `jujube` binary answers to as a hook tool.
-pub const TOOLS: [&str; 34] = [
+pub const TOOLS: [&str; 41] = [
     "juju-log",
     "status-set",
     "status-get",
@@ -48,6 +48,13 @@ pub const TOOLS: [&str; 34] = [
     "secret-grant",
     "secret-revoke",
     "secret-remove",
+    "resource-get",
+    "relation-model-get",
+    "juju-reboot",
+    "add-metric",
+    "state-get",
+    "state-set",
+    "state-delete",
     "goal-state",
     "open-port",
     "close-port",

@@ -49,6 +49,23 @@ const NOT_SUPPORTED: &str = "not supported by jujube";
 /// A tool of a Juju feature jujube does not have (cloud credentials,
 /// storage, secrets): it is there, so that a charm probing for
 /// it gets Juju's "not supported" answer (exit 1), not "command not found".
+/// Why jujube has no `name` (one of the [`unsupported`] tools).
+fn unsupported_why(name: &str) -> &'static str {
+    match name {
+        "credential-get" => "jujube gives charms no cloud credentials",
+        "resource-get" => "jujube has no resources for charms; ship the file in the charm",
+        "relation-model-get" => "jujube has no cross-model relations",
+        "juju-reboot" => "jujube does not reboot machines for charms",
+        "add-metric" => "jujube collects no metrics",
+        n if n.starts_with("storage-") => "jujube has no storage for charms",
+        n if n.starts_with("secret-") => "jujube has no secrets for charms",
+        n if n.starts_with("state-") => {
+            "jujube keeps no charm state on the controller; keep it in the charm's directory"
+        }
+        _ => "jujube has no such feature",
+    }
+}
+
 const fn unsupported(name: &'static str) -> Spec {
     Spec {
         name,
@@ -154,6 +171,13 @@ pub const SPECS: &[Spec] = &[
     unsupported("secret-grant"),
     unsupported("secret-revoke"),
     unsupported("secret-remove"),
+    unsupported("resource-get"),
+    unsupported("relation-model-get"),
+    unsupported("juju-reboot"),
+    unsupported("add-metric"),
+    unsupported("state-get"),
+    unsupported("state-set"),
+    unsupported("state-delete"),
     Spec {
         name: "goal-state",
         args: "",
@@ -470,9 +494,7 @@ async fn run_tool(
                 [] => return Err(usage("invalid args, require <status> [message] [data]")),
                 [status] => (status.clone(), String::new()),
                 [status, message] => (status.clone(), message.clone()),
-                [_, _, extra, ..] => {
-                    return Err(usage(format!("unrecognized args: [{extra:?}]")))
-                }
+                [_, _, extra, ..] => return Err(usage(format!("unrecognized args: [{extra:?}]"))),
             };
             if !["maintenance", "blocked", "waiting", "active"].contains(&status.as_str()) {
                 return Err(usage(format!(
@@ -486,7 +508,7 @@ async fn run_tool(
             Ok(Output::ok(""))
         }
         "status-get" => {
-            output(&p)?;
+            let (format, _) = output(&p)?;
             check_empty(&p.args).map_err(usage)?;
             let application = p.is_set("application") || p.is_set("service");
             let (status, message) = ctx
@@ -494,14 +516,22 @@ async fn run_tool(
                 .workload_status(&ctx.unit, application)
                 .await
                 .map_err(|e| e.message)?;
-            let v = if !p.is_set("include-data") && !application {
+            // As Juju: the bare status only in the smart format without
+            // --include-data; else a map, with the message and data when
+            // asked. (The application's `units` stay empty: jujube does
+            // not list its units' statuses here.)
+            let include = p.is_set("include-data");
+            let v = if !include && matches!(format, Format::Smart) {
                 json!(status)
             } else {
-                let one = json!({"message": message, "status": status, "status-data": {}});
+                let mut one = json!({ "status": status });
+                if include {
+                    one["message"] = json!(message);
+                    one["status-data"] = json!({});
+                }
                 if application {
-                    let mut app = one;
-                    app["units"] = json!({});
-                    json!({ "application-status": app })
+                    one["units"] = json!({});
+                    json!({ "application-status": one })
                 } else {
                     one
                 }
@@ -571,8 +601,11 @@ async fn run_tool(
             };
             print(&p, &v)
         }
+        // A failure (exit 1), which `ops` raises as `ModelError` and charms
+        // catch; a missing tool would be `FileNotFoundError`.
         name if spec.purpose == NOT_SUPPORTED => Err(Failure::Run(format!(
-            "{name} is not supported: jujube has no cloud credentials, storage or secrets for charms"
+            "{name} is not supported: {}",
+            unsupported_why(name)
         ))),
         "is-leader" => {
             output(&p)?;
@@ -795,7 +828,9 @@ async fn run_tool(
                 .map_err(|e| e.message)?;
             Ok(Output::ok(""))
         }
-        "action-get" | "action-set" | "action-fail" | "action-log" => action_tool(ctx, spec, p).await,
+        "action-get" | "action-set" | "action-fail" | "action-log" => {
+            action_tool(ctx, spec, p).await
+        }
         other => Err(format!("unknown hook tool `{other}`").into()),
     }
 }
@@ -1102,6 +1137,12 @@ fn read_settings_file(file: &str, inv: &Invocation<'_>) -> Result<String, Failur
 fn parse_settings(text: &str) -> Result<Vec<(String, Option<String>)>, Failure> {
     if text.trim().is_empty() {
         return Ok(Vec::new());
+    }
+    if jujube_core::yaml::too_deep(text) {
+        return Err(Failure::Run(format!(
+            "cannot parse settings file: it nests more than {} deep",
+            jujube_core::yaml::MAX_FLOW_DEPTH
+        )));
     }
     let v: Value =
         yaml_serde::from_str(text).map_err(|e| format!("cannot parse settings file: {e}"))?;
