@@ -425,7 +425,6 @@ fn placement(
                      api_connect: String,
                      controllers: Option<Arc<dyn crate::machine0::Seed>>| {
         Some(Arc::new(Installer {
-            store: store.clone(),
             agents,
             api_connect,
             enroll,
@@ -687,8 +686,26 @@ fn lxd_agents_in_containers(config: &BTreeMap<String, String>) -> bool {
 /// Gives a machine's agent a fresh credential at each start attempt (only
 /// its hash is stored, replacing any earlier one) and the `agent.conf`
 /// holding it, for the provider to put on the instance.
+/// This controller's name as a lease holder: `machine-N/HOST/ID`, where
+/// `ID` is the start of the host's `/etc/machine-id`. A holder's name must
+/// be one process's alone (two processes under one name would both hold
+/// the lease under one token, which no fence tells apart); the host's file
+/// lock keeps one per machine id and host, and the machine id tells two
+/// hosts of one hostname apart, while a controller restarted on its host
+/// keeps its name (and so takes its own lease back at once). Without a
+/// machine id, a name drawn for this process: a restart then waits for
+/// the old lease to run out.
+fn holder_name(machine: i64) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let id = std::fs::read_to_string("/etc/machine-id")
+        .ok()
+        .map(|id| id.trim().chars().take(8).collect::<String>())
+        .filter(|id| id.len() == 8)
+        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string()[..8].to_string());
+    format!("machine-{machine}/{}/{id}", host.trim())
+}
+
 struct Installer {
-    store: Store,
     /// `None`: machine agents are not installed on instances (they run in
     /// the controller).
     agents: Option<jujube_agent_state::process::ProcessAgents>,
@@ -712,10 +729,11 @@ struct Installer {
 impl jujube_provisioner::AgentInstaller for Installer {
     fn prepare(
         &self,
+        store: &Store,
         machine: i64,
         nonce: &str,
     ) -> std::result::Result<Option<jujube_providers::AgentInstall>, String> {
-        let m = self.store.machine(machine).map_err(|e| e.to_string())?;
+        let m = store.machine(machine).map_err(|e| e.to_string())?;
         if m.manages_environ() && !m.hosts_units() {
             let Some(seed) = &self.controllers else {
                 return Ok(None);
@@ -742,7 +760,7 @@ impl jujube_provisioner::AgentInstaller for Installer {
                 None => {
                     let t = jujube_agent::wire::new_secret();
                     let now = unix_now();
-                    self.store
+                    store
                         .add_enrollment(
                             &jujube_agent::wire::secret_hash(&t),
                             batch,
@@ -770,7 +788,7 @@ impl jujube_provisioner::AgentInstaller for Installer {
         }
         let tag = jujube_agent::api::Tag::Machine(machine);
         let secret = jujube_agent::wire::new_secret();
-        self.store
+        store
             .set_machine_credential(
                 machine,
                 &tag.to_string(),
@@ -780,7 +798,7 @@ impl jujube_provisioner::AgentInstaller for Installer {
         // With other controllers in containers of their own, a socket to
         // each one too, and the agent told of them all from its start.
         let other_controllers = if self.proxies_controllers {
-            crate::machine0::other_controllers(&self.store).map_err(|e| e.to_string())?
+            crate::machine0::other_controllers(store).map_err(|e| e.to_string())?
         } else {
             Vec::new()
         };
@@ -868,8 +886,7 @@ pub async fn run(home: &Home, env_name: &str, machine: i64) -> Result<()> {
         logs,
     });
     let api = start_api(home, env_name, machine, &store, facades.clone(), clients).await?;
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let holder = format!("machine-{machine}/{}", host.trim());
+    let holder = holder_name(machine);
     // Recorded before anything else happens, so that `status`, agents and
     // the other controllers know where it serves; then every few seconds.
     // In a container, where the daemon's host exposes it: its own
@@ -1552,6 +1569,57 @@ pub(crate) async fn provision_machine_0(
 #[cfg(test)]
 mod tests {
     use super::peer_may_be;
+
+    /// What the installer writes for a start (the machine's credential) goes
+    /// through the provisioner's store, with its lease's fence: a
+    /// provisioner whose lease another controller took cannot replace the
+    /// credential of the instance its successor starts.
+    #[test]
+    fn the_installer_writes_under_the_provisioners_fence() {
+        use jujube_provisioner::AgentInstaller;
+        use std::time::Duration;
+        let dir = tempfile::tempdir().unwrap();
+        let st = jujube_state::Store::open(dir.path().join("state.db")).unwrap();
+        st.initialize(&jujube_state::environment::EnvironmentSpec {
+            name: "t".into(),
+            uuid: "00000000-0000-4000-8000-000000000000".into(),
+            provider: "dummy".into(),
+            default_series: "jammy".into(),
+            constraints: Default::default(),
+            config: Default::default(),
+        })
+        .unwrap();
+        let m = st.add_machines(1, None, None).unwrap()[0];
+        let installer = super::Installer {
+            agents: Some(jujube_agent_state::process::ProcessAgents {
+                exe: "/bin/true".into(),
+                api_addresses: vec!["127.0.0.1:17070".into()],
+                ca_cert: String::new(),
+                env_name: "t".into(),
+                env_uuid: "00000000-0000-4000-8000-000000000000".into(),
+            }),
+            api_connect: String::new(),
+            enroll: None,
+            tokens: Default::default(),
+            controllers: None,
+            proxies_controllers: false,
+        };
+        let ttl = Duration::from_secs(15);
+        let held = |c| match c {
+            jujube_state::leases::Claim::Held(f) => f,
+            other => panic!("not held: {other:?}"),
+        };
+        let a = held(st.claim_lease("provisioner", "a", 1_000, ttl).unwrap());
+        installer
+            .prepare(&st.fenced(a.clone()), m, "n1")
+            .unwrap()
+            .unwrap();
+        // `a`'s lease ran out and `b` took it.
+        let b = held(st.claim_lease("provisioner", "b", 100_000, ttl).unwrap());
+        let err = installer.prepare(&st.fenced(a), m, "n2").unwrap_err();
+        assert!(err.contains("lease"), "{err}");
+        installer.prepare(&st.fenced(b), m, "n3").unwrap().unwrap();
+    }
 
     #[test]
     fn ec2_bootstrap_keys_are_checked_before_anything_is_made() {

@@ -244,7 +244,25 @@ async fn hold_via(
             return;
         }
         let sent = Instant::now();
-        let claimed = claims.claim(&holder, wall(), times.ttl, anew).await;
+        // A claim answered past the deadline its own sending sets is no
+        // lease to act on (the database stalled with it queued): waited
+        // for no longer, and claimed again; a late answer is ignored.
+        let deadline = sent + times.ttl.saturating_sub(times.margin);
+        let claimed = tokio::select! {
+            c = claims.claim(&holder, wall(), times.ttl, anew) => c,
+            _ = tokio::time::sleep_until(deadline) => {
+                warn!(holder, "claiming the singletons lease stalled past its deadline: claiming again");
+                continue;
+            }
+            _ = stop.changed() => return,
+        };
+        if Instant::now() >= deadline {
+            warn!(
+                holder,
+                "the singletons lease was granted too late to act on: claiming again"
+            );
+            continue;
+        }
         match claimed {
             Claimed::Answer(Claim::Held(fence)) => {
                 anew = false;
@@ -608,6 +626,67 @@ mod tests {
                 self.store.claim(holder, now_ms, ttl, anew)
             }
         }
+    }
+
+    /// The store, its answers to claims delivered `late` after they were
+    /// made (a database that stalls with the claim queued).
+    struct Late {
+        store: Store,
+        late: Duration,
+    }
+
+    impl Claims for Late {
+        fn claim<'a>(
+            &'a self,
+            holder: &'a str,
+            now_ms: i64,
+            ttl: Duration,
+            anew: bool,
+        ) -> ClaimFuture<'a> {
+            Box::pin(async move {
+                let answer = self.store.claim(holder, now_ms, ttl, anew).await;
+                tokio::time::sleep(self.late).await;
+                answer
+            })
+        }
+    }
+
+    /// A lease granted so late that its deadline (ttl less the margin,
+    /// from when the claim was sent) has passed is not acted on: the jobs
+    /// never start (they did, until `run_held` noticed the deadline).
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_granted_past_its_deadline_starts_no_job() {
+        let (_dir, store, _) = two_stores();
+        let times = LeaseTimes::default();
+        let ticks: Arc<Mutex<Vec<(&'static str, Instant)>>> = Default::default();
+        let claims = Arc::new(Late {
+            store: store.clone(),
+            late: times.ttl - times.margin + Duration::from_millis(500),
+        });
+        let (stop, stop_rx) = watch::channel(false);
+        let task = {
+            let (claims, ticks) = (claims.clone(), ticks.clone());
+            tokio::spawn(async move {
+                hold_via(
+                    &*claims,
+                    store,
+                    "a".into(),
+                    times,
+                    wall(Instant::now()),
+                    &tokio::runtime::Handle::current(),
+                    ticking("a", ticks),
+                    stop_rx,
+                )
+                .await
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(
+            ticks.lock().unwrap().is_empty(),
+            "a job ran on a lease granted too late"
+        );
+        stop.send_replace(true);
+        task.await.unwrap();
     }
 
     /// A job that only ticks every 100 ms, recording when (it touches no

@@ -144,8 +144,13 @@ const PASS_COST_SPACING: u32 = 3;
 pub trait AgentInstaller: Send + Sync + 'static {
     /// `None` when machine `id`'s agent does not run on its instance.
     /// `nonce` is the start's (a launch batch's instances share user data).
+    /// What it writes (a credential's hash, an enrollment) it writes through
+    /// `store`, the provisioner's own: under a lease, it carries the lease's
+    /// fence, so a provisioner that lost the lease cannot replace the
+    /// credential of an instance its successor started.
     fn prepare(
         &self,
+        store: &Store,
         machine: i64,
         nonce: &str,
     ) -> std::result::Result<Option<AgentInstall>, String>;
@@ -841,13 +846,12 @@ impl Provisioner {
             let mut specs: Vec<StartSpec> = pending.iter().map(Attempt::spec).collect();
             if let Some(installer) = self.inner.installer.get() {
                 for (spec, a) in specs.iter_mut().zip(&pending) {
-                    spec.agent =
-                        installer
-                            .prepare(a.machine, &spec.nonce)
-                            .map_err(|why| Error::Agent {
-                                machine: a.machine,
-                                why,
-                            })?;
+                    spec.agent = installer
+                        .prepare(&self.inner.store, a.machine, &spec.nonce)
+                        .map_err(|why| Error::Agent {
+                            machine: a.machine,
+                            why,
+                        })?;
                 }
             }
             let results = self.inner.provider.start_instances(&specs).await;
