@@ -39,6 +39,11 @@ pub const MAX_CONNECTIONS: usize = 8;
 /// How long a connection has to finish its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a connection is held from when it was accepted, whatever it
+/// does: connections that send nothing (or trickle) cannot keep the
+/// [`MAX_CONNECTIONS`] slots from the hand-over for longer than this.
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// What a hand-over is answered once one was taken (the first one's
 /// answer may have been lost on its way: its sender then finds the
 /// controller answering).
@@ -137,6 +142,28 @@ pub async fn receive(
     max: usize,
     accept: Box<Accept>,
 ) -> Result<()> {
+    receive_within(
+        listen,
+        cert,
+        key,
+        token_sha256,
+        max,
+        accept,
+        CONNECTION_TIMEOUT,
+    )
+    .await
+}
+
+/// [`receive`], each connection held at most `held`.
+pub(crate) async fn receive_within(
+    listen: &str,
+    cert: &str,
+    key: &str,
+    token_sha256: &str,
+    max: usize,
+    accept: Box<Accept>,
+    held: Duration,
+) -> Result<()> {
     let acceptor = tokio_rustls::TlsAcceptor::from(crate::tls::server_config_of(cert, key)?);
     let listener = tokio::net::TcpListener::bind(listen)
         .await
@@ -172,18 +199,22 @@ pub async fn receive(
         let (acceptor, shared) = (acceptor.clone(), shared.clone());
         tokio::spawn(async move {
             let _slot = slot;
-            let Ok(Ok(tls)) =
-                tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await
-            else {
-                return;
+            let serve = async move {
+                let Ok(Ok(tls)) =
+                    tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await
+                else {
+                    return;
+                };
+                let svc = hyper::service::service_fn(move |req| {
+                    let shared = shared.clone();
+                    async move { Ok::<_, Infallible>(handle(shared, req).await) }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .await;
             };
-            let svc = hyper::service::service_fn(move |req| {
-                let shared = shared.clone();
-                async move { Ok::<_, Infallible>(handle(shared, req).await) }
-            });
-            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(tls), svc)
-                .await;
+            // Dropped at its time, slot and all.
+            let _ = tokio::time::timeout(held, serve).await;
         });
     }
     // The answer is on its way: its connection is given a few seconds to

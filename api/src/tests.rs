@@ -2230,6 +2230,62 @@ async fn a_hand_over_is_taken_once_with_the_token_within_its_bound_from_the_one_
     assert!(tokio::net::TcpListener::bind(&addr).await.is_ok());
 }
 
+/// Connections that hold every slot of the hand-over and send nothing are
+/// dropped at their time, and the hand-over is then taken (it was refused
+/// at accept for as long as they stayed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_do_not_keep_the_hand_over_out() {
+    use crate::tls::OneShot;
+    use jujube_agent::remote::hand_over;
+    let id = OneShot::new().unwrap();
+    let token = new_secret();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let receiving = {
+        let (cert, key) = (id.server_cert.clone(), id.server_key.clone());
+        let (addr, hash) = (addr.clone(), secret_hash(&token));
+        tokio::spawn(async move {
+            crate::handover::receive_within(
+                &addr,
+                &cert,
+                &key,
+                &hash,
+                1000,
+                Box::new(|_| Ok(())),
+                Duration::from_millis(800),
+            )
+            .await
+        })
+    };
+    let mut tries = 0;
+    while std::net::TcpStream::connect(&addr).is_err() {
+        tries += 1;
+        assert!(tries < 500, "the hand-over listens");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // (That probe's connection holds a slot until its time too.)
+    let idle: Vec<_> = (0..crate::handover::MAX_CONNECTIONS)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        hand_over(&addr, &id.ca_cert, &token, b"state".to_vec())
+            .await
+            .is_err(),
+        "every slot is held"
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    hand_over(&addr, &id.ca_cert, &token, b"state".to_vec())
+        .await
+        .unwrap();
+    receiving.await.unwrap().unwrap();
+    drop(idle);
+}
+
 /// What a [`scripted_server`] does with each request it takes.
 #[derive(Clone, Copy)]
 enum Script {
