@@ -219,7 +219,7 @@ fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Answer> {
             c.url = format!("local:{series_}/{}", c.url);
             let subordinate = c.meta.subordinate;
             let units = units.unwrap_or(if subordinate { 0 } else { 1 });
-            if to.is_some() && units > 1 {
+            if to.is_some() && units != 1 {
                 return Err(usage("`--to` places one unit; use `-n 1` with it"));
             }
             let constraints = constraints_for(cx, store, &env.provider, constraints.as_deref())?;

@@ -259,6 +259,7 @@ impl Constraints {
         for word in words.into_iter().flat_map(split_words) {
             let (k, v) = word
                 .split_once('=')
+                .filter(|(k, _)| !k.is_empty())
                 .ok_or_else(|| Error::MalformedConstraint(word.to_string()))?;
             let key: Key = k.parse()?;
             if v.ends_with('\\') {
@@ -481,6 +482,10 @@ mod tests {
         assert_eq!(
             Constraints::parse("mem"),
             Err(Error::MalformedConstraint("mem".into()))
+        );
+        assert_eq!(
+            Constraints::parse("=2G"),
+            Err(Error::MalformedConstraint("=2G".into()))
         );
         assert!(Constraints::parse("arch=sparc").is_err());
         assert!(Constraints::parse("cores=two").is_err());

@@ -278,6 +278,12 @@ fn usage_errors_exit_with_2_and_change_nothing() {
         2,
         "`--to` places one unit; use `-n 1` with it",
     );
+    // A deploy of no units has none to place (`--to` was dropped unsaid).
+    j.refused(
+        &["deploy", &j.charm("mysql"), "-n", "0", "--to", "1"],
+        2,
+        "`--to` places one unit; use `-n 1` with it",
+    );
     let before = j.settled();
     let r = j.run(&["add-unit"]);
     assert_eq!(r.code, 2);
