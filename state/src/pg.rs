@@ -137,6 +137,10 @@ const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(10);
 const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 const KEEPALIVE_RETRIES: u32 = 2;
 
+/// How long the server lets one of the store's sessions sit idle inside a
+/// transaction before it ends it (see [`connect`]).
+pub const IDLE_IN_TRANSACTION: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The role a connection plays in the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Role {
@@ -159,6 +163,15 @@ pub(crate) fn connect(target: &PgTarget, role: Role) -> Result<Connection> {
         Role::Writer(Durability::Full) => "SET synchronous_commit = on",
         Role::Reader => "SET default_transaction_read_only = on",
     })?;
+    // A session left idle inside a transaction (its controller frozen, or
+    // cut off with the socket still open) is ended by the server after
+    // IDLE_IN_TRANSACTION, its locks with it: a lease claim, or any rule,
+    // waiting on its rows waits that long, not until TCP gives up (hours).
+    // No rule is idle between its statements for more than moments.
+    conn.execute_batch(&format!(
+        "SET idle_in_transaction_session_timeout = '{}s'",
+        IDLE_IN_TRANSACTION.as_secs()
+    ))?;
     Ok(conn)
 }
 

@@ -189,3 +189,20 @@ fn a_transaction_whose_session_ended_with_a_fatal_error_runs_again() {
     let postgres = matches!(e.st.location(), crate::Location::Postgres(_));
     assert_eq!(attempts, if postgres { 2 } else { 1 });
 }
+
+/// On PostgreSQL every session of the store has the server end it when it
+/// sits idle inside a transaction for `IDLE_IN_TRANSACTION` (a frozen
+/// controller holding a lease's row lock would otherwise block every other
+/// controller's claim until TCP gave up): its writers' and its readers'.
+#[test]
+fn sessions_left_idle_in_a_transaction_are_ended_by_the_server() {
+    let e = env();
+    if !matches!(e.st.location(), crate::Location::Postgres(_)) {
+        return;
+    }
+    let show = |c: &crate::sql::Connection| -> crate::Result<String> {
+        Ok(c.query_row("SHOW idle_in_transaction_session_timeout", [], |r| r.get(0))?)
+    };
+    assert_eq!(e.st.write(|tx| show(tx)).unwrap(), "30s");
+    assert_eq!(e.st.read(|c| show(c)).unwrap(), "30s");
+}
