@@ -33,6 +33,12 @@ pub const MAX_PENDING_RUNS: i64 = 100;
 /// parameters may): every view of the unit carries its pending runs.
 pub const MAX_RUN_ARGV_BYTES: usize = 64 << 10;
 
+/// The most bytes of commands' words and actions' parameters one view of a
+/// unit carries (at least one run, whatever its size): the rest wait in the
+/// store and come in later views, as earlier runs are answered. So a view
+/// stays small however the unit's queue was filled.
+pub const MAX_VIEW_RUNS_BYTES: usize = 256 << 10;
+
 /// The longest a queued command or action may be given to run: a day.
 pub const MAX_RUN_TIMEOUT: u64 = 24 * 3600;
 
@@ -297,7 +303,13 @@ pub(crate) fn pending_runs_in(c: &crate::sql::Connection, unit: &str) -> Result<
         })?
         .collect::<crate::sql::Result<Vec<_>>>()?;
     let now = crate::unix_now().max(0) as u64;
+    let mut carried = 0usize;
     rows.into_iter()
+        .take_while(|(_, argv, _, _, _, params)| {
+            let first = carried == 0;
+            carried += argv.len() + params.as_ref().map_or(0, String::len);
+            first || carried <= MAX_VIEW_RUNS_BYTES
+        })
         .map(|(id, argv, timeout, queued, action, params)| {
             let argv = serde_json::from_str(&argv).map_err(|_| Error::Corrupt {
                 what: "run command",

@@ -284,6 +284,54 @@ fn goal_state_is_refused_beyond_its_bound() {
     assert!(err.to_string().contains("at most 10000 units"), "{err}");
 }
 
+/// A unit's view carries its pending runs up to `MAX_VIEW_RUNS_BYTES` of
+/// words and parameters (at least one): a queue of large commands comes a
+/// few at a time, in order, as earlier ones are answered.
+#[test]
+fn a_units_view_carries_a_bounded_share_of_its_runs() {
+    use crate::runs::{RunResult, MAX_VIEW_RUNS_BYTES};
+    let e = env();
+    let u = e.deploy(MYSQL, "mysql", 1).remove(0);
+    let word = "a".repeat(60 << 10);
+    let ids: Vec<i64> = (0..10)
+        .map(|_| {
+            e.st.queue_run(&u, &["echo".into(), word.clone()], 60)
+                .unwrap()
+        })
+        .collect();
+    let fit = MAX_VIEW_RUNS_BYTES / (60 << 10);
+    let carried: Vec<i64> =
+        e.st.pending_runs(&u)
+            .unwrap()
+            .iter()
+            .map(|r| r.id)
+            .collect();
+    assert_eq!(carried, ids[..fit]);
+    for id in &carried {
+        e.st.apply(
+            &Caller::Unit(u.clone()),
+            &AgentOp::FinishRun {
+                unit: u.clone(),
+                id: *id,
+                result: RunResult {
+                    code: 0,
+                    stdout: String::new(),
+                    stderr: String::new(),
+                    action: None,
+                },
+            },
+        )
+        .unwrap();
+    }
+    let next: Vec<i64> =
+        e.st.pending_runs(&u)
+            .unwrap()
+            .iter()
+            .map(|r| r.id)
+            .collect();
+    assert_eq!(next, ids[fit..2 * fit]);
+}
+
 /// A queued command's words and a run's timeout are bounded: past them a
 /// run is refused, saying which bound, and nothing is queued.
 #[test]
