@@ -1048,9 +1048,12 @@ async fn handle(
         return charm_files(&activity, &*facade, unit).await;
     }
     // Room for the answer among this connection's unread answers, taken
-    // before the call runs (as much as a request may hold: answers other
-    // than `charm-files`, streamed above, are that small), given back down
-    // to what the answer is once it is made, the rest when it has been sent.
+    // before the call runs (as much as a request may hold: most answers
+    // other than `charm-files`, streamed above, are that small), given back
+    // down to what the answer is once it is made, the rest when it has been
+    // sent. A larger answer is counted whole (up to the whole budget): its
+    // call gives back what it holds and waits for room for all of it,
+    // holding none meanwhile, so that no two calls wait on each other.
     let room = |bytes: usize| u32::try_from((bytes >> 10) + 1).unwrap_or(u32::MAX);
     let budget = u32::try_from(activity_budget(&shared)).unwrap_or(u32::MAX);
     let want = room(shared.limits.max_request_bytes).min(budget);
@@ -1091,9 +1094,22 @@ async fn handle(
         Err(e) => (status_of(&e), Reply::Error(e)),
     };
     let bytes = Bytes::from(serde_json::to_vec(&r).expect("plain data"));
-    let keep = room(bytes.len()).min(want) as usize;
-    if let Some(extra) = permit.split(permit.num_permits() - keep) {
-        drop(extra);
+    let needed = room(bytes.len()).min(budget);
+    if needed <= want {
+        if let Some(extra) = permit.split(permit.num_permits() - needed as usize) {
+            drop(extra);
+        }
+    } else {
+        drop(permit);
+        permit = match activity.unread.clone().acquire_many_owned(needed).await {
+            Ok(p) => p,
+            Err(_) => {
+                return refuse(ApiError::new(
+                    ErrorCode::Unavailable,
+                    "the server is stopping",
+                ))
+            }
+        };
     }
     Response::builder()
         .status(status)
