@@ -811,6 +811,12 @@ async fn application_data_leader_settings_and_actions_as_ops_calls_them() {
                 1,
             ),
             ("leader-get --format=json", "{}\n", "", 0),
+            // No remote unit (an application's data changed, or -broken):
+            // as Juju, the remote application's data; and with --app, a
+            // unit's name stands for its application.
+            ("relation-get --format=json", "{}\n", "", 0),
+            ("relation-get --format=json url", "null\n", "", 0),
+            ("relation-get --app --format=json - wordpress/0", "{}\n", "", 0),
         ],
     )
     .await;

@@ -689,14 +689,29 @@ async fn run_tool(
             let rel = relation_id(ctx, &p)?;
             let mut args = p.args.iter();
             let key = args.next().filter(|k| *k != "-").cloned();
-            let app = p.is_set("app");
-            let unit = match args.next() {
-                Some(u) => u.clone(),
-                None if app => remote_app(ctx, rel)?,
-                None => ctx
-                    .remote
-                    .clone()
-                    .ok_or_else(|| usage("no unit id specified"))?,
+            // Juju's choice of whose settings: a name given wins (with
+            // --app, a unit's name stands for its application); else
+            // --app's is the remote application, else the remote unit;
+            // and in a hook of the relation with no remote unit (its
+            // application's data changed, or -broken), the remote
+            // application's.
+            let app_flag = p.is_set("app");
+            let hook_relation = ctx.relation.as_ref().is_some_and(|(id, _)| *id == rel);
+            let (app, unit) = match args.next() {
+                Some(u) if app_flag => (
+                    true,
+                    u.split_once('/').map_or(u.as_str(), |(a, _)| a).to_string(),
+                ),
+                Some(u) => (false, u.clone()),
+                None if app_flag => (true, remote_app(ctx, rel)?),
+                None => match (&ctx.remote, hook_relation) {
+                    (Some(r), _) => (false, r.clone()),
+                    (None, true) => (
+                        true,
+                        remote_app(ctx, rel).map_err(|_| usage("no unit id specified"))?,
+                    ),
+                    (None, false) => return Err(usage("no unit id specified")),
+                },
             };
             check_empty(args.as_slice()).map_err(usage)?;
             let settings = if app {
