@@ -428,6 +428,7 @@ async fn authenticate(
             }
         }
     }
+    let _checking = activity.checking();
     let slot = take_slot(shared).await?;
     let store = shared.store.clone();
     let name = user.clone();

@@ -62,8 +62,10 @@ pub struct Limits {
     /// A connection that has not proved a credential within this long
     /// after it opened is closed, whatever it sent meanwhile (requests that
     /// need no credential do not extend it; one in flight is cut), except
-    /// while it downloads the agent binary and the download moves: then it
-    /// is closed once the download ends, or stalls for this long.
+    /// while the server checks a credential it presented (the check may
+    /// wait on the store), and while it downloads the agent binary and the
+    /// download moves: then it is closed once the download ends, or stalls
+    /// for this long.
     pub unauthenticated_timeout: Duration,
     /// Connections one credential may hold open at once (an agent needs
     /// one); a call on one more is refused (429).
@@ -488,6 +490,11 @@ pub(crate) struct Activity {
     /// Downloads of the agent binary under way (each touches `last` as it
     /// sends).
     downloads: AtomicUsize,
+    /// Credentials being checked against the store: the server's own work,
+    /// which may wait on the store (a controller cut off from its database
+    /// answers "unavailable" when the check gives up, and the client moves
+    /// to another controller); the unproven deadline waits for it.
+    checking: AtomicUsize,
     /// When the connection was taken (after its TLS handshake): the
     /// unproven deadline counts from here.
     opened: Instant,
@@ -554,6 +561,13 @@ impl Activity {
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
     }
 
+    /// Counts a credential check under way until the guard is dropped (see
+    /// [`Activity::checking`]).
+    pub(crate) fn checking(&self) -> Checking<'_> {
+        self.checking.fetch_add(1, Ordering::AcqRel);
+        Checking(self)
+    }
+
     /// Counts this connection against `tag`'s connections (once); false
     /// when `tag` holds too many already.
     fn count_for(&self, tag: &str) -> bool {
@@ -594,7 +608,8 @@ impl Activity {
             {
                 let open = self.opened.elapsed();
                 let downloading = self.downloads.load(Ordering::Acquire) > 0;
-                if open >= unproven && (!downloading || last.elapsed() >= unproven) {
+                let checking = self.checking.load(Ordering::Acquire) > 0;
+                if open >= unproven && !checking && (!downloading || last.elapsed() >= unproven) {
                     return true;
                 }
                 let wait = if open < unproven {
@@ -631,6 +646,16 @@ struct Proven {
     hash: String,
     epoch: u64,
     at: Instant,
+}
+
+/// A credential check under way ([`Activity::checking`]).
+pub(crate) struct Checking<'a>(&'a Activity);
+
+impl Drop for Checking<'_> {
+    fn drop(&mut self) {
+        self.0.checking.fetch_sub(1, Ordering::AcqRel);
+        self.0.touch();
+    }
 }
 
 /// Counts down on drop: a request in flight, or a watch held open by its
@@ -675,6 +700,7 @@ async fn serve_connection<IO>(
         in_flight: AtomicUsize::new(0),
         watches: AtomicUsize::new(0),
         downloads: AtomicUsize::new(0),
+        checking: AtomicUsize::new(0),
         opened: Instant::now(),
         last: Mutex::new(Instant::now()),
         proven: Mutex::new(None),
@@ -836,6 +862,7 @@ async fn authenticate(
     if cached == Some(true) {
         return Ok(tag);
     }
+    let _checking = activity.checking();
     let store = shared.store.clone();
     let key = tag.to_string();
     let record =

@@ -1967,6 +1967,45 @@ impl crate::clients::ClientHandler for ListUsers {
     }
 }
 
+/// A credential check is the server's own work, which may take long (a
+/// login refused is answered after a pause; a controller cut off from its
+/// database waits on it): the unproven deadline does not cut it, and the
+/// answer arrives. (Cut, the client saw a lost connection where another
+/// controller would have answered.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credential_being_checked_is_answered_past_the_unproven_deadline() {
+    use jujube_agent::remote::UserClient;
+    use jujube_wire::client::ClientCall;
+    let mut w = World::new().await;
+    w.store.create_admin("pw").unwrap();
+    w.start_serving(
+        Limits {
+            unauthenticated_timeout: Duration::from_millis(300),
+            ..Limits::default()
+        },
+        Some(Arc::new(ListUsers(w.store.clone()))),
+    )
+    .await;
+    let server = w.server.as_ref().unwrap();
+    let ca = tls::ca_cert(w.dir.path()).unwrap();
+    let started = std::time::Instant::now();
+    let e = UserClient::new(&server.addresses(), &ca, "admin", "wrong")
+        .unwrap()
+        .call(&ClientCall::Users)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        started.elapsed() > Duration::from_millis(300),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        e.message,
+        "invalid credentials for user `admin`; log in again with `jujube login`"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn users_log_in_with_their_password_and_register_once_within_the_bounds() {
     let _alone = MEMORY.lock().await;
@@ -2199,50 +2238,23 @@ async fn a_user_who_connects_the_moment_the_server_listens_is_answered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hand_over_is_taken_once_with_the_token_within_its_bound_from_the_one_shot_identity() {
-    use crate::tls::OneShot;
-    use jujube_agent::remote::hand_over;
-    let id = OneShot::new().unwrap();
-    let token = new_secret();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
     use bytes::Bytes;
+    use jujube_agent::remote::hand_over;
     let taken = Arc::new(std::sync::Mutex::new(Vec::<Bytes>::new()));
-    let receiving = {
-        let (id, taken) = (
-            (id.server_cert.clone(), id.server_key.clone()),
-            taken.clone(),
-        );
-        let (addr, hash) = (addr.clone(), secret_hash(&token));
-        tokio::spawn(async move {
-            crate::handover::receive(
-                &addr,
-                &id.0,
-                &id.1,
-                &hash,
-                1000,
-                Box::new(move |body| {
-                    if body.as_ref() == b"not yet" {
-                        return Err("the state is not laid out".into());
-                    }
-                    taken.lock().unwrap().push(body);
-                    Ok(())
-                }),
-            )
-            .await
+    let accept = {
+        let taken = taken.clone();
+        Box::new(move |body: Bytes| {
+            if body.as_ref() == b"not yet" {
+                return Err("the state is not laid out".into());
+            }
+            taken.lock().unwrap().push(body);
+            Ok(())
         })
     };
-    let mut tries = 0;
-    while std::net::TcpStream::connect(&addr).is_err() {
-        tries += 1;
-        assert!(tries < 500, "the hand-over listens");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let (id, token, addr, receiving) =
+        listening_hand_over(accept, crate::handover::CONNECTION_TIMEOUT).await;
     // Another identity (the environment's own CA, say) is not trusted.
-    let other = OneShot::new().unwrap();
+    let other = crate::tls::OneShot::new().unwrap();
     let e = hand_over(&addr, &other.ca_cert, &token, b"state".to_vec())
         .await
         .unwrap_err();
@@ -2279,14 +2291,19 @@ async fn a_hand_over_is_taken_once_with_the_token_within_its_bound_from_the_one_
     assert!(tokio::net::TcpListener::bind(&addr).await.is_ok());
 }
 
-/// Connections that hold every slot of the hand-over and send nothing are
-/// dropped at their time, and the hand-over is then taken (it was refused
-/// at accept for as long as they stayed).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn idle_connections_do_not_keep_the_hand_over_out() {
-    use crate::tls::OneShot;
-    use jujube_agent::remote::hand_over;
-    let id = OneShot::new().unwrap();
+/// A hand-over listening on a free loopback port with a one-shot identity,
+/// taken by `accept`, each connection held at most `held`: its identity,
+/// token and address, and the task receiving it (once it listens).
+async fn listening_hand_over(
+    accept: Box<crate::handover::Accept>,
+    held: Duration,
+) -> (
+    crate::tls::OneShot,
+    String,
+    String,
+    tokio::task::JoinHandle<crate::Result<()>>,
+) {
+    let id = crate::tls::OneShot::new().unwrap();
     let token = new_secret();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -2298,16 +2315,7 @@ async fn idle_connections_do_not_keep_the_hand_over_out() {
         let (cert, key) = (id.server_cert.clone(), id.server_key.clone());
         let (addr, hash) = (addr.clone(), secret_hash(&token));
         tokio::spawn(async move {
-            crate::handover::receive_within(
-                &addr,
-                &cert,
-                &key,
-                &hash,
-                1000,
-                Box::new(|_| Ok(())),
-                Duration::from_millis(800),
-            )
-            .await
+            crate::handover::receive_within(&addr, &cert, &key, &hash, 1000, accept, held).await
         })
     };
     let mut tries = 0;
@@ -2316,6 +2324,17 @@ async fn idle_connections_do_not_keep_the_hand_over_out() {
         assert!(tries < 500, "the hand-over listens");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    (id, token, addr, receiving)
+}
+
+/// Connections that hold every slot of the hand-over and send nothing are
+/// dropped at their time, and the hand-over is then taken (it was refused
+/// at accept for as long as they stayed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_do_not_keep_the_hand_over_out() {
+    use jujube_agent::remote::hand_over;
+    let (id, token, addr, receiving) =
+        listening_hand_over(Box::new(|_| Ok(())), Duration::from_millis(800)).await;
     // The probe's connection, dropped, frees its slot soon.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let idle: Vec<_> = (0..crate::handover::MAX_CONNECTIONS)
