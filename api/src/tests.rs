@@ -1198,24 +1198,7 @@ async fn h2_parts_at(
     window: u32,
 ) -> std::io::Result<H2Parts> {
     use hyper_util::rt::{TokioExecutor, TokioIo};
-    use jujube_agent::wire::SERVER_NAME;
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for c in rustls::pki_types::CertificateDer::pem_slice_iter(conf.ca_cert.as_bytes()) {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![b"h2".to_vec()];
-    let tcp = tokio::net::TcpStream::connect(addr).await?;
-    let name = rustls::pki_types::ServerName::try_from(SERVER_NAME).unwrap();
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(tls))
-        .connect(name, tcp)
-        .await?;
+    let tls = try_tls_to(addr, conf, b"h2").await?;
     let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
         .initial_stream_window_size(window)
         // Room on the connection for every stream's window: a stream left
@@ -1477,13 +1460,7 @@ async fn unauthenticated_connections_are_capped_per_peer_and_closed_soon() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unproven_connection_is_closed_at_its_deadline_whatever_it_sends() {
     use http_body_util::Full;
-    let mut w = World::new().await;
-    w.start(Limits {
-        unauthenticated_timeout: Duration::from_millis(700),
-        ..Limits::default()
-    })
-    .await;
-    let conf = tcp_only(w.machine_conf(w.machine_of("wordpress/0")));
+    let (w, conf) = unproven_after_700ms().await;
     let mut sender = h2(&w, &conf, 65_535).await;
     let opened = std::time::Instant::now();
     let mut answered = 0;
@@ -1516,13 +1493,7 @@ async fn an_unproven_connection_is_closed_at_its_deadline_whatever_it_sends() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trickled_unproven_request_does_not_hold_its_connection() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut w = World::new().await;
-    w.start(Limits {
-        unauthenticated_timeout: Duration::from_millis(700),
-        ..Limits::default()
-    })
-    .await;
-    let conf = tcp_only(w.machine_conf(w.machine_of("wordpress/0")));
+    let (w, conf) = unproven_after_700ms().await;
     let addr = w.server.as_ref().unwrap().tcp_addr().unwrap();
     let mut tls = tls_to(addr, &conf, b"http/1.1").await;
     let opened = std::time::Instant::now();
@@ -1639,12 +1610,34 @@ async fn an_enrollment_is_bounded_and_read_only_where_one_is_taken() {
     assert_eq!(counting.0.load(Ordering::SeqCst), 1);
 }
 
+/// The World of the unproven-deadline tests: a server closing connections
+/// that prove nothing within 700 ms, and an agent's conf for its TCP port.
+async fn unproven_after_700ms() -> (World, AgentConf) {
+    let mut w = World::new().await;
+    w.start(Limits {
+        unauthenticated_timeout: Duration::from_millis(700),
+        ..Limits::default()
+    })
+    .await;
+    let conf = tcp_only(w.machine_conf(w.machine_of("wordpress/0")));
+    (w, conf)
+}
+
 /// A TLS connection to the API server at `addr`, offering `alpn`.
 async fn tls_to(
     addr: std::net::SocketAddr,
     conf: &AgentConf,
     alpn: &[u8],
 ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    try_tls_to(addr, conf, alpn).await.unwrap()
+}
+
+/// [`tls_to`], or why the connection could not be made.
+async fn try_tls_to(
+    addr: std::net::SocketAddr,
+    conf: &AgentConf,
+    alpn: &[u8],
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
     use jujube_agent::wire::SERVER_NAME;
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
@@ -1658,12 +1651,11 @@ async fn tls_to(
         .with_root_certificates(roots)
         .with_no_client_auth();
     tls.alpn_protocols = vec![alpn.to_vec()];
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
     let name = rustls::pki_types::ServerName::try_from(SERVER_NAME).unwrap();
     tokio_rustls::TlsConnector::from(Arc::new(tls))
         .connect(name, tcp)
         .await
-        .unwrap()
 }
 
 /// One credential holds a bounded number of connections: a call on one
