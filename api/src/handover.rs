@@ -133,29 +133,10 @@ async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Res
 /// Listens on `listen` as the one-shot identity `cert`/`key` (PEM) until a
 /// `POST` [`HAND_OVER_PATH`] bearing the token whose SHA-256 is
 /// `token_sha256`, with a body of at most `max` bytes, is taken by
-/// `accept`; then stops listening and returns (the answer sent).
+/// `accept`; then stops listening and returns (the answer sent). Each
+/// connection is held at most `held` ([`CONNECTION_TIMEOUT`] for a real
+/// hand-over).
 pub async fn receive(
-    listen: &str,
-    cert: &str,
-    key: &str,
-    token_sha256: &str,
-    max: usize,
-    accept: Box<Accept>,
-) -> Result<()> {
-    receive_within(
-        listen,
-        cert,
-        key,
-        token_sha256,
-        max,
-        accept,
-        CONNECTION_TIMEOUT,
-    )
-    .await
-}
-
-/// [`receive`], each connection held at most `held`.
-pub(crate) async fn receive_within(
     listen: &str,
     cert: &str,
     key: &str,

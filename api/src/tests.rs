@@ -2307,7 +2307,7 @@ async fn listening_hand_over(
         let (cert, key) = (id.server_cert.clone(), id.server_key.clone());
         let (addr, hash) = (addr.clone(), secret_hash(&token));
         tokio::spawn(async move {
-            crate::handover::receive_within(&addr, &cert, &key, &hash, 1000, accept, held).await
+            crate::handover::receive(&addr, &cert, &key, &hash, 1000, accept, held).await
         })
     };
     let mut tries = 0;

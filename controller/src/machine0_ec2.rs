@@ -501,6 +501,7 @@ async fn take_up_handed_over(home: &Home, t: &TakeUp, token_sha256: &str) -> Res
         token_sha256,
         BUNDLE_MAX as usize,
         Box::new(move |bytes| lay_out(&home, &env, &bytes).map_err(|e| e.to_string())),
+        jujube_api::handover::CONNECTION_TIMEOUT,
     )
     .await?;
     let _ = std::fs::remove_file(url_file);
