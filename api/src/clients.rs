@@ -399,7 +399,7 @@ async fn read(shared: &Shared, body: Incoming) -> Result<Bytes, Response<Body>> 
 
 async fn authenticate(
     shared: &Arc<Shared>,
-    activity: &Activity,
+    activity: &Arc<Activity>,
     req: &Request<Incoming>,
 ) -> Result<String, Response<Body>> {
     let user: String = req
@@ -478,17 +478,12 @@ async fn authenticate(
 async fn register(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
     // A registration is a name, a secret and a password: small, and read
     // before its caller has proved anything.
-    let body = match http_body_util::Limited::new(req.into_body(), MAX_REGISTRATION_BYTES)
-        .collect()
-        .await
-    {
-        Ok(b) => b.to_bytes(),
-        Err(_) => {
-            return refused(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("a registration is at most {MAX_REGISTRATION_BYTES} bytes"),
-            )
-        }
+    let Some(body) = crate::server::collect_within(req.into_body(), MAX_REGISTRATION_BYTES).await
+    else {
+        return refused(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("a registration is at most {MAX_REGISTRATION_BYTES} bytes"),
+        );
     };
     let Ok(r) = serde_json::from_slice::<Registration>(&body) else {
         return refused(StatusCode::BAD_REQUEST, "malformed registration");

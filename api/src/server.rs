@@ -561,11 +561,17 @@ impl Activity {
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
     }
 
-    /// Counts a credential check under way until the guard is dropped (see
+    /// Counts one more under `counter` (requests in flight, downloads,
+    /// credential checks) until the guard is dropped.
+    fn hold(self: &Arc<Self>, counter: fn(&Activity) -> &AtomicUsize) -> Held {
+        counter(self).fetch_add(1, Ordering::AcqRel);
+        Held(self.clone(), counter)
+    }
+
+    /// A credential check under way, until the guard is dropped (see
     /// [`Activity::checking`]).
-    pub(crate) fn checking(&self) -> Checking<'_> {
-        self.checking.fetch_add(1, Ordering::AcqRel);
-        Checking(self)
+    pub(crate) fn checking(self: &Arc<Self>) -> Held {
+        self.hold(|a| &a.checking)
     }
 
     /// Counts this connection against `tag`'s connections (once); false
@@ -648,19 +654,9 @@ struct Proven {
     at: Instant,
 }
 
-/// A credential check under way ([`Activity::checking`]).
-pub(crate) struct Checking<'a>(&'a Activity);
-
-impl Drop for Checking<'_> {
-    fn drop(&mut self) {
-        self.0.checking.fetch_sub(1, Ordering::AcqRel);
-        self.0.touch();
-    }
-}
-
-/// Counts down on drop: a request in flight, or a watch held open by its
-/// response body.
-struct Held(Arc<Activity>, fn(&Activity) -> &AtomicUsize);
+/// Counts down on drop: a request in flight, a download, a credential
+/// check, or a watch held open by its response body.
+pub(crate) struct Held(Arc<Activity>, fn(&Activity) -> &AtomicUsize);
 
 impl Drop for Held {
     fn drop(&mut self) {
@@ -826,7 +822,7 @@ fn refuse(e: ApiError) -> Response<Body> {
 /// about which agents exist.
 async fn authenticate(
     shared: &Shared,
-    activity: &Activity,
+    activity: &Arc<Activity>,
     req: &Request<Incoming>,
 ) -> std::result::Result<Tag, Response<Body>> {
     let denied = |tag: &str| {
@@ -995,16 +991,23 @@ pub(crate) async fn collect_body(
     shared: &Shared,
     body: Incoming,
 ) -> std::result::Result<Bytes, String> {
-    match http_body_util::Limited::new(body, shared.limits.max_request_bytes)
+    collect_within(body, shared.limits.max_request_bytes)
+        .await
+        .ok_or_else(|| {
+            format!(
+                "request larger than {} bytes, or cut short",
+                shared.limits.max_request_bytes
+            )
+        })
+}
+
+/// A body of at most `max` bytes; `None` when it is larger or cut short.
+pub(crate) async fn collect_within(body: Incoming, max: usize) -> Option<Bytes> {
+    http_body_util::Limited::new(body, max)
         .collect()
         .await
-    {
-        Ok(b) => Ok(b.to_bytes()),
-        Err(_) => Err(format!(
-            "request larger than {} bytes, or cut short",
-            shared.limits.max_request_bytes
-        )),
-    }
+        .ok()
+        .map(|b| b.to_bytes())
 }
 
 async fn handle(
@@ -1012,8 +1015,7 @@ async fn handle(
     activity: Arc<Activity>,
     req: Request<Incoming>,
 ) -> Response<Body> {
-    activity.in_flight.fetch_add(1, Ordering::AcqRel);
-    let _held = Held(activity.clone(), |a| &a.in_flight);
+    let _held = activity.hold(|a| &a.in_flight);
     activity.touch();
     if req.method() == hyper::Method::GET && req.uri().path() == TOOLS_PATH {
         return tools(&shared, &activity).await;
@@ -1335,8 +1337,7 @@ async fn tools(shared: &Shared, activity: &Arc<Activity>) -> Response<Body> {
         Ok((file, len)) => {
             // Counted while the body lives, and each frame sent is activity:
             // a moving download keeps an unproven connection open.
-            activity.downloads.fetch_add(1, Ordering::AcqRel);
-            let held = Held(activity.clone(), |a| &a.downloads);
+            let held = activity.hold(|a| &a.downloads);
             let frames = futures_util::stream::unfold(Some((file, held)), |state| async move {
                 use tokio::io::AsyncReadExt;
                 let (mut file, held) = state?;
@@ -1381,20 +1382,14 @@ async fn enroll(shared: &Shared, peer: &str, req: Request<Incoming>) -> Response
             "this controller enrolls no instances",
         ));
     };
-    let body = match http_body_util::Limited::new(req.into_body(), MAX_ENROLL_BYTES)
-        .collect()
-        .await
-    {
-        Ok(b) => b.to_bytes(),
-        Err(_) => {
-            return reply(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                &Reply::Error(ApiError::new(
-                    ErrorCode::Refused,
-                    format!("an enrollment is at most {MAX_ENROLL_BYTES} bytes"),
-                )),
-            )
-        }
+    let Some(body) = collect_within(req.into_body(), MAX_ENROLL_BYTES).await else {
+        return reply(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &Reply::Error(ApiError::new(
+                ErrorCode::Refused,
+                format!("an enrollment is at most {MAX_ENROLL_BYTES} bytes"),
+            )),
+        );
     };
     use base64::Engine;
     let malformed = || {

@@ -63,11 +63,7 @@ pub use jujube_wire::view::{ActionOutcome, RunResult, Task};
 /// saying so at the end.
 pub fn bound_output(mut s: String) -> String {
     if s.len() > MAX_RUN_OUTPUT {
-        let mut end = MAX_RUN_OUTPUT;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
+        s.truncate(jujube_wire::facade::char_floor(&s, MAX_RUN_OUTPUT));
         s.push_str("\n[output truncated at 1 MiB]\n");
     }
     s
@@ -85,16 +81,7 @@ impl Store {
                     .into(),
             ));
         }
-        if timeout == 0 {
-            return Err(Error::Relation(
-                "a run's timeout must be at least one second".into(),
-            ));
-        }
-        if timeout > MAX_RUN_TIMEOUT {
-            return Err(Error::Relation(format!(
-                "a run's timeout of {timeout} s is more than {MAX_RUN_TIMEOUT} s (a day); give a shorter `--timeout`"
-            )));
-        }
+        check_timeout("a run", timeout)?;
         let bytes: usize = argv.iter().map(|w| w.len()).sum();
         if bytes > MAX_RUN_ARGV_BYTES {
             return Err(Error::Relation(format!(
@@ -135,16 +122,7 @@ impl Store {
         timeout: u64,
     ) -> Result<i64> {
         jujube_core::names::parse_unit(unit)?;
-        if timeout == 0 {
-            return Err(Error::Relation(
-                "an action's timeout must be at least one second".into(),
-            ));
-        }
-        if timeout > MAX_RUN_TIMEOUT {
-            return Err(Error::Relation(format!(
-                "an action's timeout of {timeout} s is more than {MAX_RUN_TIMEOUT} s (a day); give a shorter `--timeout`"
-            )));
-        }
+        check_timeout("an action", timeout)?;
         self.write(|tx| {
             let u = alive_unit(tx, unit, "run actions")?;
             check_pending(tx, unit)?;
@@ -249,6 +227,21 @@ impl Store {
     pub fn pending_runs(&self, unit: &str) -> Result<Vec<RunRequest>> {
         self.read(|c| pending_runs_in(c, unit))
     }
+}
+
+/// A run's or an action's (`what`'s) timeout: 1 s to [`MAX_RUN_TIMEOUT`].
+fn check_timeout(what: &str, timeout: u64) -> Result<()> {
+    if timeout == 0 {
+        return Err(Error::Relation(format!(
+            "{what}'s timeout must be at least one second"
+        )));
+    }
+    if timeout > MAX_RUN_TIMEOUT {
+        return Err(Error::Relation(format!(
+            "{what}'s timeout of {timeout} s is more than {MAX_RUN_TIMEOUT} s (a day); give a shorter `--timeout`"
+        )));
+    }
+    Ok(())
 }
 
 /// `unit`, refused unless Alive (a dying unit's agent is busy leaving).

@@ -316,11 +316,18 @@ pub fn fit_status_info(info: &str) -> std::borrow::Cow<'_, str> {
     if info.len() <= MAX_STATUS_INFO_BYTES {
         return std::borrow::Cow::Borrowed(info);
     }
-    let mut end = MAX_STATUS_INFO_BYTES - '…'.len_utf8();
-    while !info.is_char_boundary(end) {
+    let end = char_floor(info, MAX_STATUS_INFO_BYTES - '…'.len_utf8());
+    std::borrow::Cow::Owned(format!("{}…", &info[..end]))
+}
+
+/// The largest character boundary of `s` at or below `at`: where to cut
+/// `s` to at most `at` bytes.
+pub fn char_floor(s: &str, at: usize) -> usize {
+    let mut end = at.min(s.len());
+    while !s.is_char_boundary(end) {
         end -= 1;
     }
-    std::borrow::Cow::Owned(format!("{}…", &info[..end]))
+    end
 }
 
 /// What a watch names.

@@ -556,12 +556,8 @@ const MAX_LOGGED_ARGV: usize = 1024;
 fn loggable(argv: &[String]) -> String {
     let mut s = format!("{argv:?}");
     if s.len() > MAX_LOGGED_ARGV {
-        let mut cut = MAX_LOGGED_ARGV;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
         let total = s.len();
-        s.truncate(cut);
+        s.truncate(crate::api::char_floor(&s, MAX_LOGGED_ARGV));
         s.push_str(&format!("... ({total} bytes)"));
     }
     s

@@ -936,11 +936,7 @@ fn valid_result_key(part: &str) -> bool {
 /// `action-log` or `action-fail` message), on a character boundary.
 fn cut(mut message: String) -> String {
     if message.len() > MAX_ACTION_LOG_MESSAGE {
-        let mut end = MAX_ACTION_LOG_MESSAGE;
-        while !message.is_char_boundary(end) {
-            end -= 1;
-        }
-        message.truncate(end);
+        message.truncate(crate::api::char_floor(&message, MAX_ACTION_LOG_MESSAGE));
         message.push_str(" [cut]");
     }
     message
@@ -1094,11 +1090,7 @@ fn juju_log(ctx: &HookContext, spec: &Spec, p: Parsed) -> Result<Output, Failure
     };
     let mut message = p.args.join(" ");
     if message.len() > MAX_LOG_MESSAGE {
-        let mut cut = MAX_LOG_MESSAGE;
-        while !message.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        message.truncate(cut);
+        message.truncate(crate::api::char_floor(&message, MAX_LOG_MESSAGE));
         message.push_str(" [truncated]");
     }
     // In a relation hook the message names the relation, as Juju's does.
