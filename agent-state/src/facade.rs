@@ -518,6 +518,7 @@ impl Facade for InProcess {
             machine: c.machine,
             zone: c.zone,
             ports: c.ports,
+            update_status_ms: c.update_status_interval.map(|d| d.as_millis() as u64),
             charm_url: c.service.charm_url,
             runs: c
                 .runs

@@ -90,6 +90,11 @@ pub trait Agent: Send {
     fn counts_start(&self) -> bool {
         false
     }
+    /// When the agent wants a pass though nothing it watches changed (a
+    /// unit agent's `update-status`); `None`: only on a notice.
+    fn wake_at(&self) -> Option<tokio::time::Instant> {
+        None
+    }
     /// Reports a failed pass (best effort).
     async fn failed(&mut self, message: &str);
     /// Stops whatever the agent runs (its deployed units' agents).

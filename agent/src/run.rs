@@ -515,7 +515,8 @@ const RETRY_MAX_MS: u32 = 30_000;
 enum Wait {
     /// A notice.
     Idle,
-    /// A notice, or this timer: a failed pass (or watch) is retried.
+    /// A notice, or this timer: a failed pass (or watch) is retried, or
+    /// the agent asked to be woken then ([`Agent::wake_at`]).
     Retry(Pin<Box<tokio::time::Sleep>>),
     /// A pass: a notice came, or the last pass asked for another.
     Pass,
@@ -625,7 +626,10 @@ impl<A: Driven> Looping<A> {
             }
         }
         if !failed {
-            self.wait = Wait::Idle;
+            self.wait = match self.agent.wake_at() {
+                Some(at) => Wait::Retry(Box::pin(tokio::time::sleep_until(at))),
+                None => Wait::Idle,
+            };
         }
         Pass::Idle
     }

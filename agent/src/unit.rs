@@ -93,6 +93,50 @@ pub struct UnitAgent {
     /// Whether it reported `started` since it began (see
     /// [`crate::startup`]).
     started: bool,
+    /// When `update-status` runs next (see [`Due`]); `None` while the
+    /// charm has no such hook or the unit has not started (no timer is
+    /// kept then).
+    update_status_at: Option<Due>,
+}
+
+/// A time to the second, in four bytes (every idle unit agent keeps one):
+/// seconds after the process first asked for one, plus one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Due(std::num::NonZeroU32);
+
+impl Due {
+    fn base() -> tokio::time::Instant {
+        static BASE: std::sync::OnceLock<tokio::time::Instant> = std::sync::OnceLock::new();
+        *BASE.get_or_init(tokio::time::Instant::now)
+    }
+
+    /// `wait` from now, rounded up to the second.
+    fn after(wait: std::time::Duration) -> Due {
+        let base = Due::base();
+        let at = tokio::time::Instant::now() + wait;
+        let secs = at.saturating_duration_since(base).as_secs_f64().ceil() as u64 + 1;
+        Due(std::num::NonZeroU32::new(u32::try_from(secs).unwrap_or(u32::MAX)).expect("at least 1"))
+    }
+
+    fn instant(self) -> tokio::time::Instant {
+        Due::base() + std::time::Duration::from_secs(u64::from(self.0.get() - 1))
+    }
+}
+
+/// How often `update-status` runs on a started unit unless the
+/// environment sets `update-status-hook-interval`: Juju's default.
+pub const UPDATE_STATUS_INTERVAL: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The next wait before `update-status`: the interval the view gives (see
+/// [`UPDATE_STATUS_INTERVAL`]), drawn from 80% to 120% of it so that the
+/// units of a machine (and of a controller) do not all run it at once.
+fn update_status_wait(view: &UnitView) -> std::time::Duration {
+    use std::hash::BuildHasher;
+    let interval = view
+        .update_status_ms
+        .map_or(UPDATE_STATUS_INTERVAL, std::time::Duration::from_millis);
+    let draw = std::collections::hash_map::RandomState::new().hash_one(0u8) % 1_000;
+    interval.mul_f64(0.8 + 0.4 * draw as f64 / 1_000.0)
 }
 
 /// True when the unit must become Dying by its own agent's hand.
@@ -144,6 +188,7 @@ impl UnitAgent {
             contexts: 0,
             ran_config_changed: false,
             started: false,
+            update_status_at: None,
         }
     }
 
@@ -624,6 +669,22 @@ impl UnitAgent {
             self.hook_state().installed = true;
             dirty = self.save_if_ran("install")?;
         }
+        // relation-created for the relations the unit was deployed into,
+        // right after install (as Juju: before leader-elected,
+        // config-changed and start); a relation added later gets its own
+        // before the unit enters its scope (see `advance`).
+        for rel in view
+            .relations
+            .iter()
+            .filter(|r| r.life == Life::Alive && r.belongs)
+        {
+            if !self
+                .relation_created(rel, &side_of(view, rel), relations)
+                .await?
+            {
+                return Ok(false);
+            }
+        }
         // leader-elected once the unit became its service's leader (after
         // install, as Juju); a unit that lost leadership forgets it, so
         // that it runs again when it leads again.
@@ -696,6 +757,77 @@ impl UnitAgent {
         if dirty {
             self.save_hooks()?;
         }
+        Ok(true)
+    }
+
+    /// `update-status` when it is due, on a started unit whose charm has
+    /// it, with nothing else to do (Juju's uniter); the first is due an
+    /// interval after the unit started (or its agent did). `Ok(false)`: the
+    /// hook failed.
+    async fn update_status(
+        &mut self,
+        view: &UnitView,
+        relations: &BTreeMap<i64, String>,
+    ) -> Result<bool> {
+        if !self.hook_state().started || !self.has_hook(&Hook::unit("update-status")) {
+            self.update_status_at = None;
+            return Ok(true);
+        }
+        match self.update_status_at {
+            Some(at) if at.instant() <= tokio::time::Instant::now() => {
+                // The next one counted from this one's start, a failure
+                // included: `resolved` does not run it again at once.
+                self.update_status_at = Some(Due::after(update_status_wait(view)));
+                self.run_hook(relations, Hook::unit("update-status")).await
+            }
+            Some(_) => Ok(true),
+            None => {
+                self.update_status_at = Some(Due::after(update_status_wait(view)));
+                Ok(true)
+            }
+        }
+    }
+
+    /// `relation-created` for `rel`, once: the relation recorded first,
+    /// with its remote application, and listed in the hook's context (ops
+    /// looks the hook's relation up among `relation-ids`). `Ok(false)`: the
+    /// hook failed.
+    async fn relation_created(
+        &mut self,
+        rel: &RelationView,
+        name: &str,
+        relations: &BTreeMap<i64, String>,
+    ) -> Result<bool> {
+        let app = rel
+            .counterpart_of(self.service())
+            .unwrap_or_default()
+            .to_string();
+        let state = self
+            .hook_state()
+            .relations
+            .entry(rel.id)
+            .or_insert_with(|| RelationState {
+                name: name.to_string(),
+                created: false,
+                ..RelationState::default()
+            });
+        if state.created {
+            return Ok(true);
+        }
+        state.app = app.clone();
+        let mut known = relations.clone();
+        known.insert(rel.id, name.to_string());
+        let hook = Hook::about_app(
+            rel.id,
+            name,
+            "created",
+            Some(app.as_str()).filter(|a| !a.is_empty()),
+        );
+        if !self.run_hook(&known, hook).await? {
+            return Ok(false);
+        }
+        self.relation_state(rel.id).created = true;
+        self.save_hooks()?;
         Ok(true)
     }
 
@@ -786,6 +918,7 @@ impl UnitAgent {
             ("install", None, _) => self.hook_state().installed = true,
             ("start", None, _) => self.hook_state().started = true,
             ("stop", None, _) => self.hook_state().stopped = true,
+            ("remove", None, _) => self.hook_state().removed = true,
             ("leader-elected", None, _) => self.hook_state().leader = true,
             ("leader-settings-changed", None, _) => {
                 self.hook_state().leader_settings =
@@ -819,6 +952,9 @@ impl UnitAgent {
             (_, Some((rel, _)), Some(remote)) if kind == "departed" => {
                 self.hook_state().depart(*rel, remote);
             }
+            (_, Some((rel, _)), None) if kind == "created" => {
+                self.relation_state(*rel).created = true;
+            }
             (_, Some((rel, _)), None) if kind == "broken" => {
                 self.hook_state().relations.remove(rel);
             }
@@ -844,6 +980,13 @@ impl UnitAgent {
         self.hook_state().installed
             && !self.hook_state().stopped
             && self.has_hook(&Hook::unit("stop"))
+    }
+
+    /// Whether the charm's remove hook is still to run (as `stop`).
+    fn remove_hook_due(&mut self) -> bool {
+        self.hook_state().installed
+            && !self.hook_state().removed
+            && self.has_hook(&Hook::unit("remove"))
     }
 
     fn relation_state(&mut self, id: i64) -> &mut RelationState {
@@ -934,6 +1077,15 @@ impl UnitAgent {
     }
 }
 
+/// The relation's name on the unit's side (`db`).
+fn side_of(view: &UnitView, rel: &RelationView) -> String {
+    rel.endpoints
+        .iter()
+        .find(|e| e.service == view.service)
+        .map(|e| e.relation.clone())
+        .unwrap_or_default()
+}
+
 impl crate::run::Driven for UnitAgent {
     fn drive(
         cell: std::sync::Arc<crate::run::Cell<Self>>,
@@ -958,6 +1110,10 @@ impl Agent for UnitAgent {
 
     fn counts_start(&self) -> bool {
         true
+    }
+
+    fn wake_at(&self) -> Option<tokio::time::Instant> {
+        self.update_status_at.map(Due::instant)
     }
 
     fn targets(&self) -> Vec<WatchTarget> {
@@ -1026,13 +1182,7 @@ impl UnitAgent {
             Err(e) if e.is_unauthorized() => return Ok(Step::Done),
             Err(e) => return Err(e.into()),
         };
-        let side = |rel: &RelationView| {
-            rel.endpoints
-                .iter()
-                .find(|e| e.service == view.service)
-                .map(|e| e.relation.clone())
-                .unwrap_or_default()
-        };
+        let side = |rel: &RelationView| side_of(&view, rel);
         let in_scope: BTreeMap<i64, String> = view
             .relations
             .iter()
@@ -1067,6 +1217,9 @@ impl UnitAgent {
                     return Ok(Step::Again);
                 }
                 None => {
+                    // No update-status while held (Juju's uniter): it is
+                    // due again an interval after the unit is resolved.
+                    self.update_status_at = None;
                     self.report(
                         AgentStatus::Error,
                         &format!("hook failed: \"{}\"", failed.name),
@@ -1134,8 +1287,12 @@ impl UnitAgent {
                     }
                 }
                 acted |= self.reconcile_subordinates(&view.subordinates).await?;
+                if !acted && !self.update_status(&view, &in_scope).await? {
+                    return Ok(Step::Idle);
+                }
             }
             Life::Dying => {
+                self.update_status_at = None;
                 // `dying` is worth a write only if the unit stays Dying a
                 // while: it is in a scope, has subordinates or a stop hook
                 // to run. Otherwise it is Dead within this pass.
@@ -1144,6 +1301,7 @@ impl UnitAgent {
                 let lingers = view.relations.iter().any(|r| r.in_scope)
                     || !view.subordinates.is_empty()
                     || self.stop_hook_due()
+                    || self.remove_hook_due()
                     || matches!(self.reported, Some((AgentStatus::Failed, _)));
                 if lingers {
                     self.report(AgentStatus::Dying, "").await?;
@@ -1170,6 +1328,18 @@ impl UnitAgent {
                             return Ok(Step::Idle);
                         }
                         self.hook_state().stopped = true;
+                        self.save_hooks()?;
+                    }
+                    // remove, the unit's last hook (Juju 2.8+), after stop.
+                    if self.remove_hook_due() {
+                        self.report(AgentStatus::Dying, "").await?;
+                        if !self
+                            .run_hook(&BTreeMap::new(), Hook::unit("remove"))
+                            .await?
+                        {
+                            return Ok(Step::Idle);
+                        }
+                        self.hook_state().removed = true;
                         self.save_hooks()?;
                     }
                     if went_through(self.api.ensure_dead_unit(self.name()).await)? {

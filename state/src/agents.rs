@@ -612,6 +612,8 @@ pub struct UnitContext {
     pub zone: Option<String>,
     /// The ports and ranges the unit opened (`80/tcp`, `100-200/udp`).
     pub ports: Vec<String>,
+    /// The environment's `update-status-hook-interval`, when set.
+    pub update_status_interval: Option<std::time::Duration>,
 }
 
 fn units_where(c: &Connection, clause: &str, arg: &dyn crate::sql::ToSql) -> Result<Vec<Unit>> {
@@ -880,7 +882,15 @@ impl Store {
                 .collect::<Result<Vec<_>>>()?;
             let subordinates = units_where(c, "principal = ?1", &name)?;
             let runs = crate::runs::pending_runs_in(c, name)?;
+            let update_status_interval = c
+                .prepare_cached("SELECT value FROM environment_config WHERE key = ?1")?
+                .query_row([crate::environment::UPDATE_STATUS_KEY], |r| {
+                    r.get::<_, String>(0)
+                })
+                .optional()?
+                .and_then(|v| crate::environment::update_status_interval(&v));
             Ok(UnitContext {
+                update_status_interval,
                 leader: service.leader.as_deref() == Some(name),
                 unit,
                 service,

@@ -58,7 +58,26 @@ fn validate_config_value(key: &str, value: &str) -> Result<()> {
     if key == series::EXTRA_SERIES_KEY {
         series::parse_extra(value)?;
     }
+    if key == UPDATE_STATUS_KEY && update_status_interval(value).is_none() {
+        return Err(crate::Error::BadConfig(format!(
+            "`{UPDATE_STATUS_KEY}={value}` is not a duration from 1s to 60m; e.g. `jujube set-environment {UPDATE_STATUS_KEY}=5m` (the default)"
+        )));
+    }
     Ok(())
+}
+
+/// How often started units run `update-status` (Juju's model setting of
+/// that name; unset: the agents' default, 5 minutes). The store reads it
+/// into each unit's context.
+pub const UPDATE_STATUS_KEY: &str = "update-status-hook-interval";
+
+/// An `update-status-hook-interval` value: from 1 s (Juju's least is a
+/// minute; shorter serves tests and impatient users and costs only hooks)
+/// to Juju's most, an hour.
+pub fn update_status_interval(value: &str) -> Option<std::time::Duration> {
+    jujube_core::duration::parse(value).filter(|d| {
+        (std::time::Duration::from_secs(1)..=std::time::Duration::from_secs(3600)).contains(d)
+    })
 }
 
 fn validate_config_key(key: &str) -> Result<()> {

@@ -179,6 +179,8 @@ pub enum Error {
     BadController(String),
     #[error("{0}")]
     BadCharm(String),
+    #[error("{0}")]
+    BadConfig(String),
     #[error("this controller no longer holds lease `{lease}` (its token {token} was replaced): another controller runs its jobs now; nothing was written")]
     LeaseLost { lease: String, token: i64 },
     /// An agent's write sent before one of its later writes (or its

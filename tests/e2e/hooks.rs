@@ -138,6 +138,17 @@ fn hooks_run_in_order_and_wordpress_gets_mysqls_credentials() {
     }
     in_order(&h, WORDPRESS_ORDER);
     assert_eq!(count(&h, "db-relation-joined mysql/0"), 1, "{h:?}");
+    // relation-created first of the relation's hooks, once, after install
+    // (its hook checks that the relation is listed, with nobody in it).
+    assert_eq!(count(&h, "db-relation-created"), 1, "{h:?}");
+    in_order(
+        &h,
+        &[
+            "install",
+            "db-relation-created",
+            "db-relation-joined mysql/0",
+        ],
+    );
     let my = hooks(&log(&j, "2", "mysql/0"));
     in_order(&my, MYSQL_ORDER);
     // The subordinate records its principal.
@@ -268,13 +279,17 @@ fn hooks_run_in_order_and_wordpress_gets_mysqls_credentials() {
         "no spurious config-changed: {h:?}"
     );
 
-    // Destroying the service: stop is the last hook, after every relation
-    // (the logging one, the peer one) is broken.
+    // Destroying the service: stop, after every relation (the logging
+    // one, the peer one) is broken, then remove, the last hook.
     j.run(&["destroy-service", "wordpress"]).ok();
     j.run(&["wait", "--timeout", "60s"]).ok();
     let h = hooks(&wp);
-    assert_eq!(h.last().map(String::as_str), Some("stop"), "{h:?}");
-    assert_eq!(count(&h, "stop"), 1);
+    assert_eq!(
+        h[h.len().saturating_sub(2)..],
+        ["stop".to_string(), "remove".to_string()],
+        "{h:?}"
+    );
+    assert_eq!((count(&h, "stop"), count(&h, "remove")), (1, 1));
     let lg = hooks(&log(&j, "1", "logging/0"));
     assert!(
         pos(&lg, "juju-info-relation-broken") < pos(&lg, "stop"),

@@ -925,12 +925,17 @@ async fn agents_run_inside_their_containers_and_hooks_run_there() {
     })
     .await;
 
-    // destroy-service: the units leave, their stop hooks run inside; then
-    // destroy-machine takes the container away.
+    // destroy-service: the units leave, their stop hooks run inside (and
+    // wordpress's remove after it); then destroy-machine takes the
+    // container away.
     j.run(&["destroy-service", "wordpress"]).ok();
     j.run(&["wait", "--timeout", "120s"]).ok();
     let h = hooks_in(&c, &wp, "wordpress/0").await;
-    assert_eq!(h.last().map(String::as_str), Some("stop"), "{h:?}");
+    assert_eq!(
+        h[h.len().saturating_sub(2)..],
+        ["stop".to_string(), "remove".to_string()],
+        "{h:?}"
+    );
     let lg = hooks_in(&c, &wp, "logging/0").await;
     assert_eq!(lg.last().map(String::as_str), Some("stop"), "{lg:?}");
     j.run(&["destroy-machine", &machine_of("wordpress/0")]).ok();

@@ -217,6 +217,10 @@ pub struct UnitView {
     /// The ports and ranges the unit opened (`opened-ports`).
     #[serde(default)]
     pub ports: Vec<String>,
+    /// Milliseconds between `update-status` hooks, when the environment
+    /// sets `update-status-hook-interval` (else the agent's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_status_ms: Option<u64>,
 }
 
 /// A command `jujube run` asked the unit's agent to run in a hook context.

@@ -720,3 +720,34 @@ async fn a_log_that_cannot_be_marked_shipped_runs_no_hook_twice() {
     assert_eq!(status(&w.store, "mysql/0"), "started");
     assert_ran_once(&unit);
 }
+
+/// update-status runs on a started unit every `update-status-hook-interval`
+/// (here a second, drawn from 0.8 to 1.2 s), never before its start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn update_status_runs_every_interval_once_the_unit_started() {
+    logs();
+    let w = World::new();
+    w.deploy(MYSQL, "mysql", 1);
+    hook(&w, "mysql", "start", "echo start >> ../hooks.log");
+    hook(
+        &w,
+        "mysql",
+        "update-status",
+        "echo update-status >> ../hooks.log",
+    );
+    w.store
+        .set_environment_config(&[("update-status-hook-interval".into(), "1s".into())])
+        .unwrap();
+    w.provision();
+    let agents_dir = w.dir.path().join("agents");
+    let host = Host::start(w.store.clone(), agents_dir.clone()).unwrap();
+    let log = agents_dir.join("machine-1/unit-mysql-0/hooks.log");
+    until_files("update-status ran three times", || {
+        lines(&log).iter().filter(|l| *l == "update-status").count() >= 3
+    })
+    .await;
+    let ran = lines(&log);
+    assert_eq!(ran[0], "start", "{ran:?}");
+    assert_eq!(ran.iter().filter(|l| *l == "start").count(), 1, "{ran:?}");
+    host.shutdown().await;
+}

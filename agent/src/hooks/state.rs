@@ -19,6 +19,15 @@ pub struct RelationState {
     /// `-changed` with; `None` before they were first set.
     #[serde(default)]
     pub app_settings: Option<String>,
+    /// `relation-created` ran (Juju 2.8+: the first hook of a relation,
+    /// before any `-joined`). A record from before this hook existed knew
+    /// the relation already: it counts as run there.
+    #[serde(default = "known_before")]
+    pub created: bool,
+}
+
+fn known_before() -> bool {
+    true
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,6 +35,9 @@ pub struct HookState {
     pub installed: bool,
     pub started: bool,
     pub stopped: bool,
+    /// `remove` ran (Juju 2.8+: the last hook of a unit, after `stop`).
+    #[serde(default)]
+    pub removed: bool,
     /// Digest of the service settings the last `config-changed` saw.
     /// (`Box<str>`s here: every idle unit agent keeps this record.)
     pub config: Option<Box<str>>,

@@ -1650,3 +1650,25 @@ fn the_next_unit_number_reads_one_unit_however_many_the_service_has() {
         .unwrap_or_else(|| panic!("{plan:#?}"));
     assert!(scan.contains("rows=1 loops=1"), "{plan:#?}");
 }
+
+#[test]
+fn update_status_hook_interval_is_a_duration_from_a_second_to_an_hour() {
+    let e = env();
+    for bad in ["0s", "500ms", "61m", "2h", "soon", ""] {
+        let err = e.refused(|st| {
+            st.set_environment_config(&[("update-status-hook-interval".into(), bad.into())])
+        });
+        assert!(
+            err.to_string().contains("is not a duration from 1s to 60m"),
+            "{err}"
+        );
+    }
+    e.st.set_environment_config(&[("update-status-hook-interval".into(), "90s".into())])
+        .unwrap();
+    let units = e.deploy(WORDPRESS, "wordpress", 1);
+    let c = e.st.unit_context(&units[0]).unwrap();
+    assert_eq!(
+        c.update_status_interval,
+        Some(std::time::Duration::from_secs(90))
+    );
+}
