@@ -11,16 +11,18 @@
 //! - Held: start the jobs with [`Store::fenced`], renew every
 //!   [`LeaseTimes::renew_every`], and stop them at the *local deadline* —
 //!   the monotonic instant the last successful claim was sent, plus the
-//!   lease's time, minus [`LeaseTimes::margin`] for clock skew — unless a
-//!   renewal has moved it on. A renewal that fails, stalls, finds the lease
-//!   taken or returns another token also stops them. Another controller
-//!   takes the lease only once its `expires` has passed by its own clock,
-//!   which is after this deadline by the margin.
+//!   lease's time, minus [`LeaseTimes::margin`] — unless a renewal has
+//!   moved it on. A renewal that fails, stalls, finds the lease taken or
+//!   returns another token also stops them. Another controller takes the
+//!   lease only once its `expires` has passed by the database's clock
+//!   ([`database_clock`]), which read the claim's time after it was sent:
+//!   after this deadline by the margin at least, whatever the controllers'
+//!   own clocks say.
 //! - Taken by another controller: look again every `renew_every`.
 //! - Asked to stop: stop the jobs, then release the lease so that another
 //!   controller need not wait for it to expire.
 
-use jujube_state::leases::{Claim, Fence, SINGLETONS};
+use jujube_state::leases::{Claim, Fence, LeaseNow, SINGLETONS};
 use jujube_state::Store;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,8 +31,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-/// How long the lease lasts, how often it is renewed, and the margin kept
-/// for clock skew between controllers.
+/// How long the lease lasts, how often it is renewed, and the margin by
+/// which the jobs stop before it expires (the time they take to stop, and
+/// the database clock's drift over a lease).
 #[derive(Debug, Clone, Copy)]
 pub struct LeaseTimes {
     pub ttl: Duration,
@@ -54,15 +57,13 @@ impl Default for LeaseTimes {
 /// await once it is sent.
 pub type StartJobs = Box<dyn FnMut(Store, watch::Receiver<bool>) -> Vec<JoinHandle<()>> + Send>;
 
-/// Wall-clock unix milliseconds (the lease's `expires` is on it).
-pub type WallClock = Box<dyn Fn() -> i64 + Send + Sync>;
+/// The clock claims are made at (the lease's `expires` is on it).
+pub type LeaseClock = Box<dyn Fn() -> LeaseNow + Send + Sync>;
 
-pub fn system_wall_clock() -> WallClock {
-    Box::new(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64)
-    })
+/// The database's clock, one for every controller: a controller whose own
+/// clock is ahead cannot take the lease before its holder's deadline.
+pub fn database_clock() -> LeaseClock {
+    Box::new(|| LeaseNow::Database)
 }
 
 type ClaimFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Claimed> + Send + 'a>>;
@@ -73,7 +74,7 @@ trait Claims: Send + Sync {
     fn claim<'a>(
         &'a self,
         holder: &'a str,
-        now_ms: i64,
+        now: LeaseNow,
         ttl: Duration,
         anew: bool,
     ) -> ClaimFuture<'a>;
@@ -88,28 +89,28 @@ impl Claims for Store {
     fn claim<'a>(
         &'a self,
         holder: &'a str,
-        now_ms: i64,
+        now: LeaseNow,
         ttl: Duration,
         anew: bool,
     ) -> ClaimFuture<'a> {
-        Box::pin(claim(self, holder, now_ms, ttl, anew))
+        Box::pin(claim(self, holder, now, ttl, anew))
     }
 }
 
 #[cfg(test)]
-async fn claim(store: &Store, holder: &str, now_ms: i64, ttl: Duration, anew: bool) -> Claimed {
+async fn claim(store: &Store, holder: &str, now: LeaseNow, ttl: Duration, anew: bool) -> Claimed {
     let (store, holder) = (store.clone(), holder.to_string());
-    tokio::task::spawn_blocking(move || claim_now(&store, &holder, now_ms, ttl, anew))
+    tokio::task::spawn_blocking(move || claim_now(&store, &holder, now, ttl, anew))
         .await
         .unwrap_or_else(|e| Claimed::Failed(e.to_string()))
 }
 
 /// One claim (a new holding's first is `anew`), answered.
-fn claim_now(store: &Store, holder: &str, now_ms: i64, ttl: Duration, anew: bool) -> Claimed {
+fn claim_now(store: &Store, holder: &str, now: LeaseNow, ttl: Duration, anew: bool) -> Claimed {
     let r = if anew {
-        store.claim_lease_anew(SINGLETONS, holder, now_ms, ttl)
+        store.claim_lease_anew(SINGLETONS, holder, now, ttl)
     } else {
-        store.claim_lease(SINGLETONS, holder, now_ms, ttl)
+        store.claim_lease(SINGLETONS, holder, now, ttl)
     };
     match r {
         Ok(c) => Claimed::Answer(c),
@@ -133,7 +134,7 @@ pub struct Claimer {
 
 struct ClaimArgs {
     holder: String,
-    now_ms: i64,
+    now: LeaseNow,
     ttl: Duration,
     anew: bool,
 }
@@ -149,7 +150,7 @@ impl Claimer {
             .spawn(move || {
                 for (a, answer) in rx {
                     let t0 = std::time::Instant::now();
-                    let claimed = claim_now(&store, &a.holder, a.now_ms, a.ttl, a.anew);
+                    let claimed = claim_now(&store, &a.holder, a.now, a.ttl, a.anew);
                     if t0.elapsed() > Duration::from_secs(1) {
                         warn!(
                             took_ms = t0.elapsed().as_millis() as u64,
@@ -167,14 +168,14 @@ impl Claims for Claimer {
     fn claim<'a>(
         &'a self,
         holder: &'a str,
-        now_ms: i64,
+        now: LeaseNow,
         ttl: Duration,
         anew: bool,
     ) -> ClaimFuture<'a> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let args = ClaimArgs {
             holder: holder.to_string(),
-            now_ms,
+            now,
             ttl,
             anew,
         };
@@ -204,7 +205,7 @@ pub fn hold(
     claimer: Claimer,
     holder: String,
     times: LeaseTimes,
-    wall: WallClock,
+    wall: LeaseClock,
     start: StartJobs,
     stop: watch::Receiver<bool>,
 ) -> std::io::Result<tokio::sync::oneshot::Receiver<()>> {
@@ -232,7 +233,7 @@ async fn hold_via(
     store: Store,
     holder: String,
     times: LeaseTimes,
-    wall: WallClock,
+    wall: LeaseClock,
     jobs_on: &tokio::runtime::Handle,
     start: StartJobs,
     mut stop: watch::Receiver<bool>,
@@ -345,7 +346,7 @@ async fn run_held(
     claims: &dyn Claims,
     holder: &str,
     times: &LeaseTimes,
-    wall: &WallClock,
+    wall: &LeaseClock,
     fence: &Fence,
     mut sent: Instant,
     stop: &mut watch::Receiver<bool>,
@@ -426,8 +427,8 @@ mod tests {
     }
 
     /// Wall-clock milliseconds that follow tokio's (paused) clock.
-    fn wall(base: Instant) -> WallClock {
-        Box::new(move || 1_000_000 + base.elapsed().as_millis() as i64)
+    fn wall(base: Instant) -> LeaseClock {
+        Box::new(move || LeaseNow::At(1_000_000 + base.elapsed().as_millis() as i64))
     }
 
     /// A job that adds a machine every 100 ms, recording each attempt.
@@ -616,14 +617,14 @@ mod tests {
         fn claim<'a>(
             &'a self,
             holder: &'a str,
-            now_ms: i64,
+            now: LeaseNow,
             ttl: Duration,
             anew: bool,
         ) -> ClaimFuture<'a> {
             if self.stalled.load(std::sync::atomic::Ordering::SeqCst) {
                 Box::pin(std::future::pending())
             } else {
-                self.store.claim(holder, now_ms, ttl, anew)
+                self.store.claim(holder, now, ttl, anew)
             }
         }
     }
@@ -639,12 +640,12 @@ mod tests {
         fn claim<'a>(
             &'a self,
             holder: &'a str,
-            now_ms: i64,
+            now: LeaseNow,
             ttl: Duration,
             anew: bool,
         ) -> ClaimFuture<'a> {
             Box::pin(async move {
-                let answer = self.store.claim(holder, now_ms, ttl, anew).await;
+                let answer = self.store.claim(holder, now, ttl, anew).await;
                 tokio::time::sleep(self.late).await;
                 answer
             })

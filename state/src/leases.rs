@@ -6,8 +6,9 @@
 //! # Layout
 //!
 //! - One row per lease in `controller_leases`: its holder (a name each
-//!   controller process makes unique, e.g. `machine-0/<uuid>`), its token
-//!   and when it expires (unix milliseconds, the holder's clock).
+//!   controller process makes unique, e.g. `machine-N/HOST/ID`), its token
+//!   and when it expires (unix milliseconds on the clock the claims name:
+//!   [`LeaseNow::Database`] for controllers).
 //! - [`Store::claim_lease`] takes a free or expired lease (the token goes
 //!   up by one) or renews the caller's own (the token stays); a lease
 //!   someone else holds is refused with who holds it and until when.
@@ -22,9 +23,12 @@
 //! Tokens make a stale holder's writes fail; they do not stop its calls to
 //! the cloud. So a holder stops its jobs before its lease expires, timed on
 //! its own monotonic clock from the moment it sent the claim (not from the
-//! answer), with a margin for clock skew between controllers: another
-//! controller takes the lease only after `expires` by its own wall clock.
-//! Controllers are expected to keep their clocks within that margin (NTP).
+//! answer). Every controller claims at [`LeaseNow::Database`]: expiries are
+//! set and compared on one clock, the database's (PostgreSQL's
+//! `clock_timestamp()`; a SQLite file's controllers share one host, and so
+//! its clock), which reads the claim's time after it was sent. So another
+//! controller takes the lease only once the holder's own deadline has
+//! passed, however far apart the controllers' wall clocks are.
 
 use crate::db::Store;
 use crate::sql::OptionalExtension;
@@ -49,8 +53,38 @@ pub struct Fence {
     /// Goes up by one each time the lease changes hands (or is taken again
     /// after it expired); never reused.
     pub token: i64,
-    /// Unix milliseconds, on the holder's clock.
+    /// Unix milliseconds, on the clock of the claims ([`LeaseNow`]).
     pub expires_ms: i64,
+}
+
+/// Which clock a claim is made at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseNow {
+    /// The database's clock, read inside the claim's transaction.
+    Database,
+    /// Unix milliseconds the caller gives (tests stand a clock of their own).
+    At(i64),
+}
+
+impl From<i64> for LeaseNow {
+    fn from(ms: i64) -> LeaseNow {
+        LeaseNow::At(ms)
+    }
+}
+
+/// The database's clock in unix milliseconds: PostgreSQL's (the same for
+/// every controller, whatever their own clocks say), or this host's for a
+/// SQLite file, which only processes of this host open.
+fn database_now_ms(c: &crate::sql::Connection) -> Result<i64> {
+    if c.as_sqlite().is_some() {
+        return Ok(std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64));
+    }
+    Ok(c.prepare_cached(
+        "SELECT CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS BIGINT)",
+    )?
+    .query_row([], |r| r.get::<_, i64>(0))?)
 }
 
 /// What a claim got.
@@ -115,8 +149,8 @@ pub(crate) fn require_fence(c: &crate::sql::Connection, fence: &Fence) -> Result
 }
 
 impl Store {
-    /// Claims `lease` for `holder` until `now_ms + ttl`: takes it when
-    /// nobody holds it or its holder's time is up (`expires <= now_ms`; the
+    /// Claims `lease` for `holder` until `now + ttl`: takes it when
+    /// nobody holds it or its holder's time is up (`expires <= now`; the
     /// token goes up by one), renews it when `holder` holds it (the token
     /// stays, and an expiry is never moved back). A renewal that returns
     /// another token than the holder had means its lease had expired and it
@@ -125,10 +159,10 @@ impl Store {
         &self,
         lease: &str,
         holder: &str,
-        now_ms: i64,
+        now: impl Into<LeaseNow>,
         ttl: Duration,
     ) -> Result<Claim> {
-        self.claim(lease, holder, now_ms, ttl, false)
+        self.claim(lease, holder, now.into(), ttl, false)
     }
 
     /// [`Store::claim_lease`] for a holder starting again whose previous
@@ -140,17 +174,17 @@ impl Store {
         &self,
         lease: &str,
         holder: &str,
-        now_ms: i64,
+        now: impl Into<LeaseNow>,
         ttl: Duration,
     ) -> Result<Claim> {
-        self.claim(lease, holder, now_ms, ttl, true)
+        self.claim(lease, holder, now.into(), ttl, true)
     }
 
     fn claim(
         &self,
         lease: &str,
         holder: &str,
-        now_ms: i64,
+        now: LeaseNow,
         ttl: Duration,
         anew: bool,
     ) -> Result<Claim> {
@@ -164,8 +198,12 @@ impl Store {
                 ttl.as_millis()
             )));
         }
-        let until = now_ms.saturating_add(ttl.as_millis() as i64);
         self.write(|tx| {
+            let now_ms = match now {
+                LeaseNow::At(ms) => ms,
+                LeaseNow::Database => database_now_ms(tx)?,
+            };
+            let until = now_ms.saturating_add(ttl.as_millis() as i64);
             let fence = |token, expires_ms| {
                 Claim::Held(Fence {
                     lease: lease.to_string(),

@@ -2,7 +2,7 @@
 //! stores opened on one database file, as two processes would.
 
 use super::env;
-use crate::leases::{Claim, Fence, SINGLETONS};
+use crate::leases::{Claim, Fence, LeaseNow, SINGLETONS};
 use crate::{Durability, Error, Store};
 use std::time::Duration;
 
@@ -144,4 +144,48 @@ fn a_restarted_holder_takes_its_own_lease_at_once_under_a_new_token() {
             .unwrap(),
         Claim::Taken { .. }
     ));
+}
+
+/// Claims at the database's clock set and compare expiries on that one
+/// clock: a controller whose own clock runs ahead (by an hour, here) would
+/// have taken the lease at once claiming at its own time; at the
+/// database's it waits for the holder's expiry like any other.
+#[test]
+fn claims_at_the_databases_clock_do_not_depend_on_the_controllers_clocks() {
+    let e = env();
+    let other = Store::open_at(e.st.location(), Durability::Relaxed).unwrap();
+    let local = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+    };
+    let ttl = TTL.as_millis() as i64;
+    let before = local();
+    let a = held(
+        e.st.claim_lease(SINGLETONS, "a", LeaseNow::Database, TTL)
+            .unwrap(),
+    );
+    let after = local();
+    // The suite's database runs on this host, so its clock is this one.
+    assert!(
+        (before + ttl - 1_000..=after + ttl + 1_000).contains(&a.expires_ms),
+        "{before} {} {after}",
+        a.expires_ms
+    );
+    let ahead = a.expires_ms + 3_600_000;
+    assert!(matches!(
+        other.claim_lease(SINGLETONS, "b", LeaseNow::Database, TTL).unwrap(),
+        Claim::Taken { holder, .. } if holder == "a"
+    ));
+    // What claiming at its own clock an hour ahead would have done.
+    let b = held(other.claim_lease(SINGLETONS, "b", ahead, TTL).unwrap());
+    assert_eq!(b.token, a.token + 1);
+    // The holder renews at the database's clock and keeps its token.
+    let again = held(
+        other
+            .claim_lease(SINGLETONS, "b", LeaseNow::Database, TTL)
+            .unwrap(),
+    );
+    assert_eq!(again.token, b.token);
 }
