@@ -714,10 +714,12 @@ struct Installer {
     /// For instances enrolling from shared user data: the API address they
     /// use and the binary's SHA-256.
     enroll: Option<(String, String)>,
-    /// One enrollment token per launch batch (this controller's life: a
-    /// batch is launched once; its instances keep the token they booted
-    /// with, whose hash the store keeps until it expires).
-    tokens: Mutex<HashMap<String, String>>,
+    /// One enrollment token per launch batch, with when it was minted: a
+    /// batch is launched once, and its instances keep the token they booted
+    /// with, whose hash the store keeps until it expires. Kept here until
+    /// then too, never longer: a token past its time is no use to an
+    /// instance, and a controller's life of batches was kept in full.
+    tokens: Mutex<HashMap<String, (String, tokio::time::Instant)>>,
     /// Where controller machines get their controller from (`enable-ha` on
     /// LXD and EC2); `None`: they get none on their instance.
     controllers: Option<Arc<dyn crate::machine0::Seed>>,
@@ -755,9 +757,17 @@ impl jujube_provisioner::AgentInstaller for Installer {
         if let Some((api_address, sha)) = &self.enroll {
             let batch = jujube_providers::launch_batch(nonce).map_or(nonce, |(b, _)| b);
             let mut tokens = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
-            let token = match tokens.get(batch) {
-                Some(t) => t.clone(),
+            // Minted this long ago at most, so that an instance still has
+            // the time a token is meant to give it.
+            let fresh = ENROLLMENT_TTL / 2;
+            let token = match tokens
+                .get(batch)
+                .filter(|(_, minted)| minted.elapsed() < fresh)
+            {
+                Some((t, _)) => t.clone(),
                 None => {
+                    // Once a batch: the others' tokens past their time go.
+                    tokens.retain(|_, (_, minted)| minted.elapsed() < fresh);
                     let t = jujube_agent::wire::new_secret();
                     let now = unix_now();
                     store
@@ -768,7 +778,7 @@ impl jujube_provisioner::AgentInstaller for Installer {
                             now,
                         )
                         .map_err(|e| e.to_string())?;
-                    tokens.insert(batch.to_string(), t.clone());
+                    tokens.insert(batch.to_string(), (t.clone(), tokio::time::Instant::now()));
                     t
                 }
             };
@@ -998,7 +1008,7 @@ pub async fn run(home: &Home, env_name: &str, machine: i64) -> Result<()> {
             claimer,
             holder,
             crate::singletons::LeaseTimes::default(),
-            crate::singletons::system_wall_clock(),
+            crate::singletons::database_clock(),
             start,
             stop_rx,
         )
@@ -1619,6 +1629,66 @@ mod tests {
         let err = installer.prepare(&st.fenced(a), m, "n2").unwrap_err();
         assert!(err.contains("lease"), "{err}");
         installer.prepare(&st.fenced(b), m, "n3").unwrap().unwrap();
+    }
+
+    /// A launch batch's machines share one enrollment token, minted once;
+    /// tokens are let go once past half their time (a batch prepared
+    /// later gets a new one, and the map keeps only recent batches).
+    #[tokio::test(start_paused = true)]
+    async fn enrollment_tokens_are_one_per_batch_and_let_go_when_old() {
+        use jujube_provisioner::AgentInstaller;
+        let dir = tempfile::tempdir().unwrap();
+        let st = jujube_state::Store::open(dir.path().join("state.db")).unwrap();
+        st.initialize(&jujube_state::environment::EnvironmentSpec {
+            name: "t".into(),
+            uuid: "00000000-0000-4000-8000-000000000000".into(),
+            provider: "dummy".into(),
+            default_series: "jammy".into(),
+            constraints: Default::default(),
+            config: Default::default(),
+        })
+        .unwrap();
+        let ms = st.add_machines(3, None, None).unwrap();
+        let installer = super::Installer {
+            agents: Some(jujube_agent_state::process::ProcessAgents {
+                exe: "/bin/true".into(),
+                api_addresses: vec!["127.0.0.1:17070".into()],
+                ca_cert: String::new(),
+                env_name: "t".into(),
+                env_uuid: "00000000-0000-4000-8000-000000000000".into(),
+            }),
+            api_connect: String::new(),
+            enroll: Some(("127.0.0.1:17070".into(), "00".repeat(32))),
+            tokens: Default::default(),
+            controllers: None,
+            proxies_controllers: false,
+        };
+        let token = |m: i64, nonce: &str| {
+            installer
+                .prepare(&st, m, nonce)
+                .unwrap()
+                .unwrap()
+                .enrollment
+                .unwrap()
+                .token
+        };
+        let (n0, n1) = (
+            jujube_providers::batch_nonce("b1", 0),
+            jujube_providers::batch_nonce("b1", 1),
+        );
+        let first = token(ms[0], &n0);
+        assert_eq!(token(ms[1], &n1), first, "one token a batch");
+        tokio::time::advance(super::ENROLLMENT_TTL / 2).await;
+        let other = token(ms[2], &jujube_providers::batch_nonce("b2", 0));
+        let tokens = installer.tokens.lock().unwrap();
+        assert_eq!(tokens.len(), 1, "b1's token let go when b2's was minted");
+        assert_eq!(tokens["b2"].0, other);
+        drop(tokens);
+        assert_ne!(
+            token(ms[0], &n0),
+            first,
+            "b1 again, past its time: a new token"
+        );
     }
 
     #[test]
