@@ -920,8 +920,8 @@ async fn a_machine_provisioned_before_the_hubs_first_load_is_announced() {
     task.abort();
 }
 
-/// What each of 200,000 idle agents keeps stays small: the agents and the
-/// unit's hook record (240 bytes with its rarely set hook records inline).
+/// What each of 200,000 idle agents keeps stays small: the agents, and the
+/// unit's hook record while a pass holds it.
 /// (An idle agent has no task: see
 /// `idle_agents_are_parked_without_a_task_and_wake_for_changes`.)
 #[tokio::test]
@@ -950,8 +950,11 @@ async fn an_idle_agent_keeps_little() {
         "{}",
         std::mem::size_of_val(&u)
     );
+    // The hook record is let go when the agent goes idle (only the agents
+    // in a pass, at most the permits' 512, and one whose save failed hold
+    // one), so its size is bounded loosely: 104 bytes since `removed`.
     let hooks = std::mem::size_of::<jujube_agent::hooks::state::HookState>();
-    assert!(hooks <= 96, "{hooks}");
+    assert!(hooks <= 104, "{hooks}");
 }
 
 /// Heap bytes allocated minus freed by the current thread: what a

@@ -85,7 +85,6 @@ pub struct UnitAgent {
     /// Relations whose scope it is in: watched for members and settings.
     /// (A boxed slice: a vector's capacity is a word more in each agent.)
     scopes: Box<[i64]>,
-    contexts: u32,
     /// config-changed runs once whenever the agent (re)starts: how
     /// charms-in-action.txt's "recovering from transient unit agent errors"
     /// happens (Juju's uniter does the same).
@@ -185,7 +184,6 @@ impl UnitAgent {
             tools: None,
             charm_hooks: None,
             scopes: Box::default(),
-            contexts: 0,
             ran_config_changed: false,
             started: false,
             update_status_at: None,
@@ -436,8 +434,11 @@ impl UnitAgent {
                 }
             })?));
         }
-        self.contexts += 1;
-        let id = format!("{}-{}-{}", self.name(), hook.name, self.contexts);
+        // Numbered for the whole process, not per agent: unique all the
+        // same, and four bytes fewer in each of 100,000 idle agents.
+        static CONTEXTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = CONTEXTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let id = format!("{}-{}-{}", self.name(), hook.name, n);
         let members = self.members(hook);
         let apps = self
             .hook_state()
