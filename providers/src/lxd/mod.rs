@@ -578,13 +578,7 @@ impl LxdProvider {
         {
             Ok(_) => Ok(()),
             Err(e) if e.message.contains("already running") => Ok(()),
-            // A proxy device's host port taken meanwhile (another
-            // controller's API is exposed on a port drawn for each
-            // attempt): the next attempt draws another.
-            Err(e) if e.message.contains("address already in use") => Err(Error::Transient(
-                format!("starting `{name}`: {}; trying again", e.message),
-            )),
-            Err(e) => Err(e.into_error(&format!("starting `{name}`"))),
+            Err(e) => Err(start_error(name, e)),
         }
     }
 
@@ -1021,6 +1015,20 @@ impl Provider for LxdProvider {
         st.cfg = cfg;
         Ok(())
     }
+}
+
+/// What a failed start of container `name` is. A proxy device's host port
+/// taken meanwhile (another controller's API is exposed on a port drawn for
+/// each attempt) is transient: the next attempt draws another. LXD says so
+/// as "address already in use", or — when its listener process dies of it
+/// before handing its socket over — as a failure to receive that socket;
+/// either way the device failed as it started, which its configuration,
+/// checked when the container was made, cannot cause.
+fn start_error(name: &str, e: client::ApiError) -> Error {
+    if e.message.contains("address already in use") || e.message.contains("starting proxy device") {
+        return Error::Transient(format!("starting `{name}`: {}; trying again", e.message));
+    }
+    e.into_error(&format!("starting `{name}`"))
 }
 
 #[cfg(test)]

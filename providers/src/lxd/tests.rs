@@ -191,3 +191,28 @@ fn instances_report_tags_hardware_and_zone() {
         "arch=amd64 cores=4 mem=8G"
     );
 }
+
+/// A start that fails on a proxy device's taken port is transient however
+/// LXD words it (the wording depends on which of its processes noticed);
+/// other failures keep their class.
+#[test]
+fn a_proxy_device_failing_at_start_is_transient() {
+    let failed = |code, message: &str| {
+        super::start_error(
+            "c",
+            super::client::ApiError {
+                code,
+                message: message.into(),
+            },
+        )
+        .class()
+    };
+    for m in [
+        "Error occurred when starting proxy device: Error: Failed to listen on 127.0.0.1:5000: listen tcp 127.0.0.1:5000: bind: address already in use",
+        "Error occurred when starting proxy device: Error: Failed to receive fd from listener process: Failed to receive file descriptor via abstract unix socket",
+    ] {
+        assert_eq!(failed(400, m), crate::ErrorClass::Transient, "{m}");
+    }
+    assert_eq!(failed(400, "Invalid devices: bad"), crate::ErrorClass::InvalidSpec);
+    assert_eq!(failed(500, "boom"), crate::ErrorClass::Transient);
+}
