@@ -799,23 +799,11 @@ impl UnitAgent {
         name: &str,
         relations: &BTreeMap<i64, String>,
     ) -> Result<bool> {
-        let app = rel
-            .counterpart_of(self.service())
-            .unwrap_or_default()
-            .to_string();
-        let state = self
-            .hook_state()
-            .relations
-            .entry(rel.id)
-            .or_insert_with(|| RelationState {
-                name: name.to_string(),
-                created: false,
-                ..RelationState::default()
-            });
+        let state = self.relation_entry(rel, name);
         if state.created {
             return Ok(true);
         }
-        state.app = app.clone();
+        let app = state.app.clone();
         let mut known = relations.clone();
         known.insert(rel.id, name.to_string());
         let hook = Hook::about_app(
@@ -846,19 +834,8 @@ impl UnitAgent {
         let mut seen_now = scope.units;
         seen_now.sort_by(|a, b| a.0.cmp(&b.0));
         let remote: Vec<String> = seen_now.iter().map(|(u, _)| u.clone()).collect();
-        let app = rel
-            .counterpart_of(self.service())
-            .unwrap_or_default()
-            .to_string();
-        let state = self
-            .hook_state()
-            .relations
-            .entry(rel.id)
-            .or_insert_with(|| RelationState {
-                name: name.to_string(),
-                ..RelationState::default()
-            });
-        state.app = app.clone();
+        let state = self.relation_entry(rel, name);
+        let app = state.app.clone();
         let known = state.joined.clone();
         for gone in known.keys().filter(|u| !remote.contains(u)) {
             if !self.depart(rel.id, name, gone, relations).await? {
@@ -988,6 +965,26 @@ impl UnitAgent {
         self.hook_state().installed
             && !self.hook_state().removed
             && self.has_hook(&Hook::unit("remove"))
+    }
+
+    /// The record of `rel` (named `name` on this side), made if new, with
+    /// its remote application as the relation now says.
+    fn relation_entry(&mut self, rel: &RelationView, name: &str) -> &mut RelationState {
+        let app = rel
+            .counterpart_of(self.service())
+            .unwrap_or_default()
+            .to_string();
+        let state = self
+            .hook_state()
+            .relations
+            .entry(rel.id)
+            .or_insert_with(|| RelationState {
+                name: name.to_string(),
+                created: false,
+                ..RelationState::default()
+            });
+        state.app = app;
+        state
     }
 
     fn relation_state(&mut self, id: i64) -> &mut RelationState {

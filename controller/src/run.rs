@@ -1580,14 +1580,11 @@ pub(crate) async fn provision_machine_0(
 mod tests {
     use super::peer_may_be;
 
-    /// What the installer writes for a start (the machine's credential) goes
-    /// through the provisioner's store, with its lease's fence: a
-    /// provisioner whose lease another controller took cannot replace the
-    /// credential of the instance its successor starts.
-    #[test]
-    fn the_installer_writes_under_the_provisioners_fence() {
-        use jujube_provisioner::AgentInstaller;
-        use std::time::Duration;
+    /// A store in a directory of its own, and an installer of machine
+    /// agents on it (enrolling from shared user data with `enroll`).
+    fn installer(
+        enroll: Option<(String, String)>,
+    ) -> (tempfile::TempDir, jujube_state::Store, super::Installer) {
         let dir = tempfile::tempdir().unwrap();
         let st = jujube_state::Store::open(dir.path().join("state.db")).unwrap();
         st.initialize(&jujube_state::environment::EnvironmentSpec {
@@ -1599,7 +1596,6 @@ mod tests {
             config: Default::default(),
         })
         .unwrap();
-        let m = st.add_machines(1, None, None).unwrap()[0];
         let installer = super::Installer {
             agents: Some(jujube_agent_state::process::ProcessAgents {
                 exe: "/bin/true".into(),
@@ -1609,11 +1605,24 @@ mod tests {
                 env_uuid: "00000000-0000-4000-8000-000000000000".into(),
             }),
             api_connect: String::new(),
-            enroll: None,
+            enroll,
             tokens: Default::default(),
             controllers: None,
             proxies_controllers: false,
         };
+        (dir, st, installer)
+    }
+
+    /// What the installer writes for a start (the machine's credential) goes
+    /// through the provisioner's store, with its lease's fence: a
+    /// provisioner whose lease another controller took cannot replace the
+    /// credential of the instance its successor starts.
+    #[test]
+    fn the_installer_writes_under_the_provisioners_fence() {
+        use jujube_provisioner::AgentInstaller;
+        use std::time::Duration;
+        let (_dir, st, installer) = installer(None);
+        let m = st.add_machines(1, None, None).unwrap()[0];
         let ttl = Duration::from_secs(15);
         let held = |c| match c {
             jujube_state::leases::Claim::Held(f) => f,
@@ -1637,32 +1646,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn enrollment_tokens_are_one_per_batch_and_let_go_when_old() {
         use jujube_provisioner::AgentInstaller;
-        let dir = tempfile::tempdir().unwrap();
-        let st = jujube_state::Store::open(dir.path().join("state.db")).unwrap();
-        st.initialize(&jujube_state::environment::EnvironmentSpec {
-            name: "t".into(),
-            uuid: "00000000-0000-4000-8000-000000000000".into(),
-            provider: "dummy".into(),
-            default_series: "jammy".into(),
-            constraints: Default::default(),
-            config: Default::default(),
-        })
-        .unwrap();
+        let (_dir, st, installer) = installer(Some(("127.0.0.1:17070".into(), "00".repeat(32))));
         let ms = st.add_machines(3, None, None).unwrap();
-        let installer = super::Installer {
-            agents: Some(jujube_agent_state::process::ProcessAgents {
-                exe: "/bin/true".into(),
-                api_addresses: vec!["127.0.0.1:17070".into()],
-                ca_cert: String::new(),
-                env_name: "t".into(),
-                env_uuid: "00000000-0000-4000-8000-000000000000".into(),
-            }),
-            api_connect: String::new(),
-            enroll: Some(("127.0.0.1:17070".into(), "00".repeat(32))),
-            tokens: Default::default(),
-            controllers: None,
-            proxies_controllers: false,
-        };
         let token = |m: i64, nonce: &str| {
             installer
                 .prepare(&st, m, nonce)
