@@ -213,6 +213,9 @@ fn a_proxy_device_failing_at_start_is_transient() {
     ] {
         assert_eq!(failed(400, m), crate::ErrorClass::Transient, "{m}");
     }
-    assert_eq!(failed(400, "Invalid devices: bad"), crate::ErrorClass::InvalidSpec);
+    assert_eq!(
+        failed(400, "Invalid devices: bad"),
+        crate::ErrorClass::InvalidSpec
+    );
     assert_eq!(failed(500, "boom"), crate::ErrorClass::Transient);
 }
