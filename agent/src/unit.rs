@@ -679,6 +679,15 @@ impl UnitAgent {
             .iter()
             .filter(|r| r.life == Life::Alive && r.belongs)
         {
+            // Most passes: nothing to do, and nothing to allocate.
+            if self
+                .hook_state()
+                .relations
+                .get(&rel.id)
+                .is_some_and(|s| s.created)
+            {
+                continue;
+            }
             if !self
                 .relation_created(rel, &side_of(view, rel), relations)
                 .await?
@@ -952,19 +961,10 @@ impl UnitAgent {
         }
     }
 
-    /// Whether the charm's stop hook is still to run (a deployed,
-    /// installed unit whose charm has one).
-    fn stop_hook_due(&mut self) -> bool {
-        self.hook_state().installed
-            && !self.hook_state().stopped
-            && self.has_hook(&Hook::unit("stop"))
-    }
-
-    /// Whether the charm's remove hook is still to run (as `stop`).
-    fn remove_hook_due(&mut self) -> bool {
-        self.hook_state().installed
-            && !self.hook_state().removed
-            && self.has_hook(&Hook::unit("remove"))
+    /// Whether one of [`LAST_HOOKS`] is still to run (a deployed,
+    /// installed unit whose charm has it, and it has not run).
+    fn last_hook_due(&mut self, hook: &str, ran: RanFlag) -> bool {
+        self.hook_state().installed && !*ran(self.hook_state()) && self.has_hook(&Hook::unit(hook))
     }
 
     /// The record of `rel` (named `name` on this side), made if new, with
@@ -1074,6 +1074,14 @@ impl UnitAgent {
         Ok(self.deployer.as_mut().expect("just opened"))
     }
 }
+
+/// Where a unit's hook record says a hook ran.
+type RanFlag = fn(&mut HookState) -> &mut bool;
+
+/// The hooks a Dying unit runs last, in order, once every relation is
+/// broken, each with where its record says it ran.
+const LAST_HOOKS: [(&str, RanFlag); 2] =
+    [("stop", |h| &mut h.stopped), ("remove", |h| &mut h.removed)];
 
 /// The relation's name on the unit's side (`db`).
 fn side_of(view: &UnitView, rel: &RelationView) -> String {
@@ -1298,8 +1306,9 @@ impl UnitAgent {
                 // went through, and `failed` would outlive it.)
                 let lingers = view.relations.iter().any(|r| r.in_scope)
                     || !view.subordinates.is_empty()
-                    || self.stop_hook_due()
-                    || self.remove_hook_due()
+                    || LAST_HOOKS
+                        .iter()
+                        .any(|&(hook, ran)| self.last_hook_due(hook, ran))
                     || matches!(self.reported, Some((AgentStatus::Failed, _)));
                 if lingers {
                     self.report(AgentStatus::Dying, "").await?;
@@ -1318,26 +1327,18 @@ impl UnitAgent {
                     // recorded: a restart before Dead has nothing to run
                     // again (the write was half the controller's work while
                     // 100,000 hookless units went).
-                    if self.stop_hook_due() {
+                    // Then remove, the unit's last hook (Juju 2.8+).
+                    for (hook, ran) in LAST_HOOKS {
+                        if !self.last_hook_due(hook, ran) {
+                            continue;
+                        }
                         // Reported before the hook runs (`lingers` may have
                         // been false on an earlier pass).
                         self.report(AgentStatus::Dying, "").await?;
-                        if !self.run_hook(&BTreeMap::new(), Hook::unit("stop")).await? {
+                        if !self.run_hook(&BTreeMap::new(), Hook::unit(hook)).await? {
                             return Ok(Step::Idle);
                         }
-                        self.hook_state().stopped = true;
-                        self.save_hooks()?;
-                    }
-                    // remove, the unit's last hook (Juju 2.8+), after stop.
-                    if self.remove_hook_due() {
-                        self.report(AgentStatus::Dying, "").await?;
-                        if !self
-                            .run_hook(&BTreeMap::new(), Hook::unit("remove"))
-                            .await?
-                        {
-                            return Ok(Step::Idle);
-                        }
-                        self.hook_state().removed = true;
+                        *ran(self.hook_state()) = true;
                         self.save_hooks()?;
                     }
                     if went_through(self.api.ensure_dead_unit(self.name()).await)? {

@@ -205,7 +205,7 @@ pub fn hold(
     claimer: Claimer,
     holder: String,
     times: LeaseTimes,
-    wall: LeaseClock,
+    clock: LeaseClock,
     start: StartJobs,
     stop: watch::Receiver<bool>,
 ) -> std::io::Result<tokio::sync::oneshot::Receiver<()>> {
@@ -219,7 +219,7 @@ pub fn hold(
                 .build()
                 .expect("a runtime for the lease's holding");
             rt.block_on(hold_via(
-                &claimer, store, holder, times, wall, &jobs_on, start, stop,
+                &claimer, store, holder, times, clock, &jobs_on, start, stop,
             ));
             let _ = done.send(());
         })?;
@@ -233,7 +233,7 @@ async fn hold_via(
     store: Store,
     holder: String,
     times: LeaseTimes,
-    wall: LeaseClock,
+    clock: LeaseClock,
     jobs_on: &tokio::runtime::Handle,
     start: StartJobs,
     mut stop: watch::Receiver<bool>,
@@ -250,7 +250,7 @@ async fn hold_via(
         // for no longer, and claimed again; a late answer is ignored.
         let deadline = sent + times.ttl.saturating_sub(times.margin);
         let claimed = tokio::select! {
-            c = claims.claim(&holder, wall(), times.ttl, anew) => c,
+            c = claims.claim(&holder, clock(), times.ttl, anew) => c,
             _ = tokio::time::sleep_until(deadline) => {
                 warn!(holder, "claiming the singletons lease stalled past its deadline: claiming again");
                 continue;
@@ -301,7 +301,7 @@ async fn hold_via(
                     })
                     .collect();
                 let stopping = tokio::select! {
-                    s = run_held(claims, &holder, &times, &wall, &fence, sent, &mut stop) => s,
+                    s = run_held(claims, &holder, &times, &clock, &fence, sent, &mut stop) => s,
                     _ = ended.recv() => {
                         warn!(holder, "a singleton job ended: restarting them");
                         false
@@ -346,7 +346,7 @@ async fn run_held(
     claims: &dyn Claims,
     holder: &str,
     times: &LeaseTimes,
-    wall: &LeaseClock,
+    clock: &LeaseClock,
     fence: &Fence,
     mut sent: Instant,
     stop: &mut watch::Receiver<bool>,
@@ -373,7 +373,7 @@ async fn run_held(
             );
         }
         let renewal = tokio::select! {
-            r = claims.claim(holder, wall(), times.ttl, false) => r,
+            r = claims.claim(holder, clock(), times.ttl, false) => r,
             _ = tokio::time::sleep_until(deadline) => {
                 warn!(holder, token = fence.token, "renewing the singletons lease stalled past its deadline: stopping the singleton jobs");
                 return false;
@@ -426,8 +426,8 @@ mod tests {
         }
     }
 
-    /// Wall-clock milliseconds that follow tokio's (paused) clock.
-    fn wall(base: Instant) -> LeaseClock {
+    /// Claims at wall-clock milliseconds that follow tokio's (paused) clock.
+    fn clock(base: Instant) -> LeaseClock {
         Box::new(move || LeaseNow::At(1_000_000 + base.elapsed().as_millis() as i64))
     }
 
@@ -482,7 +482,7 @@ mod tests {
                 store,
                 name,
                 LeaseTimes::default(),
-                wall(base),
+                clock(base),
                 &tokio::runtime::Handle::current(),
                 start,
                 stop_rx,
@@ -673,7 +673,7 @@ mod tests {
                     store,
                     "a".into(),
                     times,
-                    wall(Instant::now()),
+                    clock(Instant::now()),
                     &tokio::runtime::Handle::current(),
                     ticking("a", ticks),
                     stop_rx,
@@ -727,7 +727,7 @@ mod tests {
                     a_store,
                     "a".into(),
                     times,
-                    wall(base),
+                    clock(base),
                     &tokio::runtime::Handle::current(),
                     ticking("a", ticks),
                     a_stop_rx,

@@ -7,6 +7,13 @@ pub fn unix_now() -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
+/// Now, in unix milliseconds (0 on a clock set before 1970).
+pub fn unix_now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
 /// `secs` since the epoch as `YYYY-MM-DD HH:MM:SS` (UTC; the proleptic
 /// Gregorian calendar, by days since 1970-01-01).
 pub fn format_utc(secs: u64) -> String {

@@ -852,13 +852,19 @@ impl Store {
                 }
                 None => (None, unit.machine_id),
             };
-            // The unit's open ports and its machine's zone, in one read.
-            let (ports, zone): (String, Option<String>) = c
+            // The unit's open ports, its machine's zone and the
+            // environment's update-status interval, in one read.
+            let (ports, zone, update_status): (String, Option<String>, Option<String>) = c
                 .prepare_cached(
-                    "SELECT u.ports, m.zone FROM units u LEFT JOIN machines m ON m.id = ?2
+                    "SELECT u.ports, m.zone,
+                            (SELECT value FROM environment_config WHERE key = ?3)
+                     FROM units u LEFT JOIN machines m ON m.id = ?2
                      WHERE u.name = ?1",
                 )?
-                .query_row((name, machine), |r| Ok((r.get(0)?, r.get(1)?)))?;
+                .query_row(
+                    (name, machine, crate::environment::UPDATE_STATUS_KEY),
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )?;
             let scopes = scope_ids(c, name)?;
             let relations = relations_of(c, &unit.service)?
                 .into_iter()
@@ -882,15 +888,9 @@ impl Store {
                 .collect::<Result<Vec<_>>>()?;
             let subordinates = units_where(c, "principal = ?1", &name)?;
             let runs = crate::runs::pending_runs_in(c, name)?;
-            let update_status_interval = c
-                .prepare_cached("SELECT value FROM environment_config WHERE key = ?1")?
-                .query_row([crate::environment::UPDATE_STATUS_KEY], |r| {
-                    r.get::<_, String>(0)
-                })
-                .optional()?
-                .and_then(|v| crate::environment::update_status_interval(&v));
             Ok(UnitContext {
-                update_status_interval,
+                update_status_interval: update_status
+                    .and_then(|v| crate::environment::update_status_interval(&v)),
                 leader: service.leader.as_deref() == Some(name),
                 unit,
                 service,

@@ -77,9 +77,7 @@ impl From<i64> for LeaseNow {
 /// SQLite file, which only processes of this host open.
 fn database_now_ms(c: &crate::sql::Connection) -> Result<i64> {
     if c.as_sqlite().is_some() {
-        return Ok(std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64));
+        return Ok(jujube_core::time::unix_now_ms());
     }
     Ok(c.prepare_cached(
         "SELECT CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS BIGINT)",

@@ -300,12 +300,14 @@ fn a_units_view_carries_a_bounded_share_of_its_runs() {
         })
         .collect();
     let fit = MAX_VIEW_RUNS_BYTES / (60 << 10);
-    let carried: Vec<i64> =
+    let pending = || -> Vec<i64> {
         e.st.pending_runs(&u)
             .unwrap()
             .iter()
             .map(|r| r.id)
-            .collect();
+            .collect()
+    };
+    let carried = pending();
     assert_eq!(carried, ids[..fit]);
     for id in &carried {
         e.st.apply(
@@ -323,13 +325,7 @@ fn a_units_view_carries_a_bounded_share_of_its_runs() {
         )
         .unwrap();
     }
-    let next: Vec<i64> =
-        e.st.pending_runs(&u)
-            .unwrap()
-            .iter()
-            .map(|r| r.id)
-            .collect();
-    assert_eq!(next, ids[fit..2 * fit]);
+    assert_eq!(pending(), ids[fit..2 * fit]);
 }
 
 /// A queued command's words and a run's timeout are bounded: past them a
