@@ -656,6 +656,30 @@ impl Facade for InProcess {
             .map_err(|e| self.err(e))
     }
 
+    async fn application_status(
+        &self,
+        unit: &str,
+    ) -> ApiResult<jujube_agent::api::ApplicationStatus> {
+        if !self.is_unit(unit) {
+            return Err(self.denied(format!(
+                "read the application status of unit `{unit}`'s service"
+            )));
+        }
+        let a = self
+            .store()
+            .application_status(unit)
+            .map_err(|e| self.err(e))?;
+        Ok(jujube_agent::api::ApplicationStatus {
+            status: a.status,
+            message: a.message,
+            units: a
+                .units
+                .into_iter()
+                .map(|(name, status, message)| (name, (status, message)))
+                .collect(),
+        })
+    }
+
     async fn set_workload_version(&self, unit: &str, version: &str) -> ApiResult<()> {
         if !self.is_unit(unit) {
             return Err(self.denied(format!(

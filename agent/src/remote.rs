@@ -903,6 +903,10 @@ impl Facade for Remote {
         })
         .await
     }
+    async fn application_status(&self, unit: &str) -> ApiResult<crate::api::ApplicationStatus> {
+        self.call(Call::ApplicationStatus { unit: unit.into() })
+            .await
+    }
     async fn set_workload_version(&self, unit: &str, version: &str) -> ApiResult<()> {
         self.call(Call::SetWorkloadVersion {
             unit: unit.into(),

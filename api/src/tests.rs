@@ -228,6 +228,7 @@ async fn try_everything_out_of_scope(api: &dyn Facade, machine: i64, unit: &str,
         api.set_workload_status(unit, false, "active", "").await,
     );
     assert_unauthorized("workload_status", api.workload_status(unit, false).await);
+    assert_unauthorized("application_status", api.application_status(unit).await);
     assert_unauthorized("is_leader", api.is_leader(unit).await);
     assert_unauthorized(
         "relation_settings",

@@ -1414,6 +1414,21 @@ pub struct ScopeSettings {
 /// The most settings text one [`Store::scope_settings_seen_by`] answer
 /// carries (a scope's members beyond it are named without settings).
 pub const MAX_SCOPE_SETTINGS_BYTES: usize = 1 << 20;
+/// What `status-get --application` answers (see
+/// [`Store::application_status`]): the service's workload status and
+/// message, and each unit's name, status and message, in unit order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ApplicationStatus {
+    pub status: String,
+    pub message: String,
+    pub units: Vec<(String, String, String)>,
+}
+
+/// The most units one [`Store::application_status`] answer lists.
+pub const MAX_APPLICATION_STATUS_UNITS: usize = MAX_GOAL_UNITS;
+/// The most bytes of unit names, statuses and messages it carries.
+pub const MAX_APPLICATION_STATUS_BYTES: usize = 1 << 20;
+
 /// What `goal-state` answers (see [`Store::goal_state`]): unit → status,
 /// and per relation endpoint, application or unit → status.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -1630,6 +1645,51 @@ impl Store {
                     "SELECT workload_status, workload_message FROM units WHERE name = ?1",
                 )?
                 .query_row([unit], |r| Ok((r.get(0)?, r.get(1)?)))?
+            })
+        })
+    }
+    /// `status-get --application`: the service's workload status and
+    /// message and each of its units' (in unit order), as Juju answers the
+    /// service's leader and only it. Refused when the service has more than
+    /// [`MAX_APPLICATION_STATUS_UNITS`] units or their names and messages
+    /// are more than [`MAX_APPLICATION_STATUS_BYTES`]: the answer is one
+    /// message (rows are read one at a time and the read stops there).
+    pub fn application_status(&self, unit: &str) -> Result<ApplicationStatus> {
+        self.read(|c| {
+            let u = get_unit(c, unit)?;
+            if !leader_in(c, &u.service, unit)? {
+                return Err(Error::Relation(format!(
+                    "finding application status: this unit is not the leader: only the leader of service `{}` reads its status and its units' (`is-leader` tells)",
+                    u.service
+                )));
+            }
+            let (status, message) = c
+                .prepare_cached(
+                    "SELECT workload_status, workload_message FROM services WHERE name = ?1",
+                )?
+                .query_row([&u.service], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            let mut stmt = c.prepare_cached(
+                "SELECT name, workload_status, workload_message FROM units
+                 WHERE service = ?1 ORDER BY number LIMIT ?2",
+            )?;
+            let mut rows = stmt.query((&u.service, MAX_APPLICATION_STATUS_UNITS as i64 + 1))?;
+            let (mut units, mut bytes) = (Vec::new(), 0);
+            while let Some(r) = rows.next()? {
+                let (name, status, message): (String, String, String) =
+                    (r.get(0)?, r.get(1)?, r.get(2)?);
+                bytes += name.len() + status.len() + message.len();
+                if units.len() == MAX_APPLICATION_STATUS_UNITS || bytes > MAX_APPLICATION_STATUS_BYTES {
+                    return Err(Error::Relation(format!(
+                        "finding application status: service `{}` has more units than one answer lists (at most {MAX_APPLICATION_STATUS_UNITS} units and {MAX_APPLICATION_STATUS_BYTES} bytes of names and messages); `jujube status {}` shows them all",
+                        u.service, u.service
+                    )));
+                }
+                units.push((name, status, message));
+            }
+            Ok(ApplicationStatus {
+                status,
+                message,
+                units,
             })
         })
     }

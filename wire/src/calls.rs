@@ -174,6 +174,9 @@ pub enum Call {
         unit: String,
         application: bool,
     },
+    ApplicationStatus {
+        unit: String,
+    },
     SetWorkloadVersion {
         unit: String,
         version: String,
@@ -260,6 +263,7 @@ impl Call {
                 | Call::ScopeUnits { .. }
                 | Call::ScopeSettings { .. }
                 | Call::WorkloadStatus { .. }
+                | Call::ApplicationStatus { .. }
                 | Call::ServiceConfig { .. }
                 | Call::RelationSettings { .. }
                 | Call::Bag { .. }
@@ -290,6 +294,7 @@ impl Call {
             Call::ScopeSettings { .. } => "scope-settings",
             Call::SetWorkloadStatus { .. } => "set-workload-status",
             Call::WorkloadStatus { .. } => "workload-status",
+            Call::ApplicationStatus { .. } => "application-status",
             Call::IsLeader { .. } => "is-leader",
             Call::SetWorkloadVersion { .. } => "set-workload-version",
             Call::ServiceConfig { .. } => "service-config",
@@ -375,6 +380,7 @@ pub async fn dispatch(facade: &dyn Facade, call: Call) -> ApiResult<serde_json::
         Call::WorkloadStatus { unit, application } => {
             encode(facade.workload_status(&unit, application).await?)
         }
+        Call::ApplicationStatus { unit } => encode(facade.application_status(&unit).await?),
         Call::IsLeader { unit } => encode(facade.is_leader(&unit).await?),
         Call::SetWorkloadVersion { unit, version } => {
             encode(facade.set_workload_version(&unit, &version).await?)

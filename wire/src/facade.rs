@@ -64,6 +64,15 @@ pub struct ScopeSettings {
     pub app: Option<(String, BTreeMap<String, String>)>,
 }
 
+/// What `status-get --application` answers the service's leader: the
+/// service's workload status and message, and each unit's, by unit name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplicationStatus {
+    pub status: String,
+    pub message: String,
+    pub units: BTreeMap<String, (String, String)>,
+}
+
 /// What `goal-state` answers: the unit's service's units and, per relation
 /// endpoint, the related applications and their units, each with a status
 /// (`active`, `dying`; `joined` for a related application).
@@ -487,6 +496,10 @@ pub trait Facade: Send + Sync + 'static {
     /// `status-get`: the unit's (or its service's) workload status and
     /// message.
     async fn workload_status(&self, unit: &str, application: bool) -> ApiResult<(String, String)>;
+    /// `status-get --application`: the service's workload status and its
+    /// units', for the service's leader only (at most
+    /// `jujube_state::agents::MAX_APPLICATION_STATUS_UNITS` units).
+    async fn application_status(&self, unit: &str) -> ApiResult<ApplicationStatus>;
     /// `application-version-set`: the version of the unit's service's
     /// workload.
     async fn set_workload_version(&self, unit: &str, version: &str) -> ApiResult<()>;

@@ -605,13 +605,13 @@ async fn workload_status_and_leadership_as_ops_calls_them() {
             ("status-get --application", "blocked\n", "", 0),
             (
                 "status-get --application --format=json",
-                "{\"application-status\":{\"status\":\"blocked\",\"units\":{}}}\n",
+                "{\"application-status\":{\"status\":\"blocked\",\"units\":{\"wordpress/0\":{\"status\":\"active\"}}}}\n",
                 "",
                 0,
             ),
             (
                 "status-get --application --include-data --format=json",
-                "{\"application-status\":{\"message\":\"\\\"need-db\\\"\",\"status\":\"blocked\",\"status-data\":{},\"units\":{}}}\n",
+                "{\"application-status\":{\"message\":\"\\\"need-db\\\"\",\"status\":\"blocked\",\"status-data\":{},\"units\":{\"wordpress/0\":{\"message\":\"\",\"status\":\"active\",\"status-data\":{}}}}}\n",
                 "",
                 0,
             ),
@@ -651,7 +651,31 @@ async fn workload_status_and_leadership_as_ops_calls_them() {
         ],
     )
     .await;
-    check(&m1, &[("is-leader", "True\n", "", 0)]).await;
+    // Only the leader reads the application's status, with every unit's.
+    check(
+        &m0,
+        &[(
+            "status-get --application",
+            "",
+            "error: finding application status: this unit is not the leader\n",
+            1,
+        )],
+    )
+    .await;
+    check(&m1, &[("status-set maintenance", "", "", 0)]).await;
+    check(
+        &m1,
+        &[
+            ("is-leader", "True\n", "", 0),
+            (
+                "status-get --application --format=json",
+                "{\"application-status\":{\"status\":\"unknown\",\"units\":{\"mysql/0\":{\"status\":\"unknown\"},\"mysql/1\":{\"status\":\"maintenance\"},\"mysql/2\":{\"status\":\"unknown\"}}}}\n",
+                "",
+                0,
+            ),
+        ],
+    )
+    .await;
     // The leader lost (its unit destroyed): the next to ask leads.
     f.w.store.destroy_units(&["mysql/1".to_string()]).unwrap();
     check(&m0, &[("is-leader", "True\n", "", 0)]).await;

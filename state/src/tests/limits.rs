@@ -679,3 +679,52 @@ fn two_machines_cannot_record_the_same_instance() {
     let err = set(2).unwrap_err();
     assert!(err.to_string().to_lowercase().contains("unique"), "{err}");
 }
+
+/// `status-get --application` answers its service's leader, and only it,
+/// with every unit's status up to its bound of names and messages; beyond
+/// it, the read is refused saying so (the answer is one message).
+#[test]
+fn an_application_status_answers_the_leader_within_its_bound() {
+    use crate::agents::{
+        AgentOp, Caller, MAX_APPLICATION_STATUS_BYTES, MAX_WORKLOAD_MESSAGE_BYTES,
+    };
+    let e = env();
+    // Units whose messages fill the bound to within one unit's share.
+    let fit = MAX_APPLICATION_STATUS_BYTES / (MAX_WORKLOAD_MESSAGE_BYTES + 20);
+    let units = e.deploy(WORDPRESS, "wordpress", fit + 1);
+    let (leader, other) = (&units[0], &units[1]);
+    assert!(e.st.claim_leadership(leader).unwrap());
+    let err = e.st.application_status(other).unwrap_err();
+    assert!(
+        err.to_string().contains("this unit is not the leader"),
+        "{err}"
+    );
+    let long = |u: &String| {
+        (
+            Caller::Unit(u.clone()),
+            AgentOp::SetWorkloadStatus {
+                unit: u.clone(),
+                application: false,
+                status: "active".into(),
+                message: "m".repeat(MAX_WORKLOAD_MESSAGE_BYTES),
+            },
+        )
+    };
+    let ops: Vec<_> = units[..fit].iter().map(long).collect();
+    assert!(e.st.apply_batch(&ops).unwrap().iter().all(|r| r.is_ok()));
+    let app = e.st.application_status(leader).unwrap();
+    assert_eq!(app.units.len(), fit + 1);
+    assert_eq!(app.units[1].0, units[1]);
+    assert_eq!(app.units[1].1, "active");
+    assert_eq!(app.units[fit].1, "unknown");
+    e.st.apply_batch(&[long(&units[fit])])
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    let err = e.st.application_status(leader).unwrap_err().to_string();
+    assert!(
+        err.contains("more units than one answer lists")
+            && err.contains("`jujube status wordpress`"),
+        "{err}"
+    );
+}

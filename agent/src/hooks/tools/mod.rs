@@ -510,30 +510,56 @@ async fn run_tool(
         "status-get" => {
             let (format, _) = output(&p)?;
             check_empty(&p.args).map_err(usage)?;
-            let application = p.is_set("application") || p.is_set("service");
-            let (status, message) = ctx
-                .api
-                .workload_status(&ctx.unit, application)
-                .await
-                .map_err(|e| e.message)?;
+            let include = p.is_set("include-data");
             // As Juju: the bare status only in the smart format without
             // --include-data; else a map, with the message and data when
-            // asked. (The application's `units` stay empty: jujube does
-            // not list its units' statuses here.)
-            let include = p.is_set("include-data");
-            let v = if !include && matches!(format, Format::Smart) {
-                json!(status)
-            } else {
+            // asked.
+            let details = |status: &str, message: &str| {
                 let mut one = json!({ "status": status });
                 if include {
                     one["message"] = json!(message);
                     one["status-data"] = json!({});
                 }
-                if application {
-                    one["units"] = json!({});
-                    json!({ "application-status": one })
+                one
+            };
+            let bare = !include && matches!(format, Format::Smart);
+            let v = if p.is_set("application") || p.is_set("service") {
+                // Only the leader reads it (Juju's `this unit is not the
+                // leader`); asking first lets a unit take a lost leadership,
+                // as Juju's own check does.
+                let leads = ctx.api.is_leader(&ctx.unit).await.map_err(|e| e.message)?;
+                if !leads {
+                    return Err(Failure::from(
+                        "finding application status: this unit is not the leader".to_string(),
+                    ));
+                }
+                let app = ctx
+                    .api
+                    .application_status(&ctx.unit)
+                    .await
+                    .map_err(|e| e.message)?;
+                if bare {
+                    json!(app.status)
                 } else {
-                    one
+                    let mut one = details(&app.status, &app.message);
+                    one["units"] = app
+                        .units
+                        .iter()
+                        .map(|(name, (status, message))| (name.clone(), details(status, message)))
+                        .collect::<serde_json::Map<_, _>>()
+                        .into();
+                    json!({ "application-status": one })
+                }
+            } else {
+                let (status, message) = ctx
+                    .api
+                    .workload_status(&ctx.unit, false)
+                    .await
+                    .map_err(|e| e.message)?;
+                if bare {
+                    json!(status)
+                } else {
+                    details(&status, &message)
                 }
             };
             print(&p, &v)
