@@ -462,6 +462,7 @@ impl Hub {
         let mut scopes = BTreeSet::new();
         let mut runs = BTreeSet::new();
         let mut controllers = false;
+        let mut environment = false;
         for c in &batch.changes {
             match c.kind {
                 ChangeKind::Unit => {
@@ -493,7 +494,8 @@ impl Hub {
                     runs.insert(c.id.as_str());
                 }
                 ChangeKind::Controllers => controllers = true,
-                ChangeKind::Environment | ChangeKind::Cleanup => {}
+                ChangeKind::Environment => environment = true,
+                ChangeKind::Cleanup => {}
             }
         }
         let mut keys: HashSet<Key> = runs.into_iter().map(|u| Key::Unit(u.into())).collect();
@@ -565,6 +567,22 @@ impl Hub {
                     known.relations.insert(id, r);
                 }
                 None => gone_relations.push(id),
+            }
+        }
+        // Juju's uniter resets its update-status timer when the interval
+        // changes: every unit agent reads its view again (through its
+        // service's key: a few keys, not one per unit), and a wait longer
+        // than the new interval allows is drawn again.
+        if environment {
+            let now = update_status_setting(store)?;
+            if now != known.update_status {
+                keys.extend(
+                    known
+                        .services
+                        .keys()
+                        .map(|s| Key::Service(s.as_str().into())),
+                );
+                known.update_status = now;
             }
         }
         for name in services {
@@ -682,6 +700,16 @@ struct Known {
     relations: HashMap<i64, RelationRoute>,
     services: HashMap<String, ServiceSeen>,
     machines: HashMap<i64, (Life, bool)>,
+    /// The environment's `update-status-hook-interval` as last read: every
+    /// unit's view carries it, so a change of it is every service's.
+    update_status: Option<String>,
+}
+
+/// The environment's `update-status-hook-interval` setting, if set.
+fn update_status_setting(store: &Store) -> jujube_state::Result<Option<String>> {
+    Ok(store
+        .environment_config()?
+        .remove(jujube_state::environment::UPDATE_STATUS_KEY))
 }
 
 impl Known {
@@ -740,6 +768,7 @@ impl Known {
             relations,
             services,
             machines,
+            update_status: update_status_setting(store)?,
         })
     }
 }

@@ -131,11 +131,13 @@ pub const UPDATE_STATUS_INTERVAL: std::time::Duration = std::time::Duration::fro
 /// units of a machine (and of a controller) do not all run it at once.
 fn update_status_wait(view: &UnitView) -> std::time::Duration {
     use std::hash::BuildHasher;
-    let interval = view
-        .update_status_ms
-        .map_or(UPDATE_STATUS_INTERVAL, std::time::Duration::from_millis);
     let draw = std::collections::hash_map::RandomState::new().hash_one(0u8) % 1_000;
-    interval.mul_f64(0.8 + 0.4 * draw as f64 / 1_000.0)
+    update_status_interval(view).mul_f64(0.8 + 0.4 * draw as f64 / 1_000.0)
+}
+
+fn update_status_interval(view: &UnitView) -> std::time::Duration {
+    view.update_status_ms
+        .map_or(UPDATE_STATUS_INTERVAL, std::time::Duration::from_millis)
 }
 
 /// True when the unit must become Dying by its own agent's hand.
@@ -789,6 +791,19 @@ impl UnitAgent {
                 // included: `resolved` does not run it again at once.
                 self.update_status_at = Some(Due::after(update_status_wait(view)));
                 self.run_hook(relations, Hook::unit("update-status")).await
+            }
+            // Due later than the interval allows (it was made shorter; the
+            // hub passes every unit its view then): drawn again from the
+            // new one, as Juju's uniter resets its timer. A longer one
+            // takes effect from the next run.
+            Some(at)
+                if at.instant()
+                    > tokio::time::Instant::now()
+                        + update_status_interval(view).mul_f64(1.2)
+                        + std::time::Duration::from_secs(1) =>
+            {
+                self.update_status_at = Some(Due::after(update_status_wait(view)));
+                Ok(true)
             }
             Some(_) => Ok(true),
             None => {

@@ -751,3 +751,40 @@ async fn update_status_runs_every_interval_once_the_unit_started() {
     assert_eq!(ran.iter().filter(|l| *l == "start").count(), 1, "{ran:?}");
     host.shutdown().await;
 }
+
+/// A shorter `update-status-hook-interval` reaches a started unit at once,
+/// as Juju's uniter resets its timer: a unit waiting out an hour runs
+/// update-status within the new second, not at the hour's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shorter_update_status_interval_reaches_a_waiting_unit() {
+    logs();
+    let w = World::new();
+    w.deploy(MYSQL, "mysql", 1);
+    hook(
+        &w,
+        "mysql",
+        "update-status",
+        "echo update-status >> ../hooks.log",
+    );
+    let interval = |v: &str| {
+        w.store
+            .set_environment_config(&[("update-status-hook-interval".into(), v.into())])
+            .unwrap()
+    };
+    interval("60m");
+    w.provision();
+    let agents_dir = w.dir.path().join("agents");
+    let host = Host::start(w.store.clone(), agents_dir.clone()).unwrap();
+    until(&w.store, "the unit started", |s| {
+        status(s, "mysql/0") == "started"
+    })
+    .await;
+    let log = agents_dir.join("machine-1/unit-mysql-0/hooks.log");
+    assert!(lines(&log).is_empty(), "{:?}", lines(&log));
+    interval("1s");
+    until_files("update-status ran after the interval was shortened", || {
+        lines(&log).iter().any(|l| l == "update-status")
+    })
+    .await;
+    host.shutdown().await;
+}
