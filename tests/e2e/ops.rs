@@ -171,6 +171,12 @@ fn ops_charms_run_unchanged() {
         seen["local_app_data"],
         serde_json::json!({"client": "ops-app"})
     );
+    // The leader's application status, set and read back through
+    // `status-get --application`.
+    assert_eq!(seen["app_status"], serde_json::json!(["active", "serving"]));
+    // jujube keeps no secrets: ops' `get_secret` raises SecretNotFoundError.
+    let install = report(&app_dir, "install").expect("ops-app's install report");
+    assert_eq!(install["secret"], "not found", "{install:#}");
     let leader_dir = unit_dir(&j, &st, "ops-db", &leader);
     let seen = until(
         "ops-db to see ops-app's data",

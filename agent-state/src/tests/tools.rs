@@ -728,10 +728,45 @@ async fn version_network_and_unsupported_tools() {
                 "error: credential-get is not supported: jujube gives charms no cloud credentials\n",
                 1,
             ),
+            // No secret exists: "not found" (ops' SecretNotFoundError),
+            // with the flags ops passes; only adding one is refused.
             (
-                "secret-get foo",
+                "secret-get secret:cq1ab2 --refresh",
                 "",
-                "error: secret-get is not supported: jujube has no secrets for charms\n",
+                "error: secret \"secret:cq1ab2\" not found\n",
+                1,
+            ),
+            (
+                "secret-get --label db-password",
+                "",
+                "error: secret with label \"db-password\" not found\n",
+                1,
+            ),
+            (
+                "secret-info-get --label db-password --format=json",
+                "",
+                "error: secret with label \"db-password\" not found\n",
+                1,
+            ),
+            (
+                "secret-remove secret:cq1ab2 --revision 2",
+                "",
+                "error: secret \"secret:cq1ab2\" not found\n",
+                1,
+            ),
+            ("secret-get", "", "error: require either a secret URI or label\n", 2),
+            ("secret-ids --format=json", "[]\n", "", 0),
+            ("secret-ids", "", "", 0),
+            (
+                "secret-add --label db-password --owner unit password=x",
+                "",
+                "error: secret-add is not supported: jujube has no secrets for charms\n",
+                1,
+            ),
+            (
+                "secret-add password=x",
+                "",
+                "error: secret-add is not supported: jujube has no secrets for charms\n",
                 1,
             ),
             (

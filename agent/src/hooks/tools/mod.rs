@@ -76,6 +76,46 @@ const fn unsupported(name: &'static str) -> Spec {
     }
 }
 
+/// The purpose of every [`secret`] tool, which marks it.
+const NO_SECRETS: &str = "jujube keeps no secrets: every secret is not found";
+/// `--label`: a secret named by its label rather than its ID.
+const LABEL: Flag = Flag::string(None, "label", "", "a label used to identify the secret");
+
+/// What `secret-add` and `secret-set` take besides the content.
+const SECRET_FIELDS: &[Flag] = &[
+    LABEL,
+    Flag::string(None, "description", "", "the secret description"),
+    Flag::string(
+        None,
+        "expire",
+        "",
+        "either a duration or time when the secret should expire",
+    ),
+    Flag::string(None, "rotate", "", "the secret rotation policy"),
+    Flag::string(
+        None,
+        "owner",
+        "application",
+        "the owner of the secret, either the application or unit",
+    ),
+    Flag::string(None, "file", "", "a YAML file containing secret key values"),
+];
+
+/// A secret tool other than `secret-add` (which is [`unsupported`]): with
+/// Juju's flags, so that `ops` calls parse, answering as Juju does for a
+/// secret that does not exist — jujube keeps none. `ops` raises
+/// `SecretNotFoundError` for an error saying "not found", which charms
+/// catch; `secret-ids` lists none.
+const fn secret(name: &'static str, args: &'static str, flags: &'static [Flag]) -> Spec {
+    Spec {
+        name,
+        args,
+        purpose: NO_SECRETS,
+        flags,
+        doc: "",
+    }
+}
+
 /// Every tool: its command line. [`super::TOOLS`] names the same ones.
 pub const SPECS: &[Spec] = &[
     Spec {
@@ -163,14 +203,22 @@ pub const SPECS: &[Spec] = &[
     unsupported("storage-get"),
     unsupported("storage-list"),
     unsupported("storage-add"),
-    unsupported("secret-get"),
-    unsupported("secret-set"),
-    unsupported("secret-add"),
-    unsupported("secret-ids"),
-    unsupported("secret-info-get"),
-    unsupported("secret-grant"),
-    unsupported("secret-revoke"),
-    unsupported("secret-remove"),
+    secret("secret-get", "<ID> [key[#base64]]", &[LABEL, Flag::bool(None, "peek", "get the latest revision just this time"), Flag::bool(None, "refresh", "get the latest revision and also get this same revision for subsequent calls"), FORMAT, OUTPUT]),
+    secret("secret-info-get", "<ID>", &[LABEL, FORMAT, OUTPUT]),
+    secret("secret-ids", "", &[FORMAT, OUTPUT]),
+    secret("secret-set", "<ID> [key[#base64|#file]=value...]", SECRET_FIELDS),
+    secret("secret-remove", "<ID>", &[Flag::string(None, "revision", "", "remove the specified revision")]),
+    secret("secret-grant", "<ID>", &[Flag::string(Some('r'), "relation", "", "the relation with which to associate the grant"), Flag::string(None, "unit", "", "the unit to grant access")]),
+    secret("secret-revoke", "<ID>", &[Flag::string(Some('r'), "relation", "", "the relation for which to revoke the grant"), Flag::string(None, "unit", "", "the unit to revoke access"), Flag::string(None, "app", "", "the application to revoke access")]),
+    // With Juju's flags, so that `ops`' call gets "not supported", not a
+    // flag error.
+    Spec {
+        name: "secret-add",
+        args: "[key[#base64|#file]=value...]",
+        purpose: NOT_SUPPORTED,
+        flags: SECRET_FIELDS,
+        doc: "",
+    },
     unsupported("resource-get"),
     unsupported("relation-model-get"),
     unsupported("juju-reboot"),
@@ -629,6 +677,23 @@ async fn run_tool(
         }
         // A failure (exit 1), which `ops` raises as `ModelError` and charms
         // catch; a missing tool would be `FileNotFoundError`.
+        "secret-ids" => {
+            output(&p)?;
+            check_empty(&p.args).map_err(usage)?;
+            print(&p, &json!([]))
+        }
+        _ if spec.purpose == NO_SECRETS => {
+            if spec.flags.iter().any(|f| f.long == "format") {
+                output(&p)?;
+            }
+            Err(Failure::Run(match (p.args.first(), p.get("label")) {
+                (Some(id), _) if !id.is_empty() => format!("secret {id:?} not found"),
+                (_, Some(label)) if !label.is_empty() => {
+                    format!("secret with label {label:?} not found")
+                }
+                _ => return Err(usage("require either a secret URI or label")),
+            }))
+        }
         name if spec.purpose == NOT_SUPPORTED => Err(Failure::Run(format!(
             "{name} is not supported: {}",
             unsupported_why(name)

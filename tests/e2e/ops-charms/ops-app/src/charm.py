@@ -6,7 +6,8 @@ runs this file with `PYTHONPATH=lib:venv`; `venv/` (ops and its
 dependencies, from `scripts/ops-setup`) is copied in by the test.
 
 What it does:
-- install: unit status waiting "waiting for db".
+- install: unit status waiting "waiting for db"; the leader sets the
+  application's status active "serving"; looks its secret up by label.
 - db-relation-changed: reads the remote app's databag (event.app) and the
   remote unit's (event.unit, when the event has one); unit status active
   "db ready: <database>" when the app databag has `database`, else waiting
@@ -24,12 +25,15 @@ Report format (all files in the charm directory, i.e. the cwd):
 - `report-<event>.json`: one JSON object per event kind, rewritten
   (atomically) each time that event is handled; always has "event",
   "unit", "leader" (bool), plus:
-    install: "config", "status" [name, message].
+    install: "config", "status" [name, message], "secret" ("not found" when
+        ops raised SecretNotFoundError for the label `ops-app-password`).
     db-relation-changed: "relation_id" (int), "remote_unit", "remote_app"
         (names or null), "remote_app_data" (object or null), "remote_unit_data"
         (event.unit's databag, or null when the event has no unit),
         "remote_units" {unit: databag} (every remote unit), "local_unit_data",
-        "local_app_data" (leader only; else null), "status" [name, message].
+        "local_app_data" (leader only; else null), "status" [name, message],
+        "app_status" [name, message] (leader only, as ops reads it back; the
+        leader sets it active "serving" at install; else null).
     db-relation-broken: "relation_id", "remote_app", "status".
 A failing expectation raises, so the hook fails.
 """
@@ -90,7 +94,19 @@ class OpsAppCharm(ops.CharmBase):
 
     def _on_install(self, event: ops.InstallEvent) -> None:
         self.unit.status = ops.WaitingStatus("waiting for db")
-        self._report(event, config=dict(self.config), status=["waiting", "waiting for db"])
+        if self.unit.is_leader():
+            self.app.status = ops.ActiveStatus("serving")
+        try:
+            self.model.get_secret(label="ops-app-password")
+            secret = "found"
+        except ops.SecretNotFoundError:
+            secret = "not found"
+        self._report(
+            event,
+            config=dict(self.config),
+            status=["waiting", "waiting for db"],
+            secret=secret,
+        )
 
     def _on_db_changed(self, event: ops.RelationChangedEvent) -> None:
         rel = event.relation
@@ -105,8 +121,12 @@ class OpsAppCharm(ops.CharmBase):
             self.unit.status = ops.WaitingStatus(status[1])
         rel.data[self.unit].update({"wants": str(self.config["wants"])})
         leader = self.unit.is_leader()
+        app_status = None
         if leader:
             rel.data[self.app].update({"client": self.app.name})
+            # Set at install; read here by a new process, so ops asks
+            # `status-get --application` (it caches what it set).
+            app_status = [self.app.status.name, self.app.status.message]
         self._report(
             event,
             relation_id=rel.id,
@@ -118,6 +138,7 @@ class OpsAppCharm(ops.CharmBase):
             local_unit_data=dict(rel.data[self.unit]),
             local_app_data=dict(rel.data[self.app]) if leader else None,
             status=status,
+            app_status=app_status,
         )
 
     def _on_db_broken(self, event: ops.RelationBrokenEvent) -> None:
