@@ -702,14 +702,16 @@ struct Known {
     machines: HashMap<i64, (Life, bool)>,
     /// The environment's `update-status-hook-interval` as last read: every
     /// unit's view carries it, so a change of it is every service's.
-    update_status: Option<String>,
+    update_status: Option<std::time::Duration>,
 }
 
-/// The environment's `update-status-hook-interval` setting, if set.
-fn update_status_setting(store: &Store) -> jujube_state::Result<Option<String>> {
+/// The environment's `update-status-hook-interval`, if set (as a duration:
+/// `5m` and `300s` are one interval).
+fn update_status_setting(store: &Store) -> jujube_state::Result<Option<std::time::Duration>> {
     Ok(store
         .environment_config()?
-        .remove(jujube_state::environment::UPDATE_STATUS_KEY))
+        .get(jujube_state::environment::UPDATE_STATUS_KEY)
+        .and_then(|v| jujube_state::environment::update_status_interval(v)))
 }
 
 impl Known {

@@ -731,9 +731,9 @@ async fn version_network_and_unsupported_tools() {
             // No secret exists: "not found" (ops' SecretNotFoundError),
             // with the flags ops passes; only adding one is refused.
             (
-                "secret-get secret:cq1ab2 --refresh",
+                "secret-get secret:cq2rfm7mp25c77dvm5n0 --refresh",
                 "",
-                "error: secret \"secret:cq1ab2\" not found\n",
+                "error: secret \"secret:cq2rfm7mp25c77dvm5n0\" not found\n",
                 1,
             ),
             (
@@ -749,12 +749,21 @@ async fn version_network_and_unsupported_tools() {
                 1,
             ),
             (
-                "secret-remove secret:cq1ab2 --revision 2",
+                "secret-remove secret:cq2rfm7mp25c77dvm5n0 --revision 2",
                 "",
-                "error: secret \"secret:cq1ab2\" not found\n",
+                "error: secret \"secret:cq2rfm7mp25c77dvm5n0\" not found\n",
                 1,
             ),
             ("secret-get", "", "error: require either a secret URI or label\n", 2),
+            ("secret-set --label x", "", "error: missing secret URI\n", 2),
+            ("secret-set a=b", "", "error: secret URI \"a=b\" not valid\n", 2),
+            ("secret-grant cq2rfm7mp25c77dvm5n0", "", "error: no relation id specified\n", 2),
+            (
+                "secret-grant secret:cq2rfm7mp25c77dvm5n0 --relation 3",
+                "",
+                "error: secret \"secret:cq2rfm7mp25c77dvm5n0\" not found\n",
+                1,
+            ),
             ("secret-ids --format=json", "[]\n", "", 0),
             ("secret-ids", "", "", 0),
             (

@@ -81,6 +81,20 @@ const NO_SECRETS: &str = "jujube keeps no secrets: every secret is not found";
 /// `--label`: a secret named by its label rather than its ID.
 const LABEL: Flag = Flag::string(None, "label", "", "a label used to identify the secret");
 
+/// Whether `s` is a secret's URI as Juju writes one: `secret:ID`,
+/// `secret://MODEL/ID` or the bare `ID`, twenty characters of `[0-9a-z]`.
+fn valid_secret_uri(s: &str) -> bool {
+    let rest = s.strip_prefix("secret:").unwrap_or(s);
+    let id = match rest.strip_prefix("//") {
+        Some(path) => path.rsplit_once('/').map_or("", |(_, id)| id),
+        None => rest,
+    };
+    id.len() == 20
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase())
+}
+
 /// What `secret-add` and `secret-set` take besides the content.
 const SECRET_FIELDS: &[Flag] = &[
     LABEL,
@@ -686,8 +700,25 @@ async fn run_tool(
             if spec.flags.iter().any(|f| f.long == "format") {
                 output(&p)?;
             }
-            Err(Failure::Run(match (p.args.first(), p.get("label")) {
-                (Some(id), _) if !id.is_empty() => format!("secret {id:?} not found"),
+            let id = p.args.first().filter(|id| !id.is_empty());
+            // As Juju: these name a secret by its ID only.
+            let by_id = [
+                "secret-set",
+                "secret-remove",
+                "secret-grant",
+                "secret-revoke",
+            ];
+            if id.is_none() && by_id.contains(&spec.name) {
+                return Err(usage("missing secret URI"));
+            }
+            if let Some(id) = id.filter(|id| !valid_secret_uri(id)) {
+                return Err(usage(format!("secret URI {id:?} not valid")));
+            }
+            if spec.name == "secret-grant" && p.get("relation").is_none_or(str::is_empty) {
+                return Err(usage("no relation id specified"));
+            }
+            Err(Failure::Run(match (id, p.get("label")) {
+                (Some(id), _) => format!("secret {id:?} not found"),
                 (_, Some(label)) if !label.is_empty() => {
                     format!("secret with label {label:?} not found")
                 }
