@@ -1636,10 +1636,7 @@ impl Store {
         self.read(|c| {
             let u = get_unit(c, unit)?;
             Ok(if application {
-                c.prepare_cached(
-                    "SELECT workload_status, workload_message FROM services WHERE name = ?1",
-                )?
-                .query_row([&u.service], |r| Ok((r.get(0)?, r.get(1)?)))?
+                service_workload(c, &u.service)?
             } else {
                 c.prepare_cached(
                     "SELECT workload_status, workload_message FROM units WHERE name = ?1",
@@ -1663,11 +1660,7 @@ impl Store {
                     u.service
                 )));
             }
-            let (status, message) = c
-                .prepare_cached(
-                    "SELECT workload_status, workload_message FROM services WHERE name = ?1",
-                )?
-                .query_row([&u.service], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            let (status, message) = service_workload(c, &u.service)?;
             let mut stmt = c.prepare_cached(
                 "SELECT name, workload_status, workload_message FROM units
                  WHERE service = ?1 ORDER BY number LIMIT ?2",
@@ -1693,6 +1686,14 @@ impl Store {
             })
         })
     }
+}
+
+/// The workload status and message of `service` (its application status).
+fn service_workload(c: &crate::sql::Connection, service: &str) -> Result<(String, String)> {
+    Ok(
+        c.prepare_cached("SELECT workload_status, workload_message FROM services WHERE name = ?1")?
+            .query_row([service], |r| Ok((r.get(0)?, r.get(1)?)))?,
+    )
 }
 
 /// Makes `unit` the leader of `service`, telling it and the unit that lost

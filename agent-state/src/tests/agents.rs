@@ -721,23 +721,34 @@ async fn a_log_that_cannot_be_marked_shipped_runs_no_hook_twice() {
     assert_ran_once(&unit);
 }
 
-/// update-status runs on a started unit every `update-status-hook-interval`
-/// (here a second, drawn from 0.8 to 1.2 s), never before its start.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn update_status_runs_every_interval_once_the_unit_started() {
+fn set_update_status_interval(w: &World, interval: &str) {
+    w.store
+        .set_environment_config(&[("update-status-hook-interval".into(), interval.into())])
+        .unwrap();
+}
+
+/// One mysql unit whose `update-status` hook appends to `hooks.log`, at
+/// `interval`; not yet provisioned.
+fn update_status_world(interval: &str) -> World {
     logs();
     let w = World::new();
     w.deploy(MYSQL, "mysql", 1);
-    hook(&w, "mysql", "start", "echo start >> ../hooks.log");
     hook(
         &w,
         "mysql",
         "update-status",
         "echo update-status >> ../hooks.log",
     );
-    w.store
-        .set_environment_config(&[("update-status-hook-interval".into(), "1s".into())])
-        .unwrap();
+    set_update_status_interval(&w, interval);
+    w
+}
+
+/// update-status runs on a started unit every `update-status-hook-interval`
+/// (here a second, drawn from 0.8 to 1.2 s), never before its start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn update_status_runs_every_interval_once_the_unit_started() {
+    let w = update_status_world("1s");
+    hook(&w, "mysql", "start", "echo start >> ../hooks.log");
     w.provision();
     let agents_dir = w.dir.path().join("agents");
     let host = Host::start(w.store.clone(), agents_dir.clone()).unwrap();
@@ -757,21 +768,7 @@ async fn update_status_runs_every_interval_once_the_unit_started() {
 /// update-status within the new second, not at the hour's end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shorter_update_status_interval_reaches_a_waiting_unit() {
-    logs();
-    let w = World::new();
-    w.deploy(MYSQL, "mysql", 1);
-    hook(
-        &w,
-        "mysql",
-        "update-status",
-        "echo update-status >> ../hooks.log",
-    );
-    let interval = |v: &str| {
-        w.store
-            .set_environment_config(&[("update-status-hook-interval".into(), v.into())])
-            .unwrap()
-    };
-    interval("60m");
+    let w = update_status_world("60m");
     w.provision();
     let agents_dir = w.dir.path().join("agents");
     let host = Host::start(w.store.clone(), agents_dir.clone()).unwrap();
@@ -781,7 +778,7 @@ async fn a_shorter_update_status_interval_reaches_a_waiting_unit() {
     .await;
     let log = agents_dir.join("machine-1/unit-mysql-0/hooks.log");
     assert!(lines(&log).is_empty(), "{:?}", lines(&log));
-    interval("1s");
+    set_update_status_interval(&w, "1s");
     until_files("update-status ran after the interval was shortened", || {
         lines(&log).iter().any(|l| l == "update-status")
     })
