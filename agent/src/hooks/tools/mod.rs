@@ -689,8 +689,6 @@ async fn run_tool(
             };
             print(&p, &v)
         }
-        // A failure (exit 1), which `ops` raises as `ModelError` and charms
-        // catch; a missing tool would be `FileNotFoundError`.
         "secret-ids" => {
             output(&p)?;
             check_empty(&p.args).map_err(usage)?;
@@ -725,6 +723,8 @@ async fn run_tool(
                 _ => return Err(usage("require either a secret URI or label")),
             }))
         }
+        // A failure (exit 1), which `ops` raises as `ModelError` and charms
+        // catch; a missing tool would be `FileNotFoundError`.
         name if spec.purpose == NOT_SUPPORTED => Err(Failure::Run(format!(
             "{name} is not supported: {}",
             unsupported_why(name)
