@@ -757,6 +757,32 @@ async fn version_network_and_unsupported_tools() {
             ("secret-get", "", "error: require either a secret URI or label\n", 2),
             ("secret-set --label x", "", "error: missing secret URI\n", 2),
             ("secret-set a=b", "", "error: secret URI \"a=b\" not valid\n", 2),
+            // As Juju's secret-get: one of --peek and --refresh, at most
+            // one key, and a model named by its UUID.
+            (
+                "secret-get cq2rfm7mp25c77dvm5n0 --peek --refresh",
+                "",
+                "error: specify one of --peek or --refresh but not both\n",
+                2,
+            ),
+            (
+                "secret-get cq2rfm7mp25c77dvm5n0 password extra",
+                "",
+                "error: unrecognized args: [\"extra\"]\n",
+                2,
+            ),
+            (
+                "secret-get secret://not-a-model/cq2rfm7mp25c77dvm5n0",
+                "",
+                "error: secret URI \"secret://not-a-model/cq2rfm7mp25c77dvm5n0\" not valid\n",
+                2,
+            ),
+            (
+                "secret-get secret://3a5e2b3c-1f2d-4e5f-8a9b-0c1d2e3f4a5b/cq2rfm7mp25c77dvm5n0",
+                "",
+                "error: secret \"secret://3a5e2b3c-1f2d-4e5f-8a9b-0c1d2e3f4a5b/cq2rfm7mp25c77dvm5n0\" not found\n",
+                1,
+            ),
             ("secret-grant cq2rfm7mp25c77dvm5n0", "", "error: no relation id specified\n", 2),
             (
                 "secret-grant secret:cq2rfm7mp25c77dvm5n0 --relation 3",

@@ -82,17 +82,32 @@ const NO_SECRETS: &str = "jujube keeps no secrets: every secret is not found";
 const LABEL: Flag = Flag::string(None, "label", "", "a label used to identify the secret");
 
 /// Whether `s` is a secret's URI as Juju writes one: `secret:ID`,
-/// `secret://MODEL/ID` or the bare `ID`, twenty characters of `[0-9a-z]`.
+/// `secret://MODEL/ID` (the model by its UUID, lowercase) or the bare `ID`,
+/// twenty characters of `[0-9a-z]`.
 fn valid_secret_uri(s: &str) -> bool {
     let rest = s.strip_prefix("secret:").unwrap_or(s);
     let id = match rest.strip_prefix("//") {
-        Some(path) => path.rsplit_once('/').map_or("", |(_, id)| id),
+        Some(path) => match path.split_once('/') {
+            Some((model, id)) if is_lowercase_uuid(model) => id,
+            _ => return false,
+        },
         None => rest,
     };
     id.len() == 20
         && id
             .bytes()
             .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase())
+}
+
+/// `8-4-4-4-12` lowercase hexadecimal digits.
+fn is_lowercase_uuid(s: &str) -> bool {
+    let groups: Vec<&str> = s.split('-').collect();
+    groups.len() == 5
+        && groups.iter().zip([8, 4, 4, 4, 12]).all(|(g, n)| {
+            g.len() == n
+                && g.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
 }
 
 /// What `secret-add` and `secret-set` take besides the content.
@@ -715,12 +730,21 @@ async fn run_tool(
             if spec.name == "secret-grant" && p.get("relation").is_none_or(str::is_empty) {
                 return Err(usage("no relation id specified"));
             }
-            Err(Failure::Run(match (id, p.get("label")) {
-                (Some(id), _) => format!("secret {id:?} not found"),
-                (_, Some(label)) if !label.is_empty() => {
-                    format!("secret with label {label:?} not found")
+            let label = p.get("label").filter(|l| !l.is_empty());
+            if id.is_none() && label.is_none() {
+                return Err(usage("require either a secret URI or label"));
+            }
+            if spec.name == "secret-get" {
+                if p.is_set("peek") && p.is_set("refresh") {
+                    return Err(usage("specify one of --peek or --refresh but not both"));
                 }
-                _ => return Err(usage("require either a secret URI or label")),
+                // The ID, then at most one key.
+                check_empty(p.args.get(2..).unwrap_or_default()).map_err(usage)?;
+            }
+            Err(Failure::Run(match (id, label) {
+                (Some(id), _) => format!("secret {id:?} not found"),
+                (_, Some(label)) => format!("secret with label {label:?} not found"),
+                (None, None) => unreachable!("refused above"),
             }))
         }
         // A failure (exit 1), which `ops` raises as `ModelError` and charms
