@@ -730,10 +730,11 @@ async fn run_tool(
             if spec.name == "secret-grant" && p.get("relation").is_none_or(str::is_empty) {
                 return Err(usage("no relation id specified"));
             }
-            let label = p.get("label").filter(|l| !l.is_empty());
-            if id.is_none() && label.is_none() {
-                return Err(usage("require either a secret URI or label"));
-            }
+            let not_found = match (id, p.get("label").filter(|l| !l.is_empty())) {
+                (Some(id), _) => format!("secret {id:?} not found"),
+                (_, Some(label)) => format!("secret with label {label:?} not found"),
+                (None, None) => return Err(usage("require either a secret URI or label")),
+            };
             if spec.name == "secret-get" {
                 if p.is_set("peek") && p.is_set("refresh") {
                     return Err(usage("specify one of --peek or --refresh but not both"));
@@ -741,11 +742,7 @@ async fn run_tool(
                 // The ID, then at most one key.
                 check_empty(p.args.get(2..).unwrap_or_default()).map_err(usage)?;
             }
-            Err(Failure::Run(match (id, label) {
-                (Some(id), _) => format!("secret {id:?} not found"),
-                (_, Some(label)) => format!("secret with label {label:?} not found"),
-                (None, None) => unreachable!("refused above"),
-            }))
+            Err(Failure::Run(not_found))
         }
         // A failure (exit 1), which `ops` raises as `ModelError` and charms
         // catch; a missing tool would be `FileNotFoundError`.
