@@ -4,7 +4,9 @@
 //! per change): a machine that gets its instance gets its agent; an agent
 //! whose machine is Dead ends by itself; a removed machine's directory is
 //! deleted. A restarted host resumes every agent where it stopped, from the
-//! deployment directories.
+//! deployment directories; as it starts, it takes no unit's status as
+//! current until that unit's in-process agent has reported under it (what
+//! the agents of a killed controller said last may be stale).
 
 use crate::facade::{InProcess, InProcessConnector, Shared};
 use crate::hub::Hub;
@@ -97,6 +99,7 @@ impl Host {
         mode: Mode,
         passes: usize,
     ) -> jujube_state::Result<Host> {
+        mark_restarting(&store, &mode)?;
         // Before any agent subscribes: see `Hub::run`.
         let from = store.head_revision()?;
         let hub = Arc::new(Hub::default());
@@ -119,9 +122,21 @@ impl Host {
     /// controller gives its lease-fenced one, so that once another
     /// controller holds the lease nothing these agents still had in flight
     /// is written.
-    pub fn on(facades: &crate::Facades, store: Store, agents_dir: PathBuf, mode: Mode) -> Host {
+    pub fn on(
+        facades: &crate::Facades,
+        store: Store,
+        agents_dir: PathBuf,
+        mode: Mode,
+    ) -> jujube_state::Result<Host> {
+        mark_restarting(&store, &mode)?;
         let shared = facades.shared.through(store);
-        Host::spawn(shared, agents_dir, mode, watch::channel(false), None)
+        Ok(Host::spawn(
+            shared,
+            agents_dir,
+            mode,
+            watch::channel(false),
+            None,
+        ))
     }
 
     fn spawn(
@@ -144,6 +159,21 @@ impl Host {
             let _ = hub.await;
         }
     }
+}
+
+/// Before any in-process agent of a host runs (and before its start
+/// returns, so that whoever starts a host never sees its units as they
+/// were): what the units' previous agents reported, which died with the
+/// previous host, is no longer taken as current; see
+/// `Store::agents_restarting`. Agent processes outlive their host (see
+/// `crate::process`) and are adopted, not restarted: what they reported
+/// stands, and the API server tells when they are down.
+fn mark_restarting(store: &Store, mode: &Mode) -> jujube_state::Result<()> {
+    if matches!(mode, Mode::InProcess) {
+        let n = store.agents_restarting()?;
+        info!(units = n, "units wait for their agents to report again");
+    }
+    Ok(())
 }
 
 async fn run(

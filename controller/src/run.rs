@@ -981,17 +981,25 @@ pub async fn run(home: &Home, env_name: &str, machine: i64) -> Result<()> {
             // with an instance, deploying under the environment's data
             // dir, unless they run on the instances themselves.
             if let Some(mode) = &host_mode {
-                let host = jujube_agent_state::Host::on(
+                match jujube_agent_state::Host::on(
                     &facades,
                     store.clone(),
                     agents_dir.clone(),
                     mode.clone(),
-                );
-                let mut stop = stop.clone();
-                jobs.push(tokio::spawn(async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                    host.shutdown().await;
-                }));
+                ) {
+                    Ok(host) => {
+                        let mut stop = stop.clone();
+                        jobs.push(tokio::spawn(async move {
+                            let _ = stop.wait_for(|s| *s).await;
+                            host.shutdown().await;
+                        }));
+                    }
+                    Err(e) => {
+                        // Ended at once, as the provisioner's above.
+                        warn!(error = %e, "cannot start the machine agents; trying again");
+                        jobs.push(tokio::spawn(async {}));
+                    }
+                }
             }
             if let Some(lxd) = &lxd_controllers {
                 jobs.push(crate::machine0::proxy_controllers(

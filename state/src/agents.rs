@@ -1166,6 +1166,26 @@ fn scope_ids(c: &Connection, unit: &str) -> Result<Vec<i64>> {
 }
 
 impl Store {
+    /// Called by a host of in-process agents (the controller's, which runs
+    /// every agent of its environment) as it starts, before any of its
+    /// agents runs: every unit's status is from then on taken as reported
+    /// by an agent that no longer runs (`units.status_current` false) until
+    /// the unit's agent reports again. A unit whose agent died with the previous host (a
+    /// controller killed) keeps what that agent said last — `started`,
+    /// though a hook was cut off that its next agent finds failed — and
+    /// [`Store::awaiting_agents`] waits for its agent's report rather than
+    /// trusting that. One statement, fenced like the host's other writes,
+    /// with no feed entry: only that wait reads the flag. Returns how many
+    /// units it marked.
+    pub fn agents_restarting(&self) -> Result<u64> {
+        self.write(|tx| {
+            let n = tx
+                .prepare_cached("UPDATE units SET status_current = FALSE WHERE status_current")?
+                .execute([])?;
+            Ok(n as u64)
+        })
+    }
+
     /// What agents still have to do, in words, at most `limit` items per
     /// kind (for `jujube wait`): units whose agent has not started though
     /// their machine (or principal's agent) is up; units, relations and
@@ -1219,6 +1239,22 @@ impl Store {
                    AND p.agent_started AND p.status NOT IN ('error', 'failed')
                  ORDER BY s.service, s.number LIMIT ?1",
                 &|r| Ok(format!("unit `{}` waits for its agent to start", r.get::<_, String>(0)?)),
+            )?;
+            // Started under an agent host that has stopped (see
+            // `agents_restarting`): what it last said may be stale. Not
+            // where the machine's agent is held by an error, which runs
+            // none of its units' agents until someone acts.
+            each(
+                "SELECT u.name FROM units u
+                 JOIN machines m ON m.id = coalesce(u.machine_id,
+                     (SELECT p.machine_id FROM units p WHERE p.name = u.principal))
+                 WHERE NOT u.status_current AND u.life = 0 AND u.agent_started
+                   AND u.status NOT IN ('error', 'failed') AND m.agent_status != 'error'
+                 ORDER BY u.service, u.number LIMIT ?1",
+                &|r| Ok(format!(
+                    "unit `{}` waits for its agent to start again and report (what it reported last came from agents that have stopped)",
+                    r.get::<_, String>(0)?
+                )),
             )?;
             each(
                 "SELECT u.name, u.life FROM units u

@@ -488,6 +488,14 @@ CREATE TABLE charm_archives (
     archive BLOB NOT NULL
 ) WITHOUT ROWID;
 "#,
+    // 29: whether a unit's status was reported by an agent that still
+    // runs: a host of in-process agents (the controller's) clears it
+    // for every unit as it starts, and a unit's next report sets it again
+    // (see `Store::agents_restarting`).
+    r#"
+ALTER TABLE units ADD COLUMN status_current INTEGER NOT NULL DEFAULT 1;
+CREATE INDEX units_status_stale ON units (service, number) WHERE NOT status_current;
+"#,
 ];
 
 /// The PostgreSQL schema. PostgreSQL does not replay SQLite's history
@@ -498,7 +506,7 @@ CREATE TABLE charm_archives (
 /// compares the two schemas' tables and columns.
 ///
 /// What the translation changes: `INTEGER` is `BIGINT` (the store reads
-/// and binds 64-bit integers), the four flags are `BOOLEAN` (rules test
+/// and binds 64-bit integers), the flags are `BOOLEAN` (rules test
 /// them bare: `NOT u.agent_started`), `AUTOINCREMENT` is an identity
 /// column (never reused, as there; PostgreSQL's may leave gaps after a
 /// rolled-back transaction), and the high-water triggers are PL/pgSQL.
@@ -758,6 +766,11 @@ CREATE TABLE charm_archives (
     path    TEXT PRIMARY KEY,
     archive BYTEA NOT NULL
 );
+"#,
+    // 30
+    r#"
+ALTER TABLE units ADD COLUMN status_current BOOLEAN NOT NULL DEFAULT TRUE;
+CREATE INDEX units_status_stale ON units (service, number) WHERE NOT status_current;
 "#,
 ];
 

@@ -498,7 +498,8 @@ impl Store {
         }
     }
 
-    /// Sets a unit's status (agents report through this).
+    /// Sets a unit's status (agents report through this), reported by an
+    /// agent that runs now (see [`Store::agents_restarting`]).
     pub(crate) fn set_unit_status_in(
         tx: &mut Tx<'_>,
         name: &str,
@@ -508,7 +509,7 @@ impl Store {
         {
             get_unit(tx, name)?;
             tx.execute(
-                "UPDATE units SET status = ?1, status_info = ?2 WHERE name = ?3",
+                "UPDATE units SET status = ?1, status_info = ?2, status_current = TRUE WHERE name = ?3",
                 (status, info, name),
             )?;
             tx.changed(ChangeKind::Unit, name)

@@ -671,6 +671,47 @@ async fn a_failed_pass_is_retried_and_never_taken_for_a_failed_hook() {
     host.shutdown().await;
 }
 
+/// Agents killed in a hook (their controller killed with -9) leave their
+/// unit `started` in the store; the hook record says the hook is running.
+/// Once a new host starts, `wait` waits for the unit until its new agent
+/// has reported the hook failed: what the dead agent said is never taken
+/// as settled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unit_whose_agent_died_in_a_hook_is_waited_for_until_it_reports_the_failure() {
+    logs();
+    let w = World::new();
+    w.deploy(MYSQL, "mysql", 1);
+    w.provision();
+    let agents_dir = w.dir.path().join("agents");
+    let host = Host::start(w.store.clone(), agents_dir.clone()).unwrap();
+    until(&w.store, "the unit started", |s| {
+        status(s, "mysql/0") == "started" && s.awaiting_agents(1).unwrap().is_empty()
+    })
+    .await;
+    host.shutdown().await;
+    // As a kill in the middle of config-changed leaves it.
+    let unit = agents_dir.join("machine-1/unit-mysql-0");
+    let mut record = jujube_agent::hooks::state::HookState::read(&unit).unwrap();
+    record.running = Some(Box::new(jujube_agent::hooks::state::HookRecord {
+        name: "config-changed".into(),
+        relation: None,
+        remote: None,
+    }));
+    record.save(&unit).unwrap();
+
+    let host = Host::start(w.store.clone(), agents_dir.clone()).unwrap();
+    until(&w.store, "nothing is awaited", |s| {
+        s.awaiting_agents(1).unwrap().is_empty()
+    })
+    .await;
+    let u = w.store.unit("mysql/0").unwrap();
+    assert_eq!(
+        (u.status.as_str(), u.status_info.as_str()),
+        ("error", "hook failed: \"config-changed\"")
+    );
+    host.shutdown().await;
+}
+
 /// mysql/0 (provisioned), whose install hook counts its runs in the
 /// unit's directory, then runs `then`. The unit's directory.
 fn mysql_whose_install_then(w: &World, then: &str) -> std::path::PathBuf {
@@ -711,7 +752,8 @@ async fn a_log_that_cannot_be_marked_shipped_runs_no_hook_twice() {
         w.store.clone(),
         agents_dir.clone(),
         crate::Mode::InProcess,
-    );
+    )
+    .unwrap();
     until(&w.store, "the unit started, or its pass failed", |s| {
         ["started", "failed"].contains(&status(s, "mysql/0").as_str())
     })

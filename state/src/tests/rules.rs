@@ -1461,6 +1461,56 @@ fn agents_whose_pass_failed_are_waited_for_with_why_not_held() {
     assert!(!waits.contains("disk full"), "{waits}");
 }
 
+/// A controller killed with its agents leaves each unit's last status as
+/// those agents reported it: `started`, though a hook was cut off that the
+/// unit's next agent finds failed. Once another agent host starts, `wait`
+/// waits for each unit's agent to report again rather than trusting what
+/// the dead one said (a unit in error is shown as such, not waited for).
+#[test]
+fn units_are_waited_for_until_their_agents_report_again_after_a_host_restart() {
+    use crate::agents::{AgentOp, Caller};
+    let e = env();
+    let units = e.deploy(MYSQL, "mysql", 3);
+    let ms: Vec<i64> = e.st.machines().unwrap().iter().map(|m| m.id).collect();
+    let prepared = e.st.prepare_provisioning(&ms, "6f1e0f4c").unwrap();
+    e.st.record_instances(&started_as_prepared(&prepared))
+        .unwrap();
+    let report = |unit: &str, status: &str, info: &str| {
+        let op = (
+            Caller::Unit(unit.to_string()),
+            AgentOp::SetUnitStatus {
+                unit: unit.to_string(),
+                status: status.into(),
+                info: info.into(),
+            },
+        );
+        for r in e.st.apply_batch(&[op]).unwrap() {
+            r.unwrap();
+        }
+    };
+    report(&units[0], "started", "");
+    report(&units[1], "started", "");
+    report(&units[2], "error", "hook failed: \"install\"");
+    let again = |u: &str| format!("unit `{u}` waits for its agent to start again");
+    let waits = e.st.awaiting_agents(10).unwrap().join("\n");
+    assert!(!waits.contains("start again"), "{waits}");
+
+    assert_eq!(e.st.agents_restarting().unwrap(), 3);
+    let waits = e.st.awaiting_agents(10).unwrap().join("\n");
+    assert!(waits.contains(&again(&units[0])), "{waits}");
+    assert!(waits.contains(&again(&units[1])), "{waits}");
+    assert!(!waits.contains(&units[2]), "{waits}");
+    // What the store shows meanwhile is unchanged.
+    assert_eq!(e.st.unit(&units[0]).unwrap().status, "started");
+
+    // The new agent finds the hook it was running cut off.
+    report(&units[0], "error", "hook failed: \"config-changed\"");
+    report(&units[1], "started", "");
+    let waits = e.st.awaiting_agents(10).unwrap().join("\n");
+    assert!(!waits.contains("start again"), "{waits}");
+    assert_eq!(e.st.units_in_error(10).unwrap().len(), 2);
+}
+
 #[test]
 fn a_units_credential_is_set_by_its_deployer_or_its_principals_machine_only() {
     use crate::Caller;
