@@ -1170,11 +1170,11 @@ impl Store {
     /// every agent of its environment) as it starts, before any of its
     /// agents runs: every unit's status is from then on taken as reported
     /// by an agent that no longer runs (`units.status_current` false) until
-    /// the unit's agent reports again. A unit whose agent died with the previous host (a
-    /// controller killed) keeps what that agent said last — `started`,
-    /// though a hook was cut off that its next agent finds failed — and
-    /// [`Store::awaiting_agents`] waits for its agent's report rather than
-    /// trusting that. One statement, fenced like the host's other writes,
+    /// the unit's agent reports again. A unit whose agent died with the
+    /// previous host (a controller killed) keeps what that agent said last
+    /// — `started`, though a hook was cut off that its next agent finds
+    /// failed — and [`Store::awaiting_agents`] waits for its agent's report
+    /// rather than trusting that. One statement, fenced like the host's other writes,
     /// with no feed entry: only that wait reads the flag. Returns how many
     /// units it marked.
     pub fn agents_restarting(&self) -> Result<u64> {
@@ -1240,7 +1240,7 @@ impl Store {
                  ORDER BY s.service, s.number LIMIT ?1",
                 &|r| Ok(format!("unit `{}` waits for its agent to start", r.get::<_, String>(0)?)),
             )?;
-            // Started under an agent host that has stopped (see
+            // Started under a host of in-process agents that has stopped (see
             // `agents_restarting`): what it last said may be stale. Not
             // where the machine's agent is held by an error, which runs
             // none of its units' agents until someone acts.
