@@ -4,10 +4,11 @@
 //!   users and autoscalers make them (one transaction each,
 //!   synchronous=FULL), next to a bare rusqlite loop of one-row
 //!   transactions with the same durability: rounds alternating between
-//!   them, the median of each, with WAL pages and commits per operation
-//!   (one commit is one fsync of the WAL), and beside a bare transaction
-//!   writing as many WAL pages (one row in each of as many tables): the
-//!   fsync of a commit costs more for each page it carries;
+//!   them, the median of each, with WAL pages, writes and commits per
+//!   operation (one commit is one fsync of the WAL); beside the same bare
+//!   loop on pages of the store's size, and a bare transaction writing as
+//!   many WAL pages (one row in each of as many tables): the fsync of a
+//!   commit costs more for each page it carries;
 //! - deploying 100,000 units;
 //! - `status` (snapshot + JSON) at 100,000 units;
 //! - destroying the 100,000-unit service through its cleanup, with the
@@ -82,9 +83,11 @@ fn rate(n: usize, d: Duration) -> f64 {
 /// than any operation measured here writes.
 const WIDEST: usize = 12;
 
-/// The bare loop's connection: WAL, synchronous=FULL, tables `t0`..`t11`.
-fn bare_connection(dir: &std::path::Path) -> rusqlite::Connection {
-    let c = rusqlite::Connection::open(dir.join("bare.db")).unwrap();
+/// A bare loop's connection: WAL, synchronous=FULL, tables `t0`..`t11`,
+/// pages of `page_size` bytes (SQLite's default is 4096).
+fn bare_connection(path: &std::path::Path, page_size: i64) -> rusqlite::Connection {
+    let c = rusqlite::Connection::open(path).unwrap();
+    c.pragma_update(None, "page_size", page_size).unwrap();
     c.pragma_update(None, "journal_mode", "WAL").unwrap();
     c.pragma_update(None, "synchronous", "FULL").unwrap();
     for t in 0..WIDEST {
@@ -122,19 +125,26 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// One operation at a time against the bare loop, in alternating rounds
-/// (the disk's mood moves all alike); prints the medians. Beside the
-/// one-row transaction the goal is set against, a bare transaction writing
-/// as many WAL pages as the operation does: a commit's fsync costs more
-/// for each page it carries, so that one shows what is the disk's charge
-/// for the pages and what is the store's own cost.
-fn side_by_side(
-    name: &str,
-    what: &str,
-    st: &Store,
-    bare: &mut rusqlite::Connection,
-    mut op: impl FnMut(usize),
-) {
+/// The bare loops an operation is set against.
+struct Bare {
+    /// SQLite's defaults: the goal's loop.
+    default: rusqlite::Connection,
+    /// Pages of the store's size.
+    small: rusqlite::Connection,
+    /// The store's page size.
+    page_size: i64,
+}
+
+/// One operation at a time against the bare loops, in alternating rounds
+/// (the disk's mood moves all alike); prints the medians. The goal is set
+/// against one-row transactions of SQLite's defaults. Beside it, the same
+/// on pages of the store's size, and a bare transaction writing as many
+/// WAL pages of that size as the operation does: a commit's fsync costs
+/// more for each page it carries, so that one shows what is the disk's
+/// charge for the pages and what is the store's own cost. SQLite writes a
+/// WAL frame in two calls (its header, its page); the store's writer, one
+/// commit in one (see `walvfs`).
+fn side_by_side(name: &str, what: &str, st: &Store, bare: &mut Bare, mut op: impl FnMut(usize)) {
     const ROUNDS: usize = 5;
     const N: usize = 400;
     // The operation's pages, from a first round that is not counted.
@@ -143,8 +153,9 @@ fn side_by_side(
         op(i);
     }
     let width = ((st.stats().wal_pages as f64 / N as f64).round() as usize).clamp(1, WIDEST);
-    let (mut ours, mut one, mut wide) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut pages, mut one_pages, mut wide_pages, mut commits) = (0, 0, 0, 0);
+    let (mut ours, mut one, mut small, mut wide) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut pages, mut writes, mut commits) = (0, 0, 0);
+    let (mut one_pages, mut wide_pages) = (0, 0);
     for round in 1..=ROUNDS {
         st.reset_stats();
         let start = Instant::now();
@@ -154,26 +165,37 @@ fn side_by_side(
         ours.push(rate(N, start.elapsed()));
         let stats = st.stats();
         pages += stats.wal_pages;
+        writes += stats.wal_writes;
         commits += stats.transactions;
-        let (took, p) = bare_loop(bare, N, 1);
+        let (took, p) = bare_loop(&mut bare.default, N, 1);
         one.push(rate(N, took));
         one_pages += p;
-        let (took, p) = bare_loop(bare, N, width);
+        let (took, _) = bare_loop(&mut bare.small, N, 1);
+        small.push(rate(N, took));
+        let (took, p) = bare_loop(&mut bare.small, N, width);
         wide.push(rate(N, took));
         wide_pages += p;
     }
-    let (ours, one, wide) = (median(ours), median(one), median(wide));
+    let (ours, one, small, wide) = (median(ours), median(one), median(small), median(wide));
     let ops = (ROUNDS * N) as f64;
+    let kib = bare.page_size / 1024;
     println!(
-        "{name}: {ours:.0}/s ({what}); bare rusqlite one-row transactions: {one:.0} tx/s; ratio {:.0}% (goal >= 90%); per operation {:.2} commits, {:.1} WAL pages (bare: 1 commit, {:.1} pages)",
+        "{name}: {ours:.0}/s ({what}); bare rusqlite one-row transactions: {one:.0} tx/s; ratio {:.0}% (goal >= 90%); per operation {:.2} commits, {:.1} WAL pages of {kib} KiB in {:.2} writes (bare: 1 commit, {:.1} pages of 4 KiB in {:.0} writes)",
         100.0 * ours / one,
         commits as f64 / ops,
         pages as f64 / ops,
+        writes as f64 / ops,
         one_pages as f64 / ops,
+        2.0 * one_pages as f64 / ops,
     );
     println!(
-        "  beside a bare transaction of one row in each of {width} tables ({:.1} WAL pages, 1 commit): {wide:.0} tx/s; ratio {:.0}%",
+        "  beside bare one-row transactions on {kib} KiB pages: {small:.0} tx/s; ratio {:.0}%",
+        100.0 * ours / small,
+    );
+    println!(
+        "  beside a bare transaction of one row in each of {width} tables ({kib} KiB pages; {:.1} WAL pages in {:.0} writes, 1 commit): {wide:.0} tx/s; ratio {:.0}%",
         wide_pages as f64 / ops,
+        2.0 * wide_pages as f64 / ops,
         100.0 * ours / wide,
     );
 }
@@ -188,10 +210,20 @@ fn main() {
     // 1. One at a time, against the bare loop.
     let st = store(dir.path());
     deploy(&st, "wordpress", 0);
-    let mut bare = bare_connection(dir.path());
-    // Warm both WALs to their working size first.
-    bare_loop(&mut bare, 1_000, 1);
-    bare_loop(&mut bare, 100, WIDEST);
+    let page_size = rusqlite::Connection::open(st.path().expect("a store on SQLite"))
+        .unwrap()
+        .query_row("PRAGMA page_size", [], |r| r.get(0))
+        .unwrap();
+    let mut bare = Bare {
+        default: bare_connection(&dir.path().join("bare.db"), 4096),
+        small: bare_connection(&dir.path().join("small.db"), page_size),
+        page_size,
+    };
+    // Warm the WALs to their working size first.
+    for c in [&mut bare.default, &mut bare.small] {
+        bare_loop(c, 1_000, 1);
+        bare_loop(c, 100, WIDEST);
+    }
     for _ in 0..200 {
         st.add_units("wordpress", 1, None).unwrap();
     }

@@ -45,6 +45,7 @@ pub mod sql;
 pub mod status;
 pub mod units;
 pub mod users;
+mod walvfs;
 
 #[cfg(test)]
 mod tests;

@@ -23,6 +23,7 @@ mod rules;
 mod stamps;
 mod tls;
 mod users;
+mod walvfs;
 
 use crate::environment::EnvironmentSpec;
 use crate::model::Charm;
