@@ -217,19 +217,35 @@ fn write_settings(
 /// Adds up to `n` principal units of an Alive, principal service in the
 /// current transaction.
 fn add_units_in(tx: &mut Tx<'_>, service: &str, n: usize, to: Option<i64>) -> Result<Vec<String>> {
-    // The service read and its unit count raised in one statement, with
-    // what its new units and machines start from (one round trip on
-    // PostgreSQL, where an add-unit is two in all): a check below that refuses
-    // rolls the count back with the rest.
-    let (svc, next) = tx
-        .prepare_cached(&format!(
+    // The service's unit count raised, and the service read with what its
+    // new units and machines start from: a check below that refuses rolls
+    // the count back with the rest.
+    let row = |r: &crate::sql::Row<'_>| Ok((service_row(r)?, Next::from_row(r, SERVICE_COLUMNS)?));
+    let found = if tx.engine() == crate::sql::Engine::Postgres {
+        // In one statement: one round trip, where an add-unit is two in all.
+        tx.prepare_cached(&format!(
             "UPDATE services SET unit_count = unit_count + ?2 WHERE name = ?1 RETURNING {SERVICE_COLS}, {NEXT_SQL}"
         ))?
-        .query_row((service, n as i64), |r| {
-            Ok((service_row(r)?, Next::from_row(r, SERVICE_COLUMNS)?))
-        })
+        .query_row((service, n as i64), row)
         .optional()?
-        .ok_or_else(|| Error::not_found(Entity::Service, service))?;
+    } else {
+        // In two: SQLite keeps a statement's `RETURNING` rows in an
+        // ephemeral B-tree, made for each call (a page cache, a zeroed
+        // page), which cost an add-unit more than the read.
+        let updated = tx
+            .prepare_cached("UPDATE services SET unit_count = unit_count + ?2 WHERE name = ?1")?
+            .execute((service, n as i64))?;
+        if updated == 0 {
+            None
+        } else {
+            tx.prepare_cached(&format!(
+                "SELECT {SERVICE_COLS}, {NEXT_SQL} FROM services WHERE name = ?1"
+            ))?
+            .query_row([service], row)
+            .optional()?
+        }
+    };
+    let (svc, next) = found.ok_or_else(|| Error::not_found(Entity::Service, service))?;
     let svc = finish_service(svc)?;
     require_alive(Entity::Service, &svc.name, svc.life, "get new units")?;
     if svc.subordinate {

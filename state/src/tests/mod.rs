@@ -11,6 +11,7 @@
 //! pragmas, old SQLite schemas) open SQLite themselves.
 
 mod charms;
+mod checks;
 mod cleanups;
 mod controllers;
 mod feed;
