@@ -3,11 +3,11 @@
 //!
 //! SQLite appends a frame to the write-ahead log as two writes: the
 //! frame's 24-byte header, then its page. An add-unit's commit carries
-//! about eight pages, so sixteen `pwrite` calls, each paying the kernel's
+//! about ten pages, so twenty `pwrite` calls, each paying the kernel's
 //! per-call costs (entry, file lookup, page-cache locking, dirtying the
-//! block it touches twice). Those calls were a third of the CPU an
-//! add-unit costs before its fsync. This VFS gathers contiguous writes to
-//! a WAL file in memory and issues them as one write.
+//! block it touches twice): over a quarter of the CPU an add-unit cost
+//! besides its fsync. This VFS gathers contiguous writes to a WAL file in
+//! memory and issues them as one write.
 //!
 //! # Guarantees
 //!
@@ -40,9 +40,9 @@ use std::sync::OnceLock;
 pub(crate) const NAME: &CStr = c"jujube-wal";
 
 /// The most bytes a WAL file gathers before writing them out, and the
-/// most one write carries: 16 pages of 4 KiB, twice what an add-unit's
-/// commit writes. (SQLite's unix VFS writes at most 128 KiB less one byte
-/// in one call.)
+/// most one write carries: six times what an add-unit's commit writes
+/// (ten frames of 1 KiB). SQLite's unix VFS writes at most 128 KiB less
+/// one byte in one call.
 pub(crate) const GATHER_MAX: usize = 64 << 10;
 
 /// A WAL frame's header.
