@@ -430,6 +430,30 @@ pub(crate) fn get_charm(c: &Connection, url: &str) -> Result<Charm> {
     })
 }
 
+/// What checking settings needs of a charm: its name (for messages) and
+/// its options, read without the rest of its metadata and its actions,
+/// which a `set` has no use for (decoding them was a third of its work).
+pub(crate) fn get_charm_options(c: &Connection, url: &str) -> Result<(String, CharmConfig)> {
+    #[derive(serde::Deserialize)]
+    struct Named {
+        name: String,
+    }
+    let (meta, config): (String, String) = c
+        .prepare_cached("SELECT meta, config FROM charms WHERE url = ?1")?
+        .query_row([url], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?
+        .ok_or_else(|| Error::not_found(Entity::Charm, url))?;
+    let corrupt = |what| Error::Corrupt {
+        what,
+        value: url.to_string(),
+    };
+    let name = serde_json::from_str::<Named>(&meta)
+        .map_err(|_| corrupt("charm metadata"))?
+        .name;
+    let config = serde_json::from_str(&config).map_err(|_| corrupt("charm config"))?;
+    Ok((name, config))
+}
+
 /// `a`, `b` as "`a`, `b`" for messages.
 pub(crate) fn quote_list(names: &[String]) -> String {
     names

@@ -4,8 +4,8 @@ use crate::db::{Store, Tx};
 use crate::environment::{check_series, get_environment};
 use crate::feed::ChangeKind;
 use crate::model::{
-    find_service, finish_service, get_charm, get_service, service_row, Charm, Service,
-    SERVICE_COLS, SERVICE_COLUMNS,
+    find_service, finish_service, get_charm, get_charm_options, get_service, service_row, Charm,
+    Service, SERVICE_COLS, SERVICE_COLUMNS,
 };
 use crate::relations::{destroy_relation_in, relations_of, DestroyedBy};
 use crate::sql::OptionalExtension;
@@ -13,7 +13,7 @@ use crate::units::{
     check_placement, insert_principal, insert_principals, remove_service_in, Next, NEXT_SQL,
 };
 use crate::{require_alive, Entity, Error, Result};
-use jujube_core::charm::{canonical_key, ConfigOption, SettingValue};
+use jujube_core::charm::{canonical_key, CharmConfig, ConfigOption, SettingValue};
 use jujube_core::{names, series, Constraints, Life};
 
 /// Units are added in transactions of at most this many, so that no
@@ -159,8 +159,10 @@ fn store_charm(tx: &mut Tx<'_>, charm: &Charm) -> Result<String> {
 /// --config`): every unit's agent reads the whole configuration.
 pub const MAX_SERVICE_SETTING_BYTES: usize = 256 << 10;
 
+/// `kvs` checked against the options of the charm named `charm`.
 fn validate_settings(
-    charm: &Charm,
+    charm: &str,
+    config: &CharmConfig,
     kvs: &[(String, String)],
 ) -> Result<Vec<(String, Option<String>)>> {
     kvs.iter()
@@ -174,16 +176,15 @@ fn validate_settings(
             if v.is_empty() {
                 // `key=` resets the option to its default; the key must still
                 // be one the charm knows.
-                charm
-                    .config
-                    .validate(&charm.meta.name, k, "")
+                config
+                    .validate(charm, k, "")
                     .or_else(|e| match e {
                         jujube_core::Error::UnknownSetting { .. } => Err(e),
                         _ => Ok(SettingValue::String(String::new())),
                     })?;
                 Ok((k.clone(), None))
             } else {
-                let value = charm.config.validate(&charm.meta.name, k, v)?;
+                let value = config.validate(charm, k, v)?;
                 Ok((
                     k.clone(),
                     Some(serde_json::to_string(&value).expect("setting serialises")),
@@ -444,7 +445,8 @@ impl Store {
                 });
             }
         }
-        let settings = validate_settings(&args.charm, &args.settings)?;
+        let settings =
+            validate_settings(&args.charm.meta.name, &args.charm.config, &args.settings)?;
         let first = args.units.min(UNIT_BATCH);
         let units = self.write(|tx| {
             if let Some(existing) = find_service(tx, &args.service)? {
@@ -591,8 +593,8 @@ impl Store {
         self.write(|tx| {
             let svc = get_service(tx, name)?;
             require_alive(Entity::Service, &svc.name, svc.life, "change its settings")?;
-            let charm = get_charm(tx, &svc.charm_url)?;
-            let settings = validate_settings(&charm, kvs)?;
+            let (charm, config) = get_charm_options(tx, &svc.charm_url)?;
+            let settings = validate_settings(&charm, &config, kvs)?;
             write_settings(tx, name, &settings)?;
             tx.changed(ChangeKind::Service, name)
         })
@@ -602,9 +604,9 @@ impl Store {
     pub fn service_settings(&self, name: &str) -> Result<Vec<Setting>> {
         self.read(|c| {
             let svc = get_service(c, name)?;
-            let charm = get_charm(c, &svc.charm_url)?;
+            let (_, config) = get_charm_options(c, &svc.charm_url)?;
             let mut out = Vec::new();
-            for (key, option) in charm.config.options {
+            for (key, option) in config.options {
                 let raw: Option<String> = c
                     .prepare_cached(
                         "SELECT value FROM service_settings WHERE service = ?1 AND key = ?2",
