@@ -231,21 +231,16 @@ unsafe fn write_out(f: *mut ffi::sqlite3_file) -> c_int {
     let Some(real_write) = real_methods(f).xWrite else {
         return ffi::SQLITE_IOERR_WRITE;
     };
-    let mut rc = ffi::SQLITE_OK;
-    let mut offset = g.offset;
-    for run in g.bytes.chunks(GATHER_MAX) {
-        g.writes += 1;
-        rc = real_write(
-            real_file(f),
-            run.as_ptr().cast(),
-            run.len() as c_int,
-            offset,
-        );
-        if rc != ffi::SQLITE_OK {
-            break;
-        }
-        offset += run.len() as i64;
-    }
+    // A gathered run never passes GATHER_MAX (a write that would take it
+    // past writes out what is gathered first, and one page is at most
+    // 64 KiB), so it is one call.
+    g.writes += 1;
+    let rc = real_write(
+        real_file(f),
+        g.bytes.as_ptr().cast(),
+        g.bytes.len() as c_int,
+        g.offset,
+    );
     g.bytes.clear();
     rc
 }
@@ -351,36 +346,24 @@ unsafe extern "C" fn shm_barrier(f: *mut ffi::sqlite3_file) {
 
 // The VFS's own calls, passed to the default VFS with its own pointer.
 
-unsafe extern "C" fn delete(vfs: *mut ffi::sqlite3_vfs, name: *const c_char, dir: c_int) -> c_int {
-    let real = real_vfs(vfs);
-    (*real)
-        .xDelete
-        .map_or(ffi::SQLITE_IOERR_DELETE, |m| m(real, name, dir))
+/// Defines a VFS call that makes the default VFS's, or answers `$missing`
+/// if it has none.
+macro_rules! to_real_vfs {
+    ($name:ident, $method:ident, $missing:expr, ($($arg:ident: $ty:ty),*)) => {
+        unsafe extern "C" fn $name(vfs: *mut ffi::sqlite3_vfs, $($arg: $ty),*) -> c_int {
+            let real = real_vfs(vfs);
+            (*real).$method.map_or($missing, |m| m(real, $($arg),*))
+        }
+    };
 }
 
-unsafe extern "C" fn access(
-    vfs: *mut ffi::sqlite3_vfs,
-    name: *const c_char,
-    flags: c_int,
-    out: *mut c_int,
-) -> c_int {
-    let real = real_vfs(vfs);
-    (*real)
-        .xAccess
-        .map_or(ffi::SQLITE_IOERR_ACCESS, |m| m(real, name, flags, out))
-}
-
-unsafe extern "C" fn full_pathname(
-    vfs: *mut ffi::sqlite3_vfs,
-    name: *const c_char,
-    n: c_int,
-    out: *mut c_char,
-) -> c_int {
-    let real = real_vfs(vfs);
-    (*real)
-        .xFullPathname
-        .map_or(ffi::SQLITE_CANTOPEN, |m| m(real, name, n, out))
-}
+to_real_vfs!(delete, xDelete, ffi::SQLITE_IOERR_DELETE, (name: *const c_char, dir: c_int));
+to_real_vfs!(access, xAccess, ffi::SQLITE_IOERR_ACCESS, (name: *const c_char, flags: c_int, out: *mut c_int));
+to_real_vfs!(full_pathname, xFullPathname, ffi::SQLITE_CANTOPEN, (name: *const c_char, n: c_int, out: *mut c_char));
+to_real_vfs!(randomness, xRandomness, 0, (n: c_int, out: *mut c_char));
+to_real_vfs!(sleep, xSleep, 0, (micros: c_int));
+to_real_vfs!(current_time, xCurrentTime, ffi::SQLITE_ERROR, (out: *mut f64));
+to_real_vfs!(get_last_error, xGetLastError, 0, (n: c_int, out: *mut c_char));
 
 unsafe extern "C" fn dl_open(vfs: *mut ffi::sqlite3_vfs, name: *const c_char) -> *mut c_void {
     let real = real_vfs(vfs);
@@ -412,32 +395,6 @@ unsafe extern "C" fn dl_close(vfs: *mut ffi::sqlite3_vfs, handle: *mut c_void) {
     if let Some(m) = (*real).xDlClose {
         m(real, handle)
     }
-}
-
-unsafe extern "C" fn randomness(vfs: *mut ffi::sqlite3_vfs, n: c_int, out: *mut c_char) -> c_int {
-    let real = real_vfs(vfs);
-    (*real).xRandomness.map_or(0, |m| m(real, n, out))
-}
-
-unsafe extern "C" fn sleep(vfs: *mut ffi::sqlite3_vfs, micros: c_int) -> c_int {
-    let real = real_vfs(vfs);
-    (*real).xSleep.map_or(0, |m| m(real, micros))
-}
-
-unsafe extern "C" fn current_time(vfs: *mut ffi::sqlite3_vfs, out: *mut f64) -> c_int {
-    let real = real_vfs(vfs);
-    (*real)
-        .xCurrentTime
-        .map_or(ffi::SQLITE_ERROR, |m| m(real, out))
-}
-
-unsafe extern "C" fn get_last_error(
-    vfs: *mut ffi::sqlite3_vfs,
-    n: c_int,
-    out: *mut c_char,
-) -> c_int {
-    let real = real_vfs(vfs);
-    (*real).xGetLastError.map_or(0, |m| m(real, n, out))
 }
 
 unsafe extern "C" fn current_time_int64(vfs: *mut ffi::sqlite3_vfs, out: *mut i64) -> c_int {
