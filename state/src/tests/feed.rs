@@ -125,6 +125,89 @@ async fn on_postgresql_every_commit_in_turn_is_heard() {
     }
 }
 
+/// A burst of commits is notified a few times, not once a commit: the
+/// listening session spaces its notifications (`listen::SPACING`). Each
+/// wake another controller hears is one notification at most, so the wakes
+/// counted while the burst runs are bounded by its length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgresql_a_burst_of_commits_is_notified_a_few_times() {
+    use crate::pg::listen::SPACING;
+    if super::postgres_url().is_none() {
+        return;
+    }
+    let e = env();
+    let other = crate::Store::open_at(e.st.location(), crate::Durability::Relaxed).unwrap();
+    let mut woken = e.st.head_receiver();
+    woken.mark_unchanged();
+    let wakes = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let counting = tokio::spawn({
+        let wakes = wakes.clone();
+        async move {
+            while woken.changed().await.is_ok() {
+                wakes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    });
+    let start = std::time::Instant::now();
+    const COMMITS: u32 = 200;
+    let burst = tokio::task::spawn_blocking(move || {
+        for _ in 0..COMMITS {
+            other.add_machines(1, None, None).unwrap();
+        }
+        other
+    });
+    let other = burst.await.unwrap();
+    let took = start.elapsed();
+    // The burst's last commit is heard (bounds the wait only).
+    let head = other.head_revision().unwrap();
+    let mut w = e.st.watch(0).with_poll_interval(Duration::from_secs(3600));
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while w.revision() < head {
+            w.next().await.unwrap();
+        }
+    })
+    .await
+    .expect("the burst's last commit was not heard");
+    let heard_by = start.elapsed();
+    let wakes = wakes.load(std::sync::atomic::Ordering::Relaxed);
+    counting.abort();
+    let bound = (heard_by.as_secs_f64() / SPACING.as_secs_f64()).ceil() as u32 + 2;
+    assert!(
+        wakes <= bound,
+        "{wakes} wakes for {COMMITS} commits in {took:?} (at most {bound} notifications)"
+    );
+}
+
+/// The session sends a notification at once, and the next no sooner than
+/// `SPACING` after it.
+#[tokio::test(start_paused = true)]
+async fn notifications_are_spaced_apart() {
+    use crate::pg::listen::{Pace, SPACING};
+    use tokio::time::{advance, Instant};
+    let mut pace = Pace::default();
+    let t0 = Instant::now();
+    pace.wait().await;
+    assert_eq!(Instant::now(), t0, "the first waits for nothing");
+    pace.sent();
+    advance(SPACING / 4).await;
+    pace.wait().await;
+    // The timer's own granularity: a millisecond.
+    let waited = Instant::now() - t0;
+    assert!(
+        waited >= SPACING && waited <= SPACING + Duration::from_millis(1),
+        "{waited:?}"
+    );
+    pace.sent();
+    advance(SPACING * 3).await;
+    let t1 = Instant::now();
+    pace.wait().await;
+    assert_eq!(
+        Instant::now(),
+        t1,
+        "one owed long after the last is sent at once"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_head_watcher_wakes_on_commit_with_the_range_it_did_not_read() {
     let e = env();
