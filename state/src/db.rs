@@ -54,6 +54,9 @@ pub struct StoreStats {
     /// (see `walvfs`), where SQLite alone makes two a page. 0 on
     /// PostgreSQL, and where durability is relaxed.
     pub wal_writes: u64,
+    /// Requests the writer connection sent to PostgreSQL (statements,
+    /// `BEGIN`s, `COMMIT`s), each answered apart; 0 on SQLite.
+    pub pg_requests: u64,
 }
 
 struct Inner {
@@ -541,6 +544,7 @@ impl Store {
             wal_writes: sqlite
                 .and_then(|c| crate::walvfs::writes(c, false))
                 .unwrap_or(0),
+            pg_requests: conn.requests(false).unwrap_or(0),
         }
     }
 
@@ -561,6 +565,7 @@ impl Store {
             pages_written(c, true);
             crate::walvfs::writes(c, true);
         }
+        self.lock().requests(true);
     }
 
     pub(crate) fn head_receiver(&self) -> watch::Receiver<u64> {

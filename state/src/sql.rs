@@ -774,6 +774,9 @@ struct Pg {
     statements: RefCell<HashMap<String, tokio_postgres::Statement>>,
     /// Rows changed by statements run on this connection.
     changes: Cell<u64>,
+    /// Requests sent (statements, `BEGIN`s, `COMMIT`s, `PREPARE`s), each
+    /// with a `Sync` of its own and so answered apart.
+    requests: Cell<u64>,
     in_tx: Cell<bool>,
     /// The first failure inside the open transaction (SQLSTATE, message):
     /// PostgreSQL runs nothing more in it, and its commit must fail.
@@ -804,8 +807,104 @@ impl Drop for Pg {
 
 /// An insert kept to be sent with the next request.
 struct Later {
+    /// Its text as written (`?N`): the commit folds it into its last
+    /// statement ([`fold_kept`]).
+    sql: String,
     statement: tokio_postgres::Statement,
     values: Vec<Value>,
+}
+
+/// The most parameters one PostgreSQL statement takes (the protocol counts
+/// them in 16 bits).
+const PG_MAX_PARAMS: usize = 65_535;
+
+/// `main` with the inserts `kept` before it as data-modifying `WITH`
+/// clauses, parameters numbered on (the kept inserts' values first): one
+/// statement where there were `kept.len() + 1`. On PostgreSQL each
+/// statement is a `Sync` of its own, so each was answered in a packet of
+/// its own, a wake-up of this thread and of the server's send path, and
+/// each was planned and started in the executor apart; a rule's commit
+/// sent its machines, units and feed entries as three statements.
+///
+/// `None` (send them apart, as before) unless `main` is an insert, every
+/// kept insert and `main` write different tables, and the whole takes at
+/// most [`PG_MAX_PARAMS`]: PostgreSQL runs every clause of one statement
+/// on one snapshot, so a clause reading or writing a table another
+/// writes would not see that one's rows (`main` must read no table but
+/// its own: the feed's insert reads the feed's last revision), and
+/// CockroachDB refuses a statement that modifies one table twice. The
+/// foreign keys between the tables are checked at the statement's end,
+/// on all of its rows.
+fn fold_kept(kept: &[(&str, usize)], main: &str, main_params: usize) -> Option<String> {
+    fn target(sql: &str) -> Option<&str> {
+        let rest = sql.trim_start().strip_prefix("INSERT INTO ")?;
+        rest.split(|c: char| c.is_whitespace() || c == '(').next()
+    }
+    if kept.is_empty() || main.trim_start().to_ascii_uppercase().starts_with("WITH") {
+        return None;
+    }
+    let params: usize = kept.iter().map(|(_, n)| n).sum();
+    if params + main_params > PG_MAX_PARAMS {
+        return None;
+    }
+    let mut tables = Vec::with_capacity(kept.len() + 1);
+    for (sql, _) in kept {
+        let t = target(sql)?;
+        if tables.contains(&t) {
+            return None;
+        }
+        tables.push(t);
+    }
+    if tables.contains(&target(main)?) {
+        return None;
+    }
+    let mut text = String::from("WITH ");
+    let mut offset = 0;
+    for (i, (sql, n)) in kept.iter().enumerate() {
+        if i > 0 {
+            text.push_str(", ");
+        }
+        text.push_str(&format!("kept{i} AS ("));
+        text.push_str(&shift_placeholders(sql, offset));
+        text.push(')');
+        offset += n;
+    }
+    text.push(' ');
+    text.push_str(&shift_placeholders(main, offset));
+    Some(text)
+}
+
+/// `sql` with each `?N` placeholder (outside quoted text and identifiers)
+/// numbered `N + by`.
+fn shift_placeholders(sql: &str, by: usize) -> String {
+    let mut out = String::with_capacity(sql.len() + 16);
+    let mut quote: Option<char> = None;
+    let mut chars = sql.chars().peekable();
+    while let Some(ch) = chars.next() {
+        match quote {
+            Some(q) => {
+                if ch == q {
+                    quote = None;
+                }
+                out.push(ch);
+            }
+            None if ch == '\'' || ch == '"' => {
+                quote = Some(ch);
+                out.push(ch);
+            }
+            None if ch == '?' && chars.peek().is_some_and(char::is_ascii_digit) => {
+                let mut n = 0usize;
+                while let Some(d) = chars.peek().and_then(|c| c.to_digit(10)) {
+                    n = n * 10 + d as usize;
+                    chars.next();
+                }
+                out.push('?');
+                out.push_str(&(n + by).to_string());
+            }
+            None => out.push(ch),
+        }
+    }
+    out
 }
 
 /// The most inserts kept unsent: past it they are sent together, answered
@@ -846,6 +945,13 @@ impl Pg {
         use std::task::Poll;
         let begin = self.begin.take();
         let later = std::mem::take(&mut *self.later.borrow_mut());
+        self.requests.set(
+            self.requests.get()
+                + u64::from(begin.is_some())
+                + later.len() as u64
+                + 1
+                + u64::from(commit),
+        );
         let r = if begin.is_none() && later.is_empty() && !commit {
             self.wait_for(call)
         } else {
@@ -1000,6 +1106,7 @@ impl Connection {
                 driver: RefCell::new(driver),
                 statements: RefCell::new(HashMap::new()),
                 changes: Cell::new(0),
+                requests: Cell::new(0),
                 in_tx: Cell::new(false),
                 failed: RefCell::new(None),
                 lost: Cell::new(false),
@@ -1107,7 +1214,11 @@ impl Connection {
                         |e| Error::Conversion(format!("cannot bind {v:?} as {ty}: {e}")),
                     )?;
                 }
-                pg.later.borrow_mut().push(Later { statement, values });
+                pg.later.borrow_mut().push(Later {
+                    sql: sql.to_string(),
+                    statement,
+                    values,
+                });
                 // An INSERT without ON CONFLICT writes every row or fails
                 // the transaction: its count is known now.
                 pg.changes.set(pg.changes.get() + rows);
@@ -1175,6 +1286,20 @@ impl Connection {
         }
     }
 
+    /// Requests sent to PostgreSQL since the connection opened or this
+    /// was last asked with `reset`, each answered apart (see
+    /// [`fold_kept`]); `None` on SQLite.
+    pub(crate) fn requests(&self, reset: bool) -> Option<u64> {
+        match &self.conn {
+            Conn::Sqlite(_) => None,
+            Conn::Pg(pg) => Some(if reset {
+                pg.requests.replace(0)
+            } else {
+                pg.requests.get()
+            }),
+        }
+    }
+
     pub(crate) fn begin(&self, how: Begin) -> Result<()> {
         match &self.conn {
             Conn::Sqlite(c) => Ok(c.execute_batch(match how {
@@ -1225,6 +1350,8 @@ impl Connection {
     /// nothing, if the statement fails on the server; its values must be
     /// ones the client binds (a value that fails to bind is never sent, and
     /// the `COMMIT` is: the feed's texts, as `insert_later` checks its own).
+    /// The inserts kept for later go in the same statement when they fold
+    /// into it ([`fold_kept`]), so `sql` must read no table but its own.
     pub(crate) fn query_and_commit<T, P: Params, F: FnMut(&Row<'_>) -> Result<T>>(
         &self,
         sql: &str,
@@ -1244,9 +1371,29 @@ impl Connection {
                 if let Some((code, message)) = pg.failed.borrow_mut().take() {
                     return Err(Error::Aborted { code, message });
                 }
-                let stmt = pg.prepare(sql, true)?;
                 let values = params.values();
-                let binds: Vec<Bind<'_>> = values.iter().map(|v| Bind(*v)).collect();
+                // The inserts kept for later, in this statement if they
+                // fold into it (its rows are still this statement's).
+                let kept = std::mem::take(&mut *pg.later.borrow_mut());
+                let texts: Vec<(&str, usize)> = kept
+                    .iter()
+                    .map(|k| (k.sql.as_str(), k.values.len()))
+                    .collect();
+                let folded = fold_kept(&texts, sql, values.len());
+                drop(texts);
+                let (stmt, kept) = match folded {
+                    Some(text) => (pg.prepare(&text, true)?, kept),
+                    None => {
+                        // Sent apart, before it.
+                        *pg.later.borrow_mut() = kept;
+                        (pg.prepare(sql, true)?, Vec::new())
+                    }
+                };
+                let binds: Vec<Bind<'_>> = kept
+                    .iter()
+                    .flat_map(|k| k.values.iter().map(|v| Bind(v)))
+                    .chain(values.iter().map(|v| Bind(*v)))
+                    .collect();
                 let binds = pg_binds(&binds);
                 let rows = pg.run_between(pg.client.query(&stmt, &binds), true)?;
                 pg.in_tx.set(false);
@@ -1363,7 +1510,55 @@ impl Drop for Open<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::pg_text;
+    use super::{fold_kept, pg_text, shift_placeholders};
+
+    #[test]
+    fn placeholders_shift_outside_quotes() {
+        assert_eq!(
+            shift_placeholders("VALUES (?1, ?2, '?3', \"?4\"), (?10, ?11)", 5),
+            "VALUES (?6, ?7, '?3', \"?4\"), (?15, ?16)"
+        );
+        assert_eq!(shift_placeholders("SELECT ?1", 0), "SELECT ?1");
+    }
+
+    #[test]
+    fn kept_inserts_fold_into_the_last_statement_numbered_on() {
+        let machine = "INSERT INTO machines (id, series) VALUES (?1, ?2)";
+        let unit = "INSERT INTO units (name, machine_id) VALUES (?1, ?2), (?3, ?4)";
+        let feed = "INSERT INTO changes (kind, id) VALUES (?1, ?2) RETURNING revision";
+        assert_eq!(
+            fold_kept(&[(machine, 2), (unit, 4)], feed, 2).as_deref(),
+            Some(
+                "WITH kept0 AS (INSERT INTO machines (id, series) VALUES (?1, ?2)), \
+                 kept1 AS (INSERT INTO units (name, machine_id) VALUES (?3, ?4), (?5, ?6)) \
+                 INSERT INTO changes (kind, id) VALUES (?7, ?8) RETURNING revision"
+            )
+        );
+    }
+
+    #[test]
+    fn kept_inserts_stay_apart_where_one_statement_cannot_hold_them() {
+        let machine = "INSERT INTO machines (id) VALUES (?1)";
+        let feed = "INSERT INTO changes (kind, id) VALUES (?1, ?2)";
+        assert_eq!(fold_kept(&[], feed, 2), None, "nothing to fold");
+        // One table written twice: its clauses would not see each other.
+        assert_eq!(fold_kept(&[(machine, 1), (machine, 1)], feed, 2), None);
+        assert_eq!(fold_kept(&[(machine, 1)], machine, 1), None);
+        // A last statement with its own WITH, or that is no insert (a
+        // read would not see the kept rows).
+        assert_eq!(
+            fold_kept(&[(machine, 1)], "WITH x AS (SELECT 1) SELECT 2", 0),
+            None
+        );
+        assert_eq!(
+            fold_kept(&[(machine, 1)], "SELECT count(*) FROM machines", 0),
+            None
+        );
+        assert_eq!(fold_kept(&[("DELETE FROM machines", 0)], feed, 2), None);
+        // Past the protocol's parameters.
+        assert_eq!(fold_kept(&[(machine, 65_534)], feed, 2), None);
+        assert!(fold_kept(&[(machine, 65_533)], feed, 2).is_some());
+    }
 
     #[test]
     fn placeholders_become_postgres_ones_outside_quotes_and_the_index_hint_goes() {

@@ -155,3 +155,83 @@ fn an_insert_whose_values_cannot_be_bound_fails_before_anything_is_sent() {
         "its feed entry was kept"
     );
 }
+
+/// On PostgreSQL a commit's kept inserts go in its feed statement when
+/// they write tables of their own (`sql::fold_kept`): `BEGIN`, one
+/// statement and `COMMIT`, where each insert was a request answered apart.
+/// Two inserts into one table stay apart. The rows are the same either way,
+/// the unit's foreign key to the machine inserted beside it included.
+#[test]
+fn a_commits_kept_inserts_go_in_its_feed_statement() {
+    let e = env();
+    e.deploy("name: wordpress\n", "wordpress", 0);
+    let unit = |tx: &crate::sql::Connection, number: i64, machine: i64| {
+        crate::db::insert_rows(
+            tx,
+            "INSERT INTO units (name, service, number, series, machine_id, constraints)",
+            6,
+            params![
+                format!("wordpress/{number}"),
+                "wordpress",
+                number,
+                "jammy",
+                machine,
+                ""
+            ],
+        )
+    };
+    let write = |machines: &[i64], number: i64| {
+        e.st.reset_stats();
+        e.st.write(|tx| {
+            for id in machines {
+                insert_machine(tx, *id)?;
+            }
+            unit(tx, number, machines[0])?;
+            tx.changed(crate::feed::ChangeKind::Unit, format!("wordpress/{number}"))?;
+            tx.changed(crate::feed::ChangeKind::Machine, machines[0].to_string())
+        })
+        .unwrap();
+        e.st.stats().pg_requests
+    };
+    // Each statement prepared first (twice the one shape: a statement's
+    // first `PREPARE` sends what was kept before it, which then folds into
+    // nothing).
+    write(&[500], 50);
+    write(&[506], 56);
+    write(&[501, 502], 51);
+    let postgres = matches!(e.st.location(), crate::Location::Postgres(_));
+    assert_eq!(write(&[503], 53), if postgres { 3 } else { 0 });
+    assert_eq!(
+        write(&[504, 505], 54),
+        if postgres { 6 } else { 0 },
+        "BEGIN, the two machines, the unit, the feed's and COMMIT"
+    );
+    let units: Vec<(String, i64)> =
+        e.st.read(|c| {
+            Ok(
+                c.prepare("SELECT name, machine_id FROM units WHERE number >= 50 ORDER BY number")?
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect::<crate::sql::Result<_>>()?,
+            )
+        })
+        .unwrap();
+    assert_eq!(
+        units,
+        [
+            ("wordpress/50".to_string(), 500),
+            ("wordpress/51".to_string(), 501),
+            ("wordpress/53".to_string(), 503),
+            ("wordpress/54".to_string(), 504),
+            ("wordpress/56".to_string(), 506)
+        ]
+    );
+    assert_eq!(
+        e.st.read(|c| Ok(c.query_row(
+            "SELECT count(*) FROM machines WHERE id >= 500",
+            [],
+            |r| r.get::<_, i64>(0)
+        )?))
+        .unwrap(),
+        7
+    );
+}
