@@ -877,6 +877,12 @@ fn fold_kept(kept: &[(&str, usize)], main: &str, main_params: usize) -> Option<S
 /// `sql` with each `?N` placeholder (outside quoted text and identifiers)
 /// numbered `N + by`.
 fn shift_placeholders(sql: &str, by: usize) -> String {
+    placeholders(sql, '?', by)
+}
+
+/// `sql` with each `?N` placeholder outside quoted text and identifiers
+/// written `{mark}{N + by}`.
+fn placeholders(sql: &str, mark: char, by: usize) -> String {
     let mut out = String::with_capacity(sql.len() + 16);
     let mut quote: Option<char> = None;
     let mut chars = sql.chars().peekable();
@@ -898,7 +904,7 @@ fn shift_placeholders(sql: &str, by: usize) -> String {
                     n = n * 10 + d as usize;
                     chars.next();
                 }
-                out.push('?');
+                out.push(mark);
                 out.push_str(&(n + by).to_string());
             }
             None => out.push(ch),
@@ -1041,25 +1047,7 @@ impl Pg {
 /// hint (`INDEXED BY name`, which PostgreSQL has no use for: its planner
 /// takes a partial index by itself) left out.
 pub(crate) fn pg_text(sql: &str) -> String {
-    let mut out = String::with_capacity(sql.len() + 8);
-    let mut quote: Option<char> = None;
-    let mut chars = sql.chars().peekable();
-    while let Some(ch) = chars.next() {
-        match quote {
-            Some(q) => {
-                if ch == q {
-                    quote = None;
-                }
-                out.push(ch);
-            }
-            None if ch == '\'' || ch == '"' => {
-                quote = Some(ch);
-                out.push(ch);
-            }
-            None if ch == '?' && chars.peek().is_some_and(char::is_ascii_digit) => out.push('$'),
-            None => out.push(ch),
-        }
-    }
+    let out = placeholders(sql, '$', 0);
     match out.find("INDEXED BY ") {
         Some(at) => {
             let rest = &out[at + "INDEXED BY ".len()..];

@@ -77,17 +77,24 @@ async fn watchers_see_commits_made_by_other_processes() {
     assert_eq!(batch.changes[0].id, "1");
 }
 
+/// On PostgreSQL (else `None`): a store, another handle on its database
+/// as another controller's, and the first one's wake-ups.
+fn two_controllers() -> Option<(super::Env, crate::Store, tokio::sync::watch::Receiver<u64>)> {
+    super::postgres_url()?;
+    let e = env();
+    let other = crate::Store::open_at(e.st.location(), crate::Durability::Relaxed).unwrap();
+    let woken = e.st.head_receiver();
+    Some((e, other, woken))
+}
+
 /// On PostgreSQL another controller's commit is heard (`LISTEN/NOTIFY`):
 /// it wakes this store's watchers without their polling. On SQLite other
 /// processes' commits are polled (the test above): nothing to hear.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_postgresql_another_controllers_commit_wakes_the_watchers_at_once() {
-    if super::postgres_url().is_none() {
+    let Some((e, other, mut woken)) = two_controllers() else {
         return;
-    }
-    let e = env();
-    let other = crate::Store::open_at(e.st.location(), crate::Durability::Relaxed).unwrap();
-    let mut woken = e.st.head_receiver();
+    };
     woken.mark_unchanged();
     other.add_machines(1, None, None).unwrap();
     // Bounds the wait only: the store polls nothing here.
@@ -108,12 +115,9 @@ async fn on_postgresql_another_controllers_commit_wakes_the_watchers_at_once() {
 /// is heard by another controller without a poll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_postgresql_every_commit_in_turn_is_heard() {
-    if super::postgres_url().is_none() {
+    let Some((_e, other, mut woken)) = two_controllers() else {
         return;
-    }
-    let e = env();
-    let other = crate::Store::open_at(e.st.location(), crate::Durability::Relaxed).unwrap();
-    let mut woken = e.st.head_receiver();
+    };
     for i in 0..20 {
         woken.mark_unchanged();
         other.add_machines(1, None, None).unwrap();
@@ -132,12 +136,9 @@ async fn on_postgresql_every_commit_in_turn_is_heard() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_postgresql_a_burst_of_commits_is_notified_a_few_times() {
     use crate::pg::listen::SPACING;
-    if super::postgres_url().is_none() {
+    let Some((e, other, mut woken)) = two_controllers() else {
         return;
-    }
-    let e = env();
-    let other = crate::Store::open_at(e.st.location(), crate::Durability::Relaxed).unwrap();
-    let mut woken = e.st.head_receiver();
+    };
     woken.mark_unchanged();
     let wakes = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let counting = tokio::spawn({
