@@ -55,7 +55,7 @@ pub struct StoreStats {
     /// PostgreSQL, and where durability is relaxed.
     pub wal_writes: u64,
     /// Requests the writer connection sent to PostgreSQL (statements,
-    /// `BEGIN`s, `COMMIT`s), each answered apart; 0 on SQLite.
+    /// `BEGIN`s, `COMMIT`s, `PREPARE`s), each answered apart; 0 on SQLite.
     pub pg_requests: u64,
 }
 

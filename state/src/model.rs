@@ -414,18 +414,9 @@ pub(crate) fn get_charm(c: &Connection, url: &str) -> Result<Charm> {
         .ok_or_else(|| Error::not_found(Entity::Charm, url))?;
     Ok(Charm {
         url: url.to_string(),
-        meta: serde_json::from_str(&meta).map_err(|_| Error::Corrupt {
-            what: "charm metadata",
-            value: url.to_string(),
-        })?,
-        config: serde_json::from_str(&config).map_err(|_| Error::Corrupt {
-            what: "charm config",
-            value: url.to_string(),
-        })?,
-        actions: serde_json::from_str(&actions).map_err(|_| Error::Corrupt {
-            what: "charm actions",
-            value: url.to_string(),
-        })?,
+        meta: charm_column(&meta, "charm metadata", url)?,
+        config: charm_column(&config, "charm config", url)?,
+        actions: charm_column(&actions, "charm actions", url)?,
         path,
     })
 }
@@ -443,15 +434,21 @@ pub(crate) fn get_charm_options(c: &Connection, url: &str) -> Result<(String, Ch
         .query_row([url], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?
         .ok_or_else(|| Error::not_found(Entity::Charm, url))?;
-    let corrupt = |what| Error::Corrupt {
+    let named: Named = charm_column(&meta, "charm metadata", url)?;
+    Ok((named.name, charm_column(&config, "charm config", url)?))
+}
+
+/// A charm's JSON column `what` decoded; a value that does not decode is
+/// the charm `url`'s corrupt row.
+fn charm_column<T: serde::de::DeserializeOwned>(
+    json: &str,
+    what: &'static str,
+    url: &str,
+) -> Result<T> {
+    serde_json::from_str(json).map_err(|_| Error::Corrupt {
         what,
         value: url.to_string(),
-    };
-    let name = serde_json::from_str::<Named>(&meta)
-        .map_err(|_| corrupt("charm metadata"))?
-        .name;
-    let config = serde_json::from_str(&config).map_err(|_| corrupt("charm config"))?;
-    Ok((name, config))
+    })
 }
 
 /// `a`, `b` as "`a`, `b`" for messages.

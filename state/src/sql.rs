@@ -841,7 +841,12 @@ fn fold_kept(kept: &[(&str, usize)], main: &str, main_params: usize) -> Option<S
         let rest = sql.trim_start().strip_prefix("INSERT INTO ")?;
         rest.split(|c: char| c.is_whitespace() || c == '(').next()
     }
-    if kept.is_empty() || main.trim_start().to_ascii_uppercase().starts_with("WITH") {
+    let starts_with = |sql: &str, word: &str| {
+        sql.trim_start()
+            .get(..word.len())
+            .is_some_and(|w| w.eq_ignore_ascii_case(word))
+    };
+    if kept.is_empty() || starts_with(main, "WITH") {
         return None;
     }
     let params: usize = kept.iter().map(|(_, n)| n).sum();
@@ -852,7 +857,11 @@ fn fold_kept(kept: &[(&str, usize)], main: &str, main_params: usize) -> Option<S
     for (sql, _) in kept {
         // Rows of its own values only: a clause that read a table would
         // not see what a sibling wrote to it.
-        if sql.to_ascii_uppercase().contains("SELECT") {
+        if sql
+            .as_bytes()
+            .windows(6)
+            .any(|w| w.eq_ignore_ascii_case(b"SELECT"))
+        {
             return None;
         }
         let t = target(sql)?;
@@ -1373,9 +1382,7 @@ impl Connection {
                     .iter()
                     .map(|k| (k.sql.as_str(), k.values.len()))
                     .collect();
-                let folded = fold_kept(&texts, sql, values.len());
-                drop(texts);
-                let (stmt, kept) = match folded {
+                let (stmt, kept) = match fold_kept(&texts, sql, values.len()) {
                     Some(text) => (pg.prepare(&text, true)?, kept),
                     None => {
                         // Sent apart, before it.
