@@ -61,7 +61,7 @@ pub(crate) fn insert_machines(
     cons: &Constraints,
 ) -> Result<Vec<i64>> {
     let first = next_machine_id(tx)?;
-    insert_machines_from(tx, first, n, series, jobs, cons)
+    insert_machines_from(tx, first, n, series, jobs, &cons.to_string())
 }
 
 /// [`insert_machines`] from `first`, the [`next_machine_id`] the caller
@@ -72,11 +72,11 @@ pub(crate) fn insert_machines_from(
     n: std::num::NonZeroUsize,
     series: &str,
     jobs: &[&str],
-    cons: &Constraints,
+    cons: &str,
 ) -> Result<Vec<i64>> {
     let ids: Vec<i64> = (first..first + n.get() as i64).collect();
     let manage = jobs.contains(&crate::model::JOB_MANAGE_ENVIRON);
-    let (jobs, cons) = (jobs.join(" "), cons.to_string());
+    let jobs = jobs.join(" ");
     let values: Vec<&dyn crate::sql::ToSql> = ids
         .iter()
         .flat_map(|id| -> [&dyn crate::sql::ToSql; 5] { [id, &series, &jobs, &manage, &cons] })

@@ -222,13 +222,19 @@ fn add_units_in(tx: &mut Tx<'_>, service: &str, n: usize, to: Option<i64>) -> Re
     // new units and machines start from: a check below that refuses rolls
     // the count back with the rest.
     let row = |r: &crate::sql::Row<'_>| Ok((service_row(r)?, Next::from_row(r, SERVICE_COLUMNS)?));
+    // The statements' texts made once per process: an add-unit only
+    // looks them up.
+    static TEXTS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
+        [
+            format!("UPDATE services SET unit_count = unit_count + ?2 WHERE name = ?1 RETURNING {SERVICE_COLS}, {NEXT_SQL}"),
+            format!("SELECT {SERVICE_COLS}, {NEXT_SQL} FROM services WHERE name = ?1"),
+        ]
+    });
     let found = if tx.engine() == crate::sql::Engine::Postgres {
         // In one statement: one round trip, where an add-unit is two in all.
-        tx.prepare_cached(&format!(
-            "UPDATE services SET unit_count = unit_count + ?2 WHERE name = ?1 RETURNING {SERVICE_COLS}, {NEXT_SQL}"
-        ))?
-        .query_row((service, n as i64), row)
-        .optional()?
+        tx.prepare_cached(&TEXTS[0])?
+            .query_row((service, n as i64), row)
+            .optional()?
     } else {
         // In two: SQLite keeps a statement's `RETURNING` rows in an
         // ephemeral B-tree, made for each call (a page cache, a zeroed
@@ -239,11 +245,9 @@ fn add_units_in(tx: &mut Tx<'_>, service: &str, n: usize, to: Option<i64>) -> Re
         if updated == 0 {
             None
         } else {
-            tx.prepare_cached(&format!(
-                "SELECT {SERVICE_COLS}, {NEXT_SQL} FROM services WHERE name = ?1"
-            ))?
-            .query_row([service], row)
-            .optional()?
+            tx.prepare_cached(&TEXTS[1])?
+                .query_row([service], row)
+                .optional()?
         }
     };
     let (svc, next) = found.ok_or_else(|| Error::not_found(Entity::Service, service))?;

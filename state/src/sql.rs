@@ -1305,10 +1305,16 @@ impl Connection {
 
     pub(crate) fn begin(&self, how: Begin) -> Result<()> {
         match &self.conn {
-            Conn::Sqlite(c) => Ok(c.execute_batch(match how {
-                Begin::Write => "BEGIN IMMEDIATE",
-                Begin::Read => "BEGIN DEFERRED",
-            })?),
+            // Prepared once per connection, not parsed for every
+            // transaction (as `execute_batch` would).
+            Conn::Sqlite(c) => {
+                c.prepare_cached(match how {
+                    Begin::Write => "BEGIN IMMEDIATE",
+                    Begin::Read => "BEGIN DEFERRED",
+                })?
+                .execute([])?;
+                Ok(())
+            }
             Conn::Pg(pg) => {
                 *pg.failed.borrow_mut() = None;
                 // Reads take one snapshot (REPEATABLE READ); they decide
@@ -1327,7 +1333,10 @@ impl Connection {
 
     pub(crate) fn commit(&self) -> Result<()> {
         match &self.conn {
-            Conn::Sqlite(c) => Ok(c.execute_batch("COMMIT")?),
+            Conn::Sqlite(c) => {
+                c.prepare_cached("COMMIT")?.execute([])?;
+                Ok(())
+            }
             Conn::Pg(pg) => {
                 if let Some((code, message)) = pg.failed.borrow_mut().take() {
                     return Err(Error::Aborted { code, message });

@@ -144,10 +144,13 @@ pub(crate) fn insert_principals(
     let env_cons = next
         .env_constraints
         .ok_or_else(|| Error::not_found(Entity::Environment, "(uninitialised)"))?;
-    let cons = svc.constraints.with_fallbacks(&constraints(env_cons)?);
+    // In its canonical text once, for the machines and the units alike.
+    let cons = svc
+        .constraints
+        .with_fallbacks(&constraints(env_cons)?)
+        .to_string();
     let machines =
         insert_machines_from(tx, first_machine, n, &svc.series, &[JOB_HOST_UNITS], &cons)?;
-    let cons = cons.to_string();
     let numbers: Vec<i64> = (first..first + n.get() as i64).collect();
     let names: Vec<String> = numbers
         .iter()
