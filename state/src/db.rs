@@ -677,9 +677,9 @@ impl Store {
     fn write_in<T>(&self, needs: Access, mut f: impl FnMut(&mut Tx<'_>) -> Result<T>) -> Result<T> {
         let mut conn = self.lock();
         let mut attempt = 0;
-        // Set once COMMIT is sent: a connection lost then leaves unknown
-        // whether the transaction was kept, so it is not run again.
-        let committing = std::cell::Cell::new(false);
+        // A connection lost once its COMMIT was sent leaves unknown
+        // whether the transaction was kept, so it is not run again
+        // (`Connection::commit_sent`).
         let mut lost: Option<std::time::Instant> = None;
         loop {
             if conn.is_closed() {
@@ -723,8 +723,8 @@ impl Store {
                 }
                 // (On PostgreSQL the last feed entries go with the COMMIT,
                 // in one round trip: a connection lost then is as lost
-                // during the COMMIT.)
-                committing.set(true);
+                // during the COMMIT. Lost while their statement is first
+                // prepared, before that, nothing was sent to commit.)
                 let revision = tx.commit()?;
                 Ok((value, revision))
             })();
@@ -756,14 +756,16 @@ impl Store {
                 }
                 // Lost before its commit: nothing of it was kept; run it
                 // again on a new connection once the server answers.
-                Err(e) if !committing.get() && connection_lost(&e) && still_waiting(&mut lost) => {
+                Err(e)
+                    if !conn.commit_sent() && connection_lost(&e) && still_waiting(&mut lost) =>
+                {
                     conn.mark_closed();
                 }
                 // Lost with its COMMIT in flight: the server may have kept
                 // it. Said so, never as "unavailable", which a client
                 // would answer by sending it again.
                 Err(Error::Database(e))
-                    if committing.get() && crate::sql::is_connection_lost(&e) =>
+                    if conn.commit_sent() && crate::sql::is_connection_lost(&e) =>
                 {
                     conn.mark_closed();
                     return Err(Error::CommitUnknown(e));

@@ -778,6 +778,10 @@ struct Pg {
     /// with a `Sync` of its own and so answered apart.
     requests: Cell<u64>,
     in_tx: Cell<bool>,
+    /// The open transaction's `COMMIT` was handed to the client: from
+    /// then on a lost session leaves unknown whether the server kept it
+    /// (see [`Connection::commit_sent`]).
+    commit_sent: Cell<bool>,
     /// The first failure inside the open transaction (SQLSTATE, message):
     /// PostgreSQL runs nothing more in it, and its commit must fail.
     failed: RefCell<Option<(String, String)>>,
@@ -993,6 +997,9 @@ impl Pg {
                 .collect();
             // (The feed's notification is not sent here: see `pg::listen`.)
             let mut after = commit.then(|| Box::pin(self.client.batch_execute("COMMIT")));
+            if commit {
+                self.commit_sent.set(true);
+            }
             let mut call = std::pin::pin!(call);
             let (mut r, mut a) = (None, after.is_none().then_some(Ok(())));
             self.wait_for(std::future::poll_fn(|cx| {
@@ -1111,6 +1118,7 @@ impl Connection {
                 changes: Cell::new(0),
                 requests: Cell::new(0),
                 in_tx: Cell::new(false),
+                commit_sent: Cell::new(false),
                 failed: RefCell::new(None),
                 lost: Cell::new(false),
                 begin: Cell::new(None),
@@ -1281,6 +1289,19 @@ impl Connection {
         self.as_sqlite().map(|c| c.last_insert_rowid())
     }
 
+    /// Whether the open (or last) transaction's `COMMIT` was handed to
+    /// the server's session. A session lost before that kept nothing of
+    /// the transaction, whatever was already sent (its statements, the
+    /// preparing of the commit's own statement), and the transaction may
+    /// run again; lost after, the outcome is unknown. Never on SQLite,
+    /// which has no session to lose.
+    pub(crate) fn commit_sent(&self) -> bool {
+        match &self.conn {
+            Conn::Sqlite(_) => false,
+            Conn::Pg(pg) => pg.commit_sent.get(),
+        }
+    }
+
     /// Rows inserted, updated or deleted since the connection opened.
     pub(crate) fn total_changes(&self) -> u64 {
         match &self.conn {
@@ -1326,6 +1347,7 @@ impl Connection {
                     Begin::Read => "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY",
                 }));
                 pg.in_tx.set(true);
+                pg.commit_sent.set(false);
                 Ok(())
             }
         }
@@ -1346,6 +1368,7 @@ impl Connection {
                     pg.in_tx.set(false);
                     return Ok(());
                 }
+                pg.commit_sent.set(true);
                 let r = pg.run(pg.client.batch_execute("COMMIT"));
                 if r.is_ok() {
                     pg.in_tx.set(false);

@@ -109,6 +109,53 @@ fn a_write_whose_session_was_lost_during_its_commit_is_not_run_again_nor_called_
     assert!(e.st.machines().is_ok());
 }
 
+/// A session lost after the rule's last statement but before its
+/// `COMMIT` went out: the commit's own statement (the feed's insert with
+/// the kept inserts folded in, of a shape new on this session) is
+/// prepared first, and that prepare finds the session gone. Nothing was
+/// committed, so the transaction runs again on a new session, never
+/// reported as a commit of unknown outcome.
+#[test]
+fn a_write_whose_session_was_lost_before_its_commit_was_sent_runs_again() {
+    let e = env();
+    let mut attempts = 0;
+    let ids =
+        e.st.write(|tx| {
+            attempts += 1;
+            let pid: Option<i32> = match tx.engine() {
+                Engine::Postgres => {
+                    Some(tx.query_row("SELECT pg_backend_pid()", [], |r| r.get(0))?)
+                }
+                Engine::Sqlite => None,
+            };
+            // Prepared now, its rows kept for the commit: three machines
+            // after machine 0.
+            let ids = crate::machines::insert_machines_from(
+                tx,
+                1,
+                std::num::NonZeroUsize::new(3).unwrap(),
+                "jammy",
+                &[JOB_HOST_UNITS],
+                "",
+            )?;
+            if let (1, Some(pid)) = (attempts, pid) {
+                e.st.read(|c| {
+                    c.query_row("SELECT pg_terminate_backend(?1)", [pid], |r| {
+                        r.get::<_, bool>(0)
+                    })?;
+                    Ok(())
+                })?;
+                until_gone(&e.st, pid)?;
+            }
+            Ok(ids)
+        })
+        .unwrap();
+    assert_eq!(ids, vec![1, 2, 3]);
+    let postgres = matches!(e.st.location(), crate::Location::Postgres(_));
+    assert_eq!(attempts, if postgres { 2 } else { 1 });
+    assert_eq!(e.st.machines().unwrap().len(), 4);
+}
+
 /// A session the server ended between transactions (an administrator's
 /// `pg_terminate_backend`, a restart while idle) is found before the next
 /// transaction begins on it: nothing reads the socket between calls, so
