@@ -143,13 +143,15 @@ impl Store {
                         (SELECT max(refused_at) FROM agent_credentials WHERE unit = units.name),
                         (SELECT max(seen_at) FROM agent_credentials WHERE unit = units.name),
                         workload_status, workload_message,
-                        EXISTS (SELECT 1 FROM services s WHERE s.name = units.service AND s.leader = units.name)
+                        EXISTS (SELECT 1 FROM services s WHERE s.name = units.service AND s.leader = units.name),
+                        status_current
                  FROM units WHERE principal IS NOT NULL ORDER BY service, number",
             )?;
             let mut rows = stmt.query([])?;
             while let Some(r) = rows.next()? {
+                let (status, info) = current(r.get(3)?, r.get(4)?, r.get(10)?);
                 let (agent_status, agent_status_info) =
-                    presence(r.get(3)?, r.get(4)?, r.get(6)?, now, lapse);
+                    presence(status, info, r.get(6)?, now, lapse);
                 // A leader whose agent is down has lost it.
                 let lead = r.get::<_, bool>(9)? && agent_status != "down";
                 subs.entry(r.get(1)?).or_default().push((
@@ -219,7 +221,8 @@ impl Store {
                         (SELECT max(refused_at) FROM agent_credentials WHERE unit = units.name),
                         (SELECT max(seen_at) FROM agent_credentials WHERE unit = units.name),
                         workload_status, workload_message,
-                        EXISTS (SELECT 1 FROM services s WHERE s.name = units.service AND s.leader = units.name)
+                        EXISTS (SELECT 1 FROM services s WHERE s.name = units.service AND s.leader = units.name),
+                        status_current
                  FROM units WHERE principal IS NULL ORDER BY service, number",
             )?;
             let mut rows = stmt.query([])?;
@@ -228,8 +231,9 @@ impl Store {
                 let service: String = r.get(1)?;
                 let Some(&i) = index.get(&service) else { continue };
                 let subordinates = OrderedMap(subs.remove(&name).unwrap_or_default());
+                let (status, info) = current(r.get(4)?, r.get(5)?, r.get(12)?);
                 let (agent_status, agent_status_info) =
-                    presence(r.get(4)?, r.get(5)?, r.get(8)?, now, lapse);
+                    presence(status, info, r.get(8)?, now, lapse);
                 let lead = r.get::<_, bool>(11)? && agent_status != "down";
                 services[i].1.units.0.push((
                     name,
@@ -327,6 +331,25 @@ fn controllers_status(
 
 fn refused_since(at: Option<i64>) -> Option<String> {
     at.map(|t| format!("{} UTC", jujube_core::time::format_utc(t.max(0) as u64)))
+}
+
+/// A unit agent's status as its agent reported it, said to be stale where
+/// that agent ran in a host of in-process agents that has stopped since
+/// (`status_current` false, see [`Store::agents_restarting`]) and the new
+/// one has not reported yet: what `jujube wait` waits for. The status
+/// itself stands (a script reading `started` still reads it); an error
+/// or a failed pass stands until someone acts, and is not marked.
+fn current(status: String, info: String, current: bool) -> (String, String) {
+    if current || matches!(status.as_str(), "error" | "failed" | "pending") {
+        return (status, info);
+    }
+    let stale = "not reported since its agents restarted: it came from agents that have stopped; waits for its agent to report again";
+    let info = if info.is_empty() {
+        stale.to_string()
+    } else {
+        format!("{info} ({stale})")
+    };
+    (status, info)
 }
 
 /// An agent's status as `status` shows it: `down` when it runs over the API

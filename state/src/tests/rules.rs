@@ -1500,8 +1500,32 @@ fn units_are_waited_for_until_their_agents_report_again_after_a_host_restart() {
     assert!(waits.contains(&again(&units[0])), "{waits}");
     assert!(waits.contains(&again(&units[1])), "{waits}");
     assert!(!waits.contains(&units[2]), "{waits}");
-    // What the store shows meanwhile is unchanged.
+    // What the store holds meanwhile is unchanged; `status` shows it with
+    // why it may be stale, as `wait` says.
     assert_eq!(e.st.unit(&units[0]).unwrap().status, "started");
+    let shown = |u: &str| {
+        let status = e.st.status().unwrap();
+        let (_, unit) = status
+            .services
+            .0
+            .iter()
+            .flat_map(|(_, s)| s.units.0.iter())
+            .find(|(name, _)| name == u)
+            .cloned()
+            .unwrap();
+        (unit.agent_status, unit.agent_status_info)
+    };
+    let (status, info) = shown(&units[0]);
+    assert_eq!(status, "started");
+    assert!(
+        info.contains("not reported since its agents restarted"),
+        "{info}"
+    );
+    // An error stands until someone acts: not waited for, not marked.
+    assert_eq!(
+        shown(&units[2]),
+        ("error".into(), "hook failed: \"install\"".into())
+    );
 
     // The new agent finds the hook it was running cut off.
     report(&units[0], "error", "hook failed: \"config-changed\"");
@@ -1509,6 +1533,7 @@ fn units_are_waited_for_until_their_agents_report_again_after_a_host_restart() {
     let waits = e.st.awaiting_agents(10).unwrap().join("\n");
     assert!(!waits.contains("start again"), "{waits}");
     assert_eq!(e.st.units_in_error(10).unwrap().len(), 2);
+    assert_eq!(shown(&units[1]), ("started".into(), String::new()));
 }
 
 #[test]
