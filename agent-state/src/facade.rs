@@ -617,14 +617,19 @@ impl Facade for InProcess {
         .await
     }
 
-    async fn scope_units(&self, relation: i64, unit: &str) -> ApiResult<Vec<String>> {
+    async fn scope_units(
+        &self,
+        relation: i64,
+        unit: &str,
+        after: Option<&str>,
+    ) -> ApiResult<Vec<String>> {
         self.my_relation(
             relation,
             unit,
             format!("read the scope of relation `{relation}` for unit `{unit}`"),
         )?;
         self.store()
-            .scope_units_seen_by(relation, unit)
+            .scope_units_seen_by(relation, unit, after)
             .map_err(|e| self.err(e))
     }
 
@@ -704,6 +709,7 @@ impl Facade for InProcess {
         &self,
         relation: i64,
         unit: &str,
+        after: Option<&str>,
     ) -> ApiResult<jujube_agent::api::ScopeSettings> {
         // Whoever may read the scope may read its members' settings: they
         // are units it sees now (`may_read_relation_settings`).
@@ -714,7 +720,7 @@ impl Facade for InProcess {
         )?;
         let s = self
             .store()
-            .scope_settings_seen_by(relation, unit)
+            .scope_settings_seen_by(relation, unit, after)
             .map_err(|e| self.err(e))?;
         Ok(jujube_agent::api::ScopeSettings {
             units: s.units,

@@ -218,15 +218,15 @@ async fn the_facade_refuses_every_method_outside_the_callers_scope() {
         "logging/0"
     );
     assert_eq!(
-        wp.scope_units(db, "wordpress/0").await.unwrap(),
+        wp.scope_units(db, "wordpress/0", None).await.unwrap(),
         ["mysql/0"]
     );
     assert_eq!(
-        wp.scope_units(info, "wordpress/0").await.unwrap(),
+        wp.scope_units(info, "wordpress/0", None).await.unwrap(),
         ["logging/0"]
     );
     assert_eq!(
-        log.scope_units(info, "logging/0").await.unwrap(),
+        log.scope_units(info, "logging/0", None).await.unwrap(),
         ["wordpress/0"]
     );
     assert!(m1.charm("wordpress/0").await.is_ok());
@@ -368,7 +368,7 @@ async fn the_facade_refuses_every_method_outside_the_callers_scope() {
     ] {
         denied(&w, f.enter_scope(rel, u, vec![]).await, b);
         denied(&w, f.leave_scope(rel, u).await, b);
-        denied(&w, f.scope_units(rel, u).await, b);
+        denied(&w, f.scope_units(rel, u, None).await, b);
         denied(
             &w,
             f.update_relation_settings(rel, u, vec![("k".into(), Some("v".into()))])
@@ -632,7 +632,7 @@ fn a_unit_whose_own_agent_sets_it_dying_is_not_removed_at_once() {
 #[test]
 fn scope_units_are_filtered_to_the_callers_container_and_counterparts() {
     let (w, db, info) = scoped_world();
-    let seen = |rel, u: &str| w.store.scope_units_seen_by(rel, u).unwrap();
+    let seen = |rel, u: &str| w.store.scope_units_seen_by(rel, u, None).unwrap();
     assert_eq!(seen(info, "wordpress/0"), ["logging/0"]);
     assert_eq!(seen(info, "wordpress/1"), ["logging/1"]);
     assert_eq!(seen(info, "logging/1"), ["wordpress/1"]);
@@ -650,7 +650,10 @@ fn scope_units_are_filtered_to_the_callers_container_and_counterparts() {
         },
     );
     assert_eq!(
-        w.store.scope_settings_seen_by(db, "mysql/0").unwrap().units[0]
+        w.store
+            .scope_settings_seen_by(db, "mysql/0", None)
+            .unwrap()
+            .units[0]
             .1
             .as_ref()
             .unwrap()["host"],
@@ -662,7 +665,7 @@ fn scope_units_are_filtered_to_the_callers_container_and_counterparts() {
         (db, "mysql/0"),
         (db, "wordpress/0"),
     ] {
-        let together = w.store.scope_settings_seen_by(rel, u).unwrap();
+        let together = w.store.scope_settings_seen_by(rel, u, None).unwrap();
         let apart: Vec<_> = seen(rel, u)
             .into_iter()
             .map(|m| {
@@ -672,6 +675,35 @@ fn scope_units_are_filtered_to_the_callers_container_and_counterparts() {
             .collect();
         assert_eq!(together.units, apart, "{u} in {rel}");
     }
+}
+
+/// An agent reads a scope larger than one answer page by page, through
+/// its facade, and gets every member once, in order.
+#[tokio::test]
+async fn an_agent_reads_a_scope_of_more_than_one_page_whole() {
+    use jujube_agent::api::{scope_settings_all, MAX_SCOPE_MEMBERS};
+    let w = World::new();
+    w.deploy(WORDPRESS, "wordpress", 1);
+    let ms = w.deploy(MYSQL, "mysql", MAX_SCOPE_MEMBERS + 2);
+    let rel = w.store.add_relation("wordpress", "mysql").unwrap().id;
+    for u in std::iter::once("wordpress/0").chain(ms.iter().map(String::as_str)) {
+        w.apply(
+            Caller::Unit(unit(u)),
+            AgentOp::EnterScope {
+                relation: rel,
+                unit: unit(u),
+                settings: Vec::new(),
+            },
+        );
+    }
+    let f = Facades::new(w.store.clone()).unwrap();
+    let wp = f.for_agent(Tag::unit("wordpress/0"));
+    let page = wp.scope_settings(rel, "wordpress/0", None).await.unwrap();
+    assert_eq!(page.units.len(), MAX_SCOPE_MEMBERS);
+    let all = scope_settings_all(&*wp, rel, "wordpress/0").await.unwrap();
+    let names: Vec<&str> = all.units.iter().map(|(u, _)| u.as_str()).collect();
+    assert_eq!(names, ms.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(all.app, page.app);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -874,10 +874,16 @@ impl Facade for Remote {
         })
         .await
     }
-    async fn scope_units(&self, relation: i64, unit: &str) -> ApiResult<Vec<String>> {
+    async fn scope_units(
+        &self,
+        relation: i64,
+        unit: &str,
+        after: Option<&str>,
+    ) -> ApiResult<Vec<String>> {
         self.call(Call::ScopeUnits {
             relation,
             unit: unit.into(),
+            after: after.map(str::to_string),
         })
         .await
     }
@@ -955,10 +961,12 @@ impl Facade for Remote {
         &self,
         relation: i64,
         unit: &str,
+        after: Option<&str>,
     ) -> ApiResult<crate::api::ScopeSettings> {
         self.call(Call::ScopeSettings {
             relation,
             unit: unit.into(),
+            after: after.map(str::to_string),
         })
         .await
     }

@@ -854,7 +854,7 @@ impl UnitAgent {
         relations: &BTreeMap<i64, String>,
     ) -> Result<bool> {
         // Members and their settings in one read (one call over the API).
-        let scope = self.api.scope_settings(rel.id, self.name()).await?;
+        let scope = crate::api::scope_settings_all(&*self.api, rel.id, self.name()).await?;
         let mut seen_now = scope.units;
         seen_now.sort_by(|a, b| a.0.cmp(&b.0));
         let remote: Vec<String> = seen_now.iter().map(|(u, _)| u.clone()).collect();
@@ -946,7 +946,8 @@ impl UnitAgent {
             }
             // A -changed about the remote application's settings.
             (_, Some((rel, _)), None) if kind == "changed" => {
-                let app = self.api.scope_settings(*rel, self.name()).await?.app;
+                // The first page carries it.
+                let app = self.api.scope_settings(*rel, self.name(), None).await?.app;
                 if let Some((_, bag)) = app {
                     self.relation_state(*rel).app_settings = Some(digest(&bag));
                 }

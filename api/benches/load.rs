@@ -458,7 +458,7 @@ async fn run(agents: usize, seconds: u64, set_every: u64) {
                     // is there and what they say, in one call.
                     notices.fetch_add(1, Ordering::Relaxed);
                     let t = Instant::now();
-                    let ok = remote.scope_settings(rel, &name).await.is_ok();
+                    let ok = remote.scope_settings(rel, &name, None).await.is_ok();
                     timed(&mut mine, t, ok);
                     tokio::time::sleep(HOOK).await;
                 } else {

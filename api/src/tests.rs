@@ -221,8 +221,11 @@ async fn try_everything_out_of_scope(api: &dyn Facade, machine: i64, unit: &str,
     assert_unauthorized("finish_run", api.finish_run(unit, 1, answer).await);
     assert_unauthorized("enter_scope", api.enter_scope(relation, unit, vec![]).await);
     assert_unauthorized("leave_scope", api.leave_scope(relation, unit).await);
-    assert_unauthorized("scope_units", api.scope_units(relation, unit).await);
-    assert_unauthorized("scope_settings", api.scope_settings(relation, unit).await);
+    assert_unauthorized("scope_units", api.scope_units(relation, unit, None).await);
+    assert_unauthorized(
+        "scope_settings",
+        api.scope_settings(relation, unit, None).await,
+    );
     assert_unauthorized(
         "set_workload_status",
         api.set_workload_status(unit, false, "active", "").await,
@@ -374,12 +377,12 @@ async fn a_unit_agent_sees_its_unit_its_relations_and_its_container_only() {
         .name
         .clone();
     assert_eq!(
-        sub_api.scope_units(logging, &sub).await.unwrap(),
+        sub_api.scope_units(logging, &sub, None).await.unwrap(),
         ["wordpress/0"]
     );
     // Members and settings in one call: the same units, each with what
     // `relation_settings` answers for it, only those of its container.
-    let together = sub_api.scope_settings(logging, &sub).await.unwrap();
+    let together = sub_api.scope_settings(logging, &sub, None).await.unwrap();
     assert_eq!(
         together.units,
         vec![(

@@ -922,8 +922,17 @@ impl Store {
     /// The units in a relation's scope that `unit` sees: in a
     /// container-scoped relation only those in its own container, and of
     /// those only its counterparts — the other service's units, or its peers
-    /// in a peer relation — never itself.
-    pub fn scope_units_seen_by(&self, relation_id: i64, unit: &str) -> Result<Vec<String>> {
+    /// in a peer relation — never itself. In unit order, at most
+    /// [`MAX_SCOPE_MEMBERS`] from after the unit `after` (a name in the
+    /// form `service/N`; it need not exist any more): an answer that full
+    /// may have more after its last.
+    pub fn scope_units_seen_by(
+        &self,
+        relation_id: i64,
+        unit: &str,
+        after: Option<&str>,
+    ) -> Result<Vec<String>> {
+        let (after_service, after_number) = scope_cursor(after)?;
         self.read(|c| {
             let (container, rel, service) = scope_of(c, relation_id, unit)?;
             let peer = rel.endpoints.len() == 1;
@@ -932,37 +941,60 @@ impl Store {
                     "SELECT x.unit FROM relation_scopes x JOIN units u ON u.name = x.unit
                      WHERE x.relation_id = ?1 AND x.container = ?2 AND x.unit != ?3
                        AND ((?4 AND u.service = ?5) OR (NOT ?4 AND u.service != ?5))
-                     ORDER BY u.service, u.number",
+                       AND (u.service, u.number) > (?6, ?7)
+                     ORDER BY u.service, u.number LIMIT ?8",
                 )?
-                .query_map((relation_id, &container, unit, peer, &service), |r| {
-                    r.get(0)
-                })?
+                .query_map(
+                    (
+                        relation_id,
+                        &container,
+                        unit,
+                        peer,
+                        &service,
+                        &after_service,
+                        after_number,
+                        MAX_SCOPE_MEMBERS as i64,
+                    ),
+                    |r| r.get(0),
+                )?
                 .collect::<crate::sql::Result<Vec<String>>>()?;
             Ok(names)
         })
     }
 
     /// The units `unit` sees in the relation's scope (as
-    /// [`Store::scope_units_seen_by`]) with their settings, in one snapshot:
-    /// what an agent re-reads on a scope notice, in one read instead of one
-    /// per member. Settings come in members' order until they would pass
-    /// [`MAX_SCOPE_SETTINGS_BYTES`] in all; later members come without
-    /// (`None`: read them one by one), so that an answer never holds more
-    /// than that, however many members a scope has.
-    pub fn scope_settings_seen_by(&self, relation_id: i64, unit: &str) -> Result<ScopeSettings> {
+    /// [`Store::scope_units_seen_by`], a page of at most
+    /// [`MAX_SCOPE_MEMBERS`] after `after`) with their settings, in one
+    /// snapshot: what an agent re-reads on a scope notice, in one read
+    /// instead of one per member. Settings come in members' order until
+    /// they would pass [`MAX_SCOPE_SETTINGS_BYTES`] in all; later members
+    /// come without (`None`: read them one by one), so that an answer never
+    /// holds more than that, however many members a scope has.
+    pub fn scope_settings_seen_by(
+        &self,
+        relation_id: i64,
+        unit: &str,
+        after: Option<&str>,
+    ) -> Result<ScopeSettings> {
+        let (after_service, after_number) = scope_cursor(after)?;
         self.read(|c| {
             let (container, rel, service) = scope_of(c, relation_id, unit)?;
             let peer = rel.endpoints.len() == 1;
+            // The page first (a bounded top-N sort on both engines), then
+            // its settings and their running size.
             let rows = c
                 .prepare_cached(
                     "SELECT unit, CASE WHEN running <= ?6 THEN coalesce(settings, '{}') END FROM (
-                       SELECT x.unit, s.settings, u.service, u.number,
+                       SELECT p.unit, s.settings, p.service, p.number,
                               sum(coalesce(length(s.settings), 2))
-                                OVER (ORDER BY u.service, u.number) AS running
-                       FROM relation_scopes x JOIN units u ON u.name = x.unit
-                       LEFT JOIN relation_settings s ON s.relation_id = x.relation_id AND s.unit = x.unit
-                       WHERE x.relation_id = ?1 AND x.container = ?2 AND x.unit != ?3
-                         AND ((?4 AND u.service = ?5) OR (NOT ?4 AND u.service != ?5))) AS t
+                                OVER (ORDER BY p.service, p.number) AS running
+                       FROM (SELECT x.unit, u.service, u.number
+                             FROM relation_scopes x JOIN units u ON u.name = x.unit
+                             WHERE x.relation_id = ?1 AND x.container = ?2 AND x.unit != ?3
+                               AND ((?4 AND u.service = ?5) OR (NOT ?4 AND u.service != ?5))
+                               AND (u.service, u.number) > (?7, ?8)
+                             ORDER BY u.service, u.number LIMIT ?9) AS p
+                       LEFT JOIN relation_settings s ON s.relation_id = ?1 AND s.unit = p.unit) AS t
                      ORDER BY service, number",
                 )?
                 .query_map(
@@ -973,6 +1005,9 @@ impl Store {
                         peer,
                         &service,
                         MAX_SCOPE_SETTINGS_BYTES as i64,
+                        &after_service,
+                        after_number,
+                        MAX_SCOPE_MEMBERS as i64,
                     ),
                     |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?)),
                 )?
@@ -1016,10 +1051,21 @@ impl Store {
         }
         let relation_id = rel.id;
         if rel.scope == Scope::Container {
-            return Ok(self
-                .scope_units_seen_by(relation_id, reader)?
-                .iter()
-                .any(|u| u == unit));
+            // One of the units `reader` sees now (as `scope_units_seen_by`).
+            return self.read(|c| {
+                let (container, rel, service) = scope_of(c, relation_id, reader)?;
+                let peer = rel.endpoints.len() == 1;
+                Ok(c.prepare_cached(
+                    "SELECT EXISTS (SELECT 1 FROM relation_scopes x JOIN units u ON u.name = x.unit
+                     WHERE x.relation_id = ?1 AND x.container = ?2 AND x.unit != ?3
+                       AND ((?4 AND u.service = ?5) OR (NOT ?4 AND u.service != ?5))
+                       AND x.unit = ?6)",
+                )?
+                .query_row(
+                    (relation_id, &container, reader, peer, &service, unit),
+                    |r| r.get(0),
+                )?)
+            });
         }
         let service_of = |u: &str| u.split_once('/').map(|(s, _)| s.to_string());
         let (Some(mine), Some(theirs)) = (service_of(reader), service_of(unit)) else {
@@ -1321,6 +1367,19 @@ impl Store {
 /// What decides which units `unit` sees in a relation's scope: the
 /// container it is in (empty for a global relation), whether the relation
 /// is a peer relation, and the unit's service.
+/// Where a page of a scope starts: after `after`'s service and number; for
+/// none, before every unit (every service's name is longer than `""`).
+fn scope_cursor(after: Option<&str>) -> Result<(String, i64)> {
+    let Some(after) = after else {
+        return Ok((String::new(), -1));
+    };
+    after
+        .rsplit_once('/')
+        .and_then(|(service, n)| Some((service.to_string(), n.parse::<i64>().ok()?)))
+        .filter(|(service, n)| !service.is_empty() && *n >= 0)
+        .ok_or_else(|| Error::BadScopeCursor(after.to_string()))
+}
+
 fn scope_of(
     c: &crate::sql::Connection,
     relation_id: i64,
@@ -1450,6 +1509,10 @@ pub struct ScopeSettings {
 /// The most settings text one [`Store::scope_settings_seen_by`] answer
 /// carries (a scope's members beyond it are named without settings).
 pub const MAX_SCOPE_SETTINGS_BYTES: usize = 1 << 20;
+/// The most members one answer of [`Store::scope_units_seen_by`] or
+/// [`Store::scope_settings_seen_by`] lists (the wire contract's bound): a
+/// scope of more is read in pages.
+pub const MAX_SCOPE_MEMBERS: usize = jujube_wire::facade::MAX_SCOPE_MEMBERS;
 /// What `status-get --application` answers (see
 /// [`Store::application_status`]): the service's workload status and
 /// message, and each unit's name, status and message, in unit order.

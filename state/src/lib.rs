@@ -133,6 +133,10 @@ pub enum Error {
     },
     #[error("{0}")]
     Relation(String),
+    /// A page of a relation's scope asked after something that is not a
+    /// unit's name.
+    #[error("invalid unit name `{0}`: a page of a scope starts after a unit named `SERVICE/N`")]
+    BadScopeCursor(String),
     #[error("{caller} cannot {action}: only the agent responsible for it can")]
     Unauthorized { caller: String, action: String },
     #[error("invalid agent status `{0}`: an agent reports `started`, `dying` or `error`")]

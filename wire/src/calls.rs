@@ -159,10 +159,15 @@ pub enum Call {
     ScopeUnits {
         relation: i64,
         unit: String,
+        /// The page after this unit (see [`Facade::scope_units`]).
+        #[serde(default)]
+        after: Option<String>,
     },
     ScopeSettings {
         relation: i64,
         unit: String,
+        #[serde(default)]
+        after: Option<String>,
     },
     SetWorkloadStatus {
         unit: String,
@@ -363,10 +368,24 @@ pub async fn dispatch(facade: &dyn Facade, call: Call) -> ApiResult<serde_json::
         } => encode(facade.enter_scope(relation, &unit, settings).await?),
         Call::FinishRun { unit, id, result } => encode(facade.finish_run(&unit, id, result).await?),
         Call::LeaveScope { relation, unit } => encode(facade.leave_scope(relation, &unit).await?),
-        Call::ScopeUnits { relation, unit } => encode(facade.scope_units(relation, &unit).await?),
-        Call::ScopeSettings { relation, unit } => {
-            encode(facade.scope_settings(relation, &unit).await?)
-        }
+        Call::ScopeUnits {
+            relation,
+            unit,
+            after,
+        } => encode(
+            facade
+                .scope_units(relation, &unit, after.as_deref())
+                .await?,
+        ),
+        Call::ScopeSettings {
+            relation,
+            unit,
+            after,
+        } => encode(
+            facade
+                .scope_settings(relation, &unit, after.as_deref())
+                .await?,
+        ),
         Call::SetWorkloadStatus {
             unit,
             application,

@@ -318,6 +318,39 @@ pub const MAX_SHIPPED_LOG: usize = 64 << 10;
 /// store refuses more at the write; `relation-set` refuses it at once).
 pub const MAX_RELATION_SETTINGS_BYTES: usize = 256 << 10;
 
+/// The most members one answer of [`Facade::scope_units`] or
+/// [`Facade::scope_settings`] lists: a larger scope is read in pages, so
+/// that no answer (nor what the controller holds to make it) grows with a
+/// relation's size.
+pub const MAX_SCOPE_MEMBERS: usize = 1000;
+
+/// Every page of [`Facade::scope_settings`], gathered: the whole scope
+/// (read page by page, each its own snapshot; a scope notice after a
+/// change brings a new read) and the remote application's settings from
+/// the first page.
+pub async fn scope_settings_all<F: Facade + ?Sized>(
+    facade: &F,
+    relation: i64,
+    unit: &str,
+) -> ApiResult<ScopeSettings> {
+    let mut all = facade.scope_settings(relation, unit, None).await?;
+    let mut full = all.units.len() >= MAX_SCOPE_MEMBERS;
+    while full {
+        let Some(after) = all.units.last().map(|(u, _)| u.clone()) else {
+            break;
+        };
+        let page = facade.scope_settings(relation, unit, Some(&after)).await?;
+        full = page.units.len() >= MAX_SCOPE_MEMBERS;
+        // A page that does not move past its cursor ends the read rather
+        // than repeating it.
+        if page.units.first().is_none_or(|(u, _)| *u == after) {
+            break;
+        }
+        all.units.extend(page.units);
+    }
+    Ok(all)
+}
+
 /// The most an agent's status message (`set_unit_status`,
 /// `set_machine_status`) may hold; the store refuses more at the write, and
 /// agents cut their own messages to it ([`fit_status_info`]).
@@ -478,8 +511,16 @@ pub trait Facade: Send + Sync + 'static {
     ) -> ApiResult<()>;
     async fn leave_scope(&self, relation: i64, unit: &str) -> ApiResult<()>;
     /// The units `unit` sees in the relation's scope (its counterparts, in
-    /// its own container for a container-scoped relation).
-    async fn scope_units(&self, relation: i64, unit: &str) -> ApiResult<Vec<String>>;
+    /// its own container for a container-scoped relation), in unit order:
+    /// a page of at most [`MAX_SCOPE_MEMBERS`] after the unit named
+    /// `after` (from the first for none). A full page may have more after
+    /// its last: ask again after it.
+    async fn scope_units(
+        &self,
+        relation: i64,
+        unit: &str,
+        after: Option<&str>,
+    ) -> ApiResult<Vec<String>>;
     /// The service's settings with defaults applied, as JSON values; an
     /// option with neither a value nor a default is null.
     async fn service_config(&self, service: &str)
@@ -511,7 +552,14 @@ pub trait Facade: Send + Sync + 'static {
     /// in one snapshot: what a scope notice makes an agent re-read, in one
     /// call instead of one per member. A member without settings (`None`)
     /// came beyond the answer's bound: read it with `relation_settings`.
-    async fn scope_settings(&self, relation: i64, unit: &str) -> ApiResult<ScopeSettings>;
+    /// Paged as [`Facade::scope_units`] is: [`scope_settings_all`] reads
+    /// every page.
+    async fn scope_settings(
+        &self,
+        relation: i64,
+        unit: &str,
+        after: Option<&str>,
+    ) -> ApiResult<ScopeSettings>;
     /// A unit's settings in a relation: the caller's own, or those of a unit
     /// it sees in the scope.
     async fn relation_settings(

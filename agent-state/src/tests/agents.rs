@@ -434,7 +434,7 @@ async fn two_subordinates_of_one_principal_join_their_container_relation() {
                 let subs = subs(p);
                 subs.len() == 2
                     && subs.iter().all(|u| {
-                        s.scope_units_seen_by(logs_rel, u)
+                        s.scope_units_seen_by(logs_rel, u, None)
                             .map(|seen| seen.len() == 1)
                             .unwrap_or(false)
                     })
@@ -446,7 +446,7 @@ async fn two_subordinates_of_one_principal_join_their_container_relation() {
     for p in ["wordpress/0", "wordpress/1"] {
         let subs = w.store.subordinates(p).unwrap();
         for u in &subs {
-            let seen = w.store.scope_units_seen_by(logs_rel, u).unwrap();
+            let seen = w.store.scope_units_seen_by(logs_rel, u, None).unwrap();
             let other: Vec<String> = subs.iter().filter(|x| *x != u).cloned().collect();
             assert_eq!(seen, other, "{u} under {p}");
         }

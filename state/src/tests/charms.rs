@@ -82,7 +82,7 @@ fn only_the_leader_writes_its_applications_bags_and_the_right_units_read_them() 
     );
     e.st.enter_scope(rel, &ms[0]).unwrap();
     assert_eq!(
-        e.st.scope_settings_seen_by(rel, &ms[0]).unwrap().app,
+        e.st.scope_settings_seen_by(rel, &ms[0], None).unwrap().app,
         Some(("wordpress".to_string(), expected.clone()))
     );
 

@@ -629,7 +629,7 @@ fn a_scopes_settings_in_one_answer_are_bounded() {
         e.st.update_relation_settings(rel.id, m, &[("blob".into(), Some(value.clone()))])
             .unwrap();
     }
-    let answer = e.st.scope_settings_seen_by(rel.id, &ws[0]).unwrap();
+    let answer = e.st.scope_settings_seen_by(rel.id, &ws[0], None).unwrap();
     assert_eq!(
         answer
             .units
@@ -657,6 +657,53 @@ fn a_scopes_settings_in_one_answer_are_bounded() {
     assert!(!without.is_empty());
     for (u, _) in without {
         assert_eq!(e.st.relation_settings(rel.id, u).unwrap()["blob"], value);
+    }
+}
+
+/// A scope's members come in pages of at most `MAX_SCOPE_MEMBERS`, in
+/// unit order (by number, not by name's text), each after a cursor that
+/// need not name a unit that still exists; a cursor that is not a unit's
+/// name is refused, changing nothing.
+#[test]
+fn a_scopes_members_come_in_bounded_pages() {
+    use crate::agents::MAX_SCOPE_MEMBERS;
+    let e = env();
+    let ws = e.deploy(WORDPRESS, "wordpress", 1);
+    let ms = e.deploy(MYSQL, "mysql", MAX_SCOPE_MEMBERS + 3);
+    let rel = e.st.add_relation("wordpress", "mysql").unwrap();
+    e.st.enter_scope(rel.id, &ws[0]).unwrap();
+    for m in &ms {
+        e.st.enter_scope(rel.id, m).unwrap();
+    }
+    let names = |after: Option<&str>| e.st.scope_units_seen_by(rel.id, &ws[0], after).unwrap();
+    let settled = |after: Option<&str>| {
+        e.st.scope_settings_seen_by(rel.id, &ws[0], after)
+            .unwrap()
+            .units
+            .into_iter()
+            .map(|(u, _)| u)
+            .collect::<Vec<_>>()
+    };
+    let first = names(None);
+    assert_eq!(first, ms[..MAX_SCOPE_MEMBERS]);
+    assert_eq!(settled(None), first);
+    let last = first.last().unwrap().as_str();
+    assert_eq!(last, format!("mysql/{}", MAX_SCOPE_MEMBERS - 1));
+    assert_eq!(names(Some(last)), ms[MAX_SCOPE_MEMBERS..]);
+    assert_eq!(settled(Some(last)), ms[MAX_SCOPE_MEMBERS..]);
+    assert!(names(Some(ms.last().unwrap())).is_empty());
+    // After a unit that is gone, or never was: where it would be.
+    assert_eq!(names(Some("mysql/500")), ms[501..]);
+    assert_eq!(names(Some("aaa/7")), first);
+    for bad in ["mysql", "mysql/x", "/3", "mysql/-1"] {
+        let err = e.refused(|s| s.scope_units_seen_by(rel.id, &ws[0], Some(bad)));
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "invalid unit name `{bad}`: a page of a scope starts after a unit named `SERVICE/N`"
+            )
+        );
+        e.refused(|s| s.scope_settings_seen_by(rel.id, &ws[0], Some(bad)));
     }
 }
 
