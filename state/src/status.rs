@@ -149,7 +149,7 @@ impl Store {
             )?;
             let mut rows = stmt.query([])?;
             while let Some(r) = rows.next()? {
-                let (status, info) = current(r.get(3)?, r.get(4)?, r.get(10)?);
+                let (status, info) = current(r.get(3)?, r.get(4)?, r.get(10)?, life(r.get(2)?)?);
                 let (agent_status, agent_status_info) =
                     presence(status, info, r.get(6)?, now, lapse);
                 // A leader whose agent is down has lost it.
@@ -231,7 +231,7 @@ impl Store {
                 let service: String = r.get(1)?;
                 let Some(&i) = index.get(&service) else { continue };
                 let subordinates = OrderedMap(subs.remove(&name).unwrap_or_default());
-                let (status, info) = current(r.get(4)?, r.get(5)?, r.get(12)?);
+                let (status, info) = current(r.get(4)?, r.get(5)?, r.get(12)?, life(r.get(2)?)?);
                 let (agent_status, agent_status_info) =
                     presence(status, info, r.get(8)?, now, lapse);
                 let lead = r.get::<_, bool>(11)? && agent_status != "down";
@@ -336,14 +336,16 @@ fn refused_since(at: Option<i64>) -> Option<String> {
 /// A unit agent's status as its agent reported it, said to be stale where
 /// that agent ran in a host of in-process agents that has stopped since
 /// (`status_current` false, see [`Store::agents_restarting`]) and the new
-/// one has not reported yet: what `jujube wait` waits for. The status
-/// itself stands (a script reading `started` still reads it); an error
-/// or a failed pass stands until someone acts, and is not marked.
-fn current(status: String, info: String, current: bool) -> (String, String) {
-    if current || matches!(status.as_str(), "error" | "failed" | "pending") {
+/// one has not reported yet (what `jujube wait` waits for, where the
+/// unit's machine agent is not held by an error). The status itself
+/// stands (a script reading `started` still reads it); an error or a
+/// failed pass stands until someone acts, and is not marked, nor is a
+/// unit being destroyed.
+fn current(status: String, info: String, current: bool, life: Life) -> (String, String) {
+    if current || life != Life::Alive || matches!(status.as_str(), "error" | "failed" | "pending") {
         return (status, info);
     }
-    let stale = "not reported since its agents restarted: it came from agents that have stopped; waits for its agent to report again";
+    let stale = "not reported since its agents restarted: it came from agents that have stopped";
     let info = if info.is_empty() {
         stale.to_string()
     } else {

@@ -162,19 +162,20 @@ fn a_write_whose_session_was_lost_before_its_commit_was_sent_runs_again() {
 /// the store reads what the server sent first, and the transaction runs
 /// once, on a new session.
 /// Waits until the server no longer lists session `pid`, asking through
-/// one of `st`'s readers.
+/// one of `st`'s readers: each time in a read of its own, since a
+/// transaction sees the server's list of sessions as it first read it.
 fn until_gone(st: &crate::Store, pid: i32) -> crate::Result<()> {
-    st.read(|c| {
-        while c.query_row(
+    while st.read(|c| {
+        Ok(c.query_row(
             "SELECT count(*) FROM pg_stat_activity WHERE pid = ?1",
             [pid],
             |r| r.get::<_, i64>(0),
-        )? > 0
-        {
-            std::thread::yield_now();
-        }
-        Ok(())
-    })
+        )?)
+    })? > 0
+    {
+        std::thread::yield_now();
+    }
+    Ok(())
 }
 
 #[test]
