@@ -932,34 +932,10 @@ impl Store {
         unit: &str,
         after: Option<&str>,
     ) -> Result<Vec<String>> {
-        let (after_service, after_number) = scope_cursor(after)?;
-        self.read(|c| {
-            let (container, rel, service) = scope_of(c, relation_id, unit)?;
-            let peer = rel.endpoints.len() == 1;
-            let names = c
-                .prepare_cached(
-                    "SELECT x.unit FROM relation_scopes x JOIN units u ON u.name = x.unit
-                     WHERE x.relation_id = ?1 AND x.container = ?2 AND x.unit != ?3
-                       AND ((?4 AND u.service = ?5) OR (NOT ?4 AND u.service != ?5))
-                       AND (u.service, u.number) > (?6, ?7)
-                     ORDER BY u.service, u.number LIMIT ?8",
-                )?
-                .query_map(
-                    (
-                        relation_id,
-                        &container,
-                        unit,
-                        peer,
-                        &service,
-                        &after_service,
-                        after_number,
-                        MAX_SCOPE_MEMBERS as i64,
-                    ),
-                    |r| r.get(0),
-                )?
-                .collect::<crate::sql::Result<Vec<String>>>()?;
-            Ok(names)
-        })
+        // The same page as its settings' (read, here, to be dropped: one
+        // query for both, and only the API's `scope-units` asks this).
+        let page = self.scope_settings_seen_by(relation_id, unit, after)?;
+        Ok(page.units.into_iter().map(|(u, _)| u).collect())
     }
 
     /// The units `unit` sees in the relation's scope (as
