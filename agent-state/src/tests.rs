@@ -108,6 +108,18 @@ impl World {
         self.store.apply(&by, &op).unwrap();
     }
 
+    /// `u` enters the scope of `relation`, as its agent does.
+    pub fn enter_scope(&self, relation: i64, u: &str) {
+        self.apply(
+            Caller::Unit(unit(u)),
+            AgentOp::EnterScope {
+                relation,
+                unit: unit(u),
+                settings: Vec::new(),
+            },
+        );
+    }
+
     /// Everything a user or an agent could observe: two equal digests mean
     /// no write was committed (every write records a change).
     pub fn digest(&self) -> String {
@@ -150,25 +162,10 @@ fn scoped_world() -> (World, i64, i64) {
         (db, "mysql/0"),
         (info, "wordpress/0"),
         (info, "wordpress/1"),
+        (info, "logging/0"),
+        (info, "logging/1"),
     ] {
-        w.apply(
-            Caller::Unit(unit(u)),
-            AgentOp::EnterScope {
-                relation: rel,
-                unit: unit(u),
-                settings: Vec::new(),
-            },
-        );
-    }
-    for u in ["logging/0", "logging/1"] {
-        w.apply(
-            Caller::Unit(unit(u)),
-            AgentOp::EnterScope {
-                relation: info,
-                unit: unit(u),
-                settings: Vec::new(),
-            },
-        );
+        w.enter_scope(rel, u);
     }
     (w, db, info)
 }
@@ -687,14 +684,7 @@ async fn an_agent_reads_a_scope_of_more_than_one_page_whole() {
     let ms = w.deploy(MYSQL, "mysql", MAX_SCOPE_MEMBERS + 2);
     let rel = w.store.add_relation("wordpress", "mysql").unwrap().id;
     for u in std::iter::once("wordpress/0").chain(ms.iter().map(String::as_str)) {
-        w.apply(
-            Caller::Unit(unit(u)),
-            AgentOp::EnterScope {
-                relation: rel,
-                unit: unit(u),
-                settings: Vec::new(),
-            },
-        );
+        w.enter_scope(rel, u);
     }
     let f = Facades::new(w.store.clone()).unwrap();
     let wp = f.for_agent(Tag::unit("wordpress/0"));
