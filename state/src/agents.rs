@@ -319,6 +319,11 @@ fn apply_in(tx: &mut Tx<'_>, by: &Caller, op: &AgentOp) -> Result<()> {
                     )));
                 }
                 if !ranges.contains(&range) {
+                    if ranges.len() >= MAX_OPEN_PORT_RANGES {
+                        return Err(Error::Relation(format!(
+                            "unit `{unit}` has {MAX_OPEN_PORT_RANGES} port ranges open, the most a unit may have; close some (`close-port`) or open one range for many ports (`open-port 1000-2000/tcp`)"
+                        )));
+                    }
                     ranges.push(range);
                 }
             } else {
@@ -1485,6 +1490,10 @@ pub struct ScopeSettings {
 /// The most settings text one [`Store::scope_settings_seen_by`] answer
 /// carries (a scope's members beyond it are named without settings).
 pub const MAX_SCOPE_SETTINGS_BYTES: usize = 1 << 20;
+/// The most port ranges a unit may have open (`open-port`): they travel in
+/// every view of the unit and in `status`, so one more is refused at the
+/// write; a range (`1000-2000/tcp`) opens many ports as one.
+pub const MAX_OPEN_PORT_RANGES: usize = 256;
 /// The most members one answer of [`Store::scope_units_seen_by`] or
 /// [`Store::scope_settings_seen_by`] lists (the wire contract's bound): a
 /// scope of more is read in pages.

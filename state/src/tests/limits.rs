@@ -560,6 +560,45 @@ fn workload_status_messages_and_versions_are_bounded_at_the_write() {
     assert_eq!(message.len(), MAX_WORKLOAD_MESSAGE_BYTES);
 }
 
+/// A unit opens at most `MAX_OPEN_PORT_RANGES` port ranges: one more is
+/// refused saying so, changing nothing; opening one already open, and
+/// closing, still work at the bound.
+#[test]
+fn a_units_open_ports_are_bounded_at_the_write() {
+    use crate::agents::{AgentOp, Caller, MAX_OPEN_PORT_RANGES};
+    let e = env();
+    let w = e.deploy(WORDPRESS, "wordpress", 1).remove(0);
+    let port = |port: String, open: bool| {
+        e.st.apply_batch(&[(
+            Caller::Unit(w.clone()),
+            AgentOp::SetPort {
+                unit: w.clone(),
+                port,
+                open,
+            },
+        )])
+        .unwrap()
+        .remove(0)
+    };
+    for p in 0..MAX_OPEN_PORT_RANGES {
+        port(format!("{}/tcp", 1000 + p), true).unwrap();
+    }
+    port("1000/tcp".into(), true).unwrap();
+    let before = e.digest();
+    let err = port("80/tcp".into(), true).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("unit `{w}` has {MAX_OPEN_PORT_RANGES} port ranges open, the most a unit may have; close some (`close-port`) or open one range for many ports (`open-port 1000-2000/tcp`)")
+    );
+    assert_eq!(e.digest(), before, "a refused write changed nothing");
+    port("1000/tcp".into(), false).unwrap();
+    port("80/tcp".into(), true).unwrap();
+    assert_eq!(
+        e.st.unit_context(&w).unwrap().ports.len(),
+        MAX_OPEN_PORT_RANGES
+    );
+}
+
 /// An agent's status message is bounded at the write, the unit's and the
 /// machine's: a larger one is refused saying so, and nothing changes.
 #[test]
