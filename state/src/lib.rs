@@ -220,6 +220,12 @@ pub enum Error {
         asked: usize,
         max: usize,
     },
+    #[error("cannot destroy {asked} {what} at once: at most {max} per command; destroy them in several commands{}", if *what == "units" { " (or the whole service with `jujube destroy-service`)" } else { "" })]
+    TooManyToDestroy {
+        what: &'static str,
+        asked: usize,
+        max: usize,
+    },
     /// A request done in several transactions failed part-way: `added` were
     /// added (whole batches), the rest were not.
     #[error(
@@ -343,6 +349,26 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// -n`, `add-machine -n`). Larger counts are refused before anything is
 /// allocated or written; they would only be a typo or a runaway script.
 pub const MAX_PER_COMMAND: usize = 100_000;
+
+/// The most units or machines one `destroy-unit` or `destroy-machine` may
+/// name: the command is all or none, one transaction, and a unit's destroy
+/// writes about six rows (a unit no agent started goes at once, with its
+/// machine's life and the feed's entries; its subordinates add theirs), so
+/// this many stays within a transaction's 1,000 rows. More are refused
+/// before anything is read.
+pub const MAX_DESTROY_PER_COMMAND: usize = 100;
+
+/// Refuses a destroy of more than [`MAX_DESTROY_PER_COMMAND`] `what`.
+pub(crate) fn check_destroy_count(what: &'static str, asked: usize) -> Result<()> {
+    if asked > MAX_DESTROY_PER_COMMAND {
+        return Err(Error::TooManyToDestroy {
+            what,
+            asked,
+            max: MAX_DESTROY_PER_COMMAND,
+        });
+    }
+    Ok(())
+}
 
 /// Refuses with [`Error::NotAlive`] unless `life` is Alive.
 pub(crate) fn require_alive(

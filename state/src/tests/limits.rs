@@ -45,6 +45,37 @@ fn counts_above_the_maximum_are_refused_before_anything_is_allocated() {
     assert_eq!(crate::MAX_PER_COMMAND, 100_000);
 }
 
+/// `destroy-unit` and `destroy-machine` are all or none, in one
+/// transaction: a list longer than `MAX_DESTROY_PER_COMMAND` is refused
+/// before anything is read, changing nothing, and the longest list allowed
+/// stays within the 1,000 rows a transaction may write.
+#[test]
+fn destroying_many_units_or_machines_in_one_command_is_bounded() {
+    use crate::MAX_DESTROY_PER_COMMAND;
+    let e = env();
+    let units = e.deploy(WORDPRESS, "wordpress", MAX_DESTROY_PER_COMMAND + 1);
+    let err = e.refused(|s| s.destroy_units(&units));
+    assert_eq!(
+        err.to_string(),
+        format!("cannot destroy {} units at once: at most {MAX_DESTROY_PER_COMMAND} per command; destroy them in several commands (or the whole service with `jujube destroy-service`)", units.len())
+    );
+    let ids: Vec<i64> = (1..=MAX_DESTROY_PER_COMMAND as i64 + 1).collect();
+    let err = e.refused(|s| s.destroy_machines(&ids));
+    assert_eq!(
+        err.to_string(),
+        format!("cannot destroy {} machines at once: at most {MAX_DESTROY_PER_COMMAND} per command; destroy them in several commands", ids.len())
+    );
+    e.st.reset_stats();
+    e.st.destroy_units(&units[..MAX_DESTROY_PER_COMMAND])
+        .unwrap();
+    let free: Vec<i64> =
+        e.st.add_machines(MAX_DESTROY_PER_COMMAND, None, None)
+            .unwrap();
+    e.st.destroy_machines(&free).unwrap();
+    let rows = e.st.stats().max_transaction_rows;
+    assert!(rows <= 1000, "largest transaction {rows} rows");
+}
+
 #[test]
 fn adding_many_machines_keeps_every_transaction_bounded() {
     let e = env();
