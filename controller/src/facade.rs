@@ -600,6 +600,31 @@ mod tests {
         }
     }
 
+    /// `wait`'s look at a large deploy names a bounded number of machines
+    /// and counts the rest, whatever the deploy's size.
+    #[test]
+    fn waits_answer_names_a_bounded_number_of_machines() {
+        let w = world();
+        w.store.add_machines(50, None, None).unwrap();
+        let a = ask(&w, ADMIN, ClientCall::WaitState).unwrap();
+        let stuck: Vec<String> = serde_json::from_value(a["stuck"].clone()).unwrap();
+        let machines: Vec<&String> = stuck
+            .iter()
+            .filter(|s| s.starts_with("machine ") && s.contains("has no instance yet"))
+            .collect();
+        // Machine 0 (no instance in this world) and the 50.
+        let all = w.store.machines().unwrap().len();
+        assert_eq!(all, 51);
+        assert_eq!(machines.len(), 20, "{stuck:?}");
+        assert!(machines[0].starts_with("machine 0 "), "{stuck:?}");
+        let more = format!(
+            "and {} more machine(s) waiting likewise (`jujube status` lists them)",
+            all - 20
+        );
+        assert!(stuck.contains(&more), "{stuck:?}");
+        assert_eq!(a["progress"]["machines"], all);
+    }
+
     #[test]
     fn the_controller_reads_no_path_a_client_names() {
         let w = world();

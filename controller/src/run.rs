@@ -1100,6 +1100,11 @@ fn cleaner(store: Store, mut stop: watch::Receiver<bool>) -> tokio::task::JoinHa
     })
 }
 
+/// The most machines `wait` names in what it waits for (it counts the
+/// rest): it asks several times a second, and a deploy of 100,000 units
+/// would otherwise have each answer read and name every machine.
+const MACHINES_LISTED: usize = 20;
+
 /// What keeps an environment from being settled, in words.
 pub fn stuck(store: &Store) -> Result<Vec<String>> {
     let mut out = Vec::new();
@@ -1111,7 +1116,8 @@ pub fn stuck(store: &Store) -> Result<Vec<String>> {
             p.message
         ));
     }
-    for m in store.machines()? {
+    let (machines, unsettled) = store.unsettled_machines(MACHINES_LISTED)?;
+    for m in machines {
         match m.life {
             Life::Alive if m.instance_id.is_none() && m.status != machine_status::ERROR => out
                 .push(if m.status_info.is_empty() {
@@ -1155,6 +1161,12 @@ pub fn stuck(store: &Store) -> Result<Vec<String>> {
             }
             _ => {}
         }
+    }
+    if unsettled > MACHINES_LISTED as u64 {
+        out.push(format!(
+            "and {} more machine(s) waiting likewise (`jujube status` lists them)",
+            unsettled - MACHINES_LISTED as u64
+        ));
     }
     out.extend(store.awaiting_agents(3)?);
     let cleanups = store.pending_cleanups()?;

@@ -226,6 +226,31 @@ impl Store {
         })
     }
 
+    /// The machines that keep the environment from settling, for `wait`:
+    /// Alive without an instance (not in error), Dying (their agent not in
+    /// error) and Dead; the first `limit` by id, and how many there are in
+    /// all. Read from the index of actionable machines, so an answer costs
+    /// `limit` rows whatever the deploy's size.
+    pub fn unsettled_machines(&self, limit: usize) -> Result<(Vec<Machine>, u64)> {
+        const UNSETTLED: &str = "FROM machines INDEXED BY machines_actionable
+             WHERE (life != 0 OR instance_id IS NULL)
+               AND ((life = 0 AND status != 'error') OR life = 2
+                    OR (life = 1 AND agent_status != 'error'))";
+        self.read(|c| {
+            let listed = c
+                .prepare_cached(&format!(
+                    "SELECT {MACHINE_COLS} {UNSETTLED} ORDER BY id LIMIT ?1"
+                ))?
+                .query_map([limit as i64], machine_row)?
+                .map(|r| finish_machine(r?))
+                .collect::<Result<Vec<_>>>()?;
+            let all: i64 = c
+                .prepare_cached(&format!("SELECT count(*) {UNSETTLED}"))?
+                .query_row([], |r| r.get(0))?;
+            Ok((listed, all as u64))
+        })
+    }
+
     /// `destroy-machine`: sets an Alive machine Dying.
     ///
     /// Refused for a machine that manages the environment, and while any

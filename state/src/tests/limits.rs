@@ -76,6 +76,20 @@ fn destroying_many_units_or_machines_in_one_command_is_bounded() {
     assert!(rows <= 1000, "largest transaction {rows} rows");
 }
 
+/// What `wait` reads of unsettled machines is `limit` rows and a count,
+/// however many there are; a machine set Dying still counts.
+#[test]
+fn unsettled_machines_are_read_a_page_and_a_count() {
+    let e = env();
+    let (_, before) = e.st.unsettled_machines(0).unwrap();
+    let ids = e.st.add_machines(25, None, None).unwrap();
+    e.st.destroy_machines(&ids[..2]).unwrap();
+    let (listed, all) = e.st.unsettled_machines(20).unwrap();
+    assert_eq!(all, before + 25);
+    assert_eq!(listed.len(), 20);
+    assert!(listed.windows(2).all(|w| w[0].id < w[1].id));
+}
+
 #[test]
 fn adding_many_machines_keeps_every_transaction_bounded() {
     let e = env();
