@@ -104,6 +104,10 @@ pub enum Value {
     Bool(bool),
 }
 
+/// The most text a set of constraints may be given in (`--constraints`,
+/// `set-constraints`): room for long `tags` and `zones` lists.
+pub const MAX_CONSTRAINTS_BYTES: usize = 4096;
+
 /// A set of constraints. Each key is absent, set to a value, or set to
 /// nothing (`None`, written `key=`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -252,9 +256,38 @@ impl Constraints {
         Constraints::parse_words([s])
     }
 
+    /// [`Constraints::parse`] without [`MAX_CONSTRAINTS_BYTES`], for text
+    /// jujube wrote itself: a machine's constraints are its service's
+    /// merged with the environment's, each within the bound, and may pass
+    /// it together.
+    pub fn parse_stored(s: &str) -> Result<Constraints> {
+        Constraints::parse_all([s], false)
+    }
+
     /// Parses words already split, as a command line gives them; each word
-    /// may itself hold several space-separated constraints.
+    /// may itself hold several space-separated constraints. At most
+    /// [`MAX_CONSTRAINTS_BYTES`] in all: constraints are copied into every
+    /// machine and unit they apply to.
     pub fn parse_words<'a>(words: impl IntoIterator<Item = &'a str>) -> Result<Constraints> {
+        Constraints::parse_all(words, true)
+    }
+
+    fn parse_all<'a>(
+        words: impl IntoIterator<Item = &'a str>,
+        bounded: bool,
+    ) -> Result<Constraints> {
+        let words: Vec<&str> = words.into_iter().collect();
+        let len = words
+            .iter()
+            .map(|w| w.len() + 1)
+            .sum::<usize>()
+            .saturating_sub(1);
+        if bounded && len > MAX_CONSTRAINTS_BYTES {
+            return Err(Error::ConstraintsTooLong {
+                len,
+                max: MAX_CONSTRAINTS_BYTES,
+            });
+        }
         let mut entries = BTreeMap::new();
         for word in words.into_iter().flat_map(split_words) {
             let (k, v) = word
@@ -491,6 +524,24 @@ mod tests {
         assert!(Constraints::parse("cores=two").is_err());
         assert!(Constraints::parse("allocate-public-ip=yes").is_err());
         assert!(Constraints::parse("tags=a,,b").is_err());
+        // Bounded at the parse, words counted with a space between them.
+        let tags = |n: usize| format!("tags={}", "t".repeat(n - 5));
+        assert!(Constraints::parse(&tags(MAX_CONSTRAINTS_BYTES)).is_ok());
+        assert_eq!(
+            Constraints::parse(&tags(MAX_CONSTRAINTS_BYTES + 1))
+                .unwrap_err()
+                .to_string(),
+            "constraints of 4097 bytes are more than 4096; shorten them"
+        );
+        // What jujube wrote itself (merged constraints) reads back whole.
+        let long = format!("{} zones=z", tags(MAX_CONSTRAINTS_BYTES));
+        assert_eq!(Constraints::parse_stored(&long).unwrap().to_string(), long);
+        let half = "t".repeat(MAX_CONSTRAINTS_BYTES / 2 - 4);
+        assert!(Constraints::parse_words([
+            format!("tags={half}").as_str(),
+            &format!("zones={half}")
+        ])
+        .is_err());
         assert_eq!(
             Constraints::parse("foo=1").unwrap_err().to_string(),
             "unknown constraint `foo`: valid constraints are `allocate-public-ip`, `arch`, \

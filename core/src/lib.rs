@@ -63,6 +63,8 @@ pub enum Error {
         constraints::KEYS_LIST
     )]
     UnknownConstraint { key: String },
+    #[error("constraints of {len} bytes are more than {max}; shorten them")]
+    ConstraintsTooLong { len: usize, max: usize },
     #[error("constraint `{key}` is given twice: give each constraint once")]
     DuplicateConstraint { key: String },
     #[error("invalid constraint `{key}={value}`: {why}")]

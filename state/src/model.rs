@@ -175,7 +175,7 @@ pub(crate) fn life(code: i64) -> Result<Life> {
 }
 
 pub(crate) fn constraints(s: String) -> Result<Constraints> {
-    Constraints::parse(&s).map_err(|_| Error::Corrupt {
+    Constraints::parse_stored(&s).map_err(|_| Error::Corrupt {
         what: "constraints",
         value: s,
     })
