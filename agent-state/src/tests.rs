@@ -1158,7 +1158,10 @@ async fn agents_woken_while_every_permit_is_taken_queue_without_a_task_each() {
     // Routing runs on this thread's runtime, and the wakes with it.
     let before = heap::live_here();
     heap::peak_here();
-    w.store.destroy_machines(ids).unwrap();
+    // In the fewest commands allowed, one right after the other.
+    for chunk in ids.chunks(jujube_state::MAX_DESTROY_PER_COMMAND) {
+        w.store.destroy_machines(chunk).unwrap();
+    }
     while passes.queued() < N {
         assert!(std::time::Instant::now() < deadline, "agents never queued");
         tokio::task::yield_now().await;
