@@ -686,14 +686,47 @@ async fn an_agent_reads_a_scope_of_more_than_one_page_whole() {
     for u in std::iter::once("wordpress/0").chain(ms.iter().map(String::as_str)) {
         w.enter_scope(rel, u);
     }
+    // The first page's settings fit one answer; the second page's two
+    // would too, but not on top of the first's.
+    let set = |u: &str, len: usize| {
+        w.apply(
+            Caller::Unit(unit(u)),
+            AgentOp::UpdateRelationSettings {
+                relation: rel,
+                unit: unit(u),
+                changes: vec![("blob".into(), Some("b".repeat(len)))],
+            },
+        )
+    };
+    for m in &ms[..MAX_SCOPE_MEMBERS] {
+        set(m, 780);
+    }
+    for m in &ms[MAX_SCOPE_MEMBERS..] {
+        set(m, 200 << 10);
+    }
     let f = Facades::new(w.store.clone()).unwrap();
     let wp = f.for_agent(Tag::unit("wordpress/0"));
     let page = wp.scope_settings(rel, "wordpress/0", None).await.unwrap();
     assert_eq!(page.units.len(), MAX_SCOPE_MEMBERS);
+    assert!(page.units.iter().all(|(_, s)| s.is_some()));
     let all = scope_settings_all(&*wp, rel, "wordpress/0").await.unwrap();
     let names: Vec<&str> = all.units.iter().map(|(u, _)| u.as_str()).collect();
     assert_eq!(names, ms.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(all.app, page.app);
+    // Settings kept over all pages stay within one answer's bound; the
+    // member past it comes without (read on its own).
+    let kept: usize = all
+        .units
+        .iter()
+        .filter_map(|(_, s)| s.as_ref())
+        .map(|s| s["blob"].len())
+        .sum();
+    assert!(
+        kept <= jujube_agent::api::MAX_SCOPE_SETTINGS_BYTES,
+        "{kept}"
+    );
+    assert!(all.units[MAX_SCOPE_MEMBERS].1.is_some());
+    assert!(all.units[MAX_SCOPE_MEMBERS + 1].1.is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1488,8 +1488,9 @@ pub struct ScopeSettings {
 }
 
 /// The most settings text one [`Store::scope_settings_seen_by`] answer
-/// carries (a scope's members beyond it are named without settings).
-pub const MAX_SCOPE_SETTINGS_BYTES: usize = 1 << 20;
+/// carries (a scope's members beyond it are named without settings): the
+/// wire contract's bound.
+pub const MAX_SCOPE_SETTINGS_BYTES: usize = jujube_wire::facade::MAX_SCOPE_SETTINGS_BYTES;
 /// The most port ranges a unit may have open (`open-port`): they travel in
 /// every view of the unit and in `status`, so one more is refused at the
 /// write; a range (`1000-2000/tcp`) opens many ports as one.

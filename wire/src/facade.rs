@@ -324,16 +324,25 @@ pub const MAX_RELATION_SETTINGS_BYTES: usize = 256 << 10;
 /// relation's size.
 pub const MAX_SCOPE_MEMBERS: usize = 1000;
 
+/// The most settings text one [`Facade::scope_settings`] answer carries,
+/// and [`scope_settings_all`] keeps over all its pages: members beyond it
+/// come named, without settings (read them with `relation_settings`).
+pub const MAX_SCOPE_SETTINGS_BYTES: usize = 1 << 20;
+
 /// Every page of [`Facade::scope_settings`], gathered: the whole scope
 /// (read page by page, each its own snapshot; a scope notice after a
 /// change brings a new read) and the remote application's settings from
-/// the first page.
+/// the first page. Settings are kept until they pass
+/// [`MAX_SCOPE_SETTINGS_BYTES`] over all pages, as in one answer: later
+/// members are kept without theirs, so a scope of any size costs its
+/// reader the members' names and at most that much settings.
 pub async fn scope_settings_all<F: Facade + ?Sized>(
     facade: &F,
     relation: i64,
     unit: &str,
 ) -> ApiResult<ScopeSettings> {
     let mut all = facade.scope_settings(relation, unit, None).await?;
+    let mut carried: usize = all.units.iter().map(|(_, s)| settings_size(s)).sum();
     let mut full = all.units.len() >= MAX_SCOPE_MEMBERS;
     while full {
         let Some(after) = all.units.last().map(|(u, _)| u.clone()) else {
@@ -341,14 +350,32 @@ pub async fn scope_settings_all<F: Facade + ?Sized>(
         };
         let page = facade.scope_settings(relation, unit, Some(&after)).await?;
         full = page.units.len() >= MAX_SCOPE_MEMBERS;
-        // A page that does not move past its cursor ends the read rather
-        // than repeating it.
-        if page.units.first().is_none_or(|(u, _)| *u == after) {
+        // A page holding its own cursor did not move past it (a server
+        // that ignores it answers the first page again): the read ends
+        // rather than repeating it.
+        if page.units.is_empty() || page.units.iter().any(|(u, _)| *u == after) {
             break;
         }
-        all.units.extend(page.units);
+        for (u, settings) in page.units {
+            let size = settings_size(&settings);
+            let settings = if carried + size <= MAX_SCOPE_SETTINGS_BYTES {
+                carried += size;
+                settings
+            } else {
+                None
+            };
+            all.units.push((u, settings));
+        }
     }
     Ok(all)
+}
+
+/// About what a member's settings take as text (keys, values and the
+/// JSON around each pair).
+fn settings_size(settings: &Option<BTreeMap<String, String>>) -> usize {
+    settings.as_ref().map_or(0, |s| {
+        2 + s.iter().map(|(k, v)| k.len() + v.len() + 6).sum::<usize>()
+    })
 }
 
 /// The most an agent's status message (`set_unit_status`,
