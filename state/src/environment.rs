@@ -54,7 +54,22 @@ pub(crate) fn check_series(c: &Connection, s: &str) -> Result<()> {
 /// itself lives, and where its password is read from.
 pub const BOOTSTRAP_ONLY: &[&str] = &["state-url", "state-password-file"];
 
+/// The most bytes an environment config key may hold.
+pub const MAX_CONFIG_KEY_BYTES: usize = 256;
+/// The most bytes an environment config value may hold (room for keys and
+/// certificates).
+pub const MAX_CONFIG_VALUE_BYTES: usize = 64 << 10;
+/// The most keys an environment's config may hold: every controller job
+/// and `get-environment` reads them all.
+pub const MAX_CONFIG_KEYS: usize = 256;
+
 fn validate_config_value(key: &str, value: &str) -> Result<()> {
+    if value.len() > MAX_CONFIG_VALUE_BYTES {
+        return Err(crate::Error::BadConfig(format!(
+            "the value of `{key}` is {} bytes, more than {MAX_CONFIG_VALUE_BYTES}; shorten it",
+            value.len()
+        )));
+    }
     if key == series::EXTRA_SERIES_KEY {
         series::parse_extra(value)?;
     }
@@ -81,6 +96,12 @@ pub fn update_status_interval(value: &str) -> Option<std::time::Duration> {
 }
 
 fn validate_config_key(key: &str) -> Result<()> {
+    if key.len() > MAX_CONFIG_KEY_BYTES {
+        return Err(crate::Error::BadConfig(format!(
+            "a config key of {} bytes is more than {MAX_CONFIG_KEY_BYTES}; shorten it",
+            key.len()
+        )));
+    }
     let ok = key.starts_with(|c: char| c.is_ascii_lowercase())
         && key
             .chars()
@@ -103,6 +124,12 @@ impl Store {
     /// transaction.
     pub fn initialize(&self, spec: &EnvironmentSpec) -> Result<Environment> {
         jujube_core::names::validate_environment(&spec.name)?;
+        if spec.config.len() > MAX_CONFIG_KEYS {
+            return Err(crate::Error::BadConfig(format!(
+                "the environment's config would hold {} keys, more than {MAX_CONFIG_KEYS}; give fewer",
+                spec.config.len()
+            )));
+        }
         for (key, value) in &spec.config {
             validate_config_key(key)?;
             validate_config_value(key, value)?;
@@ -191,6 +218,14 @@ impl Store {
                         (k, v),
                     )?;
                 }
+            }
+            let keys: i64 = tx.query_row("SELECT count(*) FROM environment_config", [], |r| {
+                r.get(0)
+            })?;
+            if keys as usize > MAX_CONFIG_KEYS {
+                return Err(crate::Error::BadConfig(format!(
+                    "the environment's config would hold {keys} keys, more than {MAX_CONFIG_KEYS}; unset some first (`jujube set-environment KEY=`)"
+                )));
             }
             tx.changed(ChangeKind::Environment, &env.name)
         })

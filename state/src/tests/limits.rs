@@ -90,6 +90,53 @@ fn unsettled_machines_are_read_a_page_and_a_count() {
     assert!(listed.windows(2).all(|w| w[0].id < w[1].id));
 }
 
+/// Environment config is bounded at the write: a key's length, a value's,
+/// and the number of keys; each refusal changes nothing.
+#[test]
+fn environment_config_is_bounded_at_the_write() {
+    use crate::environment::{MAX_CONFIG_KEYS, MAX_CONFIG_KEY_BYTES, MAX_CONFIG_VALUE_BYTES};
+    let e = env();
+    let set = |k: &str, v: &str| e.st.set_environment_config(&[(k.into(), v.into())]);
+    set("big", &"v".repeat(MAX_CONFIG_VALUE_BYTES)).unwrap();
+    let err = e.refused(|s| {
+        s.set_environment_config(&[("big".into(), "v".repeat(MAX_CONFIG_VALUE_BYTES + 1))])
+    });
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "the value of `big` is {} bytes, more than {MAX_CONFIG_VALUE_BYTES}; shorten it",
+            MAX_CONFIG_VALUE_BYTES + 1
+        )
+    );
+    let long = "k".repeat(MAX_CONFIG_KEY_BYTES + 1);
+    let err = e.refused(|s| s.set_environment_config(&[(long.clone(), "v".into())]));
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "a config key of {} bytes is more than {MAX_CONFIG_KEY_BYTES}; shorten it",
+            MAX_CONFIG_KEY_BYTES + 1
+        )
+    );
+    let have = e.st.environment_config().unwrap().len();
+    let fill: Vec<(String, String)> = (have..MAX_CONFIG_KEYS)
+        .map(|i| (format!("k{i}"), "v".into()))
+        .collect();
+    e.st.set_environment_config(&fill).unwrap();
+    assert_eq!(e.st.environment_config().unwrap().len(), MAX_CONFIG_KEYS);
+    let err = e.refused(|s| s.set_environment_config(&[("one-more".into(), "v".into())]));
+    assert!(
+        err.to_string().contains(&format!(
+            "would hold {} keys, more than {MAX_CONFIG_KEYS}",
+            MAX_CONFIG_KEYS + 1
+        )),
+        "{err}"
+    );
+    // Changing a key, or unsetting one, still works at the bound.
+    set("big", "small").unwrap();
+    set("big", "").unwrap();
+    set("one-more", "v").unwrap();
+}
+
 #[test]
 fn adding_many_machines_keeps_every_transaction_bounded() {
     let e = env();
