@@ -11,6 +11,14 @@
 //! The answer is the same whether the user exists or not, and as slow: a
 //! user without a password hash is checked against a decoy. What a proven user may do is then the store's
 //! to check, in each call's transaction.
+//!
+//! An answer of the whole model (`status`) is a snapshot of it, held until
+//! its client has read its JSON: such calls take a turn before the answer
+//! is made, at most [`crate::Limits::max_whole_model_answers`] at once over
+//! all users and [`crate::Limits::max_whole_model_answers_per_user`] per
+//! user, so that the memory they hold is a few snapshots whoever asks; a
+//! streamed answer not read whole within
+//! [`crate::Limits::stream_deadline`] is given up, and its turn with it.
 
 use crate::server::{Activity, Body, Shared};
 use bytes::Bytes;
@@ -39,6 +47,83 @@ pub const FAILURE_PAUSE: Duration = Duration::from_secs(1);
 pub const MAX_WAITING_CHECKS: usize = 64;
 /// The largest registration read.
 pub const MAX_REGISTRATION_BYTES: usize = 8 << 10;
+/// Calls waiting for a turn to answer with the whole model (see
+/// [`crate::Limits::max_whole_model_answers`]); more are answered "try
+/// again" at once.
+pub const MAX_WAITING_WHOLE_MODEL: usize = 64;
+
+/// A turn to make and send an answer of the whole model, held until the
+/// answer is written out (or given up), and counted against its user's.
+pub(crate) struct WholeModelTurn {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    _counted: UserTurns,
+}
+
+/// A user's count of turns held or waited for, given back when dropped.
+struct UserTurns {
+    user: String,
+    per_user: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+}
+
+impl Drop for UserTurns {
+    fn drop(&mut self) {
+        let mut held = self.per_user.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = held.get_mut(&self.user) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.user);
+            }
+        }
+    }
+}
+
+/// A turn for `user`'s call that answers with the whole model: refused
+/// at once when the user already holds its share or too many wait, waited
+/// for otherwise.
+async fn take_whole_model_turn(
+    shared: &Arc<Shared>,
+    user: &str,
+) -> Result<WholeModelTurn, Response<Body>> {
+    use std::sync::atomic::Ordering;
+    let per_user = shared.whole_model_per_user.clone();
+    {
+        let mut held = per_user.lock().unwrap_or_else(|e| e.into_inner());
+        let n = held.entry(user.to_string()).or_default();
+        if *n >= shared.limits.max_whole_model_answers_per_user {
+            let most = shared.limits.max_whole_model_answers_per_user;
+            if *n == 0 {
+                held.remove(user);
+            }
+            return Err(refused(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "a `status` for user `{user}` is still being made or sent, and a user gets {most} at once; wait for it to finish"
+                ),
+            ));
+        }
+        *n += 1;
+    }
+    // From here the count is given back however this ends.
+    let counted = UserTurns {
+        user: user.to_string(),
+        per_user,
+    };
+    if shared.whole_model_waiting.fetch_add(1, Ordering::AcqRel) >= MAX_WAITING_WHOLE_MODEL {
+        shared.whole_model_waiting.fetch_sub(1, Ordering::AcqRel);
+        return Err(refused(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many `status` calls at once; try again in a moment",
+        ));
+    }
+    let permit = shared.whole_model.clone().acquire_owned().await;
+    shared.whole_model_waiting.fetch_sub(1, Ordering::AcqRel);
+    let permit =
+        permit.map_err(|_| refused(StatusCode::SERVICE_UNAVAILABLE, "the server is stopping"))?;
+    Ok(WholeModelTurn {
+        _permit: permit,
+        _counted: counted,
+    })
+}
 
 /// A check slot, waited for only while fewer than [`MAX_WAITING_CHECKS`]
 /// others wait.
@@ -149,18 +234,31 @@ struct ChunkWriter {
     buf: Vec<u8>,
     tx: tokio::sync::mpsc::Sender<Piece>,
     runtime: tokio::runtime::Handle,
+    /// When the answer must have been taken whole (see
+    /// [`crate::Limits::stream_deadline`]).
+    deadline: Instant,
+    deadline_secs: u64,
 }
 
 impl ChunkWriter {
     fn send(&mut self, piece: Piece) -> std::io::Result<()> {
-        let sent = self
-            .runtime
-            .block_on(tokio::time::timeout(STREAM_STALL, self.tx.send(piece)));
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        let sent = self.runtime.block_on(tokio::time::timeout(
+            STREAM_STALL.min(left),
+            self.tx.send(piece),
+        ));
         match sent {
             Ok(Ok(())) => Ok(()),
             Ok(Err(_)) => Err(std::io::Error::new(
                 std::io::ErrorKind::BrokenPipe,
                 "the client went away",
+            )),
+            Err(_) if left <= STREAM_STALL => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "the client did not read the answer whole within {}s",
+                    self.deadline_secs
+                ),
             )),
             Err(_) => Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
@@ -188,14 +286,20 @@ impl std::io::Write for ChunkWriter {
 /// `200 OK` with the JSON `write` writes, sent as it is written (see
 /// [`Answer::Streamed`]). The body ends only once the JSON is whole: a
 /// writer that fails (or panics) resets the stream instead.
-fn streamed(write: WriteJson) -> Response<Body> {
+///
+/// `turn`, when the answer is of the whole model, is held until the JSON
+/// is written out or given up: then the answer's data is gone too.
+fn streamed(write: WriteJson, deadline: Duration, turn: Option<WholeModelTurn>) -> Response<Body> {
     let (tx, rx) = tokio::sync::mpsc::channel::<Piece>(STREAM_CHUNKS_AHEAD);
     let runtime = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
+        let _turn = turn;
         let mut w = ChunkWriter {
             buf: Vec::with_capacity(STREAM_CHUNK + 8192),
             tx,
             runtime,
+            deadline: Instant::now() + deadline,
+            deadline_secs: deadline.as_secs(),
         };
         let written = write(&mut w).and_then(|()| {
             let rest = std::mem::take(&mut w.buf);
@@ -378,10 +482,19 @@ pub(crate) async fn handle(
         );
     };
     debug!(user = %user, method = %call.method(), "client call");
+    // Taken before the answer is made: its snapshot is what costs.
+    let turn = if call.answers_the_whole_model() {
+        match take_whole_model_turn(shared, &user).await {
+            Ok(t) => Some(t),
+            Err(resp) => return resp,
+        }
+    } else {
+        None
+    };
     let answered = tokio::task::spawn_blocking(move || handler.call(&user, call)).await;
     match answered {
         Ok(Ok(Answer::Json(v))) => answer(v),
-        Ok(Ok(Answer::Streamed(write))) => streamed(write),
+        Ok(Ok(Answer::Streamed(write))) => streamed(write, shared.limits.stream_deadline, turn),
         Ok(Err(e)) if e.unavailable => client_error(StatusCode::SERVICE_UNAVAILABLE, &e),
         Ok(Err(e)) => client_error(StatusCode::CONFLICT, &e),
         Err(e) => refused(

@@ -82,6 +82,22 @@ pub struct Limits {
     /// How often the agents holding proven connections are noted as seen
     /// in the store (`status` shows one unseen for a minute as `down`).
     pub presence_every: Duration,
+    /// Answers of the whole model (`status`: a snapshot of every machine,
+    /// service and unit, then its JSON streamed) being made or sent at
+    /// once, over all users. Each holds its snapshot until its client has
+    /// read the JSON, so this, not the number of callers, bounds the memory
+    /// they take. More wait for a turn, at most
+    /// [`crate::clients::MAX_WAITING_WHOLE_MODEL`] of them; beyond that
+    /// they are told to try again (503).
+    pub max_whole_model_answers: usize,
+    /// Of those, one user's at once: one more while they are made or sent
+    /// is refused (429), so that a user cannot take every turn.
+    pub max_whole_model_answers_per_user: usize,
+    /// The longest a streamed answer may take to be read whole (a client
+    /// reading one chunk just before each [`crate::clients::STREAM_STALL`]
+    /// would hold its turn for an hour); past it the answer is cut off and
+    /// its client told so.
+    pub stream_deadline: Duration,
 }
 
 impl Default for Limits {
@@ -98,6 +114,9 @@ impl Default for Limits {
             max_unread_bytes_per_connection: 24 << 20,
             keepalive: Duration::from_secs(15),
             presence_every: Duration::from_secs(jujube_state::credentials::PRESENCE_EVERY as u64),
+            max_whole_model_answers: 4,
+            max_whole_model_answers_per_user: 2,
+            stream_deadline: Duration::from_secs(600),
         }
     }
 }
@@ -114,6 +133,12 @@ pub(crate) struct Shared {
     pub(crate) checks: Semaphore,
     /// Logins and registrations waiting for one of those.
     pub(crate) checks_waiting: AtomicUsize,
+    /// Turns for answers of the whole model (see
+    /// [`Limits::max_whole_model_answers`]), the calls waiting for one, and
+    /// per user those holding one.
+    pub(crate) whole_model: Arc<Semaphore>,
+    pub(crate) whole_model_waiting: AtomicUsize,
+    pub(crate) whole_model_per_user: Arc<Mutex<std::collections::HashMap<String, usize>>>,
     acceptor: tokio_rustls::TlsAcceptor,
     connections: Arc<Semaphore>,
     /// The agent binary served at [`TOOLS_PATH`], with its SHA-256.
@@ -200,6 +225,7 @@ impl ApiServer {
             );
             limits.max_connections = fitting.max(1);
         }
+        let whole_model = Arc::new(Semaphore::new(limits.max_whole_model_answers));
         let shared = Arc::new(Shared {
             store,
             facades,
@@ -211,6 +237,9 @@ impl ApiServer {
             clients,
             checks: crate::clients::checks(),
             checks_waiting: AtomicUsize::new(0),
+            whole_model,
+            whole_model_waiting: AtomicUsize::new(0),
+            whole_model_per_user: Arc::default(),
             charms_dir: env_dir.join("charms"),
             unproven: Mutex::default(),
             per_credential: Mutex::default(),

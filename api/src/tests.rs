@@ -2204,6 +2204,237 @@ async fn a_streamed_answer_arrives_whole_or_as_an_error_never_cut_short_as_if_wh
     assert!(got.len() < whole.len() / 2, "{}", got.len());
 }
 
+/// Answers `status` with 8 MB of JSON, streamed, and counts the answers
+/// alive at once: made and not yet written out or given up (each would
+/// hold a snapshot of the model).
+#[derive(Default)]
+struct HeldStatus {
+    live: Arc<std::sync::atomic::AtomicUsize>,
+    most: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// One answer of [`HeldStatus`]'s alive, until dropped.
+struct Alive(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl crate::clients::ClientHandler for HeldStatus {
+    fn call(
+        &self,
+        _user: &str,
+        _call: jujube_wire::client::ClientCall,
+    ) -> Result<crate::clients::Answer, jujube_wire::client::ClientError> {
+        use std::sync::atomic::Ordering;
+        let n = self.live.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(n, Ordering::SeqCst);
+        let alive = Alive(self.live.clone());
+        Ok(crate::clients::Answer::Streamed(Box::new(move |w| {
+            let _alive = alive;
+            for _ in 0..8000 {
+                w.write_all(&[b' '; 1024])?;
+            }
+            w.write_all(b"{}")
+        })))
+    }
+}
+
+/// A user's call as `UserClient` sends it.
+fn user_request(
+    user: &str,
+    password: &str,
+    call: &jujube_wire::client::ClientCall,
+) -> hyper::Request<http_body_util::Full<bytes::Bytes>> {
+    use base64::Engine;
+    use jujube_agent::wire::SERVER_NAME;
+    use jujube_wire::client::{CLIENT_PATH, USER_HEADER};
+    hyper::Request::post(format!("https://{SERVER_NAME}{CLIENT_PATH}"))
+        .header(USER_HEADER, user)
+        .header(
+            hyper::header::AUTHORIZATION,
+            format!(
+                "Bearer {}",
+                base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(password)
+            ),
+        )
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            serde_json::to_vec(call).unwrap(),
+        )))
+        .unwrap()
+}
+
+/// `n` users besides the admin, `user0`.., each with password `pw`.
+fn add_users(store: &Store, n: usize) -> Vec<String> {
+    use jujube_wire::client::Access;
+    (0..n)
+        .map(|i| {
+            let name = format!("user{i}");
+            store
+                .as_user("admin")
+                .add_user(&name, Access::Read, &jujube_state::users::secret_hash("s"))
+                .unwrap();
+            store.register_user(&name, "s", "pw").unwrap();
+            name
+        })
+        .collect()
+}
+
+/// A `status` is a snapshot of the whole model, held until its client has
+/// read it: however many users ask and read nothing, the server makes and
+/// holds at most `max_whole_model_answers` of them, and a user's share
+/// of those; the next waits its turn and is answered once one is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_answers_made_and_held_at_once_are_bounded_whoever_asks() {
+    use http_body_util::BodyExt;
+    use jujube_wire::client::ClientCall;
+    use std::sync::atomic::Ordering;
+    let _alone = MEMORY.lock().await;
+    let mut w = World::new().await;
+    w.store.create_admin("pw").unwrap();
+    let users = add_users(&w.store, 2);
+    let handler = Arc::new(HeldStatus::default());
+    let (live, most) = (handler.live.clone(), handler.most.clone());
+    w.start_serving(
+        Limits {
+            max_whole_model_answers: 2,
+            max_whole_model_answers_per_user: 1,
+            ..Limits::default()
+        },
+        Some(handler),
+    )
+    .await;
+    let tls = w.machine_conf(1);
+    // A window of 1 KiB: what a client does not read stays with the server.
+    let mut admin = h2(&w, &tls, 1 << 10).await;
+    let mut first = h2(&w, &tls, 1 << 10).await;
+    let held_admin = admin
+        .send_request(user_request("admin", "pw", &ClientCall::Status))
+        .await
+        .unwrap();
+    let held_first = first
+        .send_request(user_request(&users[0], "pw", &ClientCall::Status))
+        .await
+        .unwrap();
+    assert_eq!(held_admin.status(), hyper::StatusCode::OK);
+    assert_eq!(held_first.status(), hyper::StatusCode::OK);
+    // The admin again, on another connection, while its first is unread:
+    // refused at once, saying why.
+    let mut again = h2(&w, &tls, 1 << 10).await;
+    let refused = again
+        .send_request(user_request("admin", "pw", &ClientCall::Status))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), hyper::StatusCode::TOO_MANY_REQUESTS);
+    let body = refused.into_body().collect().await.unwrap().to_bytes();
+    let e: jujube_wire::client::ClientError = serde_json::from_slice(&body).unwrap();
+    assert!(
+        e.message.contains("still being made or sent"),
+        "{}",
+        e.message
+    );
+    // A third user waits: nothing is made for it while two are held.
+    let mut third = h2(&w, &tls, 1 << 10).await;
+    let waiting =
+        tokio::spawn(third.send_request(user_request(&users[1], "pw", &ClientCall::Status)));
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a third status was answered beside two unread"
+    );
+    assert_eq!(live.load(Ordering::SeqCst), 2);
+    // The admin reads its answer: the third's turn comes.
+    let n = held_admin
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .len();
+    assert_eq!(n, 8000 * 1024 + 2);
+    let answered = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("answered once a turn was given back")
+        .unwrap()
+        .unwrap();
+    assert_eq!(answered.status(), hyper::StatusCode::OK);
+    let n = answered
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .len();
+    assert_eq!(n, 8000 * 1024 + 2);
+    // A client that lets go of its answer gives its turn back too.
+    drop(held_first);
+    assert!(eventually(10, || live.load(Ordering::SeqCst) == 0).await);
+    // The admin's turn is its own again.
+    let resp = tokio::time::timeout(
+        Duration::from_secs(10),
+        again.send_request(user_request("admin", "pw", &ClientCall::Status)),
+    )
+    .await
+    .expect("a turn is free")
+    .unwrap();
+    assert_eq!(resp.status(), hyper::StatusCode::OK);
+    let n = resp.into_body().collect().await.unwrap().to_bytes().len();
+    assert_eq!(n, 8000 * 1024 + 2);
+    assert_eq!(most.load(Ordering::SeqCst), 2);
+}
+
+/// A status nobody reads is given up at the server's deadline for a whole
+/// answer (well before a client that takes a chunk now and then would
+/// let go): its snapshot and its turn go, and its client sees an error,
+/// never a cut answer taken as whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_not_read_whole_by_the_deadline_is_cut_off_and_gives_its_turn_back() {
+    use http_body_util::BodyExt;
+    use jujube_wire::client::ClientCall;
+    use std::sync::atomic::Ordering;
+    let _alone = MEMORY.lock().await;
+    let mut w = World::new().await;
+    w.store.create_admin("pw").unwrap();
+    let handler = Arc::new(HeldStatus::default());
+    let live = handler.live.clone();
+    w.start_serving(
+        Limits {
+            max_whole_model_answers: 1,
+            stream_deadline: Duration::from_secs(2),
+            ..Limits::default()
+        },
+        Some(handler),
+    )
+    .await;
+    let tls = w.machine_conf(1);
+    let mut slow = h2(&w, &tls, 1 << 10).await;
+    let started = std::time::Instant::now();
+    let held = slow
+        .send_request(user_request("admin", "pw", &ClientCall::Status))
+        .await
+        .unwrap();
+    assert_eq!(held.status(), hyper::StatusCode::OK);
+    assert!(eventually(10, || live.load(Ordering::SeqCst) == 0).await);
+    let given_up = started.elapsed();
+    assert!(
+        given_up >= Duration::from_secs(2) && given_up < crate::clients::STREAM_STALL,
+        "{given_up:?}"
+    );
+    // Its client reads what was sent, then an error.
+    assert!(held.into_body().collect().await.is_err());
+    // The turn is free: the next status is made and read whole.
+    let mut next = h2(&w, &tls, 1 << 20).await;
+    let resp = next
+        .send_request(user_request("admin", "pw", &ClientCall::Status))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), hyper::StatusCode::OK);
+    let n = resp.into_body().collect().await.unwrap().to_bytes().len();
+    assert_eq!(n, 8000 * 1024 + 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_who_connects_the_moment_the_server_listens_is_answered() {
     let _alone = MEMORY.lock().await;

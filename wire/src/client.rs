@@ -409,6 +409,14 @@ impl ClientCall {
         }
     }
 
+    /// Whether the answer grows with the whole model, not with what the
+    /// call names: a `status` is a snapshot of every machine, service and
+    /// unit (34 MB of JSON at 100,000 units). A server makes and sends only
+    /// a few of these at once (see the API server's `Limits`).
+    pub fn answers_the_whole_model(&self) -> bool {
+        matches!(self, ClientCall::Status)
+    }
+
     /// The method's name, for logs (never its arguments: one carries a
     /// password).
     pub fn method(&self) -> String {
