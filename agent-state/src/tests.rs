@@ -1192,7 +1192,7 @@ async fn agents_woken_while_every_permit_is_taken_queue_without_a_task_each() {
     let before = heap::live_here();
     heap::peak_here();
     // In the fewest commands allowed, one right after the other.
-    for chunk in ids.chunks(jujube_state::MAX_DESTROY_PER_COMMAND) {
+    for chunk in ids.chunks(jujube_state::MAX_NAMED_PER_COMMAND) {
         w.store.destroy_machines(chunk).unwrap();
     }
     while passes.queued() < N {

@@ -993,17 +993,25 @@ fn model_command(
         Command::Resolved {
             all: true, retry, ..
         } => {
-            let units: Vec<String> = client.call(ClientCall::ResolveAll { retry })?;
-            match units.as_slice() {
-                [] => writeln!(out, "no unit is in error")?,
-                [one] => writeln!(out, "resolved unit `{one}`")?,
-                many => writeln!(
-                    out,
-                    "resolved {} units in error, `{}` to `{}`",
-                    many.len(),
-                    many[0],
-                    many[many.len() - 1]
-                )?,
+            let units: jujube_wire::client::Listed<String> =
+                client.call(ClientCall::ResolveAll { retry })?;
+            match (units.listed.as_slice(), units.count) {
+                ([], _) => writeln!(out, "no unit is in error")?,
+                ([one], 1) => writeln!(out, "resolved unit `{one}`")?,
+                (some, count) => {
+                    let names: Vec<String> = some.iter().map(|u| format!("`{u}`")).collect();
+                    let more = count.saturating_sub(some.len() as u64);
+                    writeln!(
+                        out,
+                        "resolved {count} units in error: {}{}",
+                        names.join(", "),
+                        if more > 0 {
+                            format!(" and {more} more")
+                        } else {
+                            String::new()
+                        }
+                    )?
+                }
             }
         }
         Command::Resolved {
@@ -1102,9 +1110,14 @@ fn model_command(
                         .collect::<Result<Vec<_>>>()?,
                 )
             };
-            let ids: Vec<i64> = client.call(ClientCall::RetryProvisioning { ids })?;
-            for id in ids {
+            let ids: jujube_wire::client::Listed<i64> =
+                client.call(ClientCall::RetryProvisioning { ids })?;
+            for id in &ids.listed {
                 writeln!(out, "machine `{id}` will be provisioned again")?;
+            }
+            let more = ids.count.saturating_sub(ids.listed.len() as u64);
+            if more > 0 {
+                writeln!(out, "and {more} more machine(s) will be provisioned again")?;
             }
         }
         Command::AddUser { name: user, access } => {

@@ -327,7 +327,10 @@ fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Answer> {
         ClientCall::DestroyUnits { units } => json(store.destroy_units(&units)?),
         ClientCall::DestroyService { service } => json(store.destroy_service(&service)?),
         ClientCall::DestroyMachines { ids } => json(store.destroy_machines(&ids)?),
-        ClientCall::ResolveAll { retry } => json(store.resolve_all_units(retry)?),
+        ClientCall::ResolveAll { retry } => {
+            let (listed, count) = store.resolve_all_units(retry)?;
+            json(jujube_wire::client::Listed { listed, count })
+        }
         ClientCall::ResolveUnit { unit, retry } => json(store.resolve_unit(&unit, retry)?),
         ClientCall::ResolveMachine { id, constraints } => {
             let provider = store.environment()?.provider;
@@ -361,13 +364,19 @@ fn answer(cx: &Context<'_>, store: &Store, call: ClientCall) -> Result<Answer> {
         ClientCall::RetryProvisioning { ids } => match ids {
             // Found and resolved in the same transactions, batch by batch:
             // a machine resolved meanwhile is no error.
-            None => json(store.retry_all_provisioning()?),
+            None => {
+                let (listed, count) = store.retry_all_provisioning()?;
+                json(jujube_wire::client::Listed { listed, count })
+            }
             Some(ids) if ids.is_empty() => {
                 Err(usage("name the machines to retry, or use `--all`"))
             }
             Some(ids) => {
                 store.retry_provisioning(&ids)?;
-                json(ids)
+                json(jujube_wire::client::Listed {
+                    count: ids.len() as u64,
+                    listed: ids,
+                })
             }
         },
         ClientCall::QueueRun {
@@ -623,6 +632,38 @@ mod tests {
         );
         assert!(stuck.contains(&more), "{stuck:?}");
         assert_eq!(a["progress"]["machines"], all);
+    }
+
+    /// `wait` names at most 20 machines in error and counts the rest (it
+    /// named every one, each with its message, and read every machine to
+    /// find them); `retry-provisioning --all` answers as few and a count.
+    #[test]
+    fn machines_in_error_are_named_a_bounded_number_at_a_time() {
+        let w = world();
+        let ids = w.store.add_machines(50, None, None).unwrap();
+        for &id in &ids {
+            w.store
+                .set_provisioning_error(id, &format!("cannot start machine {id}: no capacity"))
+                .unwrap();
+        }
+        let a = ask(&w, ADMIN, ClientCall::WaitState).unwrap();
+        let errors = a["errors"].as_str().unwrap();
+        let named: Vec<&str> = errors
+            .lines()
+            .filter(|l| l.trim_start().starts_with("machine "))
+            .collect();
+        assert_eq!(named.len(), 20, "{errors}");
+        assert_eq!(
+            named[0].trim(),
+            format!("machine {0}: cannot start machine {0}: no capacity", ids[0])
+        );
+        assert!(errors.starts_with("50 machine(s) in error:"), "{errors}");
+        assert!(errors.contains("\n  and 30 more\n"), "{errors}");
+        let retried = ask(&w, ADMIN, ClientCall::RetryProvisioning { ids: None }).unwrap();
+        assert_eq!(retried["count"], 50);
+        let listed: Vec<i64> = serde_json::from_value(retried["listed"].clone()).unwrap();
+        assert_eq!(listed, ids[..20]);
+        assert_eq!(ask(&w, ADMIN, ClientCall::WaitState).unwrap()["errors"], "");
     }
 
     #[test]

@@ -1185,17 +1185,8 @@ pub fn stuck(store: &Store) -> Result<Vec<String>> {
     Ok(out)
 }
 
-/// Alive machines in error, each with its message.
-fn in_error(store: &Store) -> Result<Vec<String>> {
-    Ok(store
-        .machines()?
-        .into_iter()
-        .filter(|m| m.life == Life::Alive && m.status == machine_status::ERROR)
-        .map(|m| format!("machine {}: {}", m.id, m.status_info))
-        .collect())
-}
-
-/// The most units in error `wait` names (it counts them all).
+/// The most units in error `wait` names (it counts them all); as many
+/// machines in error.
 const UNITS_LISTED: usize = 20;
 
 /// What `wait` fails with when something is in error: machines whose
@@ -1204,12 +1195,21 @@ const UNITS_LISTED: usize = 20;
 /// Empty when nothing is.
 pub fn errors_listed(store: &Store) -> Result<String> {
     let mut out = String::new();
-    let machines = in_error(store)?;
+    let (machines, in_error) = store.machines_in_error(UNITS_LISTED)?;
     if !machines.is_empty() {
+        let shown: Vec<String> = machines
+            .iter()
+            .map(|(id, info)| format!("machine {id}: {info}"))
+            .collect();
+        let more = in_error.saturating_sub(shown.len() as u64);
+        let more = if more > 0 {
+            format!("\n  and {more} more")
+        } else {
+            String::new()
+        };
         out.push_str(&format!(
-            "{} machine(s) in error:\n  {}\nfix the causes, then `jujube resolved MACHINE` or `jujube retry-provisioning --all`\n",
-            machines.len(),
-            machines.join("\n  ")
+            "{in_error} machine(s) in error:\n  {}{more}\nfix the causes, then `jujube resolved MACHINE` or `jujube retry-provisioning --all`\n",
+            shown.join("\n  ")
         ));
     }
     let units = store.units_in_error(UNITS_LISTED + 1)?;

@@ -710,10 +710,11 @@ impl std::fmt::Display for PortRange {
 impl Store {
     /// `jujube resolved --all [--retry]`: marks every unit in error not
     /// marked yet, in transactions of at most [`RESOLVE_BATCH`] units (a unit
-    /// resolved meanwhile is no error); returns their names.
-    pub fn resolve_all_units(&self, retry: bool) -> Result<Vec<String>> {
+    /// resolved meanwhile is no error); returns the first
+    /// [`crate::MAX_LISTED`] of their names and how many they were.
+    pub fn resolve_all_units(&self, retry: bool) -> Result<(Vec<String>, u64)> {
         let mode = if retry { "retry-hooks" } else { "no-hooks" };
-        let mut out = Vec::new();
+        let (mut out, mut count) = (Vec::new(), 0u64);
         let mut after = String::new();
         loop {
             let batch = self.write(|tx| {
@@ -735,10 +736,12 @@ impl Store {
                 Ok(names)
             })?;
             let Some(last) = batch.last() else {
-                return Ok(out);
+                return Ok((out, count));
             };
             after = last.clone();
-            out.extend(batch);
+            count += batch.len() as u64;
+            let room = crate::MAX_LISTED.saturating_sub(out.len());
+            out.extend(batch.into_iter().take(room));
         }
     }
 

@@ -220,8 +220,9 @@ pub enum Error {
         asked: usize,
         max: usize,
     },
-    #[error("cannot destroy {asked} {what} at once: at most {max} per command; destroy them in several commands{}", if *what == "units" { " (or the whole service with `jujube destroy-service`)" } else { "" })]
-    TooManyToDestroy {
+    #[error("cannot {verb} {asked} {what} at once: at most {max} per command; {verb} them in several commands{}", if *verb == "destroy" && *what == "units" { " (or the whole service with `jujube destroy-service`)" } else if *verb == "retry" { " (or every machine in error with `--all`)" } else { "" })]
+    TooManyNamed {
+        verb: &'static str,
         what: &'static str,
         asked: usize,
         max: usize,
@@ -350,21 +351,33 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// allocated or written; they would only be a typo or a runaway script.
 pub const MAX_PER_COMMAND: usize = 100_000;
 
-/// The most units or machines one `destroy-unit` or `destroy-machine` may
-/// name: the command is all or none, one transaction, and a unit's destroy
-/// writes about six rows (a unit no agent started goes at once, with its
-/// machine's life and the feed's entries; its subordinates add theirs), so
-/// this many stays within a transaction's 1,000 rows. More are refused
-/// before anything is read.
-pub const MAX_DESTROY_PER_COMMAND: usize = 100;
+/// The most units or machines one `destroy-unit`, `destroy-machine` or
+/// `retry-provisioning` may name: the command is all or none, one
+/// transaction, and a unit's destroy writes about six rows (a unit no agent
+/// started goes at once, with its machine's life and the feed's entries;
+/// its subordinates add theirs), so this many stays within a transaction's
+/// 1,000 rows. More are refused before anything is read.
+pub const MAX_NAMED_PER_COMMAND: usize = 100;
 
-/// Refuses a destroy of more than [`MAX_DESTROY_PER_COMMAND`] `what`.
-pub(crate) fn check_destroy_count(what: &'static str, asked: usize) -> Result<()> {
-    if asked > MAX_DESTROY_PER_COMMAND {
-        return Err(Error::TooManyToDestroy {
+/// The most names the answer of a command over every unit or machine in
+/// some state carries (`resolved --all`, `retry-provisioning --all`): the
+/// first ones, by name or id; it counts the rest. Such a command may touch
+/// 100,000 units; its answer stays this size.
+pub const MAX_LISTED: usize = 20;
+
+/// Refuses a command that would `verb` more than [`MAX_NAMED_PER_COMMAND`]
+/// `what`.
+pub(crate) fn check_named_count(
+    verb: &'static str,
+    what: &'static str,
+    asked: usize,
+) -> Result<()> {
+    if asked > MAX_NAMED_PER_COMMAND {
+        return Err(Error::TooManyNamed {
+            verb,
             what,
             asked,
-            max: MAX_DESTROY_PER_COMMAND,
+            max: MAX_NAMED_PER_COMMAND,
         });
     }
     Ok(())

@@ -266,7 +266,7 @@ impl Store {
     /// `destroy-machine ID...`: [`Store::destroy_machine`] for each, all or
     /// none in one transaction.
     pub fn destroy_machines(&self, ids: &[i64]) -> Result<()> {
-        crate::check_destroy_count("machines", ids.len())?;
+        crate::check_named_count("destroy", "machines", ids.len())?;
         self.write(|tx| ids.iter().try_for_each(|&id| destroy_machine_in(tx, id)))
     }
 

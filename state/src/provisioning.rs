@@ -298,8 +298,9 @@ impl Store {
     }
 
     /// `retry-provisioning`: [`Store::resolve_machine`] for several machines,
-    /// all or none.
+    /// all or none; at most [`crate::MAX_NAMED_PER_COMMAND`].
     pub fn retry_provisioning(&self, ids: &[i64]) -> Result<()> {
+        crate::check_named_count("retry", "machines", ids.len())?;
         self.write(|tx| {
             for &id in ids {
                 crate::machines::resolve_in(tx, id, None)?;
@@ -309,7 +310,8 @@ impl Store {
     }
 
     /// `retry-provisioning --all`: makes every machine in error eligible
-    /// again; returns them.
+    /// again; returns the first [`crate::MAX_LISTED`] of them and how many
+    /// they were.
     ///
     /// Each transaction finds the next [`PROVISIONING_BATCH`] machines in
     /// error (after the last one done) and resolves them, reading and
@@ -317,8 +319,8 @@ impl Store {
     /// someone else meanwhile is simply no longer found, where a list read
     /// first and written later would fail the whole command. A failure
     /// part-way leaves earlier batches resolved; running it again finishes.
-    pub fn retry_all_provisioning(&self) -> Result<Vec<i64>> {
-        let mut out = Vec::new();
+    pub fn retry_all_provisioning(&self) -> Result<(Vec<i64>, u64)> {
+        let (mut out, mut count) = (Vec::new(), 0u64);
         let mut after = -1i64;
         loop {
             let batch = self.write(|tx| {
@@ -338,10 +340,12 @@ impl Store {
                 Ok(ids)
             })?;
             let Some(&last) = batch.last() else {
-                return Ok(out);
+                return Ok((out, count));
             };
             after = last;
-            out.extend(batch);
+            count += batch.len() as u64;
+            let room = crate::MAX_LISTED.saturating_sub(out.len());
+            out.extend(batch.into_iter().take(room));
         }
     }
 
@@ -397,16 +401,25 @@ impl Store {
         })
     }
 
-    /// Machines in error, for `retry-provisioning --all`.
-    pub fn machines_in_error(&self) -> Result<Vec<i64>> {
+    /// Alive machines in error, each with its message: the first `limit`
+    /// by id, and how many there are. Read through the index of machines
+    /// in error, so an answer costs those rows whatever the model's size.
+    pub fn machines_in_error(&self, limit: usize) -> Result<(Vec<(i64, String)>, u64)> {
         self.read(|c| {
-            let ids = c
+            let listed = c
                 .prepare_cached(
-                    "SELECT id FROM machines WHERE status = ?1 AND life = 0 ORDER BY id",
+                    "SELECT id, status_info FROM machines INDEXED BY machines_in_error
+                     WHERE status = 'error' AND life = 0 ORDER BY id LIMIT ?1",
                 )?
-                .query_map([machine_status::ERROR], |r| r.get(0))?
-                .collect::<crate::sql::Result<Vec<i64>>>()?;
-            Ok(ids)
+                .query_map([limit as i64], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<crate::sql::Result<Vec<(i64, String)>>>()?;
+            let all: i64 = c
+                .prepare_cached(
+                    "SELECT count(*) FROM machines INDEXED BY machines_in_error
+                     WHERE status = 'error' AND life = 0",
+                )?
+                .query_row([], |r| r.get(0))?;
+            Ok((listed, all as u64))
         })
     }
 

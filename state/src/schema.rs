@@ -522,6 +522,12 @@ PRAGMA writable_schema = RESET;
 CREATE TABLE schema_reloaded (x);
 DROP TABLE schema_reloaded;
 "#,
+    // 31: machines in error found without reading every machine (`wait`
+    // asks several times a second). A new machine is `pending`: an
+    // add-unit writes no entry.
+    r#"
+CREATE INDEX machines_in_error ON machines (id) WHERE status = 'error';
+"#,
 ];
 
 /// The PostgreSQL schema. PostgreSQL does not replay SQLite's history
@@ -797,6 +803,10 @@ CREATE TABLE charm_archives (
     r#"
 ALTER TABLE units ADD COLUMN status_current BOOLEAN NOT NULL DEFAULT TRUE;
 CREATE INDEX units_status_stale ON units (service, number) WHERE NOT status_current;
+"#,
+    // 32
+    r#"
+CREATE INDEX machines_in_error ON machines (id) WHERE status = 'error';
 "#,
 ];
 

@@ -433,7 +433,7 @@ impl Store {
     /// are refused (they go with their principal or their relation); units
     /// already destroying are skipped.
     pub fn destroy_units(&self, names_: &[String]) -> Result<()> {
-        crate::check_destroy_count("units", names_.len())?;
+        crate::check_named_count("destroy", "units", names_.len())?;
         for n in names_ {
             names::parse_unit(n)?;
         }

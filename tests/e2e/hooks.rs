@@ -1049,7 +1049,7 @@ fn wait_fails_naming_units_held_by_a_failed_hook_and_resolved_all_frees_them() {
     // `--all`, with `--retry`, after fixing the cause.
     j.run(&["set", "flaky", "fail-hook="]).ok();
     let out = j.run(&["resolved", "--all", "--retry"]).ok().stdout;
-    assert_eq!(out, "resolved 2 units in error, `flaky/0` to `flaky/1`\n");
+    assert_eq!(out, "resolved 2 units in error: `flaky/0`, `flaky/1`\n");
     eventually("both started", || {
         agent_status(&j, "flaky/0").0 == "started" && agent_status(&j, "flaky/1").0 == "started"
     });

@@ -190,7 +190,7 @@ pub enum ClientCall {
     DestroyService { service: String },
     /// → `()`.
     DestroyMachines { ids: Vec<i64> },
-    /// → `Vec<String>`: the units resolved.
+    /// → [`Listed`]`<String>`: the units resolved.
     ResolveAll { retry: bool },
     /// → `()`.
     ResolveUnit { unit: String, retry: bool },
@@ -206,8 +206,8 @@ pub enum ClientCall {
         path: Option<String>,
         force: bool,
     },
-    /// → `Vec<i64>`: the machines to be provisioned again (`None`: every
-    /// machine in error).
+    /// → [`Listed`]`<i64>`: the machines to be provisioned again (`None`:
+    /// every machine in error; else at most 100 named).
     RetryProvisioning { ids: Option<Vec<i64>> },
     /// → `i64`: the run's id (`admin`).
     QueueRun {
@@ -247,6 +247,15 @@ pub enum ClientCall {
 }
 
 /// What the environment is, for the client's own checks and messages.
+/// What a command over every unit or machine in some state did: the first
+/// of them (at most 20, by name or id) and how many they were, so that the
+/// answer stays small when it touched 100,000.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Listed<T> {
+    pub listed: Vec<T>,
+    pub count: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EnvironmentInfo {
     pub name: String,

@@ -45,32 +45,41 @@ fn counts_above_the_maximum_are_refused_before_anything_is_allocated() {
     assert_eq!(crate::MAX_PER_COMMAND, 100_000);
 }
 
-/// `destroy-unit` and `destroy-machine` are all or none, in one
-/// transaction: a list longer than `MAX_DESTROY_PER_COMMAND` is refused
+/// `destroy-unit`, `destroy-machine` and `retry-provisioning` are all or
+/// none, in one transaction: a list longer than `MAX_NAMED_PER_COMMAND` is refused
 /// before anything is read, changing nothing, and the longest list allowed
 /// stays within the 1,000 rows a transaction may write.
 #[test]
 fn destroying_many_units_or_machines_in_one_command_is_bounded() {
-    use crate::MAX_DESTROY_PER_COMMAND;
+    use crate::MAX_NAMED_PER_COMMAND;
     let e = env();
-    let units = e.deploy(WORDPRESS, "wordpress", MAX_DESTROY_PER_COMMAND + 1);
+    let units = e.deploy(WORDPRESS, "wordpress", MAX_NAMED_PER_COMMAND + 1);
     let err = e.refused(|s| s.destroy_units(&units));
     assert_eq!(
         err.to_string(),
-        format!("cannot destroy {} units at once: at most {MAX_DESTROY_PER_COMMAND} per command; destroy them in several commands (or the whole service with `jujube destroy-service`)", units.len())
+        format!("cannot destroy {} units at once: at most {MAX_NAMED_PER_COMMAND} per command; destroy them in several commands (or the whole service with `jujube destroy-service`)", units.len())
     );
-    let ids: Vec<i64> = (1..=MAX_DESTROY_PER_COMMAND as i64 + 1).collect();
+    let ids: Vec<i64> = (1..=MAX_NAMED_PER_COMMAND as i64 + 1).collect();
     let err = e.refused(|s| s.destroy_machines(&ids));
     assert_eq!(
         err.to_string(),
-        format!("cannot destroy {} machines at once: at most {MAX_DESTROY_PER_COMMAND} per command; destroy them in several commands", ids.len())
+        format!("cannot destroy {} machines at once: at most {MAX_NAMED_PER_COMMAND} per command; destroy them in several commands", ids.len())
+    );
+    let err = e.refused(|s| s.retry_provisioning(&ids));
+    assert_eq!(
+        err.to_string(),
+        format!("cannot retry {} machines at once: at most {MAX_NAMED_PER_COMMAND} per command; retry them in several commands (or every machine in error with `--all`)", ids.len())
     );
     e.st.reset_stats();
-    e.st.destroy_units(&units[..MAX_DESTROY_PER_COMMAND])
-        .unwrap();
+    e.st.destroy_units(&units[..MAX_NAMED_PER_COMMAND]).unwrap();
     let free: Vec<i64> =
-        e.st.add_machines(MAX_DESTROY_PER_COMMAND, None, None)
+        e.st.add_machines(MAX_NAMED_PER_COMMAND, None, None)
             .unwrap();
+    for &id in &free {
+        e.st.set_machine_status(id, crate::model::machine_status::ERROR, "no capacity")
+            .unwrap();
+    }
+    e.st.retry_provisioning(&free).unwrap();
     e.st.destroy_machines(&free).unwrap();
     let rows = e.st.stats().max_transaction_rows;
     assert!(rows <= 1000, "largest transaction {rows} rows");
@@ -310,7 +319,7 @@ fn retry_provisioning_all_survives_a_machine_resolved_meanwhile() {
     locked_rx.recv().unwrap();
     let retried = e.st.retry_all_provisioning().unwrap();
     other.join().unwrap();
-    assert_eq!(retried, vec![ids[0], ids[2]]);
+    assert_eq!(retried, (vec![ids[0], ids[2]], 2));
     for id in ids {
         assert_eq!(e.st.machine(id).unwrap().status, machine_status::PENDING);
     }
@@ -325,12 +334,17 @@ fn retry_provisioning_all_works_in_bounded_batches() {
             .unwrap();
     }
     e.st.reset_stats();
-    assert_eq!(e.st.retry_all_provisioning().unwrap(), ids);
+    // The answer names the first few and counts them all, whatever their
+    // number.
+    assert_eq!(
+        e.st.retry_all_provisioning().unwrap(),
+        (ids[..crate::MAX_LISTED].to_vec(), 1500)
+    );
     let stats = e.st.stats();
     assert!(stats.max_transaction_rows <= BOUND, "{stats:?}");
-    assert!(e.st.machines_in_error().unwrap().is_empty());
+    assert_eq!(e.st.machines_in_error(1).unwrap(), (Vec::new(), 0));
     // Nothing in error: nothing to do, and no error.
-    assert_eq!(e.st.retry_all_provisioning().unwrap(), Vec::<i64>::new());
+    assert_eq!(e.st.retry_all_provisioning().unwrap(), (Vec::new(), 0));
 }
 
 #[test]
@@ -588,8 +602,12 @@ fn resolved_all_marks_every_unit_in_error_in_bounded_transactions() {
     assert_eq!(e.st.units_in_error(3).unwrap().len(), 3);
     e.st.resolve_unit(&units[0], false).unwrap();
     e.st.reset_stats();
-    let resolved = e.st.resolve_all_units(true).unwrap();
-    assert_eq!(resolved.len(), 2099, "every unit in error not marked yet");
+    let (listed, count) = e.st.resolve_all_units(true).unwrap();
+    assert_eq!(count, 2099, "every unit in error not marked yet");
+    // Named: the first few by name, not all 2,099.
+    let mut names = units[1..2100].to_vec();
+    names.sort();
+    assert_eq!(listed, names[..crate::MAX_LISTED]);
     assert!(
         e.st.stats().max_transaction_rows <= BOUND,
         "{:?}",
@@ -610,7 +628,7 @@ fn resolved_all_marks_every_unit_in_error_in_bounded_transactions() {
     );
     assert!(e.st.units_in_error(10).unwrap().is_empty());
     // Nothing left: a no-op.
-    assert!(e.st.resolve_all_units(false).unwrap().is_empty());
+    assert_eq!(e.st.resolve_all_units(false).unwrap(), (Vec::new(), 0));
 }
 
 /// A charm's workload status message and version are bounded at the write:
