@@ -158,6 +158,12 @@ impl CharmMeta {
                 why,
             })
         };
+        let declared = self.provides.len() + self.requires.len() + self.peers.len();
+        if declared > MAX_RELATIONS_DECLARED {
+            return bad(format!(
+                "it declares {declared} relations (provides, requires and peers), more than the {MAX_RELATIONS_DECLARED} a charm may"
+            ));
+        }
         names::validate_service(&self.name).or_else(|_| {
             bad("its name must be a valid service name (lowercase words joined by hyphens)".into())
         })?;
@@ -367,6 +373,13 @@ pub struct CharmConfig {
     pub options: BTreeMap<String, ConfigOption>,
 }
 
+/// The most relation endpoints one charm declares (provides, requires and
+/// peers together).
+pub const MAX_RELATIONS_DECLARED: usize = 256;
+
+/// The most options one charm's `config.yaml` declares.
+pub const MAX_CONFIG_OPTIONS: usize = 1024;
+
 impl CharmConfig {
     /// Parses and validates the `config.yaml` text of charm `charm`.
     pub fn parse(charm: &str, yaml: &str) -> Result<CharmConfig> {
@@ -378,6 +391,15 @@ impl CharmConfig {
     pub fn parse_file(file: &str, charm: &str, yaml: &str) -> Result<CharmConfig> {
         too_deep(file, yaml)?;
         let cfg: CharmConfig = yaml_serde::from_str(yaml).map_err(|e| yaml_error(file, &e))?;
+        if cfg.options.len() > MAX_CONFIG_OPTIONS {
+            return Err(Error::InvalidCharm {
+                charm: charm.to_string(),
+                why: format!(
+                    "its {file} declares {} options, more than the {MAX_CONFIG_OPTIONS} a charm may",
+                    cfg.options.len()
+                ),
+            });
+        }
         for (name, opt) in &cfg.options {
             if !["string", "int", "float", "boolean"].contains(&opt.kind.as_str()) {
                 return Err(Error::InvalidCharm {
@@ -448,6 +470,44 @@ impl ConfigOption {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A charm's declared relations and options are bounded: one more is
+    /// refused, naming the charm.
+    #[test]
+    fn a_charms_relations_and_options_are_bounded() {
+        let provides: String = (0..MAX_RELATIONS_DECLARED)
+            .map(|i| format!("  p{i}:\n    interface: i{i}\n"))
+            .collect();
+        let meta = format!("name: big\nsummary: s\nprovides:\n{provides}");
+        assert_eq!(
+            CharmMeta::parse(&meta).unwrap().provides.len(),
+            MAX_RELATIONS_DECLARED
+        );
+        let err =
+            CharmMeta::parse(&format!("{meta}peers:\n  one:\n    interface: x\n")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("invalid charm `big`: it declares {} relations (provides, requires and peers), more than the {MAX_RELATIONS_DECLARED} a charm may", MAX_RELATIONS_DECLARED + 1)
+        );
+        let options = |n: usize| -> String {
+            let o: String = (0..n)
+                .map(|i| format!("  o{i}:\n    type: string\n"))
+                .collect();
+            format!("options:\n{o}")
+        };
+        assert_eq!(
+            CharmConfig::parse("big", &options(MAX_CONFIG_OPTIONS))
+                .unwrap()
+                .options
+                .len(),
+            MAX_CONFIG_OPTIONS
+        );
+        let err = CharmConfig::parse("big", &options(MAX_CONFIG_OPTIONS + 1)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("invalid charm `big`: its config.yaml declares {} options, more than the {MAX_CONFIG_OPTIONS} a charm may", MAX_CONFIG_OPTIONS + 1)
+        );
+    }
 
     const WORDPRESS: &str =
         "name: wordpress\nsummary: blog\nrequires:\n  db:\n    interface: mysql\n\

@@ -220,6 +220,12 @@ pub enum Error {
         asked: usize,
         max: usize,
     },
+    #[error("cannot place more units on machine `{machine}`: it hosts {hosted}, and a machine hosts at most {max}; place them on another machine, or add units without `--to` to give each a machine of its own")]
+    MachineFull {
+        machine: i64,
+        hosted: usize,
+        max: usize,
+    },
     #[error("cannot {verb} {asked} {what} at once: at most {max} per command; {verb} them in several commands{}", if *verb == "destroy" && *what == "units" { " (or the whole service with `jujube destroy-service`)" } else if *verb == "retry" { " (or every machine in error with `--all`)" } else { "" })]
     TooManyNamed {
         verb: &'static str,

@@ -220,6 +220,13 @@ fn subordinate_for(c: &Connection, sub: &str, principal: &str) -> Result<Option<
     )
 }
 
+/// The most relations one service may be in (its peer relations
+/// included): each of its units' agents reads them all, in its view and in
+/// `goal-state`. A charm declares at most
+/// [`jujube_core::charm::MAX_RELATIONS_DECLARED`] endpoints, so a deploy's
+/// peer relations always fit.
+pub const MAX_RELATIONS_PER_SERVICE: usize = 1000;
+
 impl Store {
     pub fn relation(&self, id: i64) -> Result<Relation> {
         self.read(|c| get_relation(c, id))
@@ -243,7 +250,8 @@ impl Store {
     /// `add-relation EP EP`. Both services must be Alive; exactly one pair of
     /// endpoints must match; container-scoped relations need a subordinate
     /// on one side and equal series on both; no identical relation may
-    /// exist, even a Dying one.
+    /// exist, even a Dying one; neither service may be in
+    /// [`MAX_RELATIONS_PER_SERVICE`] relations already.
     pub fn add_relation(&self, a: &str, b: &str) -> Result<Relation> {
         let (sa, sb) = (parse_endpoint(a)?, parse_endpoint(b)?);
         if sa.service == sb.service {
@@ -257,6 +265,14 @@ impl Store {
             let svc_b = get_service(tx, &sb.service)?;
             for s in [&svc_a, &svc_b] {
                 require_alive(Entity::Service, &s.name, s.life, "join new relations")?;
+            }
+            for s in [&svc_a, &svc_b] {
+                if s.relation_count as usize >= MAX_RELATIONS_PER_SERVICE {
+                    return Err(Error::Relation(format!(
+                        "cannot relate `{}` and `{}`: service `{}` is in {} relations, the most a service may join; remove one first (`jujube destroy-relation`)",
+                        sa.service, sb.service, s.name, s.relation_count
+                    )));
+                }
             }
             let mut pairs = infer(tx, &sa, &sb)?;
             let mut eps = match pairs.len() {

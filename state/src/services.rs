@@ -159,6 +159,10 @@ fn store_charm(tx: &mut Tx<'_>, charm: &Charm) -> Result<String> {
 /// --config`): every unit's agent reads the whole configuration.
 pub const MAX_SERVICE_SETTING_BYTES: usize = 256 << 10;
 
+/// The most a service's settings hold in all, keys and values: the whole
+/// configuration is what every unit's agent reads, and what `get` answers.
+pub const MAX_SERVICE_SETTINGS_BYTES: usize = 1 << 20;
+
 /// `kvs` checked against the options of the charm named `charm`.
 fn validate_settings(
     charm: &str,
@@ -212,6 +216,21 @@ fn write_settings(
                 .execute((service, k))?,
         };
     }
+    if !settings.is_empty() {
+        // Checked in the transaction that wrote them: a refusal rolls the
+        // writes back with it.
+        let total: i64 = tx
+            .prepare_cached(
+                "SELECT coalesce(sum(octet_length(key) + octet_length(value)), 0) FROM service_settings
+                 WHERE service = ?1",
+            )?
+            .query_row([service], |r| r.get(0))?;
+        if total as usize > MAX_SERVICE_SETTINGS_BYTES {
+            return Err(Error::Relation(format!(
+                "the settings of service `{service}` would hold {total} bytes, more than the {MAX_SERVICE_SETTINGS_BYTES} a service's settings may hold in all; nothing was changed: reset some (`jujube set {service} KEY=`) or pass large data another way (a file, a URL)"
+            )));
+        }
+    }
     Ok(())
 }
 
@@ -260,7 +279,7 @@ fn add_units_in(tx: &mut Tx<'_>, service: &str, n: usize, to: Option<i64>) -> Re
         });
     }
     if let Some(m) = to {
-        check_placement(tx, &svc, m)?;
+        check_placement(tx, &svc, m, n)?;
     }
     let names_ = match (to, std::num::NonZeroUsize::new(n)) {
         (_, None) => Vec::new(),

@@ -13,10 +13,24 @@ use crate::sql::Connection;
 use crate::{require_alive, Entity, Error, Result};
 use jujube_core::{names, Constraints, Life};
 
-/// Checks that a principal of `svc` may be placed on machine `id`.
-pub(crate) fn check_placement(c: &Connection, svc: &Service, id: i64) -> Result<()> {
+/// The most principal units one machine hosts (`--to` places them there):
+/// its agent's view lists them, and `destroy-machine` names them.
+pub const MAX_UNITS_PER_MACHINE: usize = 256;
+
+/// Checks that `adding` principals of `svc` may be placed on machine `id`.
+pub(crate) fn check_placement(c: &Connection, svc: &Service, id: i64, adding: usize) -> Result<()> {
     let m = get_machine(c, id)?;
     require_alive(Entity::Machine, id.to_string(), m.life, "host new units")?;
+    let hosted: i64 = c
+        .prepare_cached("SELECT count(*) FROM units WHERE machine_id = ?1")?
+        .query_row([id], |r| r.get(0))?;
+    if hosted as usize + adding > MAX_UNITS_PER_MACHINE {
+        return Err(Error::MachineFull {
+            machine: id,
+            hosted: hosted as usize,
+            max: MAX_UNITS_PER_MACHINE,
+        });
+    }
     if !m.hosts_units() {
         return Err(Error::CannotHostUnits {
             machine: id,

@@ -924,3 +924,110 @@ fn an_application_status_answers_the_leader_within_its_bound() {
         "{err}"
     );
 }
+
+/// A service's settings are bounded in all, keys and values, at the write
+/// (`set` and `deploy --config` alike): one more value over the total is
+/// refused, changing nothing; resetting one in the same command makes room.
+#[test]
+fn a_services_settings_are_bounded_in_all_at_the_write() {
+    use crate::services::{MAX_SERVICE_SETTINGS_BYTES, MAX_SERVICE_SETTING_BYTES};
+    let e = env();
+    let mut args = deploy_args(MYSQL, "mysql", 0);
+    let options: String = ["a", "b", "c", "d"]
+        .iter()
+        .map(|k| format!("  {k}:\n    type: string\n    default: x\n"))
+        .collect();
+    args.charm.config =
+        jujube_core::charm::CharmConfig::parse("mysql", &format!("options:\n{options}")).unwrap();
+    let value = "v".repeat(MAX_SERVICE_SETTING_BYTES);
+    args.settings = ["a", "b", "c"]
+        .iter()
+        .map(|k| (k.to_string(), value.clone()))
+        .collect();
+    e.st.deploy(&args).unwrap();
+    let err = e.refused(|s| s.set_service_settings("mysql", &[("d".into(), value.clone())]));
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "the settings of service `mysql` would hold {} bytes, more than the {MAX_SERVICE_SETTINGS_BYTES} a service's settings may hold in all; nothing was changed: reset some (`jujube set mysql KEY=`) or pass large data another way (a file, a URL)",
+            // Four keys of one byte, four values stored as JSON strings.
+            4 * (1 + MAX_SERVICE_SETTING_BYTES + 2)
+        )
+    );
+    e.st.set_service_settings("mysql", &[("a".into(), String::new()), ("d".into(), value)])
+        .unwrap();
+    let set: Vec<String> = e
+        .st
+        .service_settings("mysql")
+        .unwrap()
+        .into_iter()
+        .filter(|s| s.value.is_some())
+        .map(|s| s.key)
+        .collect();
+    assert_eq!(set, ["b", "c", "d"]);
+    // A deploy whose settings add up to more is refused whole.
+    let mut args = deploy_args(MYSQL, "other", 0);
+    args.charm.config =
+        jujube_core::charm::CharmConfig::parse("mysql", &format!("options:\n{options}")).unwrap();
+    args.settings = ["a", "b", "c", "d"]
+        .iter()
+        .map(|k| (k.to_string(), "w".repeat(MAX_SERVICE_SETTING_BYTES)))
+        .collect();
+    let err = e.refused(|s| s.deploy(&args));
+    assert!(
+        err.to_string()
+            .contains("the settings of service `other` would hold"),
+        "{err}"
+    );
+}
+
+/// A machine hosts a bounded number of principal units (`--to`): a
+/// placement past it is refused, whole, saying where else to put them.
+#[test]
+fn a_machine_hosts_a_bounded_number_of_units() {
+    use crate::units::MAX_UNITS_PER_MACHINE;
+    let e = env();
+    e.deploy(MYSQL, "mysql", 0);
+    let m = e.st.add_machines(1, None, None).unwrap()[0];
+    e.st.add_units("mysql", MAX_UNITS_PER_MACHINE - 1, Some(m))
+        .unwrap();
+    let message = |hosted: usize| {
+        format!(
+            "cannot place more units on machine `{m}`: it hosts {hosted}, and a machine hosts at most {MAX_UNITS_PER_MACHINE}; place them on another machine, or add units without `--to` to give each a machine of its own"
+        )
+    };
+    let err = e.refused(|s| s.add_units("mysql", 2, Some(m)));
+    assert_eq!(err.to_string(), message(MAX_UNITS_PER_MACHINE - 1));
+    e.st.add_units("mysql", 1, Some(m)).unwrap();
+    let err = e.refused(|s| s.add_units("mysql", 1, Some(m)));
+    assert_eq!(err.to_string(), message(MAX_UNITS_PER_MACHINE));
+    // Elsewhere, as many as asked.
+    assert_eq!(e.st.add_units("mysql", 2, None).unwrap().len(), 2);
+}
+
+/// A service joins a bounded number of relations: each of its units'
+/// agents reads them all. One more is refused, changing nothing.
+#[test]
+fn a_service_joins_a_bounded_number_of_relations() {
+    use crate::relations::MAX_RELATIONS_PER_SERVICE;
+    const APP: &str = "name: app\nsummary: a\nrequires:\n  db:\n    interface: mysql\n";
+    let e = env();
+    e.deploy(MYSQL, "mysql", 0);
+    for i in 0..=MAX_RELATIONS_PER_SERVICE {
+        e.deploy(APP, &format!("app-n{i}"), 0);
+        if i < MAX_RELATIONS_PER_SERVICE {
+            e.st.add_relation(&format!("app-n{i}"), "mysql").unwrap();
+        }
+    }
+    let err = e.refused(|s| s.add_relation(&format!("app-n{MAX_RELATIONS_PER_SERVICE}"), "mysql"));
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "cannot relate `app-n{MAX_RELATIONS_PER_SERVICE}` and `mysql`: service `mysql` is in {MAX_RELATIONS_PER_SERVICE} relations, the most a service may join; remove one first (`jujube destroy-relation`)"
+        )
+    );
+    assert_eq!(
+        e.st.service("mysql").unwrap().relation_count,
+        MAX_RELATIONS_PER_SERVICE as i64
+    );
+}
