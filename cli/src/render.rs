@@ -265,6 +265,13 @@ pub fn status(st: &Status, format: Format, out: &mut impl Write) -> Result<()> {
     if !st.strays.is_empty() {
         writeln!(out)?;
         strays_table(&st.strays, &mut out)?;
+        if st.strays_unlisted > 0 {
+            writeln!(
+                out,
+                "and {} more stray instance(s), listed as the first ones are reaped",
+                st.strays_unlisted
+            )?;
+        }
     }
     if !st.relations.is_empty() {
         writeln!(out)?;

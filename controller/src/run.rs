@@ -1173,14 +1173,25 @@ pub fn stuck(store: &Store) -> Result<Vec<String>> {
     if cleanups > 0 {
         out.push(format!("{cleanups} cleanup(s) pending"));
     }
-    for s in store.strays()? {
-        if let Some(at) = s.reap_at {
-            out.push(format!(
-                "stray instance {} is to be reaped in {}s",
-                s.instance_id,
-                (at - now).max(0)
-            ));
-        }
+    // The first few due, and a count of the rest.
+    let strays = store.strays()?;
+    let mut due: Vec<_> = strays
+        .iter()
+        .filter_map(|s| s.reap_at.map(|at| (at, s)))
+        .collect();
+    due.sort_by_key(|(at, _)| *at);
+    for (at, s) in due.iter().take(MACHINES_LISTED) {
+        out.push(format!(
+            "stray instance {} is to be reaped in {}s",
+            s.instance_id,
+            (at - now).max(0)
+        ));
+    }
+    let more = due.len().saturating_sub(MACHINES_LISTED) as u64 + store.strays_unlisted()?;
+    if more > 0 {
+        out.push(format!(
+            "and {more} more stray instance(s) (`jujube strays` lists the first ones)"
+        ));
     }
     Ok(out)
 }

@@ -428,26 +428,46 @@ impl Store {
         self.read(crate::machines::next_machine_id)
     }
 
-    /// Replaces the strays view.
+    /// Replaces the strays view: the first [`MAX_STRAYS_RECORDED`] of
+    /// `strays` by first-seen time (then id), and a count of the rest. Those
+    /// kept are the first to be reaped, and their first-seen times survive
+    /// a restart; the rest are seen afresh after one (their grace starts
+    /// again, the safe side). So the view, `status` and `strays` stay
+    /// bounded, and so does this transaction, however many instances the
+    /// cloud holds with the environment's tags.
     pub fn set_strays(&self, strays: &[Stray]) -> Result<()> {
+        let mut kept: Vec<&Stray> = strays.iter().collect();
+        kept.sort_by(|a, b| (a.first_seen, &a.instance_id).cmp(&(b.first_seen, &b.instance_id)));
+        let unlisted = kept.len().saturating_sub(MAX_STRAYS_RECORDED) as i64;
+        kept.truncate(MAX_STRAYS_RECORDED);
         self.write(|tx| {
             let old = strays_in(tx)?;
-            if old == strays {
+            if old.iter().eq(kept.iter().copied()) && unlisted_in(tx)? == unlisted as u64 {
                 return Ok(());
             }
             tx.execute("DELETE FROM strays", [])?;
-            for s in strays {
+            for s in &kept {
                 tx.execute(
                     "INSERT INTO strays (instance_id, machine_tag, class, first_seen, reap_at) VALUES (?1, ?2, ?3, ?4, ?5)",
                     (&s.instance_id, &s.machine_tag, &s.class, s.first_seen, s.reap_at),
                 )?;
             }
+            tx.execute("DELETE FROM strays_unlisted", [])?;
+            if unlisted > 0 {
+                tx.execute("INSERT INTO strays_unlisted (id, count) VALUES (1, ?1)", [unlisted])?;
+            }
             tx.changed(ChangeKind::Environment, "strays")
         })
     }
 
+    /// The strays view: at most [`MAX_STRAYS_RECORDED`], first seen first.
     pub fn strays(&self) -> Result<Vec<Stray>> {
         self.read(strays_in)
+    }
+
+    /// How many strays the view leaves out.
+    pub fn strays_unlisted(&self) -> Result<u64> {
+        self.read(unlisted_in)
     }
 
     /// A Dead machine's instance is being stopped.
@@ -609,6 +629,18 @@ pub(crate) fn provider_status_in(c: &crate::sql::Connection) -> Result<Option<Pr
             })
             .optional()?,
     )
+}
+
+/// The most strays the view records (see [`Store::set_strays`]): its
+/// replacement deletes and inserts at most this many rows.
+pub const MAX_STRAYS_RECORDED: usize = 256;
+
+pub(crate) fn unlisted_in(c: &crate::sql::Connection) -> Result<u64> {
+    let n: Option<i64> = c
+        .prepare_cached("SELECT count FROM strays_unlisted WHERE id = 1")?
+        .query_row([], |r| r.get(0))
+        .optional()?;
+    Ok(n.unwrap_or(0).max(0) as u64)
 }
 
 pub(crate) fn strays_in(c: &crate::sql::Connection) -> Result<Vec<Stray>> {

@@ -25,6 +25,12 @@ pub const MAX_RUN_OUTPUT: usize = 1 << 20;
 /// first): what a unit's actions hold in the store is bounded.
 pub const KEPT_ACTIONS: i64 = 100;
 
+/// How many answered commands (`jujube run`, `exec`) a unit keeps whose
+/// result nobody has read and forgotten yet (the oldest go first): a
+/// client that waits reads and forgets its own at once, and one that was
+/// killed or cut off leaves it behind, so what they hold is bounded too.
+pub const KEPT_RUNS: i64 = 100;
+
 /// How many commands and actions may wait for one unit's agent: every view
 /// of the unit carries them.
 pub const MAX_PENDING_RUNS: i64 = 100;
@@ -380,6 +386,14 @@ pub(crate) fn finish_run_in(
                                   AND code IS NOT NULL ORDER BY id DESC LIMIT ?2)",
             )?
             .execute((unit, KEPT_ACTIONS))?;
+        } else {
+            // Its answered commands beyond the newest KEPT_RUNS.
+            tx.prepare_cached(
+                "DELETE FROM runs WHERE unit = ?1 AND action IS NULL AND code IS NOT NULL
+                   AND id NOT IN (SELECT id FROM runs WHERE unit = ?1 AND action IS NULL
+                                  AND code IS NOT NULL ORDER BY id DESC LIMIT ?2)",
+            )?
+            .execute((unit, KEPT_RUNS))?;
         }
         tx.changed(ChangeKind::Run, unit)?;
     }

@@ -528,6 +528,14 @@ DROP TABLE schema_reloaded;
     r#"
 CREATE INDEX machines_in_error ON machines (id) WHERE status = 'error';
 "#,
+    // 32: how many strays the view leaves out (it records the first
+    // `MAX_STRAYS_RECORDED`; see `Store::set_strays`).
+    r#"
+CREATE TABLE strays_unlisted (
+    id    INTEGER PRIMARY KEY CHECK (id = 1),
+    count INTEGER NOT NULL
+);
+"#,
 ];
 
 /// The PostgreSQL schema. PostgreSQL does not replay SQLite's history
@@ -808,6 +816,13 @@ CREATE INDEX units_status_stale ON units (service, number) WHERE NOT status_curr
     r#"
 CREATE INDEX machines_in_error ON machines (id) WHERE status = 'error';
 "#,
+    // 33
+    r#"
+CREATE TABLE strays_unlisted (
+    id    BIGINT PRIMARY KEY CHECK (id = 1),
+    count BIGINT NOT NULL
+);
+"#,
 ];
 
 /// Every table and function [`PG_MIGRATIONS`] creates, for
@@ -829,6 +844,7 @@ pub(crate) const PG_TABLES: &[&str] = &[
     "relation_settings",
     "cleanups",
     "strays",
+    "strays_unlisted",
     "provider_status",
     "agent_credentials",
     "runs",

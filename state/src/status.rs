@@ -291,6 +291,7 @@ impl Store {
                 services: OrderedMap(services),
                 relations,
                 strays: crate::provisioning::strays_in(c)?,
+                strays_unlisted: crate::provisioning::unlisted_in(c)?,
                 controllers,
             })
         })

@@ -157,6 +157,10 @@ fn admins_in(c: &Connection) -> Result<i64> {
     )?)
 }
 
+/// The most users an environment keeps (the admin included): `users`
+/// lists them all.
+pub const MAX_USERS: usize = 1000;
+
 impl Store {
     /// Makes the first user, `admin`, with `password` (bootstrap).
     pub fn create_admin(&self, password: &str) -> Result<()> {
@@ -194,13 +198,21 @@ impl Store {
     }
 
     /// Adds `name` with `access` and the hash of its one-time registration
-    /// secret (admin only).
+    /// secret (admin only); refused past [`MAX_USERS`].
     pub fn add_user(&self, name: &str, access: Access, registration_hash: &str) -> Result<()> {
         jujube_core::names::validate_user(name)?;
         let by = self.user().map(str::to_string);
         self.write_at(Access::Admin, |tx| {
             if access_in(tx, name)?.is_some() {
                 return Err(Error::UserExists(name.to_string()));
+            }
+            let users: i64 = tx
+                .prepare_cached("SELECT count(*) FROM users")?
+                .query_row([], |r| r.get(0))?;
+            if users as usize >= MAX_USERS {
+                return Err(Error::Relation(format!(
+                    "cannot add user `{name}`: the environment has {users} users, the most it keeps; give an existing user the access instead (`jujube grant`)"
+                )));
             }
             tx.prepare_cached(
                 "INSERT INTO users (name, access, registration_hash, created_by, created_at)

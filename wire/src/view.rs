@@ -57,6 +57,10 @@ impl<V> OrderedMap<V> {
     }
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Status {
     pub environment: EnvironmentStatus,
@@ -66,6 +70,10 @@ pub struct Status {
     /// Instances tagged as this environment's that no machine owns.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub strays: Vec<Stray>,
+    /// How many more there are than `strays` lists (it lists the first 256
+    /// seen).
+    #[serde(default, rename = "strays-unlisted", skip_serializing_if = "is_zero")]
+    pub strays_unlisted: u64,
     /// Every Alive controller machine's controller, in machine order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub controllers: Vec<ControllerStatus>,

@@ -233,6 +233,46 @@ fn actions_are_checked_before_they_are_queued_and_answered_once() {
         })
         .unwrap();
     assert_eq!(kept, crate::runs::KEPT_ACTIONS);
+
+    // Answered commands nobody forgot (their client went away): at most
+    // KEPT_RUNS, the newest, whatever the actions do.
+    let ran = |_| {
+        let id = e.st.queue_run(&u, &["true".into()], 60).unwrap();
+        finish(
+            id,
+            crate::runs::RunResult {
+                code: 0,
+                stdout: "x".repeat(1000),
+                stderr: String::new(),
+                action: None,
+            },
+        )
+        .unwrap();
+        id
+    };
+    let ids: Vec<i64> = (0..crate::runs::KEPT_RUNS + 5).map(ran).collect();
+    assert!(e.st.run_result(ids[4]).is_err(), "the oldest went");
+    assert_eq!(e.st.run_result(ids[5]).unwrap().unwrap().code, 0);
+    let kept: i64 =
+        e.st.read(|c| {
+            Ok(
+                c.query_row("SELECT count(*) FROM runs WHERE action IS NULL", [], |r| {
+                    r.get(0)
+                })?,
+            )
+        })
+        .unwrap();
+    assert_eq!(kept, crate::runs::KEPT_RUNS);
+    let actions: i64 =
+        e.st.read(|c| {
+            Ok(c.query_row(
+                "SELECT count(*) FROM runs WHERE action IS NOT NULL",
+                [],
+                |r| r.get(0),
+            )?)
+        })
+        .unwrap();
+    assert_eq!(actions, crate::runs::KEPT_ACTIONS, "actions are kept apart");
 }
 
 /// What an action answers is bounded at the write: results and log above

@@ -956,14 +956,13 @@ fn a_services_settings_are_bounded_in_all_at_the_write() {
     );
     e.st.set_service_settings("mysql", &[("a".into(), String::new()), ("d".into(), value)])
         .unwrap();
-    let set: Vec<String> = e
-        .st
-        .service_settings("mysql")
-        .unwrap()
-        .into_iter()
-        .filter(|s| s.value.is_some())
-        .map(|s| s.key)
-        .collect();
+    let set: Vec<String> =
+        e.st.service_settings("mysql")
+            .unwrap()
+            .into_iter()
+            .filter(|s| s.value.is_some())
+            .map(|s| s.key)
+            .collect();
     assert_eq!(set, ["b", "c", "d"]);
     // A deploy whose settings add up to more is refused whole.
     let mut args = deploy_args(MYSQL, "other", 0);
@@ -1029,5 +1028,55 @@ fn a_service_joins_a_bounded_number_of_relations() {
     assert_eq!(
         e.st.service("mysql").unwrap().relation_count,
         MAX_RELATIONS_PER_SERVICE as i64
+    );
+}
+
+/// The strays view records a bounded number, the first seen, and counts
+/// the rest: however many tagged instances the cloud holds, its
+/// replacement is one bounded transaction and `status` lists as many.
+#[test]
+fn the_strays_view_is_bounded_and_counts_the_rest() {
+    use crate::provisioning::{Stray, MAX_STRAYS_RECORDED};
+    let e = env();
+    let n = MAX_STRAYS_RECORDED + 44;
+    // Seen in reverse: the view keeps the first seen, whatever the order.
+    let strays: Vec<Stray> = (0..n)
+        .rev()
+        .map(|i| Stray {
+            instance_id: format!("i-{i:05}"),
+            machine_tag: String::new(),
+            class: "unknown".into(),
+            first_seen: 1_000 + i as i64,
+            reap_at: Some(2_000 + i as i64),
+        })
+        .collect();
+    e.st.reset_stats();
+    e.st.set_strays(&strays).unwrap();
+    let rows = e.st.stats().max_transaction_rows;
+    assert!(rows <= 1000, "largest transaction {rows} rows");
+    let kept = e.st.strays().unwrap();
+    assert_eq!(kept.len(), MAX_STRAYS_RECORDED);
+    assert_eq!(kept[0].instance_id, "i-00000");
+    assert_eq!(
+        kept.last().unwrap().instance_id,
+        format!("i-{:05}", MAX_STRAYS_RECORDED - 1)
+    );
+    assert_eq!(e.st.strays_unlisted().unwrap(), 44);
+    let status = e.st.status().unwrap();
+    assert_eq!(
+        (status.strays.len(), status.strays_unlisted),
+        (MAX_STRAYS_RECORDED, 44)
+    );
+    // The same view again writes nothing; a smaller one clears the count.
+    let before = e.st.head_revision().unwrap();
+    e.st.set_strays(&strays).unwrap();
+    assert_eq!(e.st.head_revision().unwrap(), before);
+    e.st.set_strays(&strays[n - 3..]).unwrap();
+    assert_eq!(
+        (
+            e.st.strays().unwrap().len(),
+            e.st.strays_unlisted().unwrap()
+        ),
+        (3, 0)
     );
 }

@@ -256,3 +256,26 @@ fn a_commands_output_is_for_admins_alone() {
     assert_eq!(admin.run_result(id).unwrap(), None);
     admin.forget_run(id).unwrap();
 }
+
+/// An environment keeps a bounded number of users (`users` lists them
+/// all): one more is refused, changing nothing.
+#[test]
+fn an_environment_keeps_a_bounded_number_of_users() {
+    use crate::users::MAX_USERS;
+    let e = with_admin();
+    let admin = e.st.as_user(ADMIN);
+    for i in 1..MAX_USERS {
+        admin
+            .add_user(&format!("user{i}"), Access::Read, &secret_hash("s"))
+            .unwrap();
+    }
+    assert_eq!(admin.users().unwrap().len(), MAX_USERS);
+    let err = e.refused(|s| {
+        s.as_user(ADMIN)
+            .add_user("onemore", Access::Read, &secret_hash("s"))
+    });
+    assert_eq!(
+        err.to_string(),
+        format!("cannot add user `onemore`: the environment has {MAX_USERS} users, the most it keeps; give an existing user the access instead (`jujube grant`)")
+    );
+}
