@@ -84,7 +84,6 @@ async fn take_whole_model_turn(
     shared: &Arc<Shared>,
     user: &str,
 ) -> Result<WholeModelTurn, Response<Body>> {
-    use std::sync::atomic::Ordering;
     let per_user = shared.whole_model_per_user.clone();
     {
         let mut held = per_user.lock().unwrap_or_else(|e| e.into_inner());
@@ -108,15 +107,14 @@ async fn take_whole_model_turn(
         user: user.to_string(),
         per_user,
     };
-    if shared.whole_model_waiting.fetch_add(1, Ordering::AcqRel) >= MAX_WAITING_WHOLE_MODEL {
-        shared.whole_model_waiting.fetch_sub(1, Ordering::AcqRel);
+    let Some(waiting) = InLine::join(&shared.whole_model_waiting, MAX_WAITING_WHOLE_MODEL) else {
         return Err(refused(
             StatusCode::SERVICE_UNAVAILABLE,
             "too many `status` calls at once; try again in a moment",
         ));
-    }
+    };
     let permit = shared.whole_model.clone().acquire_owned().await;
-    shared.whole_model_waiting.fetch_sub(1, Ordering::AcqRel);
+    drop(waiting);
     let permit =
         permit.map_err(|_| refused(StatusCode::SERVICE_UNAVAILABLE, "the server is stopping"))?;
     Ok(WholeModelTurn {
@@ -125,21 +123,41 @@ async fn take_whole_model_turn(
     })
 }
 
+/// A place in a line of at most `most` waiting, given back when dropped:
+/// also when the call that waits is dropped itself, as its client reset
+/// the stream or went (counted down after the wait instead, a line lost a
+/// place for each such call, until it was full for good).
+struct InLine<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> InLine<'a> {
+    fn join(line: &'a std::sync::atomic::AtomicUsize, most: usize) -> Option<InLine<'a>> {
+        use std::sync::atomic::Ordering;
+        if line.fetch_add(1, Ordering::AcqRel) >= most {
+            line.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(InLine(line))
+    }
+}
+
+impl Drop for InLine<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
 /// A check slot, waited for only while fewer than [`MAX_WAITING_CHECKS`]
 /// others wait.
 async fn take_slot(
     shared: &Arc<Shared>,
 ) -> Result<tokio::sync::SemaphorePermit<'_>, Response<Body>> {
-    use std::sync::atomic::Ordering;
-    if shared.checks_waiting.fetch_add(1, Ordering::AcqRel) >= MAX_WAITING_CHECKS {
-        shared.checks_waiting.fetch_sub(1, Ordering::AcqRel);
+    let Some(_waiting) = InLine::join(&shared.checks_waiting, MAX_WAITING_CHECKS) else {
         return Err(refused(
             StatusCode::SERVICE_UNAVAILABLE,
             "too many logins at once; try again in a moment",
         ));
-    }
+    };
     let slot = shared.checks.acquire().await;
-    shared.checks_waiting.fetch_sub(1, Ordering::AcqRel);
     slot.map_err(|_| refused(StatusCode::SERVICE_UNAVAILABLE, "the server is stopping"))
 }
 
