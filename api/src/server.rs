@@ -114,8 +114,8 @@ impl Default for Limits {
             max_unread_bytes_per_connection: 24 << 20,
             keepalive: Duration::from_secs(15),
             presence_every: Duration::from_secs(jujube_state::credentials::PRESENCE_EVERY as u64),
-            max_whole_model_answers: 4,
-            max_whole_model_answers_per_user: 2,
+            max_whole_model_answers: 2,
+            max_whole_model_answers_per_user: 1,
             stream_deadline: Duration::from_secs(600),
         }
     }
