@@ -2283,6 +2283,19 @@ fn add_users(store: &Store, n: usize) -> Vec<String> {
         .collect()
 }
 
+/// A server answering `status` as [`HeldStatus`] within `limits`, for the
+/// admin (`pw`) and two users: the world, the handler's counts, a TLS
+/// configuration to connect with, and the users' names.
+async fn serving_held_status(limits: Limits) -> (World, Arc<HeldStatus>, AgentConf, Vec<String>) {
+    let mut w = World::new().await;
+    w.store.create_admin("pw").unwrap();
+    let users = add_users(&w.store, 2);
+    let handler = Arc::new(HeldStatus::default());
+    w.start_serving(limits, Some(handler.clone())).await;
+    let tls = w.machine_conf(1);
+    (w, handler, tls, users)
+}
+
 /// A `status` is a snapshot of the whole model, held until its client has
 /// read it: however many users ask and read nothing, the server makes and
 /// holds at most `max_whole_model_answers` of them, and a user's share
@@ -2293,21 +2306,13 @@ async fn status_answers_made_and_held_at_once_are_bounded_whoever_asks() {
     use jujube_wire::client::ClientCall;
     use std::sync::atomic::Ordering;
     let _alone = MEMORY.lock().await;
-    let mut w = World::new().await;
-    w.store.create_admin("pw").unwrap();
-    let users = add_users(&w.store, 2);
-    let handler = Arc::new(HeldStatus::default());
-    let (live, most) = (handler.live.clone(), handler.most.clone());
-    w.start_serving(
-        Limits {
-            max_whole_model_answers: 2,
-            max_whole_model_answers_per_user: 1,
-            ..Limits::default()
-        },
-        Some(handler),
-    )
+    let (w, handler, tls, users) = serving_held_status(Limits {
+        max_whole_model_answers: 2,
+        max_whole_model_answers_per_user: 1,
+        ..Limits::default()
+    })
     .await;
-    let tls = w.machine_conf(1);
+    let (live, most) = (handler.live.clone(), handler.most.clone());
     // A window of 1 KiB: what a client does not read stays with the server.
     let mut admin = h2(&w, &tls, 1 << 10).await;
     let mut first = h2(&w, &tls, 1 << 10).await;
@@ -2394,20 +2399,13 @@ async fn calls_given_up_while_waiting_for_a_turn_leave_the_line() {
     use http_body_util::BodyExt;
     use jujube_wire::client::ClientCall;
     let _alone = MEMORY.lock().await;
-    let mut w = World::new().await;
-    w.store.create_admin("pw").unwrap();
-    let users = add_users(&w.store, 2);
-    w.start_serving(
-        Limits {
-            max_whole_model_answers: 1,
-            // The line alone is under test.
-            max_whole_model_answers_per_user: 1000,
-            ..Limits::default()
-        },
-        Some(Arc::new(HeldStatus::default())),
-    )
+    let (w, _, tls, users) = serving_held_status(Limits {
+        max_whole_model_answers: 1,
+        // The line alone is under test.
+        max_whole_model_answers_per_user: 1000,
+        ..Limits::default()
+    })
     .await;
-    let tls = w.machine_conf(1);
     let mut holder = h2(&w, &tls, 1 << 10).await;
     let held = holder
         .send_request(user_request("admin", "pw", &ClientCall::Status))
@@ -2450,20 +2448,13 @@ async fn a_status_not_read_whole_by_the_deadline_is_cut_off_and_gives_its_turn_b
     use jujube_wire::client::ClientCall;
     use std::sync::atomic::Ordering;
     let _alone = MEMORY.lock().await;
-    let mut w = World::new().await;
-    w.store.create_admin("pw").unwrap();
-    let handler = Arc::new(HeldStatus::default());
-    let live = handler.live.clone();
-    w.start_serving(
-        Limits {
-            max_whole_model_answers: 1,
-            stream_deadline: Duration::from_secs(2),
-            ..Limits::default()
-        },
-        Some(handler),
-    )
+    let (w, handler, tls, _) = serving_held_status(Limits {
+        max_whole_model_answers: 1,
+        stream_deadline: Duration::from_secs(2),
+        ..Limits::default()
+    })
     .await;
-    let tls = w.machine_conf(1);
+    let live = handler.live.clone();
     let mut slow = h2(&w, &tls, 1 << 10).await;
     let started = std::time::Instant::now();
     let held = slow

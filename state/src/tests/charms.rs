@@ -215,6 +215,16 @@ fn actions_are_checked_before_they_are_queued_and_answered_once() {
     finish(failed, answer(0, Some("disk full"))).unwrap();
     assert_eq!(e.st.task(failed).unwrap().status(), "failed");
 
+    // How many of the unit's runs are kept: actions, or commands.
+    let count = |actions: bool| -> i64 {
+        let sql = if actions {
+            "SELECT count(*) FROM runs WHERE action IS NOT NULL"
+        } else {
+            "SELECT count(*) FROM runs WHERE action IS NULL"
+        };
+        e.st.read(|c| Ok(c.query_row(sql, [], |r| r.get(0))?))
+            .unwrap()
+    };
     // A unit keeps at most KEPT_ACTIONS answered actions.
     for _ in 0..crate::runs::KEPT_ACTIONS {
         let id =
@@ -223,16 +233,7 @@ fn actions_are_checked_before_they_are_queued_and_answered_once() {
         finish(id, answer(0, None)).unwrap();
     }
     assert!(matches!(e.st.task(id), Err(crate::Error::NotFound { .. })));
-    let kept: i64 =
-        e.st.read(|c| {
-            Ok(c.query_row(
-                "SELECT count(*) FROM runs WHERE action IS NOT NULL",
-                [],
-                |r| r.get(0),
-            )?)
-        })
-        .unwrap();
-    assert_eq!(kept, crate::runs::KEPT_ACTIONS);
+    assert_eq!(count(true), crate::runs::KEPT_ACTIONS);
 
     // Answered commands nobody forgot (their client went away): at most
     // KEPT_RUNS, the newest, whatever the actions do.
@@ -253,26 +254,12 @@ fn actions_are_checked_before_they_are_queued_and_answered_once() {
     let ids: Vec<i64> = (0..crate::runs::KEPT_RUNS + 5).map(ran).collect();
     assert!(e.st.run_result(ids[4]).is_err(), "the oldest went");
     assert_eq!(e.st.run_result(ids[5]).unwrap().unwrap().code, 0);
-    let kept: i64 =
-        e.st.read(|c| {
-            Ok(
-                c.query_row("SELECT count(*) FROM runs WHERE action IS NULL", [], |r| {
-                    r.get(0)
-                })?,
-            )
-        })
-        .unwrap();
-    assert_eq!(kept, crate::runs::KEPT_RUNS);
-    let actions: i64 =
-        e.st.read(|c| {
-            Ok(c.query_row(
-                "SELECT count(*) FROM runs WHERE action IS NOT NULL",
-                [],
-                |r| r.get(0),
-            )?)
-        })
-        .unwrap();
-    assert_eq!(actions, crate::runs::KEPT_ACTIONS, "actions are kept apart");
+    assert_eq!(count(false), crate::runs::KEPT_RUNS);
+    assert_eq!(
+        count(true),
+        crate::runs::KEPT_ACTIONS,
+        "actions are kept apart"
+    );
 }
 
 /// What an action answers is bounded at the write: results and log above
